@@ -1,0 +1,6 @@
+"""Counted communication: the communicator, halo exchange, (later) codecs and network model."""
+
+from .communicator import CommError, Communicator, OpRecord, PendingExchange
+from .halo import HaloExchanger
+
+__all__ = ["CommError", "Communicator", "OpRecord", "PendingExchange", "HaloExchanger"]

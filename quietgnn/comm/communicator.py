@@ -1,0 +1,316 @@
+"""The communicator: the only module that calls ``torch.distributed``.
+
+Every collective goes through :class:`Communicator`, which records one :class:`OpRecord` per
+call: operation, traffic kind (``halo_fwd``, ``grad_allreduce``, ...), phase (``train``,
+``eval``, ``setup``, ``control``), bytes sent and received by this rank, messages, the number
+of sequential latency steps ("hops"), wall and CPU seconds, and the round number. Because all
+ranks issue the same collectives in the same order, round ``r`` on one rank is round ``r`` on
+every rank: the network model (``quietgnn.comm.network``) lines rounds up across ranks and
+charges each round with its slowest rank.
+
+Byte accounting (payload only; what a real network would carry at minimum):
+
+* ``all_to_all``: bytes of the blocks sent to / received from *other* ranks; one hop. When
+  the receiver does not know the block sizes, a size handshake (P int64) is counted too.
+* ``all_reduce``: bandwidth-optimal reduce-scatter + all-gather (Rabenseifner): each rank
+  sends and receives ``2 (P-1)/P * nbytes`` in ``2 ceil(log2 P)`` hops.
+* ``broadcast``: binomial tree: a rank sends ``nbytes`` to each of its children and the
+  non-roots receive ``nbytes`` once; ``ceil(log2 P)`` hops.
+
+Failure handling. The process group is created with a finite timeout, so a collective waiting
+on a dead or stuck peer raises after ``timeout_s`` at the latest (a crashed peer usually makes
+gloo raise at once). Errors are re-raised as :class:`CommError` naming this rank, the
+operation, the traffic kind, the round and the epoch. ``QUIETGNN_FAULT`` injects faults for
+tests (see :func:`_parse_fault`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange"]
+
+PHASES = ("train", "eval", "setup", "control")
+
+
+class CommError(RuntimeError):
+    """A collective failed (peer died, timed out, or bad arguments)."""
+
+
+@dataclass
+class OpRecord:
+    round: int
+    op: str
+    kind: str
+    phase: str
+    epoch: int
+    bytes_sent: int
+    bytes_recv: int
+    messages: int
+    hops: int
+    seconds: float
+    cpu_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _parse_fault() -> dict[str, Any] | None:
+    """``QUIETGNN_FAULT="rank=1,round=12,action=exit"``: on that rank, when the collective with
+    that round number starts, ``exit`` (os._exit(17)), ``kill`` (SIGKILL self), ``raise``
+    (RuntimeError), or ``hang`` (sleep until killed). ``epoch=E`` instead of ``round`` fires at
+    the first collective of epoch E."""
+    spec = os.environ.get("QUIETGNN_FAULT")
+    if not spec:
+        return None
+    out: dict[str, Any] = {}
+    for item in spec.split(","):
+        k, _, v = item.partition("=")
+        out[k.strip()] = v.strip()
+    for key in ("rank", "round", "epoch"):
+        if key in out:
+            out[key] = int(out[key])
+    return out
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class PendingExchange:
+    """An all-to-all in flight; :meth:`wait` returns the received blocks (and records the op)."""
+
+    def __init__(self, comm: "Communicator", work: Any, recv_flat: Tensor, recv_counts: list[int],
+                 row_shape: tuple[int, ...], finish: Any) -> None:
+        self._comm, self._work, self._flat = comm, work, recv_flat
+        self._counts, self._row_shape, self._finish = recv_counts, row_shape, finish
+        self._result: list[Tensor] | None = None
+
+    def wait(self) -> list[Tensor]:
+        if self._result is None:
+            if self._work is not None:
+                self._comm._guard(lambda: self._work.wait(), "all_to_all.wait")
+            self._finish()
+            self._result = _split_rows(self._flat, self._counts, self._row_shape)
+        return self._result
+
+
+def _split_rows(flat: Tensor, counts: Sequence[int], row_shape: tuple[int, ...]) -> list[Tensor]:
+    rows = flat.view(-1, *row_shape) if row_shape else flat
+    return list(torch.split(rows, list(counts), dim=0))
+
+
+class Communicator:
+    """Counted, time-limited collectives for one rank (see the module docstring)."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, *, timeout_s: float = 120.0,
+                 device: torch.device | str = "cpu") -> None:
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s = float(timeout_s)
+        self.device = torch.device(device)
+        self.records: list[OpRecord] = []
+        self.round = 0
+        self.epoch = -1
+        self._phase = "setup"
+        self._fault = _parse_fault()
+
+    # ------------------------------------------------------------------ life cycle
+    @classmethod
+    def init(cls, rank: int, world_size: int, *, backend: str = "gloo", timeout_s: float = 120.0,
+             device: torch.device | str = "cpu", init_method: str = "env://") -> "Communicator":
+        """Join the process group (``env://``: MASTER_ADDR/MASTER_PORT as set by our launcher
+        or by torchrun). World size 1 needs no process group."""
+        if world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
+                                    world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        return cls(rank, world_size, timeout_s=timeout_s, device=device)
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ bookkeeping
+    @property
+    def phase_name(self) -> str:
+        return self._phase
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Label all traffic inside the block (``train``/``eval``/``setup``/``control``)."""
+        if name not in PHASES:
+            raise ValueError(f"unknown traffic phase {name!r}; expected one of {PHASES}")
+        old, self._phase = self._phase, name
+        try:
+            yield
+        finally:
+            self._phase = old
+
+    def take_records(self) -> list[OpRecord]:
+        """Records since the last call (the trainer drains them once per epoch)."""
+        out, self.records = self.records, []
+        return out
+
+    def _record(self, op: str, kind: str, sent: int, recv: int, messages: int, hops: int,
+                t0: float, c0: float, round_: int) -> None:
+        self.records.append(OpRecord(round=round_, op=op, kind=kind, phase=self._phase,
+                                     epoch=self.epoch, bytes_sent=int(sent), bytes_recv=int(recv),
+                                     messages=int(messages), hops=int(hops),
+                                     seconds=time.perf_counter() - t0,
+                                     cpu_seconds=time.thread_time() - c0))
+
+    def _begin(self) -> tuple[int, float, float]:
+        r = self.round
+        self.round += 1
+        self._maybe_fault(r)
+        return r, time.perf_counter(), time.thread_time()
+
+    def _maybe_fault(self, round_: int) -> None:
+        f = self._fault
+        if not f or f.get("rank") != self.rank:
+            return
+        if "round" in f and f["round"] != round_:
+            return
+        if "epoch" in f and f["epoch"] != self.epoch:
+            return
+        action = f.get("action", "raise")
+        self._fault = None  # fire once
+        if action == "exit":
+            os._exit(17)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == "hang":
+            while True:
+                time.sleep(3600)
+        raise RuntimeError(f"injected fault on rank {self.rank} at round {round_} "
+                           f"(QUIETGNN_FAULT)")
+
+    def _guard(self, fn: Any, what: str, kind: str = "") -> Any:
+        try:
+            return fn()
+        except CommError:
+            raise
+        except Exception as exc:
+            raise CommError(
+                f"rank {self.rank}: {what} ({kind or 'n/a'}, round {self.round - 1}, epoch "
+                f"{self.epoch}) failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}. "
+                f"A peer rank probably died or is stuck (timeout {self.timeout_s:g}s)") from exc
+
+    def _check(self, t: Tensor, what: str) -> None:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, t: Tensor, kind: str, op: str = "sum") -> Tensor:
+        """In-place all-reduce (``sum``, ``max``, ``min``); returns ``t``."""
+        self._check(t, "all_reduce")
+        if self.world_size == 1:
+            return t
+        r, t0, c0 = self._begin()
+        red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        self._guard(lambda: dist.all_reduce(t, op=red), "all_reduce", kind)
+        P = self.world_size
+        vol = 2 * (P - 1) * _nbytes(t) // P
+        steps = 2 * math.ceil(math.log2(P))
+        self._record("all_reduce", kind, vol, vol, steps, steps, t0, c0, r)
+        return t
+
+    def broadcast(self, t: Tensor, src: int, kind: str) -> Tensor:
+        """In-place broadcast from ``src``; returns ``t``."""
+        self._check(t, "broadcast")
+        if self.world_size == 1:
+            return t
+        r, t0, c0 = self._begin()
+        self._guard(lambda: dist.broadcast(t, src=src), "broadcast", kind)
+        P, rel = self.world_size, (self.rank - src) % self.world_size
+        children = sum(1 for k in range(max(1, math.ceil(math.log2(P))))
+                       if rel < 2 ** k and rel + 2 ** k < P)
+        n = _nbytes(t)
+        self._record("broadcast", kind, n * children, 0 if rel == 0 else n, children,
+                     math.ceil(math.log2(P)), t0, c0, r)
+        return t
+
+    def all_to_all(self, send: Sequence[Tensor], kind: str,
+                   recv_counts: Sequence[int] | None = None) -> list[Tensor]:
+        """Variable-size all-to-all of row blocks: ``send[j]`` (``[n_j, *row]``) goes to rank j;
+        returns the P blocks received (``recv[j]`` from rank j). All blocks share dtype and row
+        shape. Pass ``recv_counts`` (rows expected from each peer) when known, which saves the
+        size handshake."""
+        return self.all_to_all_async(send, kind, recv_counts).wait()
+
+    def all_to_all_async(self, send: Sequence[Tensor], kind: str,
+                         recv_counts: Sequence[int] | None = None) -> PendingExchange:
+        """Start an all-to-all and return at once (compute while it flies); see
+        :meth:`all_to_all`. The op is recorded when :meth:`PendingExchange.wait` returns."""
+        P = self.world_size
+        if len(send) != P:
+            raise ValueError(f"all_to_all: got {len(send)} send blocks, expected one per rank "
+                             f"({P})")
+        row_shape = tuple(send[0].shape[1:])
+        dtype = send[0].dtype
+        for j, s in enumerate(send):
+            self._check(s, "all_to_all")
+            if s.dtype != dtype or tuple(s.shape[1:]) != row_shape:
+                raise ValueError(f"all_to_all: block {j} has dtype {s.dtype} row shape "
+                                 f"{tuple(s.shape[1:])}, expected {dtype} {row_shape}")
+        if P == 1:
+            flat = send[0].reshape(-1)
+            return PendingExchange(self, None, flat, [send[0].shape[0]], row_shape, lambda: None)
+        r, t0, c0 = self._begin()
+        send_counts = [int(s.shape[0]) for s in send]
+        extra = 0
+        if recv_counts is None:
+            sc = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
+            rc = torch.empty(P, dtype=torch.int64, device=self.device)
+            self._guard(lambda: dist.all_to_all_single(rc, sc), "all_to_all.sizes", kind)
+            recv_counts = rc.tolist()
+            extra = 8 * (P - 1)
+        recv_counts = [int(c) for c in recv_counts]
+        row_numel = math.prod(row_shape) if row_shape else 1
+        flat_send = torch.cat([s.reshape(-1) for s in send]) if any(send_counts) else \
+            send[0].new_empty(0)
+        flat_recv = send[0].new_empty(sum(recv_counts) * row_numel)
+        work = self._guard(lambda: dist.all_to_all_single(
+            flat_recv, flat_send, [c * row_numel for c in recv_counts],
+            [c * row_numel for c in send_counts], async_op=True), "all_to_all", kind)
+        esize = send[0].element_size() * row_numel
+        sent = sum(c for j, c in enumerate(send_counts) if j != self.rank) * esize + extra
+        recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize + extra
+        msgs = sum(1 for j in range(P) if j != self.rank and send_counts[j] > 0)
+
+        def finish() -> None:
+            self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0, c0, r)
+
+        return PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
+
+    def all_gather_object(self, obj: Any, kind: str = "control") -> list[Any]:
+        """Gather a small picklable object from every rank (metadata, summaries)."""
+        if self.world_size == 1:
+            return [obj]
+        r, t0, c0 = self._begin()
+        out: list[Any] = [None] * self.world_size
+        self._guard(lambda: dist.all_gather_object(out, obj), "all_gather_object", kind)
+        n = len(repr(obj))
+        self._record("all_gather_object", kind, n * (self.world_size - 1),
+                     n * (self.world_size - 1), self.world_size - 1, 1, t0, c0, r)
+        return out
+
+    def barrier(self, kind: str = "barrier") -> None:
+        if self.world_size == 1:
+            return
+        r, t0, c0 = self._begin()
+        # A tiny all-reduce instead of dist.barrier(): it honours the group timeout on every
+        # backend and its cost is accounted like any other op.
+        flag = torch.zeros(1, device=self.device)
+        self._guard(lambda: dist.all_reduce(flag), "barrier", kind)
+        self._record("barrier", kind, 0, 0, 0, 2 * math.ceil(math.log2(self.world_size)), t0, c0, r)

@@ -1,0 +1,291 @@
+"""The one data contract every loader produces and every partitioner consumes.
+
+A :class:`Graph` is a node-classification graph in CSR form, *indexed by destination*:
+the in-neighbours (message sources) of node ``v`` are ``indices[indptr[v]:indptr[v+1]]``.
+This is the layout message passing reads (``out[v] = sum_u A[v, u] h[u]``), so the
+sparse-dense product ``A @ H`` is one CSR kernel call with no transposition.
+
+Worked example (3 nodes, undirected path 0 - 1 - 2)::
+
+    indptr  = [0, 1, 3, 4]         # int64 [N+1]
+    indices = [1, 0, 2, 1]         # int64 [E]: node 0 <- 1; node 1 <- 0, 2; node 2 <- 1
+    x       = float32 [3, F]
+    y       = int64   [3]          # in [0, num_classes)
+    train_mask / val_mask / test_mask = bool [3], pairwise disjoint, train non-empty
+
+Conventions (checked by :meth:`Graph.validate`):
+
+* **No self-loops, no duplicate edges.** Models add the self-loop they need (GCN's
+  ``A + I``, GIN's ``(1 + eps) h``); a stored self-loop would be counted twice.
+  :meth:`Graph.from_edge_index` drops them for you.
+* **Direction is explicit.** ``from_edge_index(..., undirected=True)`` (the default for
+  the built-in loaders) adds every reverse edge; ``undirected=False`` keeps the edge set
+  as given, and ``is_undirected()`` tells which one you have. Partitioners that need a
+  symmetric graph (METIS) symmetrise their own input and leave the graph untouched.
+* Each row's sources are sorted ascending (canonical CSR), which makes results and
+  fingerprints independent of input order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Graph", "csr_from_edges", "random_split"]
+
+
+def csr_from_edges(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """Canonical destination-indexed CSR from an edge list (sorted rows, duplicates removed)."""
+    key = torch.unique(dst.to(torch.int64) * num_nodes + src.to(torch.int64))  # sorts too
+    dst_s, src_s = key // num_nodes, key % num_nodes
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.bincount(dst_s, minlength=num_nodes).cumsum(0)
+    return indptr, src_s
+
+
+def random_split(num_nodes: int, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+                 seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Seeded random train/val/test masks (the split rule for datasets without a standard one)."""
+    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
+        raise ValueError(f"split fractions {fractions} must be non-negative and sum to 1")
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_nodes, generator=gen)
+    n_train = int(round(fractions[0] * num_nodes))
+    n_val = int(round(fractions[1] * num_nodes))
+    masks = []
+    for lo, hi in ((0, n_train), (n_train, n_train + n_val), (n_train + n_val, num_nodes)):
+        m = torch.zeros(num_nodes, dtype=torch.bool)
+        m[perm[lo:hi]] = True
+        masks.append(m)
+    return masks[0], masks[1], masks[2]
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A validated node-classification graph (see the module docstring for the layout)."""
+
+    indptr: Tensor
+    indices: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    num_classes: int
+    name: str = "graph"
+    #: Free-form provenance (loader, split rule, evaluator name, ...). Not used for computation.
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ basic views
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.numel() - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x.shape[1])
+
+    def in_degree(self) -> Tensor:
+        """int64 [N]: number of in-neighbours (sources) of every node."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def out_degree(self) -> Tensor:
+        """int64 [N]: number of out-neighbours of every node."""
+        return torch.bincount(self.indices, minlength=self.num_nodes)
+
+    def edge_dst(self) -> Tensor:
+        """int64 [E]: destination of every stored edge (row id of the CSR entry)."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+
+    def edge_index(self) -> Tensor:
+        """int64 [2, E] in PyG's (source, destination) convention."""
+        return torch.stack([self.indices, self.edge_dst()])
+
+    def is_undirected(self) -> bool:
+        """True when every edge u->v has its reverse v->u."""
+        n = self.num_nodes
+        fwd = self.edge_dst() * n + self.indices
+        rev = self.indices * n + self.edge_dst()
+        return bool(torch.equal(torch.sort(fwd).values, torch.sort(rev).values))
+
+    def fingerprint(self) -> str:
+        """Short content hash of topology, labels and splits (partition books record it)."""
+        h = hashlib.sha256()
+        for t in (self.indptr, self.indices, self.y, self.train_mask, self.val_mask, self.test_mask):
+            h.update(np.ascontiguousarray(t.numpy()).tobytes())
+        h.update(str(tuple(self.x.shape)).encode())
+        return h.hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        return (f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"features={self.num_features}, classes={self.num_classes}, "
+                f"train/val/test={int(self.train_mask.sum())}/{int(self.val_mask.sum())}/"
+                f"{int(self.test_mask.sum())})")
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "Graph":
+        """Check the whole contract; raise ``ValueError``/``TypeError`` naming value and fix."""
+        def need(cond: bool, msg: str, exc: type[Exception] = ValueError) -> None:
+            if not cond:
+                raise exc(f"Graph {self.name!r}: {msg}")
+
+        for fname in ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask"):
+            need(isinstance(getattr(self, fname), Tensor),
+                 f"field {fname} is {type(getattr(self, fname)).__name__}, expected a torch.Tensor; "
+                 f"convert with torch.as_tensor(...)", TypeError)
+        need(self.indptr.dtype == torch.int64 and self.indptr.dim() == 1,
+             f"indptr must be a 1-D int64 tensor, got dtype {self.indptr.dtype} shape "
+             f"{tuple(self.indptr.shape)}; use .to(torch.int64)", TypeError)
+        need(self.indices.dtype == torch.int64 and self.indices.dim() == 1,
+             f"indices must be a 1-D int64 tensor, got dtype {self.indices.dtype} shape "
+             f"{tuple(self.indices.shape)}; use .to(torch.int64)", TypeError)
+        n = self.num_nodes
+        need(n >= 1, "indptr must have at least 2 entries (one node)")
+        need(int(self.indptr[0]) == 0, f"indptr[0] = {int(self.indptr[0])}, expected 0")
+        need(int(self.indptr[-1]) == self.indices.numel(),
+             f"indptr[-1] = {int(self.indptr[-1])} but there are {self.indices.numel()} indices; "
+             f"they must match")
+        steps = self.indptr[1:] - self.indptr[:-1]
+        if bool((steps < 0).any()):
+            v = int(torch.nonzero(steps < 0)[0])
+            raise ValueError(f"Graph {self.name!r}: indptr decreases at node {v} "
+                             f"({int(self.indptr[v])} -> {int(self.indptr[v + 1])}); it must be "
+                             f"non-decreasing")
+        if self.indices.numel():
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            need(lo >= 0, f"edge source id {lo} is negative; node ids must be in [0, {n})")
+            need(hi < n, f"edge source id {hi} >= num_nodes {n}; node ids must be in [0, {n}) "
+                         f"(wrong num_nodes, or ids not renumbered from 0?)")
+            dst = self.edge_dst()
+            loops = int((dst == self.indices).sum())
+            need(loops == 0, f"{loops} self-loop(s) stored; the contract stores none (models add "
+                             f"their own). Build with Graph.from_edge_index(...), which drops them")
+            key = dst * n + self.indices
+            need(bool((key[1:] > key[:-1]).all()) if key.numel() > 1 else True,
+                 "edges are not in canonical CSR order or contain duplicates; build with "
+                 "Graph.from_edge_index(...) which sorts and de-duplicates")
+        need(self.x.dim() == 2 and self.x.shape[0] == n,
+             f"x has shape {tuple(self.x.shape)}, expected [num_nodes={n}, num_features]")
+        need(self.x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+             f"x has dtype {self.x.dtype}, expected a float dtype; use x.float()", TypeError)
+        finite = torch.isfinite(self.x)
+        if not bool(finite.all()):
+            bad = torch.nonzero(~finite)[0].tolist()
+            raise ValueError(f"Graph {self.name!r}: x has {int((~finite).sum())} NaN/Inf value(s), "
+                             f"first at node {bad[0]}, feature {bad[1]} (value "
+                             f"{float(self.x[bad[0], bad[1]])}); clean or impute features first")
+        need(self.y.dim() == 1 and self.y.shape[0] == n,
+             f"y has shape {tuple(self.y.shape)}, expected [num_nodes={n}]")
+        need(self.y.dtype == torch.int64, f"y has dtype {self.y.dtype}, expected int64; "
+                                         f"use y.long()", TypeError)
+        need(isinstance(self.num_classes, int) and self.num_classes >= 2,
+             f"num_classes = {self.num_classes!r}, expected an int >= 2")
+        if n:
+            lo, hi = int(self.y.min()), int(self.y.max())
+            need(lo >= 0 and hi < self.num_classes,
+                 f"labels span [{lo}, {hi}] but num_classes = {self.num_classes}; labels must be "
+                 f"in [0, num_classes) (relabel, or raise num_classes)")
+        for mname in ("train_mask", "val_mask", "test_mask"):
+            m = getattr(self, mname)
+            need(m.dtype == torch.bool and m.dim() == 1,
+                 f"{mname} has dtype {m.dtype} shape {tuple(m.shape)}, expected a 1-D bool mask; "
+                 f"index lists can be turned into masks with torch.zeros(N, dtype=bool)[idx] = True",
+                 TypeError)
+            need(m.shape[0] == n, f"{mname} has length {m.shape[0]}, expected num_nodes = {n} "
+                                  f"(split covers nodes out of range)")
+        need(bool(self.train_mask.any()), "train_mask selects no node; the train set must be "
+                                          "non-empty")
+        for a, b in (("train_mask", "val_mask"), ("train_mask", "test_mask"), ("val_mask", "test_mask")):
+            both = getattr(self, a) & getattr(self, b)
+            if bool(both.any()):
+                raise ValueError(f"Graph {self.name!r}: {a} and {b} overlap on {int(both.sum())} "
+                                 f"node(s), first node {int(torch.nonzero(both)[0])}; splits must "
+                                 f"be disjoint")
+        return self
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_edge_index(cls, edge_index: Tensor | np.ndarray, x: Tensor | np.ndarray,
+                        y: Tensor | np.ndarray, *, num_classes: int | None = None,
+                        train_mask: Tensor | None = None, val_mask: Tensor | None = None,
+                        test_mask: Tensor | None = None, undirected: bool = True,
+                        name: str = "graph", split_seed: int = 0,
+                        meta: dict[str, Any] | None = None) -> "Graph":
+        """Build a canonical graph from a PyG-style ``[2, E]`` (source, destination) edge list.
+
+        Self-loops and duplicate edges are dropped; ``undirected=True`` adds reverse edges.
+        Without masks, the split is seeded random 60/20/20 (``split_seed``).
+        """
+        ei = torch.as_tensor(edge_index)
+        if ei.dim() != 2 or ei.shape[0] != 2:
+            raise ValueError(f"edge_index has shape {tuple(ei.shape)}, expected [2, num_edges]")
+        ei = ei.to(torch.int64)
+        x_t = torch.as_tensor(x)
+        y_t = torch.as_tensor(y).reshape(-1)
+        n = int(x_t.shape[0])
+        if ei.numel():
+            lo, hi = int(ei.min()), int(ei.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"Graph {name!r}: edge_index holds node id "
+                                 f"{lo if lo < 0 else hi}, outside [0, {n}) where {n} is the "
+                                 f"number of feature rows; renumber nodes from 0 or add rows")
+        src, dst = ei[0], ei[1]
+        if undirected:
+            src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+        keep = src != dst
+        indptr, indices = csr_from_edges(src[keep], dst[keep], n)
+        if num_classes is None:
+            num_classes = int(y_t.max()) + 1 if y_t.numel() else 0
+        if train_mask is None:
+            train_mask, val_mask, test_mask = random_split(n, seed=split_seed)
+        if x_t.dtype != torch.float32 and x_t.is_floating_point():
+            x_t = x_t.float()
+        return cls(indptr=indptr, indices=indices, x=x_t, y=y_t.to(torch.int64),
+                   train_mask=torch.as_tensor(train_mask), val_mask=torch.as_tensor(val_mask),
+                   test_mask=torch.as_tensor(test_mask), num_classes=int(num_classes), name=name,
+                   meta=dict(meta or {}, undirected=undirected)).validate()
+
+    @classmethod
+    def from_pyg(cls, data: Any, *, name: str = "graph", undirected: bool | None = None,
+                 num_classes: int | None = None, split_seed: int = 0) -> "Graph":
+        """Convert a ``torch_geometric.data.Data``.
+
+        Masks are taken from ``data`` when present (2-D masks, i.e. several PyG splits, use
+        column 0); otherwise seeded 60/20/20. ``undirected=None`` keeps the graph's own
+        direction if it is already symmetric and symmetrises it otherwise, explicitly
+        recorded in ``meta['undirected']``.
+        """
+        masks = []
+        for key in ("train_mask", "val_mask", "test_mask"):
+            m = getattr(data, key, None)
+            if m is not None and m.dim() == 2:
+                m = m[:, 0]
+            masks.append(m)
+        if any(m is None for m in masks):
+            masks = [None, None, None]
+        if undirected is None:
+            undirected = True
+        y = data.y.reshape(-1) if data.y.dim() == 2 and data.y.shape[1] == 1 else data.y
+        return cls.from_edge_index(data.edge_index, data.x, y, num_classes=num_classes,
+                                   train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
+                                   undirected=undirected, name=name, split_seed=split_seed)
+
+    def to_pyg(self) -> Any:
+        """A ``torch_geometric.data.Data`` with the same edges (source, destination), features,
+        labels and masks."""
+        from torch_geometric.data import Data
+        return Data(x=self.x, edge_index=self.edge_index(), y=self.y, train_mask=self.train_mask,
+                    val_mask=self.val_mask, test_mask=self.test_mask, num_nodes=self.num_nodes)
+
+    def with_split(self, train_mask: Tensor, val_mask: Tensor, test_mask: Tensor) -> "Graph":
+        """A copy with other split masks (validated)."""
+        return replace(self, train_mask=train_mask, val_mask=val_mask, test_mask=test_mask).validate()

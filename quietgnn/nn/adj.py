@@ -1,0 +1,166 @@
+"""Sparse adjacency blocks and the sparse-dense product every layer uses.
+
+A :class:`SparseAdj` is a destination-indexed CSR block with ``n_dst`` rows and ``n_src``
+columns where **the first ``n_dst`` sources are the destinations themselves** (the layout of a
+local partition ``[owned | halo]``, of a whole graph, and of a sampled mini-batch block with
+targets first). A layer maps ``h [n_src, d] -> out [n_dst, d']`` and reads the destination's
+own row as ``h[:n_dst]``.
+
+Why not ``torch_geometric.MessagePassing``: gather-scatter materialises ``E x d`` messages;
+one CSR kernel call does the same aggregation about 20x faster on a CPU core. The transposed
+structure for the backward pass and the normalisation weights are computed once per block
+and cached, never per epoch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["SparseAdj", "spmm"]
+
+# CSR tensors are only built from our own validated structure; torch's beta notices are noise.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+class SparseAdj:
+    """CSR block ``[n_dst, n_src]`` (see module docstring).
+
+    ``src_degree``/``dst_degree``: int64 degrees used for GCN normalisation (the *global*
+    in-degree in a partition, so that distributed equals centralized); default: row counts.
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, n_src: int,
+                 src_degree: Optional[Tensor] = None, dst_degree: Optional[Tensor] = None) -> None:
+        self.indptr, self.indices = indptr, indices
+        self.n_dst, self.n_src = int(indptr.numel() - 1), int(n_src)
+        if self.n_src < self.n_dst:
+            raise ValueError(f"SparseAdj: n_src = {self.n_src} < n_dst = {self.n_dst}; sources "
+                             f"must start with the destinations themselves")
+        self.row_count = indptr[1:] - indptr[:-1]
+        self.dst_degree = self.row_count if dst_degree is None else dst_degree
+        self.src_degree = src_degree
+        self._cache: dict[str, object] = {}
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def __repr__(self) -> str:
+        return f"SparseAdj(n_dst={self.n_dst}, n_src={self.n_src}, nnz={self.nnz})"
+
+    # ------------------------------------------------------------------ cached structure
+    def row(self) -> Tensor:
+        """int64 [E]: destination row of each entry."""
+        if "row" not in self._cache:
+            self._cache["row"] = torch.repeat_interleave(
+                torch.arange(self.n_dst, device=self.device), self.row_count)
+        return self._cache["row"]  # type: ignore[return-value]
+
+    def transpose_structure(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(indptr_T [n_src+1], indices_T [E], perm [E]) with ``values_T = values[perm]``."""
+        if "T" not in self._cache:
+            row = self.row()
+            perm = torch.argsort(self.indices * self.n_dst + row)
+            indptr_t = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.device)
+            indptr_t[1:] = torch.bincount(self.indices, minlength=self.n_src).cumsum(0)
+            self._cache["T"] = (indptr_t, row[perm], perm)
+        return self._cache["T"]  # type: ignore[return-value]
+
+    def gcn_norm(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """Symmetric GCN weights with self-loops: edge u->v gets 1/sqrt((d_u+1)(d_v+1)), the
+        self-loop 1/(d_v+1); d = in-degree (``src_degree``/``dst_degree``)."""
+        key = f"gcn:{dtype}"
+        if key not in self._cache:
+            if self.src_degree is None:
+                raise ValueError("GCN normalisation needs the source degrees; build the block "
+                                 "with src_degree=... (global in-degrees)")
+            dinv_src = (self.src_degree.to(dtype) + 1).rsqrt()
+            dinv_dst = (self.dst_degree.to(dtype) + 1).rsqrt()
+            ew = dinv_src[self.indices] * dinv_dst[self.row()]
+            self._cache[key] = (ew, dinv_dst * dinv_dst)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def mean_norm(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Edge weights 1/row_count (mean over the neighbours present in the block)."""
+        key = f"mean:{dtype}"
+        if key not in self._cache:
+            inv = 1.0 / self.row_count.clamp(min=1).to(dtype)
+            self._cache[key] = inv[self.row()]
+        return self._cache[key]  # type: ignore[return-value]
+
+    def ones(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        key = f"ones:{dtype}"
+        if key not in self._cache:
+            self._cache[key] = torch.ones(self.nnz, dtype=dtype, device=self.device)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def with_self_loops(self) -> "SparseAdj":
+        """The same block plus the entry (v, v) in every row (GAT attends to itself)."""
+        if "loops" not in self._cache:
+            row = torch.cat([self.row(), torch.arange(self.n_dst, device=self.device)])
+            col = torch.cat([self.indices, torch.arange(self.n_dst, device=self.device)])
+            order = torch.argsort(row * self.n_src + col)
+            indptr = torch.zeros_like(self.indptr)
+            indptr[1:] = (self.row_count + 1).cumsum(0)
+            self._cache["loops"] = SparseAdj(indptr, col[order], self.n_src, self.src_degree,
+                                             self.dst_degree)
+        return self._cache["loops"]  # type: ignore[return-value]
+
+    def to(self, device: torch.device | str) -> "SparseAdj":
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        sd = None if self.src_degree is None else self.src_degree.to(device)
+        return SparseAdj(self.indptr.to(device), self.indices.to(device), self.n_src, sd,
+                         self.dst_degree.to(device))
+
+    def csr(self, values: Tensor) -> Tensor:
+        return torch.sparse_csr_tensor(self.indptr, self.indices, values,
+                                       (self.n_dst, self.n_src))
+
+    def csr_t(self, values: Tensor) -> Tensor:
+        indptr_t, indices_t, perm = self.transpose_structure()
+        return torch.sparse_csr_tensor(indptr_t, indices_t, values[perm], (self.n_src, self.n_dst))
+
+
+class _SpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: Tensor, h: Tensor, adj: SparseAdj) -> Tensor:  # type: ignore[override]
+        ctx.adj = adj
+        ctx.save_for_backward(values, h)
+        if adj.nnz == 0:
+            return h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
+        return adj.csr(values.to(h.dtype)) @ h
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        values, h = ctx.saved_tensors
+        adj: SparseAdj = ctx.adj
+        g_values = g_h = None
+        if ctx.needs_input_grad[1]:
+            g_h = (adj.csr_t(values.to(grad.dtype)) @ grad.contiguous()) if adj.nnz else \
+                torch.zeros_like(h)
+        if ctx.needs_input_grad[0]:
+            # d out[v] / d A[v,u] = h[u]: an SDDMM, one dot product per edge
+            g_values = (grad[adj.row()] * h[adj.indices]).sum(-1).to(values.dtype)
+        return g_values, g_h, None
+
+
+def spmm(adj: SparseAdj, values: Optional[Tensor], h: Tensor) -> Tensor:
+    """``A(values) @ h`` with ``A`` the block's sparsity pattern; differentiable in ``h`` and in
+    ``values`` (attention). ``values=None`` means all ones (sum aggregation)."""
+    if h.shape[0] != adj.n_src:
+        raise ValueError(f"spmm: input has {h.shape[0]} rows, the adjacency block has "
+                         f"{adj.n_src} source columns")
+    if values is None:
+        values = adj.ones(h.dtype)
+    return _SpMM.apply(values, h.contiguous(), adj)

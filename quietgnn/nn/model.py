@@ -1,0 +1,111 @@
+"""The model stack: ``L`` conv layers with dropout / norm / ReLU between them.
+
+``GNN.forward(x, adjs, exchange)`` runs layer by layer:
+
+    h = dropout(h); h = exchange(h, l); h = conv_l(h, adj_l); (norm, ReLU unless last)
+
+``exchange`` is how distribution enters the model: ``None`` on a whole graph; a
+:class:`~quietgnn.comm.HaloExchanger` that appends the halo rows in ``halo``. Dropout is
+applied *before* the exchange, so a node's dropout mask is drawn once, by its owner.
+Layers are reachable one by one (``model.convs[l]``, :meth:`GNN.block`) for strategies that
+train them separately (RETEXO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .adj import SparseAdj
+from .layers import CONVS, GATConv
+
+__all__ = ["GNN", "ModelConfig", "build_model"]
+
+Exchange = Callable[[Tensor, int], Tensor]
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the model (``model.*`` keys of a run config)."""
+
+    arch: str = "gcn"
+    hidden: int = 64
+    layers: int = 2
+    dropout: float = 0.5
+    norm: str = "none"
+    heads: int = 4
+
+    def __post_init__(self) -> None:
+        self.arch = str(self.arch).lower()
+        if self.arch not in CONVS:
+            raise ValueError(f"model.arch = {self.arch!r}; expected one of {sorted(CONVS)}")
+        if not isinstance(self.layers, int) or self.layers < 1:
+            raise ValueError(f"model.layers = {self.layers!r}; expected an int >= 1")
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"model.hidden = {self.hidden!r}; expected an int >= 1")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"model.dropout = {self.dropout!r}; expected a value in [0, 1)")
+        if self.norm not in ("none", "layer"):
+            raise ValueError(f"model.norm = {self.norm!r}; expected 'none' or 'layer' (batch norm "
+                             f"would need global statistics across partitions)")
+        if not isinstance(self.heads, int) or self.heads < 1:
+            raise ValueError(f"model.heads = {self.heads!r}; expected an int >= 1")
+        if self.arch == "gat" and self.layers > 1 and self.hidden % self.heads:
+            raise ValueError(f"model.hidden = {self.hidden} is not divisible by model.heads = "
+                             f"{self.heads}; GAT concatenates heads")
+
+
+class GNN(nn.Module):
+    """``layers`` convolutions of type ``arch`` (see :class:`ModelConfig`)."""
+
+    def __init__(self, arch: str, in_dim: int, hidden: int, out_dim: int, layers: int = 2,
+                 dropout: float = 0.5, norm: str = "none", heads: int = 4) -> None:
+        super().__init__()
+        self.arch, self.dropout, self.num_layers = arch, float(dropout), layers
+        dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
+        convs = []
+        for i in range(layers):
+            last = i == layers - 1
+            if arch == "gat":
+                convs.append(GATConv(dims[i], dims[i + 1], heads=1 if last else heads,
+                                     concat=not last))
+            else:
+                convs.append(CONVS[arch](dims[i], dims[i + 1]))
+        self.convs = nn.ModuleList(convs)
+        self.norms = nn.ModuleList(
+            [nn.LayerNorm(hidden) if norm == "layer" else nn.Identity() for _ in range(layers - 1)])
+        self.dims = dims
+
+    def block(self, i: int, h: Tensor, adj: SparseAdj) -> Tensor:
+        """Layer ``i`` alone on an already-exchanged input: conv (+ norm, ReLU unless last)."""
+        h = self.convs[i](h, adj)
+        if i < self.num_layers - 1:
+            h = F.relu(self.norms[i](h))
+        return h
+
+    def forward(self, x: Tensor, adjs: Union[SparseAdj, Sequence[SparseAdj]],
+                exchange: Optional[Exchange] = None) -> Tensor:
+        h = x
+        for i in range(self.num_layers):
+            adj = adjs if isinstance(adjs, SparseAdj) else adjs[i]
+            h = F.dropout(h, self.dropout, self.training)
+            if exchange is not None:
+                h = exchange(h, i)
+            h = self.block(i, h, adj)
+        return h
+
+
+def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, seed: int) -> GNN:
+    """Build the model with weights drawn from ``seed`` alone, so every rank that calls this
+    with the same arguments holds identical weights without any communication."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return GNN(cfg.arch, in_dim, cfg.hidden, out_dim, cfg.layers, cfg.dropout, cfg.norm,
+                   cfg.heads)
+    finally:
+        torch.random.set_rng_state(state)

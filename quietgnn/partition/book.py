@@ -1,0 +1,173 @@
+"""The partition book: which node lives where, on disk, versioned.
+
+Layout of a book directory (written atomically: a temp directory renamed into place)::
+
+    book.json        format, version, num_parts, method, seed, graph identity, stats, and the
+                     size + sha256 of every file below
+    assignment.npy   int64 [N] part of every node
+    part-<k>.pt      rank k's LocalPartition (tensors only; loaded with weights_only=True)
+
+A multi-host run loads ``book.json`` and its own ``part-<rank>.pt`` only. Every way a book can
+be unusable (missing, truncated, edited, other version, other world size) gives a
+``ValueError`` naming the file, what was found and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..graph import Graph
+from .local import LocalPartition, build_partitions, partition_stats
+from .partitioners import partition_nodes
+
+__all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book"]
+
+BOOK_FORMAT = "quietgnn-partition-book"
+BOOK_VERSION = 1
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class PartitionBook:
+    """Metadata of a saved partitioning (``book.json``) plus its directory."""
+
+    path: Path
+    num_parts: int
+    method: str
+    seed: int
+    graph: dict[str, Any]
+    stats: dict[str, Any]
+    files: dict[str, dict[str, Any]]
+    book_id: str
+
+    # ------------------------------------------------------------------ writing
+    @staticmethod
+    def write(path: str | Path, graph: Graph, parts: np.ndarray, method: str, seed: int,
+              options: dict[str, Any] | None = None) -> "PartitionBook":
+        path = Path(path)
+        parts = np.asarray(parts, dtype=np.int64)
+        num_parts = int(parts.max()) + 1
+        book_id = hashlib.sha256(graph.fingerprint().encode() + parts.tobytes()).hexdigest()[:16]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            np.save(tmp / "assignment.npy", parts)
+            locals_ = build_partitions(graph, parts, book_id=book_id)
+            for lp in locals_:
+                torch.save(lp.to_dict(), tmp / f"part-{lp.rank}.pt")
+            files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                     for f in sorted(tmp.iterdir())}
+            meta = {
+                "format": BOOK_FORMAT, "version": BOOK_VERSION, "book_id": book_id,
+                "num_parts": num_parts, "method": method, "seed": seed,
+                "options": options or {},
+                "graph": {"name": graph.name, "num_nodes": graph.num_nodes,
+                          "num_edges": graph.num_edges, "num_features": graph.num_features,
+                          "num_classes": graph.num_classes, "fingerprint": graph.fingerprint()},
+                "stats": partition_stats(graph, parts), "files": files,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+            (tmp / "book.json").write_text(json.dumps(meta, indent=1))
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return PartitionBook.open(path)
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def open(path: str | Path) -> "PartitionBook":
+        path = Path(path)
+        meta_path = path / "book.json"
+        if not meta_path.is_file():
+            raise ValueError(f"no partition book at {str(path)!r}: {meta_path.name} is missing; "
+                             f"create one with `quietgnn partition --out {path} ...`")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"partition book {str(meta_path)!r} is not valid JSON ({exc}); the "
+                             f"file is damaged: re-create the book with `quietgnn partition`") from exc
+        if not isinstance(meta, dict) or meta.get("format") != BOOK_FORMAT:
+            raise ValueError(f"{str(meta_path)!r} is not a quietgnn partition book (format "
+                             f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected "
+                             f"{BOOK_FORMAT!r})")
+        if meta.get("version") != BOOK_VERSION:
+            raise ValueError(f"partition book {str(path)!r} has version {meta.get('version')!r}, "
+                             f"this quietgnn reads version {BOOK_VERSION}; re-create it with "
+                             f"`quietgnn partition`")
+        for key in ("num_parts", "method", "seed", "graph", "stats", "files", "book_id"):
+            if key not in meta:
+                raise ValueError(f"partition book {str(meta_path)!r} lacks field {key!r}; "
+                                 f"re-create it with `quietgnn partition`")
+        return PartitionBook(path=path, num_parts=int(meta["num_parts"]), method=meta["method"],
+                             seed=int(meta["seed"]), graph=meta["graph"], stats=meta["stats"],
+                             files=meta["files"], book_id=meta["book_id"])
+
+    def _checked_file(self, name: str) -> Path:
+        f = self.path / name
+        info = self.files.get(name)
+        if info is None:
+            raise ValueError(f"partition book {str(self.path)!r} does not list {name!r}")
+        if not f.is_file():
+            raise ValueError(f"partition file {str(f)!r} is missing; copy it from where the book "
+                             f"was created or re-run `quietgnn partition`")
+        size = f.stat().st_size
+        if size != info["bytes"]:
+            raise ValueError(f"partition file {str(f)!r} has {size} bytes, the book records "
+                             f"{info['bytes']}: it is truncated or was replaced; re-copy it or "
+                             f"re-run `quietgnn partition`")
+        if _sha256(f) != info["sha256"]:
+            raise ValueError(f"partition file {str(f)!r} does not match the checksum in "
+                             f"book.json: it was modified or damaged; re-run `quietgnn partition`")
+        return f
+
+    def assignment(self) -> np.ndarray:
+        return np.load(self._checked_file("assignment.npy"), allow_pickle=False)
+
+    def load_part(self, rank: int, world_size: int | None = None) -> LocalPartition:
+        """Load one rank's partition, checking the world size against the book."""
+        if world_size is not None and world_size != self.num_parts:
+            raise ValueError(f"world size {world_size} does not match the partition book "
+                             f"{str(self.path)!r}, which has {self.num_parts} parts; run with "
+                             f"{self.num_parts} processes or re-partition with --parts "
+                             f"{world_size}")
+        if not 0 <= rank < self.num_parts:
+            raise ValueError(f"rank {rank} is outside the book's {self.num_parts} parts")
+        f = self._checked_file(f"part-{rank}.pt")
+        try:
+            d = torch.load(f, weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"could not read partition file {str(f)!r} ({type(exc).__name__}: "
+                             f"{exc}); re-run `quietgnn partition`") from exc
+        if not isinstance(d, dict):
+            raise ValueError(f"partition file {str(f)!r} holds {type(d).__name__}, expected a "
+                             f"dict of tensors; re-run `quietgnn partition`")
+        return LocalPartition.from_dict(d)
+
+
+def make_book(path: str | Path, graph: Graph, method: str, num_parts: int, seed: int = 0,
+              **options: Any) -> PartitionBook:
+    """Partition ``graph`` and write the book (convenience for CLI and launcher)."""
+    parts = partition_nodes(graph, method, num_parts, seed=seed, **options)
+    clean = {k: v for k, v in options.items() if v is not None and k != "assignment"}
+    return PartitionBook.write(path, graph, parts, method, seed, options=clean)

@@ -1,0 +1,154 @@
+"""Partitioners: node -> part assignment vectors.
+
+Every partitioner returns an ``int64`` array ``parts`` of shape ``[N]`` with values in
+``[0, num_parts)``. They are deterministic for a given seed.
+
+* ``metis``     -- pymetis on the symmetrised graph (min edge cut, balanced node counts).
+* ``random``    -- every node to a uniformly random part, then rebalanced to equal sizes
+                   (RandomTMA, Grappa's chunking).
+* ``supernode`` -- METIS into ``K >> P`` small clusters, clusters dealt randomly and evenly
+                   (SuperTMA): keeps dense local structure while every part is a
+                   representative sample of the graph.
+* ``given``     -- an array or a file (``.npy``, ``.pt`` or text, one part id per line) for data
+                   that must stay where it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..graph import Graph
+
+__all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
+           "given_parts"]
+
+
+def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetrised, loop-free CSR (METIS requires an undirected graph)."""
+    if graph.meta.get("undirected") or graph.is_undirected():
+        return graph.indptr.numpy(), graph.indices.numpy()
+    n = graph.num_nodes
+    dst, src = graph.edge_dst(), graph.indices
+    key = torch.unique(torch.cat([dst * n + src, src * n + dst]))
+    d, s = key // n, key % n
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    indptr[1:] = torch.bincount(d, minlength=n).cumsum(0)
+    return indptr.numpy(), s.numpy()
+
+
+def metis_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
+    """Min-edge-cut partition with METIS (via pymetis)."""
+    if num_parts == 1:
+        return np.zeros(graph.num_nodes, dtype=np.int64)
+    import pymetis
+
+    indptr, indices = _symmetric_csr(graph)
+    opts = pymetis.Options(seed=seed)
+    _, membership = pymetis.part_graph(num_parts, xadj=indptr, adjncy=indices, options=opts)
+    parts = np.asarray(membership, dtype=np.int64)
+    # METIS may leave a part empty on tiny or disconnected graphs; an empty rank would train on
+    # nothing, so move single nodes from the largest parts into empty ones.
+    return _fill_empty(parts, num_parts)
+
+
+def _fill_empty(parts: np.ndarray, num_parts: int) -> np.ndarray:
+    counts = np.bincount(parts, minlength=num_parts)
+    for p in np.nonzero(counts == 0)[0]:
+        big = int(np.argmax(counts))
+        victim = int(np.nonzero(parts == big)[0][-1])
+        parts[victim] = p
+        counts[big] -= 1
+        counts[p] += 1
+    return parts
+
+
+def random_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
+    """Uniformly random, exactly balanced assignment (sizes differ by at most one)."""
+    rng = np.random.default_rng(seed)
+    parts = np.arange(graph.num_nodes, dtype=np.int64) % num_parts
+    rng.shuffle(parts)
+    return parts
+
+
+def supernode_parts(graph: Graph, num_parts: int, seed: int = 0,
+                    clusters: int | None = None) -> np.ndarray:
+    """SuperTMA: METIS into ``clusters`` (default ``max(16 P, N / 50)``, capped at N / 2)
+    clusters, dealt randomly: clusters in random order each go to the currently lightest
+    part, so parts are balanced in nodes to within one cluster."""
+    n = graph.num_nodes
+    k = clusters if clusters is not None else max(16 * num_parts, n // 50)
+    k = int(min(max(k, num_parts), max(num_parts, n // 2)))
+    cl = metis_parts(graph, k, seed=seed)
+    sizes = np.bincount(cl, minlength=k)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(k)
+    load = np.zeros(num_parts, dtype=np.int64)
+    cluster_to_part = np.empty(k, dtype=np.int64)
+    for c in order:  # loop over clusters (K << N), not nodes
+        p = int(np.argmin(load))
+        cluster_to_part[c] = p
+        load[p] += sizes[c]
+    return _fill_empty(cluster_to_part[cl], num_parts)
+
+
+def given_parts(graph: Graph, num_parts: int, seed: int = 0,
+                assignment: Any = None, file: str | None = None) -> np.ndarray:
+    """A user-given assignment: ``assignment`` (array-like) or ``file`` (.npy/.pt/text)."""
+    if assignment is None and file is None:
+        raise ValueError("partitioner 'given' needs an assignment: pass partition.file=PATH "
+                         "(.npy, .pt or a text file with one part id per line)")
+    if assignment is None:
+        path = Path(file)  # type: ignore[arg-type]
+        if not path.is_file():
+            raise ValueError(f"partition file {str(path)!r} does not exist; expected a .npy, .pt "
+                             f"or text file with one part id per node")
+        try:
+            if path.suffix == ".npy":
+                assignment = np.load(path, allow_pickle=False)
+            elif path.suffix == ".pt":
+                assignment = torch.load(path, weights_only=True)
+            else:
+                assignment = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        except Exception as exc:  # corrupt/truncated files: say which file and why
+            raise ValueError(f"could not read partition file {str(path)!r}: {exc}") from exc
+    parts = np.asarray(torch.as_tensor(assignment).numpy()).reshape(-1)
+    if not np.issubdtype(parts.dtype, np.integer):
+        raise ValueError(f"given partition has dtype {parts.dtype}, expected integer part ids")
+    parts = parts.astype(np.int64)
+    if parts.shape[0] != graph.num_nodes:
+        raise ValueError(f"given partition has {parts.shape[0]} entries but the graph has "
+                         f"{graph.num_nodes} nodes; it needs one part id per node")
+    if parts.size and (parts.min() < 0 or parts.max() >= num_parts):
+        raise ValueError(f"given partition holds part ids in [{parts.min()}, {parts.max()}] but "
+                         f"num_parts = {num_parts}; ids must be in [0, num_parts)")
+    empty = np.nonzero(np.bincount(parts, minlength=num_parts) == 0)[0]
+    if empty.size:
+        raise ValueError(f"given partition leaves part(s) {empty.tolist()} empty; every one of "
+                         f"the {num_parts} parts needs at least one node")
+    return parts
+
+
+PARTITIONERS: dict[str, Callable[..., np.ndarray]] = {
+    "metis": metis_parts,
+    "random": random_parts,
+    "supernode": supernode_parts,
+    "given": given_parts,
+}
+
+
+def partition_nodes(graph: Graph, method: str, num_parts: int, seed: int = 0,
+                    **options: Any) -> np.ndarray:
+    """Assign every node to one of ``num_parts`` parts with the named partitioner."""
+    if method not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {method!r}; expected one of {sorted(PARTITIONERS)}")
+    if not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts = {num_parts!r}, expected an int >= 1")
+    if num_parts > graph.num_nodes:
+        raise ValueError(f"num_parts = {num_parts} exceeds the {graph.num_nodes} nodes of "
+                         f"{graph.name!r}; use at most one part per node")
+    opts = {k: v for k, v in options.items() if v is not None}
+    return PARTITIONERS[method](graph, num_parts, seed=seed, **opts)
