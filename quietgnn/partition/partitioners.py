@@ -48,7 +48,8 @@ def metis_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
 
     indptr, indices = _symmetric_csr(graph)
     opts = pymetis.Options(seed=seed)
-    _, membership = pymetis.part_graph(num_parts, xadj=indptr, adjncy=indices, options=opts)
+    adjacency = pymetis.CSRAdjacency(adj_starts=indptr, adjacent=indices)
+    _, membership = pymetis.part_graph(num_parts, adjacency=adjacency, options=opts)
     parts = np.asarray(membership, dtype=np.int64)
     # METIS may leave a part empty on tiny or disconnected graphs; an empty rank would train on
     # nothing, so move single nodes from the largest parts into empty ones.

@@ -1,0 +1,200 @@
+"""Command line: ``quietgnn train | partition | datasets | strategies`` (+ ``bench``, ``report``).
+
+Examples::
+
+    quietgnn train                                   # halo, synthetic graph, 4 local workers
+    quietgnn train --strategy centralized --dataset cora --root ../shared/data
+    quietgnn train --config configs/cora-halo.yaml --model.hidden 128 --parts 2
+    torchrun --nnodes 2 --nproc-per-node 2 ... -m quietgnn train --book /shared/book-p4 ...
+    quietgnn partition --dataset cora --root ../shared/data --parts 4 --out books/cora-p4
+
+Any config key can be set as ``--section.key value`` (see ``quietgnn.config``); unknown keys
+are rejected with the valid ones listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["main"]
+
+
+def _split_overrides(tokens: list[str]) -> list[tuple[str, str]]:
+    """``--a.b 1 --flag --c=2`` -> [("a.b", "1"), ("flag", "true"), ("c", "2")]."""
+    out, i = [], 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ValueError(f"unexpected argument {tok!r}; options look like --section.key value")
+        key = tok[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            value = tokens[i + 1]
+            i += 2
+        else:
+            value, i = "true", i + 1
+        out.append((key.replace("-", "_") if "." in key else key, value))
+    return out
+
+
+def _config(args: argparse.Namespace, rest: list[str]) -> Any:
+    from .config import load_config, parse_overrides
+    pairs = _split_overrides(rest)
+    if args.strategy:
+        pairs.insert(0, ("strategy", args.strategy))
+    return load_config(args.config, parse_overrides(pairs))
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000.0
+    return str(n)
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    print(f"quietgnn: {s['strategy']} on {s['dataset']} | {s['parts']} part(s) "
+          f"({s['partitioner']}) | {s['model']} {s['layers']}x{s['hidden']}")
+    print(f"  test accuracy   {s['test_acc']:.4f}  (best val {s['val_acc']:.4f} at epoch "
+          f"{s['best_epoch']}; {s['epochs']} epochs)")
+    print(f"  training bytes  {_human_bytes(s['train_bytes'])} total, "
+          f"{_human_bytes(s['train_bytes_per_epoch'])}/epoch (all ranks, sent)")
+    print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
+    print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
+          f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
+    print(f"  run directory   {s['run_dir']}")
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
+    from .runtime.launcher import launch, prepare_book
+    cfg = _config(args, rest)
+    name = cfg.runtime.run_name
+    if _under_torchrun():
+        from .runtime.worker import run_worker
+        rid = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+        run_dir = Path(cfg.runtime.out_dir) / (name or f"{rid}-{cfg.strategy}-"
+                                                       f"{Path(cfg.dataset.name).name}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = run_worker(cfg, run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}-{cfg.strategy}-"
+                                                       f"{Path(cfg.dataset.name).name}-p{cfg.num_parts}")
+        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        book = prepare_book(cfg, log)
+        summary = launch(cfg, run_dir, book)
+    if summary is not None:
+        print_summary(summary)
+        if cfg.runtime.summary_json:
+            p = Path(cfg.runtime.summary_json)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace, rest: list[str]) -> int:
+    from .datasets import load_dataset
+    from .partition import make_book
+    cfg = _config(args, rest)
+    if not args.out:
+        raise ValueError("quietgnn partition needs --out DIR (where the partition book goes)")
+    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                         split_seed=cfg.dataset.split_seed)
+    t0 = time.perf_counter()
+    book = make_book(args.out, graph, cfg.partition_method, cfg.num_parts,
+                     seed=cfg.partition.seed, clusters=cfg.partition.clusters,
+                     file=cfg.partition.file)
+    st = book.stats
+    print(f"{graph!r}\npartition book {book.path} ({cfg.partition_method}, {book.num_parts} "
+          f"parts, {time.perf_counter() - t0:.1f}s)")
+    print(f"  nodes per part {st['nodes']}  balance {st['balance']:.3f}")
+    print(f"  edge cut {st['edge_cut']} ({100 * st['edge_cut_fraction']:.1f}% of edges)  halo "
+          f"sizes {st['halo']}  replication {st['replication_factor']:.3f}")
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
+    from .datasets import available_datasets
+    for name, desc in available_datasets():
+        print(f"{name:14s} {desc}")
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
+    from .strategies import available_strategies
+    for name, cls in available_strategies().items():
+        print(f"{name:12s} {cls.description}  [default partitioner: "
+              f"{cls.fixed_parts and 'single process' or cls.default_partitioner}]")
+    return 0
+
+
+def _extra_commands() -> dict[str, Any]:
+    """Commands contributed by optional modules (bench, report) when present."""
+    out = {}
+    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report")):
+        try:
+            m = __import__(mod, fromlist=["cli_main"])
+            out[name] = m.cli_main
+        except ImportError:
+            continue
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = _extra_commands()
+    if argv and argv[0] in extra:
+        return int(extra[argv[0]](argv[1:]) or 0)
+    ap = argparse.ArgumentParser(prog="quietgnn", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    for name, help_ in (("train", "train a GNN with a communication strategy"),
+                        ("partition", "partition a dataset and write a partition book"),
+                        ("datasets", "list the built-in datasets"),
+                        ("strategies", "list the registered strategies")):
+        p = sub.add_parser(name, help=help_,
+                           epilog="Any config key: --section.key value (e.g. --model.hidden 128)")
+        if name in ("train", "partition"):
+            p.add_argument("--config", help="YAML recipe (see configs/)")
+            p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
+        if name == "partition":
+            p.add_argument("--out", help="output directory of the partition book")
+    for name in extra:
+        sub.add_parser(name, help=f"see `quietgnn {name} --help`")
+    args, rest = ap.parse_known_args(argv or ["train"])
+    cmds = {"train": cmd_train, "partition": cmd_partition, "datasets": cmd_datasets,
+            "strategies": cmd_strategies}
+    if args.cmd is None:
+        args, rest = ap.parse_known_args(["train"] + argv)
+    try:
+        return cmds[args.cmd](args, rest)
+    except (ValueError, TypeError) as exc:
+        print(f"quietgnn: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("quietgnn: interrupted; all workers stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # LaunchError, CommError: already say which rank and why
+        from .runtime.launcher import LaunchError
+        if isinstance(exc, LaunchError):
+            print(f"quietgnn: run failed: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Run configuration: small validated dataclasses, YAML recipes, ``--section.key value``
+overrides. Unknown sections or keys are rejected by name with the valid ones listed.
+
+Sections (each a dataclass that validates itself):
+
+* ``strategy``   name of a registered strategy (``quietgnn strategies`` lists them)
+* ``dataset``    :class:`DataConfig`        which graph, where its files are
+* ``synthetic``  :class:`~quietgnn.datasets.synthetic.SyntheticSpec` (dataset ``synthetic``)
+* ``partition``  :class:`PartitionConfig`   partitioner, number of parts, seed, book
+* ``model``      :class:`~quietgnn.nn.ModelConfig`
+* ``train``      :class:`~quietgnn.strategies.base.TrainConfig`
+* ``runtime``    :class:`RuntimeConfig`     threads, timeouts, output, checkpoints
+* ``options``    the strategy's own ``Options`` dataclass (checked against the strategy)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .nn import ModelConfig
+from .strategies.base import TrainConfig, get_strategy, options_from_dict
+
+__all__ = ["RunConfig", "DataConfig", "PartitionConfig", "RuntimeConfig", "load_config",
+           "parse_overrides", "SHORTCUTS"]
+
+
+@dataclass
+class DataConfig:
+    """Which graph to train on (``dataset.*``)."""
+
+    name: str = "synthetic"
+    root: Optional[str] = None
+    split_seed: int = 0
+
+
+@dataclass
+class PartitionConfig:
+    """How the graph is split (``partition.*``)."""
+
+    method: Optional[str] = None      # None: the strategy's default partitioner
+    parts: int = 4
+    seed: int = 0
+    clusters: Optional[int] = None    # supernode: number of METIS clusters K >> parts
+    file: Optional[str] = None        # given: assignment file (.npy / .pt / text)
+    book: Optional[str] = None        # an existing partition book directory
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.parts, int) or self.parts < 1:
+            raise ValueError(f"partition.parts = {self.parts!r}; expected an int >= 1")
+        from .partition import PARTITIONERS
+        if self.method is not None and self.method not in PARTITIONERS:
+            raise ValueError(f"partition.method = {self.method!r}; expected one of "
+                             f"{sorted(PARTITIONERS)}")
+        if self.clusters is not None and (not isinstance(self.clusters, int) or self.clusters < 1):
+            raise ValueError(f"partition.clusters = {self.clusters!r}; expected an int >= 1")
+
+
+@dataclass
+class RuntimeConfig:
+    """Processes, timeouts, outputs (``runtime.*``)."""
+
+    threads: int = 1                  # compute threads per worker
+    timeout_s: float = 120.0          # a collective waiting longer fails the run
+    backend: str = "auto"             # gloo | nccl | auto (nccl when device is cuda)
+    device: str = "cpu"               # cpu | cuda
+    out_dir: str = "runs"
+    run_name: Optional[str] = None    # default: <time>-<strategy>-<dataset>-p<parts>
+    progress: bool = True
+    summary_json: Optional[str] = None
+    checkpoint_every: int = 0         # epochs between checkpoints (0: off)
+    keep_checkpoints: int = 2
+    resume: bool = False
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"runtime.threads = {self.threads!r}; expected an int >= 1")
+        if not float(self.timeout_s) > 0:
+            raise ValueError(f"runtime.timeout_s = {self.timeout_s!r}; expected seconds > 0")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"runtime.backend = {self.backend!r}; expected auto, gloo or nccl")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"runtime.device = {self.device!r}; expected cpu or cuda")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ValueError(f"runtime.checkpoint_every = {self.checkpoint_every!r}; expected an "
+                             f"int >= 0 (0 disables checkpoints)")
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+            raise ValueError(f"runtime.keep_checkpoints = {self.keep_checkpoints!r}; expected an "
+                             f"int >= 2 (a torn newest checkpoint must leave an older one)")
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+def _synthetic_spec(values: dict[str, Any]) -> Any:
+    from .datasets.synthetic import SyntheticSpec
+    return _build(SyntheticSpec, values, "synthetic")
+
+
+@dataclass
+class RunConfig:
+    strategy: str = "halo"
+    dataset: DataConfig = field(default_factory=DataConfig)
+    synthetic: Any = None
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    options: Any = None
+
+    def __post_init__(self) -> None:
+        if self.synthetic is None:
+            self.synthetic = _synthetic_spec({})
+        cls = get_strategy(self.strategy)
+        if self.options is None or isinstance(self.options, dict):
+            self.options = options_from_dict(cls, self.options or {})
+
+    @property
+    def strategy_cls(self) -> Any:
+        return get_strategy(self.strategy)
+
+    @property
+    def num_parts(self) -> int:
+        fixed = self.strategy_cls.fixed_parts
+        return fixed if fixed is not None else self.partition.parts
+
+    @property
+    def partition_method(self) -> str:
+        return self.partition.method or self.strategy_cls.default_partitioner
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = asdict(v) if dataclasses.is_dataclass(v) else v
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+
+SECTIONS = {"dataset": DataConfig, "partition": PartitionConfig, "model": ModelConfig,
+            "train": TrainConfig, "runtime": RuntimeConfig}
+
+#: short flags accepted by ``quietgnn train`` besides ``--section.key``
+SHORTCUTS = {"dataset": "dataset.name", "root": "dataset.root", "parts": "partition.parts",
+             "partitioner": "partition.method", "book": "partition.book", "model": "model.arch",
+             "epochs": "train.epochs", "lr": "train.lr", "seed": "train.seed",
+             "hidden": "model.hidden", "layers": "model.layers", "threads": "runtime.threads",
+             "timeout": "runtime.timeout_s", "out": "runtime.out_dir",
+             "summary-json": "runtime.summary_json", "resume": "runtime.resume",
+             "run-name": "runtime.run_name"}
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    if not isinstance(values, dict):
+        raise ValueError(f"config section {section!r} must be a mapping, got "
+                         f"{type(values).__name__}: {values!r}")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in unknown]}; valid keys in "
+                         f"{section!r}: {sorted(names)}")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"bad value in section {section!r}: {exc}") from exc
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """``[("model.hidden", "128"), ("strategy", "halo")]`` -> nested dict; values are parsed as
+    YAML scalars (``128`` -> int, ``true`` -> bool, ``null`` -> None)."""
+    out: dict[str, Any] = {}
+    for key, raw in pairs:
+        key = SHORTCUTS.get(key, key)
+        try:
+            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        if len(parts) > 2:
+            raise ValueError(f"config key {key!r} is nested too deeply; use section.key")
+        if len(parts) == 1 and parts[0] != "strategy":
+            raise ValueError(f"unknown config key {key!r}; use 'strategy', a shortcut "
+                             f"({', '.join('--' + s for s in sorted(SHORTCUTS))}) or "
+                             f"section.key with a section in {['synthetic', 'options'] + sorted(SECTIONS)}")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults <- YAML recipe <- overrides, validated section by section."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config file {str(p)!r} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(p)!r} must hold a mapping of sections, got "
+                             f"{type(loaded).__name__}")
+        raw = loaded
+    raw = _merge(raw, overrides or {})
+    valid = {"strategy", "synthetic", "options"} | set(SECTIONS)
+    unknown = sorted(set(raw) - valid)
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; valid sections: {sorted(valid)}")
+    strategy = raw.get("strategy", "halo")
+    if not isinstance(strategy, str):
+        raise ValueError(f"strategy = {strategy!r}; expected a strategy name")
+    kwargs: dict[str, Any] = {"strategy": strategy}
+    for name, cls in SECTIONS.items():
+        kwargs[name] = _build(cls, raw.get(name, {}) or {}, name)
+    kwargs["synthetic"] = _synthetic_spec(raw.get("synthetic", {}) or {})
+    kwargs["options"] = raw.get("options", {}) or {}
+    return RunConfig(**kwargs)
+
+
+def config_from_dict(d: dict[str, Any]) -> RunConfig:
+    """Inverse of :meth:`RunConfig.to_dict` (used by workers and checkpoints)."""
+    return load_config(None, d)

@@ -1,0 +1,1 @@
+"""Launcher, worker entry, training loop, metrics and checkpoints."""

@@ -1,0 +1,252 @@
+"""Local launcher: partition once, spawn P worker processes on 127.0.0.1, watch them.
+
+``quietgnn train --parts 4`` (this module) and ``torchrun --nproc-per-node 4 -m quietgnn
+train`` run the same worker code: the launcher only sets the variables torchrun would set
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) plus one compute thread per worker.
+
+Failure policy: when a worker exits non-zero, the others get ``grace`` seconds to fail on
+their own (they see the broken connection), then are terminated; the launcher raises
+:class:`LaunchError` with the failing rank's traceback. Ctrl-C and SIGTERM stop every worker.
+Workers die with the launcher even if it is killed outright (PR_SET_PDEATHSIG), so nothing is
+orphaned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book"]
+
+
+class LaunchError(RuntimeError):
+    """A worker failed; the message names the rank and carries its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QUIETGNN_CACHE", Path.home() / ".cache" / "quietgnn"))
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _worker_env(rank: int, world: int, port: int, threads: int, extra: dict[str, str]) -> dict:
+    env = dict(os.environ)
+    env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads),
+                "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------------- partition book cache
+def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
+    """The partition book for ``cfg``: the configured one, or a cached one keyed by everything
+    that determines the assignment (created on first use)."""
+    from ..partition import PartitionBook, make_book
+    if cfg.partition.book:
+        book = PartitionBook.open(cfg.partition.book)
+        if book.num_parts != cfg.num_parts:
+            raise ValueError(f"partition book {cfg.partition.book!r} has {book.num_parts} parts "
+                             f"but the run asks for {cfg.num_parts}; pass --parts "
+                             f"{book.num_parts} or re-partition")
+        return Path(cfg.partition.book)
+    key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
+               "parts": cfg.num_parts, "seed": cfg.partition.seed,
+               "clusters": cfg.partition.clusters, "file": cfg.partition.file,
+               "root": str(Path(cfg.dataset.root).resolve()) if cfg.dataset.root else None}
+    if cfg.dataset.name == "synthetic":
+        key_src["synthetic"] = asdict(cfg.synthetic)
+    if cfg.partition.file:
+        st = Path(cfg.partition.file).stat() if Path(cfg.partition.file).exists() else None
+        key_src["file_stat"] = [st.st_size, st.st_mtime_ns] if st else None
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = cache_dir() / "books" / f"{Path(cfg.dataset.name).name}-{cfg.partition_method}-" \
+                                   f"p{cfg.num_parts}-{key}"
+    if (path / "book.json").is_file():
+        try:
+            PartitionBook.open(path)
+            return path
+        except ValueError:
+            pass  # damaged cache entry: rebuild below
+    from ..datasets import load_dataset
+    t0 = time.perf_counter()
+    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                         split_seed=cfg.dataset.split_seed)
+    make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
+              clusters=cfg.partition.clusters, file=cfg.partition.file)
+    log(f"partitioned {graph.name} ({graph.num_nodes} nodes, {graph.num_edges} edges) with "
+        f"{cfg.partition_method} into {cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path}")
+    return path
+
+
+# ---------------------------------------------------------------------- process supervision
+def _supervise(procs: list[subprocess.Popen], grace_s: float) -> list[tuple[int, int, float]]:
+    """Wait for all processes; after the first failure give the rest ``grace_s`` then kill.
+    Returns ``[(rank, returncode, time_of_exit)]`` of failed ranks, in order of failure."""
+    failed: list[tuple[int, int, float]] = []
+    done: set[int] = set()
+    first_fail: Optional[float] = None
+    while len(done) < len(procs):
+        for r, p in enumerate(procs):
+            if r in done:
+                continue
+            rc = p.poll()
+            if rc is None:
+                continue
+            done.add(r)
+            if rc != 0:
+                failed.append((r, rc, time.monotonic()))
+                first_fail = first_fail or time.monotonic()
+        if first_fail is not None and time.monotonic() - first_fail > grace_s:
+            _terminate(procs)
+        time.sleep(0.05)
+    return failed
+
+
+def _terminate(procs: Sequence[subprocess.Popen], wait_s: float = 3.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        while p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _describe_failure(run_dir: Path, rank: int, rc: int) -> str:
+    err = run_dir / "logs" / f"rank-{rank}.error"
+    if rc < 0:
+        how = f"was killed by signal {signal.Signals(-rc).name}"
+    else:
+        how = f"exited with code {rc}"
+    text = err.read_text() if err.is_file() else ""
+    hint = "" if text else " (no traceback: the process died without raising — killed, out of " \
+                           "memory, or os._exit)"
+    return f"rank {rank} {how}{hint}. Run directory: {run_dir}\n{text}".rstrip()
+
+
+def launch(cfg: Any, run_dir: Path, book: Optional[Path],
+           env_extra: Optional[dict[str, str]] = None) -> Optional[dict[str, Any]]:
+    """Run ``cfg`` on ``cfg.num_parts`` local processes; returns the summary (rank 0's)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.to_json())
+    world = cfg.num_parts
+    port = free_port()
+    extra = dict(env_extra or {})
+    if book is not None:
+        extra["QUIETGNN_BOOK"] = str(book)
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for r in range(world):
+            out = None
+            if r != 0:
+                f = open(run_dir / "logs" / f"rank-{r}.log", "w")
+                logs.append(f)
+                out = f
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "quietgnn.runtime.worker", "--run-dir", str(run_dir)],
+                env=_worker_env(r, world, port, cfg.runtime.threads, extra),
+                stdout=out, stderr=out, preexec_fn=_die_with_parent))
+        failed = _supervise(procs, grace_s=min(float(cfg.runtime.timeout_s), 10.0))
+    except KeyboardInterrupt:
+        _terminate(procs)
+        raise
+    finally:
+        for f in logs:
+            f.close()
+    if failed:
+        r, rc, _ = failed[0]
+        raise LaunchError(_describe_failure(run_dir, r, rc))
+    summary_path = run_dir / "summary.json"
+    return json.loads(summary_path.read_text()) if summary_path.is_file() else None
+
+
+# ---------------------------------------------------------------------- functions (tests)
+def _fn_entry(fn: Callable, rank: int, world: int, port: int, timeout_s: float,
+              args: tuple, queue: Any) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    import torch
+    torch.set_num_threads(1)
+    from ..comm import Communicator
+    try:
+        comm = Communicator.init(rank, world, timeout_s=timeout_s)
+        result = fn(comm, *args)
+        # Plain bytes through the queue: torch's shared-memory tensor pickling would need this
+        # process alive until the parent has read the result.
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put((rank, True, buf.getvalue()))
+        comm.close()
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 120.0,
+                   comm_timeout_s: float = 30.0) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``world_size`` fresh processes joined in a gloo group on
+    127.0.0.1 and return the results by rank. Raises ``LaunchError`` with the traceback if any
+    rank fails or the whole call exceeds ``timeout_s`` (for tests and benchmarks)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_fn_entry, args=(fn, r, world_size, port, comm_timeout_s, args,
+                                                 queue), daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LaunchError(f"spawn_function timed out after {timeout_s}s; finished ranks: "
+                                  f"{sorted(results)}")
+            try:
+                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
+                if dead and all(p.exitcode not in (0, None) for p in (procs[r] for r in dead)):
+                    raise LaunchError(f"rank(s) {dead} died without reporting (exit codes "
+                                      f"{[procs[r].exitcode for r in dead]})")
+                continue
+            if not ok:
+                raise LaunchError(f"rank {rank} failed:\n{value}")
+            import torch
+            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,171 @@
+"""The training loop every strategy runs in (one instance per rank).
+
+Reads top to bottom: setup -> (resume) -> epochs of train / evaluate / record / checkpoint ->
+summary. It never looks at the strategy's name: everything strategy-specific happens behind
+``Strategy.train_epoch`` and ``Strategy.evaluate``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ..strategies.base import Strategy, WorkerContext
+from .metrics import MetricsWriter, peak_rss_mb, summarize_ops
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: Any, run_dir: Path) -> None:
+        self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
+        self.comm = ctx.comm
+        self.best: dict[str, Any] = {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1,
+                                     "train_acc": float("nan")}
+        self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
+        self.checkpointer: Any = None
+        rt = cfg.runtime
+        if rt.checkpoint_every or rt.resume:
+            from .checkpoint import Checkpointer
+            self.checkpointer = Checkpointer(self.run_dir / "checkpoints", ctx.rank,
+                                             ctx.world_size, keep=rt.keep_checkpoints,
+                                             comm=self.comm)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> Optional[dict[str, Any]]:
+        cfg, s, comm, rank = self.cfg, self.strategy, self.comm, self.ctx.rank
+        t_start = time.perf_counter()
+        with comm.phase("setup"):
+            s.setup()
+        start_epoch = self._maybe_resume()
+        metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
+        setup = summarize_ops(comm.take_records())
+        metrics.write({"epoch": -1, "rank": rank, "phase": "setup", "bytes": setup["bytes"],
+                       "rounds": setup["rounds"], "peak_rss_mb": peak_rss_mb(),
+                       "setup_s": time.perf_counter() - t_start})
+        epochs = cfg.train.epochs
+        epoch = start_epoch - 1
+        for epoch in range(start_epoch, epochs):
+            rec = self._epoch(epoch, last=epoch == epochs - 1)
+            metrics.write(rec)
+            self._progress(rec)
+            if self.checkpointer and cfg.runtime.checkpoint_every and \
+                    (epoch + 1) % cfg.runtime.checkpoint_every == 0:
+                self.checkpointer.save(epoch, self._state(epoch))
+            if s.finished():
+                break
+        metrics.close()
+        wall = time.perf_counter() - t_start
+        return self._summary(wall, epoch + 1 - start_epoch)
+
+    def _epoch(self, epoch: int, last: bool) -> dict[str, Any]:
+        s, comm = self.strategy, self.comm
+        comm.epoch = epoch
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with comm.phase("train"):
+            res = s.train_epoch(epoch)
+        t_train, c_train = time.perf_counter() - t0, time.thread_time() - c0
+        accs: Optional[dict[str, float]] = None
+        t_eval = 0.0
+        if last or s.finished() or (epoch + 1) % self.cfg.train.eval_every == 0:
+            te = time.perf_counter()
+            with comm.phase("eval"):
+                accs = s.evaluate()
+            t_eval = time.perf_counter() - te
+        ops = summarize_ops(comm.take_records())
+        if not math.isfinite(res.loss):
+            # sync_gradients stops every rank together on non-finite values; this catches
+            # strategies whose loss never crosses ranks.
+            raise FloatingPointError(f"rank {self.ctx.rank}: non-finite training loss "
+                                     f"{res.loss} in epoch {epoch}")
+        rec: dict[str, Any] = {
+            "epoch": epoch, "rank": self.ctx.rank, "loss": res.loss, "steps": res.steps,
+            "train_acc": None, "val_acc": None, "test_acc": None,
+            "wall_s": t_train + t_eval, "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
+            "comm_s": ops["comm_s"], "eval_s": t_eval, "bytes": ops["bytes"],
+            "bytes_by_kind": ops["bytes_by_kind"], "messages": ops["messages"],
+            "rounds": ops["rounds"], "peak_rss_mb": peak_rss_mb(), "extra": res.extra,
+        }
+        if accs is not None:
+            rec.update(train_acc=accs["train"], val_acc=accs["val"], test_acc=accs["test"])
+            if accs["val"] > self.best["val_acc"]:
+                self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
+                             "train_acc": accs["train"], "epoch": epoch}
+        self.history.append({"epoch": epoch, "compute_s": rec["compute_s"],
+                             "wall_s": rec["wall_s"], "loss": res.loss,
+                             "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
+                             "eval_sent": rec["bytes"].get("eval", {}).get("sent", 0),
+                             "peak_rss_mb": rec["peak_rss_mb"]})
+        return rec
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state(self, epoch: int) -> dict[str, Any]:
+        return {"epoch": epoch, "best": self.best, "history": self.history,
+                "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
+                "book_id": self.ctx.part.book_id}
+
+    def _maybe_resume(self) -> int:
+        if not (self.checkpointer and self.cfg.runtime.resume):
+            return 0
+        state = self.checkpointer.load_latest(self.cfg, self.ctx.part.book_id)
+        if state is None:
+            return 0
+        self.strategy.load_state_dict(state["strategy"])
+        self.best, self.history = state["best"], state["history"]
+        if self.ctx.rank == 0:
+            self.ctx.log(f"resumed from checkpoint of epoch {state['epoch']}")
+        return int(state["epoch"]) + 1
+
+    # ------------------------------------------------------------------ reporting
+    def _progress(self, rec: dict[str, Any]) -> None:
+        if self.ctx.rank != 0 or not self.cfg.runtime.progress:
+            return
+        epochs = self.cfg.train.epochs
+        e = rec["epoch"] + 1
+        tty = sys.stderr.isatty()
+        if not tty and e % max(1, epochs // 10) and e != epochs:
+            return
+        acc = "" if rec["val_acc"] is None else \
+            f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
+        mb = rec["bytes"].get("train", {}).get("sent", 0) / 1e6
+        filled = int(24 * e / epochs)
+        bar = "#" * filled + "." * (24 - filled)
+        line = (f"[{bar}] epoch {e}/{epochs} loss {rec['loss']:.4f}{acc} | rank-0 sent "
+                f"{mb:.2f} MB/epoch | {rec['wall_s'] * 1000:.0f} ms")
+        sys.stderr.write(("\r" + line + " " * 4) if tty else line + "\n")
+        if tty and e == epochs:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def _summary(self, wall: float, epochs_run: int) -> Optional[dict[str, Any]]:
+        mine = {"rank": self.ctx.rank, "history": self.history}
+        with self.comm.phase("control"):
+            everyone = self.comm.all_gather_object(mine)
+            self.comm.take_records()
+        if self.ctx.rank != 0:
+            return None
+        cfg = self.cfg
+        hist = [h["history"] for h in everyone]
+        n_ep = min(len(h) for h in hist) if hist else 0
+        train_bytes = sum(e["train_sent"] for h in hist for e in h)
+        eval_bytes = sum(e["eval_sent"] for h in hist for e in h)
+        compute = sum(max(h[i]["compute_s"] for h in hist) for i in range(n_ep))
+        summary = {
+            "strategy": cfg.strategy, "dataset": cfg.dataset.name, "parts": self.ctx.world_size,
+            "partitioner": cfg.partition_method, "model": cfg.model.arch,
+            "layers": cfg.model.layers, "hidden": cfg.model.hidden, "seed": cfg.train.seed,
+            "epochs": n_ep, "test_acc": self.best["test_acc"], "val_acc": self.best["val_acc"],
+            "train_acc": self.best["train_acc"], "best_epoch": self.best["epoch"],
+            "final_loss": hist[0][-1]["loss"] if n_ep else float("nan"),
+            "train_bytes": train_bytes,
+            "train_bytes_per_epoch": train_bytes / n_ep if n_ep else 0.0,
+            "eval_bytes": eval_bytes, "wall_seconds": wall, "compute_seconds": compute,
+            "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
+            "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary

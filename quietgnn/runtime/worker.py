@@ -1,0 +1,121 @@
+"""One rank of a run: join the group, load this rank's partition, train, report.
+
+Entered two ways with the same code:
+
+* from the local launcher: ``python -m quietgnn.runtime.worker --run-dir DIR`` with RANK,
+  WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by :mod:`quietgnn.runtime.launcher`;
+* under ``torchrun``, which sets the same variables: ``quietgnn train`` notices them and
+  calls :func:`run_worker` directly.
+
+Any exception is written with its traceback to ``<run>/logs/rank-<k>.error`` (the launcher
+shows it) and the process exits non-zero at once, without waiting on peers: they notice the
+broken connection (or time out) and fail in turn, so no rank hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["run_worker", "worker_env", "load_local_partition"]
+
+
+def worker_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the environment (launcher or torchrun)."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except KeyError as exc:
+        raise RuntimeError(f"worker started without {exc.args[0]} in the environment; start "
+                           f"workers with `quietgnn train` or torchrun") from exc
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
+    """This rank's partition: from the book on disk when there is one, otherwise by loading the
+    dataset and partitioning deterministically in-process (every rank gets the same
+    assignment from the same seed) and keeping only this rank's part."""
+    from ..partition import PartitionBook, build_partitions, partition_nodes
+    book = os.environ.get("QUIETGNN_BOOK") or cfg.partition.book
+    if book:
+        return PartitionBook.open(book).load_part(rank, world)
+    from ..datasets import load_dataset
+    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                         split_seed=cfg.dataset.split_seed)
+    parts = partition_nodes(graph, cfg.partition_method, world, seed=cfg.partition.seed,
+                            clusters=cfg.partition.clusters, file=cfg.partition.file)
+    return build_partitions(graph, parts, ranks=[rank])[0]
+
+
+def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
+    """Train this rank's share; returns the run summary on rank 0 (None elsewhere)."""
+    from ..comm import Communicator
+    from ..strategies.base import WorkerContext
+    from .trainer import Trainer
+
+    rank, world, local_rank = worker_env()
+    if world != cfg.num_parts:
+        raise ValueError(f"world size {world} does not match the configuration, which asks for "
+                         f"{cfg.num_parts} partition(s) (strategy {cfg.strategy!r}); start "
+                         f"{cfg.num_parts} processes or set --parts {world}")
+    torch.set_num_threads(cfg.runtime.threads)
+    if cfg.runtime.deterministic:
+        torch.use_deterministic_algorithms(True)
+    # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
+    torch.manual_seed(cfg.train.seed * 1000 + rank)
+    device = torch.device("cpu")
+    if cfg.runtime.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    comm = Communicator.init(rank, world, backend=cfg.runtime.resolved_backend(),
+                             timeout_s=cfg.runtime.timeout_s, device=device)
+    part = load_local_partition(cfg, rank, world)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
+    ctx = WorkerContext(rank=rank, world_size=world, comm=comm, part=part, model_cfg=cfg.model,
+                        train_cfg=cfg.train, device=device, run_dir=run_dir, log=log)
+    strategy = cfg.strategy_cls(ctx, cfg.options)
+    summary = Trainer(ctx, strategy, cfg, run_dir).run()
+    comm.close()
+    return summary
+
+
+def _report_failure(run_dir: Path, rank: int) -> None:
+    tb = traceback.format_exc()
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / f"rank-{rank}.error").write_text(tb)
+    finally:
+        sys.stderr.write(f"[rank {rank}] {tb}")
+        sys.stderr.flush()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from ..config import config_from_dict
+
+    ap = argparse.ArgumentParser(description="quietgnn worker (started by `quietgnn train`)")
+    ap.add_argument("--run-dir", required=True)
+    args = ap.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+        run_worker(cfg, run_dir)
+    except BaseException as exc:  # noqa: BLE001 - every failure must end this rank loudly
+        if isinstance(exc, KeyboardInterrupt):
+            os._exit(130)
+        _report_failure(run_dir, rank)
+        # os._exit: do not run atexit handlers that could block on a broken process group.
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The strategy interface, the registry, and the pieces most strategies share.
+
+A strategy is one file in this package holding one :class:`Strategy` subclass decorated with
+:func:`register`; the registry discovers the files itself, so a new strategy touches nothing
+else. The trainer calls, on every rank::
+
+    s = Strategy(ctx, options)     # ctx: WorkerContext; options: the strategy's Options
+    s.setup()
+    for epoch ...: s.train_epoch(epoch) -> EpochResult; sometimes s.evaluate() -> accuracies
+    s.state_dict() / s.load_state_dict(...)      # checkpoint and resume
+
+Strategies talk to other ranks only through ``ctx.comm`` (never ``torch.distributed``), and
+label no traffic themselves: the trainer wraps ``train_epoch`` in the ``train`` phase and
+``evaluate`` in the ``eval`` phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..comm import Communicator, HaloExchanger
+from ..nn import GNN, ModelConfig, SparseAdj, build_model
+from ..partition import LocalPartition
+
+__all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
+           "register", "get_strategy", "available_strategies", "partition_adj", "sync_gradients",
+           "global_evaluate", "options_from_dict"]
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN/Inf on some rank; raised on *every* rank at the same step."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings shared by all strategies (``train.*`` keys)."""
+
+    epochs: int = 100
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    eval_every: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, lo in (("epochs", 1), ("eval_every", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"train.{name} = {v!r}; expected an int >= {lo}")
+        if not float(self.lr) > 0:
+            raise ValueError(f"train.lr = {self.lr!r}; expected a positive number")
+        if float(self.weight_decay) < 0:
+            raise ValueError(f"train.weight_decay = {self.weight_decay!r}; expected >= 0")
+
+
+@dataclass
+class WorkerContext:
+    """What a strategy gets on its rank."""
+
+    rank: int
+    world_size: int
+    comm: Communicator
+    part: LocalPartition
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    run_dir: Optional[Path] = None
+    log: Callable[[str], None] = print
+
+    @property
+    def seed(self) -> int:
+        return self.train_cfg.seed
+
+    def build_model(self, in_dim: Optional[int] = None, out_dim: Optional[int] = None) -> GNN:
+        """The configured model, identical on every rank by construction (seeded init)."""
+        m = build_model(self.model_cfg, in_dim or self.part.num_features,
+                        out_dim or self.part.num_classes, self.seed)
+        return m.to(self.device)
+
+    def optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=self.train_cfg.lr,
+                                weight_decay=self.train_cfg.weight_decay)
+
+
+@dataclass
+class EpochResult:
+    """What one epoch reports: the global mean training loss, steps taken, anything else."""
+
+    loss: float
+    steps: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NoOptions:
+    """This strategy has no options."""
+
+
+class Strategy(ABC):
+    """Base class of all strategies (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    #: partitioner used when the run config names none
+    default_partitioner: ClassVar[str] = "metis"
+    #: a strategy that must run on exactly this many ranks (``centralized``: 1)
+    fixed_parts: ClassVar[Optional[int]] = None
+    #: claims equality with ``centralized`` (tested)
+    exact: ClassVar[bool] = False
+
+    def __init__(self, ctx: WorkerContext, options: Any = None) -> None:
+        self.ctx = ctx
+        self.options = options if options is not None else self.Options()
+
+    @abstractmethod
+    def setup(self) -> None: ...
+
+    @abstractmethod
+    def train_epoch(self, epoch: int) -> EpochResult: ...
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Global accuracies ``{'train': .., 'val': .., 'test': ..}`` (same on every rank)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs (model, optimizer, the strategy's own state)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def finished(self) -> bool:
+        """True when the strategy's own schedule is done before ``train.epochs``."""
+        return False
+
+
+# ---------------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} needs a non-empty class attribute 'name'")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _discover() -> None:
+    from .. import strategies as pkg
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+
+
+def available_strategies() -> dict[str, type[Strategy]]:
+    _discover()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    reg = available_strategies()
+    if name not in reg:
+        raise ValueError(f"unknown strategy {name!r}; expected one of {list(reg)}")
+    return reg[name]
+
+
+def options_from_dict(cls: type[Strategy], values: dict[str, Any]) -> Any:
+    """Build ``cls.Options`` from a dict, rejecting unknown keys by name."""
+    fields = {f.name for f in dataclasses.fields(cls.Options)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for strategy {cls.name!r}; valid options: "
+                         f"{sorted(fields) or 'none'}")
+    return cls.Options(**values)
+
+
+# ---------------------------------------------------------------------- shared pieces
+def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> SparseAdj:
+    """The local ``[owned | halo]`` block with global degrees (exact aggregation)."""
+    return SparseAdj(part.indptr, part.indices, part.n_local, part.in_degree,
+                     part.in_degree[: part.n_own]).to(device)
+
+
+def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
+                   kind: str = "grad_allreduce") -> float:
+    """Sum parameter gradients and the loss over ranks in *one* all-reduce and stop every rank
+    together if anything is non-finite.
+
+    The buffer is ``[grads (|theta|) | loss (1) | non-finite flag per rank (P)]``: the flags
+    tell every rank *which* rank went bad, so all raise :class:`NonFiniteError` with the same
+    message before any optimizer step. Returns the global loss.
+    """
+    P = comm.world_size
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).float(),
+                                                       loss.new_zeros(P).float()])
+    n = flat.numel() - 1 - P
+    bad = not bool(torch.isfinite(flat[: n + 1]).all())
+    if bad:
+        flat[n + 1 + comm.rank] = 1.0
+    if P > 1:
+        comm.all_reduce(flat, kind)
+    flags = flat[n + 1:]
+    if bool((flags > 0).any()) or not bool(torch.isfinite(flat[: n + 1]).all()):
+        ranks = torch.nonzero(flags > 0).flatten().tolist()
+        raise NonFiniteError(f"non-finite loss or gradient on rank(s) {ranks or 'unknown'} in "
+                             f"epoch {comm.epoch}; all ranks stopped before the optimizer step "
+                             f"(lower train.lr, check the input features, or resume from the "
+                             f"last checkpoint)")
+    off = 0
+    for p, g in zip(params, grads):
+        k = g.numel()
+        p.grad = flat[off:off + k].view_as(p).clone()
+        off += k
+    return float(flat[n])
+
+
+def masked_loss(logits: Tensor, y: Tensor, mask: Tensor, total: int) -> Tensor:
+    """Sum of cross-entropy over ``mask`` divided by the *global* count ``total``: summing this
+    over ranks gives the global mean loss, whatever the split of train nodes."""
+    if total <= 0:
+        raise ValueError("the global training set is empty")
+    return F.cross_entropy(logits[mask], y[mask], reduction="sum") / total
+
+
+@torch.no_grad()
+def global_evaluate(model: nn.Module, part: LocalPartition, comm: Communicator,
+                    forward: Callable[[], Tensor]) -> dict[str, float]:
+    """Exact global accuracy: ``forward()`` must give logits for every owned node with its full
+    neighbourhood; correct counts are summed over ranks (one small all-reduce)."""
+    was = model.training
+    model.eval()
+    try:
+        pred = forward().argmax(-1)
+    finally:
+        model.train(was)
+    y = part.y.to(pred.device)
+    counts = []
+    for mask in (part.train_mask, part.val_mask, part.test_mask):
+        m = mask.to(pred.device)
+        counts += [float((pred[m] == y[m]).sum()), float(m.sum())]
+    t = torch.tensor(counts, dtype=torch.float64, device=pred.device)
+    comm.all_reduce(t, "eval_metrics")
+    out = {}
+    for i, split in enumerate(("train", "val", "test")):
+        out[split] = float(t[2 * i] / t[2 * i + 1]) if t[2 * i + 1] > 0 else float("nan")
+    return out
+
+
+def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: SparseAdj,
+                 kind: str = "halo") -> Callable[[], Tensor]:
+    """A closure running the full-neighbourhood forward pass with halo exchange (for
+    :func:`global_evaluate`)."""
+    ex = HaloExchanger(comm, part, kind=kind)
+    x = part.x.to(adj.device)
+    return lambda: model(x, adj, exchange=ex)
