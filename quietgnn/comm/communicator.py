@@ -2,7 +2,7 @@
 
 Every collective goes through :class:`Communicator`, which records one :class:`OpRecord` per
 call: operation, traffic kind (``halo_fwd``, ``grad_allreduce``, ...), phase (``train``,
-``eval``, ``setup``, ``control``), bytes sent and received by this rank, messages, the number
+``eval``, ``setup``, ``data``, ``control``), bytes sent and received by this rank, messages, the number
 of sequential latency steps ("hops"), wall and CPU seconds, and the round number. Because all
 ranks issue the same collectives in the same order, round ``r`` on one rank is round ``r`` on
 every rank: the network model (``quietgnn.comm.network``) lines rounds up across ranks and
@@ -41,7 +41,10 @@ from torch import Tensor
 
 __all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange"]
 
-PHASES = ("train", "eval", "setup", "control")
+#: train: per-step training traffic; eval: evaluation; setup: one-off start-up; data: bulk data
+#: movement during training that is not per-step traffic (e.g. Grappa's chunk reloads);
+#: control: run bookkeeping (summaries), never reported as traffic.
+PHASES = ("train", "eval", "setup", "data", "control")
 
 
 class CommError(RuntimeError):
@@ -147,7 +150,7 @@ class Communicator:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Label all traffic inside the block (``train``/``eval``/``setup``/``control``)."""
+        """Label all traffic inside the block (one of :data:`PHASES`)."""
         if name not in PHASES:
             raise ValueError(f"unknown traffic phase {name!r}; expected one of {PHASES}")
         old, self._phase = self._phase, name

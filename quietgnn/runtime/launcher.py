@@ -212,8 +212,8 @@ def _fn_entry(fn: Callable, rank: int, world: int, port: int, timeout_s: float,
         queue.put((rank, False, traceback.format_exc()))
 
 
-def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 120.0,
-                   comm_timeout_s: float = 30.0) -> list[Any]:
+def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 300.0,
+                   comm_timeout_s: float = 60.0) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` fresh processes joined in a gloo group on
     127.0.0.1 and return the results by rank. Raises ``LaunchError`` with the traceback if any
     rank fails or the whole call exceeds ``timeout_s`` (for tests and benchmarks)."""
