@@ -1,0 +1,113 @@
+"""The communicator's byte/message/hop accounting and its failure behaviour (real gloo)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from quietgnn.comm import CommError, Communicator
+from quietgnn.runtime.launcher import LaunchError, spawn_function
+
+
+def _collectives(comm):
+    P, r = comm.world_size, comm.rank
+    x = torch.full((10,), float(r + 1))
+    comm.all_reduce(x, "grad_allreduce")
+    b = torch.arange(6.0) if r == 1 else torch.zeros(6)
+    comm.broadcast(b, src=1, kind="model_bcast")
+    # rank r sends r+j+1 rows of width 3 to rank j
+    send = [torch.full((r + j + 1, 3), float(r)) for j in range(P)]
+    recv_known = comm.all_to_all(send, "known", recv_counts=[j + r + 1 for j in range(P)])
+    recv_hand = comm.all_to_all(send, "handshake")
+    pending = comm.all_to_all_async([s.to(torch.uint8) for s in send], "async")
+    recv_async = pending.wait()
+    with comm.phase("eval"):
+        comm.barrier()
+    return {"x": x, "b": b, "recv_known": recv_known, "recv_hand": recv_hand,
+            "recv_async": recv_async, "records": [r_.as_dict() for r_ in comm.take_records()]}
+
+
+def test_collectives_results_and_counts():
+    P = 4
+    res = spawn_function(_collectives, P)
+    for r, out in enumerate(res):
+        assert torch.equal(out["x"], torch.full((10,), float(sum(range(1, P + 1)))))
+        assert torch.equal(out["b"], torch.arange(6.0))
+        for j in range(P):
+            expect = torch.full((j + r + 1, 3), float(j))
+            assert torch.equal(out["recv_known"][j], expect)
+            assert torch.equal(out["recv_hand"][j], expect)
+            assert torch.equal(out["recv_async"][j], expect.to(torch.uint8))
+        recs = {rec["kind"]: rec for rec in out["records"]}
+        assert [rec["round"] for rec in out["records"]] == list(range(6))
+        ar = recs["grad_allreduce"]
+        assert ar["bytes_sent"] == ar["bytes_recv"] == 2 * (P - 1) * 40 // P
+        assert ar["hops"] == 4 and ar["phase"] == "setup"   # the default phase outside a trainer
+        rows_out = sum(r + j + 1 for j in range(P) if j != r)
+        rows_in = sum(j + r + 1 for j in range(P) if j != r)
+        assert recs["known"]["bytes_sent"] == rows_out * 3 * 4
+        assert recs["known"]["bytes_recv"] == rows_in * 3 * 4
+        assert recs["known"]["messages"] == P - 1 and recs["known"]["hops"] == 1
+        # unknown sizes cost a handshake of P-1 int64 counts and one more hop
+        assert recs["handshake"]["bytes_sent"] == rows_out * 12 + 8 * (P - 1)
+        assert recs["handshake"]["hops"] == 2
+        assert recs["async"]["bytes_sent"] == rows_out * 3 + 8 * (P - 1)   # uint8 rows
+        assert recs["barrier"]["phase"] == "eval"
+    # a broadcast's bytes are conserved: what the tree sends is what the non-roots receive
+    bc = [out["records"][1] for out in res]
+    assert sum(b["bytes_sent"] for b in bc) == sum(b["bytes_recv"] for b in bc) == (P - 1) * 24
+    assert bc[1]["bytes_recv"] == 0
+
+
+def _late_peer(comm):
+    if comm.rank == 1:
+        time.sleep(12)       # never joins in time
+        return "late"
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(3), "grad_allreduce")
+    except CommError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - t0}
+    return "no error"
+
+
+def test_stuck_peer_times_out_with_a_clear_error():
+    res = spawn_function(_late_peer, 2, comm_timeout_s=3)
+    assert isinstance(res[0], dict), res[0]
+    msg = res[0]["error"]
+    assert "rank 0: all_reduce (grad_allreduce, round 0, epoch -1) failed" in msg
+    assert "timeout 3s" in msg
+    assert res[0]["seconds"] < 11  # the timeout fired, not the peer's arrival
+
+
+def _dying_peer(comm):
+    if comm.rank == 1:
+        import os
+        os._exit(3)
+    try:
+        comm.all_reduce(torch.ones(3), "grad_allreduce")
+    except CommError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_dead_peer_is_reported_not_hung():
+    with pytest.raises(LaunchError, match=r"rank\(s\) \[1\] died|rank 1"):
+        # rank 1 dies without reporting; the parent notices instead of waiting forever
+        spawn_function(_dying_peer, 2, comm_timeout_s=5, timeout_s=60)
+
+
+def test_single_process_ops_are_free():
+    c = Communicator(0, 1)
+    t = torch.ones(4)
+    assert c.all_reduce(t, "x") is t
+    assert c.all_to_all([torch.ones(2, 3)], "x")[0].shape == (2, 3)
+    c.barrier()
+    assert c.take_records() == []
+    with pytest.raises(ValueError, match="expected one per rank"):
+        c.all_to_all([torch.ones(1), torch.ones(1)], "x")
+    with pytest.raises(ValueError, match="unknown traffic phase"):
+        with c.phase("training"):
+            pass
