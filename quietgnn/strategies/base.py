@@ -218,9 +218,9 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
                              f"(lower train.lr, check the input features, or resume from the "
                              f"last checkpoint)")
     off = 0
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads):  # views into the fresh buffer: no copy needed
         k = g.numel()
-        p.grad = flat[off:off + k].view_as(p).clone()
+        p.grad = flat[off:off + k].view_as(p)
         off += k
     return float(flat[n])
 

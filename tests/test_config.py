@@ -1,0 +1,65 @@
+"""Run configuration: defaults, YAML recipes, overrides, and the errors for bad keys/values."""
+
+from __future__ import annotations
+
+import pytest
+
+from quietgnn.config import config_from_dict, load_config, parse_overrides
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, parse_overrides([("strategy", "centralized"), ("model.hidden", "128"),
+                                             ("parts", "2"), ("runtime.progress", "false"),
+                                             ("dataset", "cora"), ("lr", "0.005")]))
+    assert cfg.strategy == "centralized" and cfg.model.hidden == 128
+    assert cfg.partition.parts == 2 and cfg.num_parts == 1      # centralized runs on one process
+    assert cfg.runtime.progress is False and cfg.dataset.name == "cora" and cfg.train.lr == 0.005
+    assert cfg.partition_method == "metis"
+    again = config_from_dict(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_yaml_recipe_with_override(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("strategy: halo\nmodel:\n  arch: sage\n  layers: 3\ntrain:\n  epochs: 7\n")
+    cfg = load_config(f, parse_overrides([("model.layers", "2")]))
+    assert cfg.model.arch == "sage" and cfg.model.layers == 2 and cfg.train.epochs == 7
+
+
+@pytest.mark.parametrize("pairs, message", [
+    ([("model.hiden", "3")], r"unknown key\(s\) \['model.hiden'\]; valid keys in 'model'"),
+    ([("modle.hidden", "3")], r"unknown config section\(s\) \['modle'\]"),
+    ([("hiddenn", "3")], r"unknown config key 'hiddenn'"),
+    ([("model.arch", "gnn")], r"model.arch = 'gnn'; expected one of"),
+    ([("model.layers", "0")], r"model.layers = 0; expected an int >= 1"),
+    ([("model.dropout", "1.5")], r"model.dropout = 1.5"),
+    ([("train.epochs", "-1")], r"train.epochs = -1"),
+    ([("train.lr", "0")], r"train.lr = 0"),
+    ([("parts", "0")], r"partition.parts = 0"),
+    ([("partition.method", "kway")], r"partition.method = 'kway'"),
+    ([("strategy", "nope")], r"unknown strategy 'nope'; expected one of"),
+    ([("options.bits", "4")], r"unknown option\(s\) \['bits'\] for strategy 'halo'"),
+    ([("runtime.timeout_s", "0")], r"runtime.timeout_s = 0"),
+    ([("runtime.keep_checkpoints", "1")], r"runtime.keep_checkpoints = 1"),
+    ([("model.norm", "batch")], r"model.norm = 'batch'"),
+])
+def test_bad_values_are_named(pairs, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, parse_overrides(pairs))
+
+
+def test_bad_recipe_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        load_config(lst)
+    sec = tmp_path / "sec.yaml"
+    sec.write_text("model: 3\n")
+    with pytest.raises(ValueError, match="section 'model' must be a mapping"):
+        load_config(sec)
