@@ -1,0 +1,228 @@
+"""Network-tier projection: what a recorded run would cost on a given network.
+
+A run is measured on one machine (loopback gloo), where communication is nearly free. The
+communicator records every collective of every rank (``rounds`` in the per-epoch metrics,
+see :mod:`quietgnn.runtime.metrics`); this module replays those records on a network tier
+described by a bandwidth and a latency, with a deliberately simple alpha-beta model:
+
+    comm(epoch)  = sum over the epoch's rounds r of
+                   hops_r * latency + max over ranks of max(sent_r, recv_r) / bandwidth
+    epoch time   = max over ranks of compute_s  +  comm(epoch)
+
+* A *round* is one collective; all ranks issue the same collectives in the same order, so
+  round ``r`` means the same operation on every rank. The round is as slow as its slowest
+  rank, and a rank's link is busy for ``max(sent, recv)`` bytes (full duplex).
+* *hops* are the sequential latency steps of the algorithm, as recorded by
+  :class:`~quietgnn.comm.Communicator`: ``all_to_all`` 1 (2 with a size handshake),
+  ``all_reduce`` ``2 ceil(log2 P)`` (reduce-scatter + all-gather), ``broadcast``
+  ``ceil(log2 P)``, ``barrier`` ``2 ceil(log2 P)``.
+* ``compute_s`` is the thread CPU time of the training step outside communication with one
+  compute thread per worker, so the slowest rank's value is what a machine of its own would
+  spend.
+
+What it gives up: no overlap of compute and communication (an upper bound for strategies that
+overlap), no congestion between concurrent pairs beyond the per-rank link, no packet loss.
+The model is linear in (latency, 1/bandwidth), so an epoch is summarised by two numbers,
+``hops`` (sum of hops) and ``crit_bytes`` (sum over rounds of the slowest rank's bytes), and any
+tier is a dot product; :func:`epoch_curve` computes them once per run.
+
+Which rounds count: phases ``train`` and ``data`` (bulk data movement during training, e.g.
+Grappa's chunk reloads, is on the critical path too); ``eval`` is measurement, ``setup`` is
+one-off (reported separately as ``setup_hops``/``setup_bytes``), ``control`` is bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+__all__ = ["Tier", "TIERS", "parse_tier", "resolve_tiers", "epoch_curve", "project",
+           "time_to_accuracy", "TRAIN_PHASES"]
+
+#: phases whose rounds are charged to training time
+TRAIN_PHASES = ("train", "data")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A network: ``bandwidth`` in bits per second per rank link, ``latency`` in seconds per
+    hop."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0
+                and math.isfinite(self.bandwidth)):
+            raise ValueError(f"tier {self.name!r}: bandwidth = {self.bandwidth!r}; expected a "
+                             f"positive number of bits per second (e.g. 1e9 or 1G)")
+        if not (isinstance(self.latency, (int, float)) and self.latency >= 0
+                and math.isfinite(self.latency)):
+            raise ValueError(f"tier {self.name!r}: latency = {self.latency!r}; expected seconds "
+                             f">= 0 (e.g. 0.0005 or 500us)")
+
+    def seconds(self, hops: float, crit_bytes: float) -> float:
+        """Projected communication seconds for ``hops`` latency steps and ``crit_bytes``
+        bytes on the slowest rank."""
+        return hops * self.latency + 8.0 * crit_bytes / self.bandwidth
+
+    def describe(self) -> str:
+        return f"{self.name} ({_fmt_bw(self.bandwidth)}, {_fmt_lat(self.latency)})"
+
+
+TIERS: dict[str, Tier] = {t.name: t for t in (
+    Tier("datacenter", 100e9, 5e-6),
+    Tier("cluster", 10e9, 50e-6),
+    Tier("lan", 1e9, 0.5e-3),
+    Tier("wan", 100e6, 20e-3),
+    Tier("edge", 10e6, 50e-3),
+)}
+
+_SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _fmt_bw(bps: float) -> str:
+    for unit, f in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= f:
+            return f"{bps / f:g} {unit}"
+    return f"{bps:g} bit/s"
+
+
+def _fmt_lat(s: float) -> str:
+    if s >= 1e-3 or s == 0:
+        return f"{s * 1e3:g} ms"
+    return f"{s * 1e6:g} us"
+
+
+def _number(text: str, units: Mapping[str, float], what: str, spec: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zA-Zµ]*?)(?:bit/s|bps|b/s)?\s*", text)
+    if not m or m.group(2).lower() not in {k.lower() for k in units}:
+        raise ValueError(f"tier {spec!r}: cannot read {what} {text!r}; expected a number with an "
+                         f"optional unit in {sorted(u for u in units if u)}")
+    unit = {k.lower(): v for k, v in units.items()}[m.group(2).lower()]
+    try:
+        return float(m.group(1)) * unit
+    except ValueError as exc:
+        raise ValueError(f"tier {spec!r}: {what} {text!r} is not a number") from exc
+
+
+def parse_tier(spec: str) -> Tier:
+    """``"name:bandwidth:latency"`` -> :class:`Tier`. Bandwidth in bit/s with an optional SI
+    prefix (``1e9``, ``1G``, ``250M``); latency in seconds with an optional unit (``0.02``,
+    ``20ms``, ``5us``). A bare built-in name (``wan``) returns the built-in tier."""
+    if spec.lower() in TIERS:
+        return TIERS[spec.lower()]
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError(f"tier {spec!r}: expected NAME:BANDWIDTH_BITS_PER_S:LATENCY_S (e.g. "
+                         f"'metro:10G:2ms' or 'sat:2e7:0.6') or one of {sorted(TIERS)}")
+    return Tier(parts[0], _number(parts[1], _SI, "bandwidth", spec),
+                _number(parts[2], _TIME, "latency", spec))
+
+
+def resolve_tiers(extra: Sequence[str] = (), builtin: bool = True) -> dict[str, Tier]:
+    """The built-in tiers (unless ``builtin=False``) plus custom ``extra`` specs, by name."""
+    out = dict(TIERS) if builtin else {}
+    for spec in extra:
+        t = parse_tier(spec)
+        out[t.name] = t
+    return out
+
+
+# ---------------------------------------------------------------------- per-epoch summary
+def _merge_rounds(records: Iterable[Mapping[str, Any]],
+                  phases: Sequence[str]) -> tuple[float, float, int]:
+    """(sum of hops, sum of slowest-rank bytes, rounds) over the rounds of one epoch of all
+    ranks. ``records``: that epoch's record of each rank."""
+    per_round: dict[int, list[float]] = {}   # round -> [hops, max bytes]
+    for rec in records:
+        for rnd, _kind, phase, sent, recv, hops, *_ in rec.get("rounds") or []:
+            if phase not in phases:
+                continue
+            cur = per_round.setdefault(int(rnd), [0.0, 0.0])
+            cur[0] = max(cur[0], float(hops))
+            cur[1] = max(cur[1], float(sent), float(recv))
+    hops = sum(v[0] for v in per_round.values())
+    crit = sum(v[1] for v in per_round.values())
+    return hops, crit, len(per_round)
+
+
+def _phase_bytes(rec: Mapping[str, Any], phase: str) -> int:
+    return int((rec.get("bytes") or {}).get(phase, {}).get("sent", 0))
+
+
+def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
+                phases: Sequence[str] = TRAIN_PHASES) -> dict[str, Any]:
+    """Summarise a run's per-rank metrics (``read_metrics(run_dir)``) for projection.
+
+    Returns ``{"setup": {...}, "epochs": [row, ...]}`` with one row per epoch that every rank
+    recorded::
+
+        epoch, compute_s (max over ranks), hops, crit_bytes, rounds (counted rounds),
+        train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
+        wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
+        (None on epochs without evaluation), peak_rss_mb (max over ranks)
+    """
+    if not metrics:
+        raise ValueError("no metrics to project: the run directory has no metrics/rank-*.jsonl "
+                         "files (did the run start?)")
+    by_epoch: dict[int, dict[int, Mapping[str, Any]]] = {}
+    for rank, recs in metrics.items():
+        for rec in recs:
+            # a resumed run appends: the last record of an epoch wins
+            by_epoch.setdefault(int(rec["epoch"]), {})[int(rank)] = rec
+    ranks = set(metrics)
+    setup = by_epoch.pop(-1, {})
+    s_hops, s_bytes, s_rounds = _merge_rounds(setup.values(), ("setup",))
+    rows = []
+    for ep in sorted(by_epoch):
+        recs = by_epoch[ep]
+        if set(recs) != ranks:
+            continue  # torn: not every rank finished this epoch
+        hops, crit, n = _merge_rounds(recs.values(), phases)
+        r0 = recs[min(recs)]
+        rows.append({
+            "epoch": ep,
+            "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
+            "hops": hops, "crit_bytes": crit, "rounds": n,
+            "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),
+            "data_bytes": sum(_phase_bytes(r, "data") for r in recs.values()),
+            "eval_bytes": sum(_phase_bytes(r, "eval") for r in recs.values()),
+            "wall_s": max(float(r.get("wall_s") or 0.0) for r in recs.values()),
+            "comm_s": max(float(r.get("comm_s") or 0.0) for r in recs.values()),
+            "eval_s": max(float(r.get("eval_s") or 0.0) for r in recs.values()),
+            "test_acc": r0.get("test_acc"), "val_acc": r0.get("val_acc"),
+            "train_acc": r0.get("train_acc"),
+            "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in recs.values()),
+        })
+    return {"setup": {"hops": s_hops, "crit_bytes": s_bytes, "rounds": s_rounds,
+                      "bytes": sum(_phase_bytes(r, "setup") for r in setup.values())},
+            "ranks": len(ranks), "phases": list(phases), "epochs": rows}
+
+
+def project(curve: Mapping[str, Any], tier: Tier) -> list[dict[str, float]]:
+    """Per epoch on ``tier``: ``{"epoch", "compute_s", "comm_s", "time_s", "cum_s",
+    "test_acc"}``; ``cum_s`` is the cumulative projected training time."""
+    out, cum = [], 0.0
+    for row in curve["epochs"]:
+        comm = tier.seconds(row["hops"], row["crit_bytes"])
+        t = row["compute_s"] + comm
+        cum += t
+        out.append({"epoch": row["epoch"], "compute_s": row["compute_s"], "comm_s": comm,
+                    "time_s": t, "cum_s": cum, "test_acc": row.get("test_acc")})
+    return out
+
+
+def time_to_accuracy(curve: Mapping[str, Any], tier: Tier,
+                     target: float) -> Optional[dict[str, float]]:
+    """Projected seconds until test accuracy first reaches ``target`` (cumulative time through
+    the end of that epoch), or ``None`` if it never does."""
+    for p in project(curve, tier):
+        acc = p["test_acc"]
+        if acc is not None and acc >= target:
+            return {"seconds": p["cum_s"], "epoch": p["epoch"]}
+    return None
