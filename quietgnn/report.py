@@ -1,0 +1,467 @@
+"""``quietgnn report``: tables and plots from benchmark results.
+
+::
+
+    quietgnn report bench-out/results.jsonl --out bench-out/report
+    quietgnn report bench-out --out report --tier metro:10G:2ms --target-frac 0.95
+
+Inputs: ``results.jsonl`` / ``results/*.json`` of ``quietgnn bench`` (or its output folder),
+or ``summary.json`` files of single ``quietgnn train`` runs. Per-epoch data comes from the
+result's stored curve, or from the run directory's ``metrics/`` (the summary's ``run_dir``).
+
+Output in ``--out``: ``report.md`` (one table per dataset x model), ``report.json`` (the same
+numbers), and per dataset x model three PNGs: accuracy vs cumulative training bytes, accuracy
+vs projected training time on every tier, per-epoch time breakdown.
+
+Definitions (see :mod:`quietgnn.comm.network` for the projection):
+
+* test acc: at the best validation epoch, mean +- std over seeds; delta in points vs
+  ``centralized`` on the same dataset and model.
+* training bytes/epoch: bytes sent in phase ``train``, summed over ranks (phase ``data`` is
+  shown separately when any run has it).
+* time to accuracy: projected training time until test accuracy first reaches the target,
+  default ``--target-frac`` 0.98 x centralized's test accuracy; mean over the seeds that reach
+  it (``k/n`` shown when not all do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .comm.network import Tier, epoch_curve, project, resolve_tiers, time_to_accuracy
+
+__all__ = ["load_results", "build_report", "cli_main"]
+
+REFERENCE, BASELINE = "centralized", "halo"
+
+
+# ---------------------------------------------------------------------- loading
+def _from_summary(s: dict[str, Any]) -> dict[str, Any]:
+    return {"id": Path(s.get("run_dir", "run")).name, "dataset": s["dataset"],
+            "strategy": s["strategy"], "strategy_name": s["strategy"], "parts": s["parts"],
+            "model": s["model"], "seed": s.get("seed", 0), "status": "ok", "summary": s,
+            "run_dir": s.get("run_dir")}
+
+
+def _load_file(p: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] \
+        if p.suffix == ".jsonl" else [json.loads(p.read_text())]
+    return [r if "status" in r else _from_summary(r) for r in rows]
+
+
+def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Results from files and bench folders; the last result of an id wins."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
+                sorted((p / "results").glob("*.json"))
+            if not files:
+                raise ValueError(f"{str(p)!r} holds no results.jsonl or results/*.json; pass "
+                                 f"the output folder of `quietgnn bench` or result files")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise ValueError(f"results path {str(p)!r} does not exist")
+        for f in files:
+            try:
+                for r in _load_file(f):
+                    by_id[r.get("id") or f"{f}:{len(by_id)}"] = r
+            except (json.JSONDecodeError, KeyError) as exc:
+                raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
+                                 f"{exc}") from exc
+    return list(by_id.values())
+
+
+def _curve(res: dict[str, Any]) -> Optional[dict[str, Any]]:
+    if res.get("curve"):
+        return res["curve"]
+    run_dir = res.get("run_dir") or (res.get("summary") or {}).get("run_dir")
+    if run_dir and (Path(run_dir) / "metrics").is_dir():
+        from .runtime.metrics import read_metrics
+        try:
+            res["curve"] = epoch_curve(read_metrics(run_dir))
+            return res["curve"]
+        except ValueError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------- numbers
+def _mean(xs: Sequence[float]) -> Optional[float]:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
+               target: Optional[float]) -> dict[str, Any]:
+    accs = [r["summary"]["test_acc"] for r in runs]
+    curves = [_curve(r) for r in runs]
+    per_epoch = [c["epochs"] for c in curves if c and c["epochs"]]
+    row: dict[str, Any] = {
+        "seeds": len(runs), "test_acc": _mean(accs),
+        "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        "train_bytes_per_epoch": _mean([r["summary"]["train_bytes_per_epoch"] for r in runs]),
+        "data_bytes_per_epoch": _mean([sum(e["data_bytes"] for e in ep) / len(ep)
+                                       for ep in per_epoch]) or 0.0,
+        "compute_s_per_epoch": _mean([sum(e["compute_s"] for e in ep) / len(ep)
+                                      for ep in per_epoch]),
+        "peak_rss_mb": max(r["summary"].get("peak_rss_mb", 0.0) for r in runs),
+        "epochs": _mean([r["summary"]["epochs"] for r in runs]),
+        "epoch_s": {}, "tta": {},
+    }
+    for name, tier in tiers.items():
+        proj = [project(c, tier) for c in curves if c and c["epochs"]]
+        row["epoch_s"][name] = _mean([sum(p["time_s"] for p in pr) / len(pr) for pr in proj])
+        if target is None or not proj:
+            row["tta"][name] = None
+            continue
+        hits = [time_to_accuracy(c, tier, target) for c in curves if c and c["epochs"]]
+        got = [h["seconds"] for h in hits if h]
+        row["tta"][name] = {"seconds": _mean(got), "reached": len(got), "of": len(hits),
+                            "epoch": _mean([h["epoch"] for h in hits if h])}
+    return row
+
+
+def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
+                 target_frac: float = 0.98, target_acc: Optional[float] = None,
+                 reference: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Group ok results by dataset x model, rows by strategy label x parts, with
+    reference-relative numbers."""
+    ok = [r for r in results if r.get("status") == "ok" and r.get("summary")]
+    failed = [r for r in results if r.get("status") != "ok"]
+    groups: dict[tuple[str, str], dict[tuple[str, int], list]] = defaultdict(lambda: defaultdict(list))
+    for r in ok:
+        groups[(r["dataset"], r["model"])][(r["strategy"], int(r["parts"]))].append(r)
+    refs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in list(reference) + ok:
+        if r.get("status") == "ok" and r.get("strategy_name", r.get("strategy")) == REFERENCE:
+            refs[(r["dataset"], r["model"])].append(r["summary"]["test_acc"])
+    out_groups = []
+    for (ds, model), rows in sorted(groups.items()):
+        ref_acc = _mean(refs.get((ds, model), []))
+        target = target_acc if target_acc is not None else \
+            (target_frac * ref_acc if ref_acc is not None else None)
+        stats = {}
+        for (label, parts), runs in rows.items():
+            st = _row_stats(runs, tiers, target)
+            st.update(strategy=label, strategy_name=runs[0].get("strategy_name", label),
+                      parts=parts, run_ids=[r.get("id") for r in runs])
+            stats[(label, parts)] = st
+        halos = {p: s for (lbl, p), s in stats.items() if s["strategy_name"] == BASELINE}
+        for (label, parts), st in stats.items():
+            base = halos.get(parts) or (next(iter(halos.values())) if len(halos) == 1 else None)
+            st["delta_acc"] = None if ref_acc is None or st["test_acc"] is None else \
+                st["test_acc"] - ref_acc
+            st["bytes_ratio"] = _ratio(st["train_bytes_per_epoch"],
+                                       base and base["train_bytes_per_epoch"])
+            st["tta_ratio"] = {t: _ratio(_tta_s(st, t), base and _tta_s(base, t)) for t in tiers}
+        order = sorted(stats.values(), key=lambda s: (s["strategy_name"] != REFERENCE,
+                                                      s["strategy_name"] != BASELINE,
+                                                      s["strategy"], s["parts"]))
+        out_groups.append({"dataset": ds, "model": model, "reference_acc": ref_acc,
+                           "target_acc": target, "rows": order})
+    return {"groups": out_groups, "tiers": {n: vars(t) for n, t in tiers.items()},
+            "target_frac": target_frac, "target_acc": target_acc,
+            "failed": [{"id": r.get("id"), "error": (r.get("error") or "")[-2000:]}
+                       for r in failed]}
+
+
+def _tta_s(st: dict[str, Any], tier: str) -> Optional[float]:
+    t = st["tta"].get(tier)
+    return t["seconds"] if t else None
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# ---------------------------------------------------------------------- markdown
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000.0
+    return str(n)
+
+
+def human_time(s: Optional[float]) -> str:
+    if s is None:
+        return "—"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _fmt_ratio(x: Optional[float]) -> str:
+    return "—" if x is None else f"{x:.3g}×"
+
+
+def _fmt_tta(t: Optional[dict[str, Any]]) -> str:
+    if not t:
+        return "—"
+    if not t["reached"]:
+        return "not reached"
+    s = human_time(t["seconds"])
+    return s if t["reached"] == t["of"] else f"{s} ({t['reached']}/{t['of']})"
+
+
+def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, list[str]]) -> str:
+    tiers = rep["tiers"]
+    lines = ["# quietgnn benchmark report", "",
+             "Projected times: per epoch, slowest rank's compute (CPU seconds, 1 thread) + "
+             "sum over training rounds of (hops x latency + slowest rank's bytes / bandwidth). "
+             "Tiers: " + "; ".join(Tier(**t).describe() for t in tiers.values()) + ".", ""]
+    for g in rep["groups"]:
+        has_data = any(r["data_bytes_per_epoch"] for r in g["rows"])
+        tgt = "no target (no centralized run)" if g["target_acc"] is None else \
+            f"target test acc {g['target_acc']:.4f}"
+        ref = "" if g["reference_acc"] is None else f" (centralized {g['reference_acc']:.4f})"
+        lines += [f"## {g['dataset']} / {g['model']}", "", f"{tgt}{ref}", ""]
+        head = ["strategy", "P", "test acc", "Δ vs centralized", "train bytes/epoch",
+                "bytes vs halo"]
+        if has_data:
+            head.insert(5, "data bytes/epoch")
+        for t in table_tiers:
+            head += [f"time to acc ({t})", f"vs halo ({t})"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in g["rows"]:
+            acc = "—" if r["test_acc"] is None else f"{r['test_acc']:.4f}"
+            if r["seeds"] > 1:
+                acc += f" ± {r['test_acc_std']:.4f} (n={r['seeds']})"
+            delta = "—" if r["delta_acc"] is None else f"{100 * r['delta_acc']:+.2f} pp"
+            cells = [r["strategy"], str(r["parts"]), acc, delta,
+                     human_bytes(r["train_bytes_per_epoch"]), _fmt_ratio(r["bytes_ratio"])]
+            if has_data:
+                cells.insert(5, human_bytes(r["data_bytes_per_epoch"]))
+            for t in table_tiers:
+                cells += [_fmt_tta(r["tta"].get(t)), _fmt_ratio(r["tta_ratio"].get(t))]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Projected seconds per epoch (compute + communication):", "",
+                  "| strategy | P | compute | " + " | ".join(tiers) + " | peak RSS/rank |",
+                  "|" + "---|" * (len(tiers) + 4)]
+        for r in g["rows"]:
+            lines.append(f"| {r['strategy']} | {r['parts']} | "
+                         f"{human_time(r['compute_s_per_epoch'])} | " +
+                         " | ".join(human_time(r["epoch_s"].get(t)) for t in tiers) +
+                         f" | {r['peak_rss_mb']:.0f} MiB |")
+        lines.append("")
+        for p in plots.get(f"{g['dataset']}/{g['model']}", []):
+            lines.append(f"![{Path(p).stem}]({Path(p).name})")
+        lines.append("")
+    if rep["failed"]:
+        lines += ["## Failed runs", ""]
+        for f in rep["failed"]:
+            err = [ln.strip() for ln in (f["error"] or "").strip().splitlines() if ln.strip()]
+            why = "unknown error" if not err else err[0] if len(err) == 1 else \
+                f"{err[0]}: {err[-1][:300]}"
+            lines.append(f"- `{f['id']}`: {why}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- plots
+def _mean_curve(curves: list[dict[str, Any]], key: Any) -> tuple[list[float], list[float]]:
+    """Mean over seeds of (x = key(epoch rows up to e), test acc) on evaluated epochs."""
+    n = min(len(c["epochs"]) for c in curves)
+    xs, ys = [], []
+    xcols = [key(c) for c in curves]
+    for e in range(n):
+        accs = [c["epochs"][e]["test_acc"] for c in curves]
+        if any(a is None for a in accs):
+            continue
+        xs.append(sum(x[e] for x in xcols) / len(xcols))
+        ys.append(sum(accs) / len(accs))
+    return xs, ys
+
+
+def _cum(vals: list[float]) -> list[float]:
+    out, s = [], 0.0
+    for v in vals:
+        s += v
+        out.append(s)
+    return out
+
+
+def _log_x(ax: Any) -> None:
+    """Log x axis with labelled decades only (minor labels collide on short ranges)."""
+    from matplotlib.ticker import NullFormatter
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str, Tier],
+               out: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {(r["strategy"], int(r["parts"])): [] for r in g["rows"]}
+    for r in results:
+        key = (r["strategy"], int(r["parts"]))
+        if r.get("status") == "ok" and r["dataset"] == g["dataset"] and \
+                r["model"] == g["model"] and key in runs and _curve(r):
+            runs[key].append(r["curve"])
+    stem = f"{g['dataset']}-{g['model']}".replace("/", "_")
+    label = lambda k: f"{k[0]} (P={k[1]})"  # noqa: E731
+    files = []
+
+    def finish(fig: Any, name: str) -> None:
+        path = out / f"{stem}-{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(str(path))
+
+    def target_lines(ax: Any) -> None:
+        if g["target_acc"] is not None:
+            ax.axhline(g["target_acc"], color="grey", ls=":", lw=1, label="target")
+
+    # accuracy vs cumulative training bytes
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, curves in runs.items():
+        if not curves:
+            continue
+        xs, ys = _mean_curve(curves, lambda c: _cum([e["train_bytes"] + e["data_bytes"]
+                                                     for e in c["epochs"]]))
+        if xs and max(xs) > 0:
+            ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5)
+        elif ys:
+            ax.axhline(max(ys), ls="--", lw=1, color="black",
+                       label=f"{label(k)}: no traffic, best {max(ys):.3f}")
+    target_lines(ax)
+    _log_x(ax)
+    ax.set_xlabel("cumulative training bytes (all ranks, sent)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{g['dataset']} / {g['model']}: accuracy vs traffic")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    finish(fig, "acc_vs_bytes")
+
+    # accuracy vs projected time, one panel per tier
+    n = len(tiers)
+    cols = min(3, n)
+    rows_ = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.6 * rows_), squeeze=False)
+    for ax, (tname, tier) in zip(axes.flat, tiers.items()):
+        for k, curves in runs.items():
+            if curves:
+                xs, ys = _mean_curve(curves, lambda c: [p["cum_s"] for p in project(c, tier)])
+                ax.plot(xs, ys, label=label(k), lw=1.3)
+        target_lines(ax)
+        _log_x(ax)
+        ax.set_title(tier.describe(), fontsize=10)
+        ax.set_xlabel("projected training time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3, which="both")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{g['dataset']} / {g['model']}: accuracy vs projected time")
+    finish(fig, "acc_vs_time")
+
+    # per-epoch time breakdown: measured (left), projected on each tier (right)
+    keys = [k for k, c in runs.items() if c]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.6 * len(keys) + 2.2))
+    parts = {"compute": [], "comm": [], "eval": [], "other": []}
+    for k in keys:
+        eps = [e for c in runs[k] for e in c["epochs"]]
+        comp = sum(e["compute_s"] for e in eps) / len(eps)
+        comm = sum(e["comm_s"] for e in eps) / len(eps)
+        ev = sum(e["eval_s"] for e in eps) / len(eps)
+        wall = sum(e["wall_s"] for e in eps) / len(eps)
+        for name, v in zip(parts, (comp, comm, ev, max(0.0, wall - comp - comm - ev))):
+            parts[name].append(v)
+    left = [0.0] * len(keys)
+    for name, vals in parts.items():
+        a1.barh(range(len(keys)), vals, left=left, label=name)
+        left = [a + b for a, b in zip(left, vals)]
+    a1.set_yticks(range(len(keys)), [label(k) for k in keys], fontsize=8)
+    a1.set_xlabel("measured seconds per epoch (this machine, loopback)")
+    a1.set_title("measured: compute / comm / eval / other")
+    a1.legend(fontsize=8)
+    width = 0.8 / max(1, len(keys))
+    for i, k in enumerate(keys):
+        comp = sum(e["compute_s"] for c in runs[k] for e in c["epochs"]) / \
+            sum(len(c["epochs"]) for c in runs[k])
+        comms = [sum(p["comm_s"] for c in runs[k] for p in project(c, t)) /
+                 sum(len(c["epochs"]) for c in runs[k]) for t in tiers.values()]
+        xs = [j + i * width for j in range(len(tiers))]
+        a2.bar(xs, [comp] * len(xs), width, color=f"C{i}", alpha=0.45)
+        a2.bar(xs, comms, width, bottom=[comp] * len(xs), color=f"C{i}", label=label(k))
+    a2.set_xticks([j + 0.4 - width / 2 for j in range(len(tiers))], list(tiers))
+    a2.set_yscale("log")
+    comps = [e["compute_s"] for k in keys for c in runs[k] for e in c["epochs"]]
+    if comps and min(comps) > 0:
+        a2.set_ylim(bottom=0.5 * min(comps))
+    a2.set_ylabel("projected s/epoch (light: compute, dark: comm)")
+    a2.set_title("projected per tier")
+    a2.legend(fontsize=7)
+    fig.suptitle(f"{g['dataset']} / {g['model']}: per-epoch time")
+    finish(fig, "time_breakdown")
+    return files
+
+
+# ---------------------------------------------------------------------- command line
+def cli_main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="quietgnn report", description="Markdown tables and PNG "
+                                 "plots from `quietgnn bench` results or run summaries.")
+    ap.add_argument("results", nargs="+", help="results.jsonl, result/summary JSON files, or "
+                    "bench output folders")
+    ap.add_argument("--out", required=True, help="output folder (report.md, report.json, PNGs)")
+    ap.add_argument("--tier", action="append", default=[], metavar="NAME:BW:LAT",
+                    help="extra network tier, e.g. metro:10G:2ms (repeatable)")
+    ap.add_argument("--table-tiers", default="lan,wan", help="tiers with time-to-accuracy "
+                    "columns in the table (default lan,wan)")
+    ap.add_argument("--target-frac", type=float, default=0.98, help="target = this fraction of "
+                    "centralized test accuracy (default 0.98)")
+    ap.add_argument("--target-acc", type=float, help="absolute target test accuracy instead")
+    ap.add_argument("--reference", action="append", default=[], help="results holding the "
+                    "centralized reference runs, if not among RESULTS")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(list(argv))
+    try:
+        if not 0 < args.target_frac <= 1.5:
+            raise ValueError(f"--target-frac {args.target_frac}; expected a fraction like 0.98")
+        tiers = resolve_tiers(args.tier)
+        table_tiers = [t.strip() for t in args.table_tiers.split(",") if t.strip()]
+        for t in table_tiers:
+            if t not in tiers:
+                raise ValueError(f"--table-tiers: unknown tier {t!r}; known: {list(tiers)}")
+        results = load_results(args.results)
+        reference = load_results(args.reference) if args.reference else []
+    except ValueError as exc:
+        print(f"quietgnn report: error: {exc}", file=sys.stderr)
+        return 2
+    rep = build_report(results, tiers, target_frac=args.target_frac, target_acc=args.target_acc,
+                       reference=reference)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, list[str]] = {}
+    if not args.no_plots:
+        for g in rep["groups"]:
+            plots[f"{g['dataset']}/{g['model']}"] = plot_group(g, results, tiers, out)
+    md = markdown(rep, table_tiers, plots)
+    (out / "report.md").write_text(md)
+    rep["plots"] = plots
+    (out / "report.json").write_text(json.dumps(rep, indent=1, default=str))
+    print(md)
+    print(f"quietgnn report: {out / 'report.md'}, {out / 'report.json'}, "
+          f"{sum(len(v) for v in plots.values())} plot(s)", file=sys.stderr)
+    return 0
