@@ -1,0 +1,103 @@
+"""``quietgnn bench`` (matrix expansion, isolation, failure recording, resume) and
+``quietgnn report`` (table, numbers, PNGs) on a tiny synthetic graph."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quietgnn import bench, report
+from quietgnn.bench import build_matrix
+
+
+def test_matrix_expansion():
+    specs = build_matrix({"datasets": "cora,citeseer", "strategies": [
+        "centralized", "halo", {"name": "halo", "label": "halo-rand", "set": {
+            "partition.method": "random"}}, {"name": "future_strategy", "options": {"bits": 2}}],
+        "parts": [2, 4], "models": "gcn", "seeds": [0, 1], "epochs": 5})
+    ids = [s.id for s in specs]
+    assert len(ids) == len(set(ids))
+    # centralized has fixed_parts = 1: once per dataset x model x seed, whatever `parts`
+    cen = [s for s in specs if s.strategy == "centralized"]
+    assert len(cen) == 4 and {s.parts for s in cen} == {1}
+    assert len([s for s in specs if s.strategy == "halo"]) == 16
+    fut = [s for s in specs if s.strategy == "future_strategy"]   # unknown names are data
+    assert len(fut) == 8 and fut[0].options == {"bits": 2}
+    cmd = fut[0].command(__import__("pathlib").Path("/o/runs/x"), __import__("pathlib").Path("/o/s.json"))
+    assert cmd[cmd.index("--options.bits") + 1] == "2" and "--threads" in cmd
+    assert cmd[cmd.index("--train.epochs") + 1] == "5"
+    rand = [s for s in specs if s.label == "halo-rand"][0]
+    assert rand.overrides["partition.method"] == "random" and rand.as_dict()["strategy"] == "halo-rand"
+    with pytest.raises(ValueError, match="unknown matrix key"):
+        build_matrix({"datasets": "cora", "strategies": "halo", "epoch": 3})
+    with pytest.raises(ValueError, match="no strategies"):
+        build_matrix({"datasets": "cora"})
+
+
+MATRIX = """
+datasets:
+  - {name: synthetic, label: tiny, set: {synthetic.nodes: 300}}
+strategies:
+  - centralized
+  - halo
+  - {name: halo, label: halo-broken, set: {model.hidden: -3}}
+parts: [2]
+models: [gcn]
+seeds: [0]
+set: {train.epochs: 4, model.dropout: 0.0}   # no dropout: halo == centralized exactly
+"""
+
+
+def test_bench_resume_failures_and_report(tmp_path, capsys):
+    mfile = tmp_path / "m.yaml"
+    mfile.write_text(MATRIX)
+    out = tmp_path / "bench"
+    rc = bench.cli_main(["--matrix", str(mfile), "--out", str(out)])
+    assert rc == 1                                   # one run failed; the matrix went on
+    lines = (out / "results.jsonl").read_text().splitlines()
+    res = {r["strategy"]: r for r in map(json.loads, lines)}
+    assert set(res) == {"centralized", "halo", "halo-broken"}
+    assert res["centralized"]["status"] == res["halo"]["status"] == "ok"
+    bad = res["halo-broken"]
+    assert bad["status"] == "failed" and "model.hidden" in bad["error"]
+    assert res["halo"]["summary"]["parts"] == 2 and res["centralized"]["parts"] == 1
+    halo_curve = res["halo"]["curve"]["epochs"]
+    assert len(halo_curve) == 4 and all(e["hops"] == 5 and e["crit_bytes"] > 0 for e in halo_curve)
+    assert all(e["hops"] == 0 for e in res["centralized"]["curve"]["epochs"])
+    assert res["halo"]["summary"]["train_bytes_per_epoch"] == pytest.approx(
+        sum(e["train_bytes"] for e in halo_curve) / 4)
+
+    # resume: nothing reruns; --retry-failed reruns the failed run only
+    stamps = {r["id"]: r["finished_at"] for r in res.values()}
+    capsys.readouterr()
+    assert bench.cli_main(["--matrix", str(mfile), "--out", str(out)]) == 1
+    assert capsys.readouterr().err.count("skipped") == 3
+    bench.cli_main(["--matrix", str(mfile), "--out", str(out), "--retry-failed"])
+    err = capsys.readouterr().err
+    assert err.count("skipped") == 2 and "halo-broken" in err
+    again = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["finished_at"] for r in again if r["status"] == "ok"} == \
+        {k: v for k, v in stamps.items() if not k.startswith("tiny-gcn-halo-broken")}
+
+    # report: table with the reference, ratios vs halo, failed runs listed, three PNGs
+    rdir = tmp_path / "report"
+    assert report.cli_main([str(out), "--out", str(rdir), "--tier", "slow:1M:0.1"]) == 0
+    md = (rdir / "report.md").read_text()
+    assert "| strategy | P | test acc | Δ vs centralized | train bytes/epoch" in md
+    assert "time to acc (lan)" in md and "time to acc (wan)" in md
+    assert "| centralized | 1 |" in md and "| halo | 2 |" in md and "halo-broken" in md
+    rep = json.loads((rdir / "report.json").read_text())
+    (g,) = rep["groups"]
+    rows = {r["strategy"]: r for r in g["rows"]}
+    assert g["reference_acc"] == pytest.approx(res["centralized"]["summary"]["test_acc"])
+    assert rows["halo"]["bytes_ratio"] == pytest.approx(1.0) and rows["centralized"][
+        "train_bytes_per_epoch"] == 0
+    # halo is exact (no dropout here): same accuracy as the reference
+    assert rows["halo"]["test_acc"] == pytest.approx(rows["centralized"]["test_acc"], abs=1e-6)
+    lan, slow = rows["halo"]["epoch_s"]["lan"], rows["halo"]["epoch_s"]["slow"]
+    assert slow > lan > rows["halo"]["compute_s_per_epoch"]
+    pngs = sorted(p.name for p in rdir.glob("*.png"))
+    assert pngs == ["tiny-gcn-acc_vs_bytes.png", "tiny-gcn-acc_vs_time.png",
+                    "tiny-gcn-time_breakdown.png"]
+    assert all((rdir / p).stat().st_size > 10_000 for p in pngs)

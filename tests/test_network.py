@@ -1,0 +1,139 @@
+"""Network-tier projection: tier parsing, and the arithmetic against hand-computed values on a
+hand-written metrics directory and on a real tiny ``halo`` run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quietgnn.comm.network import (TIERS, Tier, epoch_curve, parse_tier, project,
+                                   resolve_tiers, time_to_accuracy)
+from quietgnn.runtime.metrics import read_metrics
+
+LAN, WAN = TIERS["lan"], TIERS["wan"]
+
+
+def write_fake_run(run_dir: Path) -> Path:
+    """Two ranks, setup + two epochs. Rounds: [round, kind, phase, sent, recv, hops, seconds].
+
+    epoch 0: round 0 (1 hop): slowest rank moves max(1000, 2000, 3000, 500) = 3000 B;
+             round 1 (2 hops): 500 B; round 2 is eval (not charged). compute max(1.0, 1.5).
+    epoch 1: round 3 (1 hop): 2000 B; round 4 is data phase (1 hop): 100000 B. compute 0.8.
+    """
+    m = run_dir / "metrics"
+    m.mkdir(parents=True)
+    base = {"loss": 1.0, "steps": 1, "wall_s": 2.0, "comm_s": 0.1, "eval_s": 0.2,
+            "peak_rss_mb": 100.0, "extra": {}, "train_acc": None, "val_acc": None}
+    ranks = {
+        0: [{"epoch": -1, "rank": 0, "phase": "setup", "bytes": {"setup": {"sent": 64, "recv": 64}},
+             "rounds": [[0, "meta", "setup", 64, 64, 1, 0.0]]},
+            {**base, "epoch": 0, "rank": 0, "compute_s": 1.0, "test_acc": 0.5,
+             "bytes": {"train": {"sent": 1500, "recv": 2500}, "eval": {"sent": 9, "recv": 9}},
+             "rounds": [[1, "halo", "train", 1000, 2000, 1, 0.0],
+                        [2, "grad_allreduce", "train", 500, 500, 2, 0.0],
+                        [3, "eval", "eval", 9, 9, 1, 0.0]]},
+            {**base, "epoch": 1, "rank": 0, "compute_s": 0.8, "test_acc": 0.9,
+             "bytes": {"train": {"sent": 1000, "recv": 1000}, "data": {"sent": 0, "recv": 100000}},
+             "rounds": [[4, "halo", "train", 1000, 1000, 1, 0.0],
+                        [5, "chunk", "data", 0, 100000, 1, 0.0]]}],
+        1: [{"epoch": -1, "rank": 1, "phase": "setup", "bytes": {"setup": {"sent": 64, "recv": 64}},
+             "rounds": [[0, "meta", "setup", 64, 64, 1, 0.0]]},
+            {**base, "epoch": 0, "rank": 1, "compute_s": 1.5, "test_acc": 0.5,
+             "bytes": {"train": {"sent": 3500, "recv": 1000}},
+             "rounds": [[1, "halo", "train", 3000, 500, 1, 0.0],
+                        [2, "grad_allreduce", "train", 500, 500, 2, 0.0],
+                        [3, "eval", "eval", 9, 9, 1, 0.0]]},
+            {**base, "epoch": 1, "rank": 1, "compute_s": 0.7, "test_acc": 0.9,
+             "bytes": {"train": {"sent": 2000, "recv": 0}, "data": {"sent": 100000, "recv": 0}},
+             "rounds": [[4, "halo", "train", 2000, 0, 1, 0.0],
+                        [5, "chunk", "data", 100000, 0, 1, 0.0]]}],
+    }
+    for r, recs in ranks.items():
+        (m / f"rank-{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    return run_dir
+
+
+def test_builtin_tiers_and_parsing():
+    assert [(t.bandwidth, t.latency) for t in TIERS.values()] == [
+        (100e9, 5e-6), (10e9, 50e-6), (1e9, 0.5e-3), (100e6, 20e-3), (10e6, 50e-3)]
+    t = parse_tier("metro:10G:2ms")
+    assert (t.name, t.bandwidth, t.latency) == ("metro", 10e9, 2e-3)
+    t = parse_tier("sat:2e7:0.6")
+    assert (t.bandwidth, t.latency) == (2e7, 0.6)
+    assert parse_tier("WAN") is TIERS["wan"]
+    assert "metro" in resolve_tiers(["metro:10G:2ms"]) and "lan" in resolve_tiers([])
+    for bad in ("metro", "m:fast:1", "m:1G", "m:0:1ms", "m:1G:-1"):
+        with pytest.raises(ValueError, match="tier"):
+            parse_tier(bad)
+
+
+def test_projection_matches_hand_computed(tmp_path):
+    curve = epoch_curve(read_metrics(write_fake_run(tmp_path / "run")))
+    e0, e1 = curve["epochs"]
+    assert (e0["hops"], e0["crit_bytes"], e0["compute_s"], e0["rounds"]) == (3, 3500, 1.5, 2)
+    assert (e1["hops"], e1["crit_bytes"], e1["compute_s"]) == (2, 102000, 0.8)
+    assert (e0["train_bytes"], e1["data_bytes"], e0["eval_bytes"]) == (5000, 100000, 9)
+    assert curve["setup"] == {"hops": 1, "crit_bytes": 64, "rounds": 1, "bytes": 128}
+    # LAN: 3 hops x 0.5 ms + 3500 B x 8 / 1e9; WAN: 3 x 20 ms + 3500 x 8 / 1e8
+    lan = project(curve, LAN)
+    assert lan[0]["comm_s"] == pytest.approx(1.5e-3 + 2.8e-5)
+    assert lan[0]["time_s"] == pytest.approx(1.501528)
+    assert lan[1]["time_s"] == pytest.approx(0.8 + 1e-3 + 8.16e-4)
+    assert lan[1]["cum_s"] == pytest.approx(1.501528 + 0.801816)
+    wan = project(curve, WAN)
+    assert wan[0]["time_s"] == pytest.approx(1.5 + 0.06 + 2.8e-4)
+    assert wan[1]["comm_s"] == pytest.approx(0.04 + 102000 * 8 / 1e8)
+    # time to accuracy: first epoch whose test accuracy reaches the target, cumulative time
+    assert time_to_accuracy(curve, LAN, 0.5) == {"seconds": pytest.approx(1.501528), "epoch": 0}
+    assert time_to_accuracy(curve, LAN, 0.8)["seconds"] == pytest.approx(2.303344)
+    assert time_to_accuracy(curve, LAN, 0.95) is None
+    # only the train phase when asked: epoch 1 loses its data round
+    only_train = epoch_curve(read_metrics(tmp_path / "run"), phases=("train",))
+    assert only_train["epochs"][1]["crit_bytes"] == 2000
+
+
+def test_torn_epoch_is_dropped(tmp_path):
+    run = write_fake_run(tmp_path / "run")
+    f = run / "metrics" / "rank-1.jsonl"
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])   # rank 1 crashed in epoch 1
+    curve = epoch_curve(read_metrics(run))
+    assert [e["epoch"] for e in curve["epochs"]] == [0]
+    with pytest.raises(ValueError, match="no metrics"):
+        epoch_curve({})
+
+
+def test_projection_of_a_real_halo_run(tmp_path):
+    """A real 2-rank halo run (GCN, 2 layers): per epoch 3 halo all-to-alls of one hop (layer 0
+    and 1 forward, layer 1 backward) + one gradient all-reduce of 2 ceil(log2 2) = 2 hops."""
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "quietgnn", "train", "--strategy", "halo", "--dataset",
+           "synthetic", "--synthetic.nodes", "300", "--parts", "2", "--epochs", "3",
+           "--out", str(out), "--run-name", "r", "--runtime.progress", "false"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    metrics = read_metrics(out / "r")
+    curve = epoch_curve(metrics)
+    assert len(curve["epochs"]) == 3
+    for row in curve["epochs"]:
+        ep = row["epoch"]
+        recs = [metrics[r][ep + 1] for r in (0, 1)]
+        assert recs[0]["epoch"] == ep
+        train = [[x for x in rec["rounds"] if x[2] == "train"] for rec in recs]
+        assert sorted(x[1] for x in train[0]) == ["grad_allreduce", "halo_bwd", "halo_fwd",
+                                                  "halo_fwd"]
+        assert row["hops"] == 3 * 1 + 2 and row["rounds"] == 4
+        # slowest rank per round, summed
+        want = sum(max(a[3], a[4], b[3], b[4]) for a, b in zip(*train))
+        assert row["crit_bytes"] == want > 0
+        assert row["compute_s"] == max(rec["compute_s"] for rec in recs)
+        # a tier with 1 byte/s and no latency projects exactly crit_bytes seconds of comm
+        p = project({"epochs": [row]}, Tier("unit", 8.0, 0.0))[0]
+        assert p["comm_s"] == pytest.approx(want)
+        assert project({"epochs": [row]}, LAN)[0]["time_s"] == pytest.approx(
+            row["compute_s"] + 5 * 0.5e-3 + 8 * want / 1e9)
+    assert math.isfinite(curve["epochs"][-1]["test_acc"])
