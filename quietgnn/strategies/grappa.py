@@ -1,0 +1,243 @@
+"""``grappa``: gradient-only training with periodic repartitioning and coverage-corrected
+aggregation.
+
+Paper: Xu, Siebenbrunner, Bindschaedler, "Grappa" (2026, arXiv 2602.01872); design in
+``docs/methods.md`` section 2. The estimator below is the *derived* sound version (coverage of
+the whole computation tree), not the public code's seed-layer correction.
+
+How it trains (rank ``k`` of ``P``):
+
+* Nodes are dealt to ``P`` chunks uniformly at random (the ``random`` partitioner); rank ``k``
+  owns chunk ``k`` (its training seeds) and additionally holds the rotating chunk
+  ``j_k(s) = k + 1 + (s mod (P-1)) (mod P)`` in super-epoch ``s = epoch // repart_every``.
+  The local graph is both chunks with all their in-edges; outside sources are feature-only
+  leaves (see :mod:`._grappa_data`). Loading chunk ``j_k(s)`` (structure + features + the new
+  leaves' features) is the one bulk data movement, once per super-epoch, in the ``data`` phase.
+* Each step trains on the local graph alone (full graph, or uniform neighbour sampling on the
+  local graph with the same number of steps on every rank) and all-reduces the gradient:
+  **no features or activations cross ranks while training.**
+* Coverage ``w_v`` of each seed's ``L``-hop computation tree (:func:`._grappa_data.coverage`),
+  clipped to ``[w_min, 1]``, corrects the aggregation:
+
+  - ``weighting='node'``: ``g = sum_k sum_{v in B_k} w~_v grad l_v / Z``, ``w~ = w^lam``,
+    ``Z = sum_k sum_{v in B_k} w~_v``;
+  - ``weighting='batch'`` (one scalar per rank, works with any stock loop / DDP):
+    ``alpha_k = mean_{v in B_k} w_v``, ``alpha~_k = 1 + lam (alpha_k - 1)``,
+    ``g = sum_k |B_k| alpha~_k gbar_k / Z``, ``Z = sum_k |B_k| alpha~_k``: rank ``k`` scales its
+    mean loss by ``|B_k| alpha~_k / Z`` (the gradient all-reduce is a *sum*; DDP, which averages,
+    would use ``P |B_k| alpha~_k / Z``).
+
+  ``lam = 0`` is plain averaging over all seeds (both variants).
+
+What crosses the network, exactly (``nt`` = parameter count, fp32):
+
+* per step: one ``grad_allreduce`` of ``nt + 1 + P`` floats (:func:`sync_gradients`: gradients,
+  loss, non-finite flags): ``2 (P-1)/P * 4 (nt + 1 + P)`` bytes sent per rank;
+* the normalisers ``Z``: weights are known before training a step, so ``Z`` is precomputed: in
+  full-graph mode once per super-epoch (phase ``data``, kind ``grappa_norm``, 1 float), in
+  mini-batch mode once per epoch for all ``S`` steps (phase ``train``, kind ``grappa_norm``,
+  ``S`` floats = one scalar per step, one latency round per epoch instead of ``S``);
+* per super-epoch (phase ``data``): the chunk reload (``chunk_structure``, ``chunk_request``,
+  ``chunk_features``);
+* evaluation (phase ``eval``): exact full-neighbour inference with the halo exchange over the
+  original partition (``halo_fwd``) + ``eval_metrics``.
+
+What it gives up: edges between a rank's chunks and the rest of the graph beyond one hop are
+missing in a super-epoch (deep trees are truncated at the leaves), so the gradient is biased
+within a super-epoch; the coverage weighting and the rotation make it consistent over a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..comm import HaloExchanger
+from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
+from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
+                   sync_gradients)
+
+__all__ = ["Grappa", "GrappaOptions", "DEFAULT_FANOUTS"]
+
+#: the public code's defaults per depth (seed hop first)
+DEFAULT_FANOUTS = {1: [25], 2: [25, 10], 3: [15, 10, 5], 4: [20, 15, 10, 5]}
+
+
+@dataclass
+class GrappaOptions:
+    """Options of ``grappa`` (``--options.KEY VALUE``)."""
+
+    mode: str = "full"            # full | minibatch
+    repart_every: int = 50        # epochs per super-epoch; 0: never rotate the second chunk
+    weighting: str = "node"       # node | batch
+    lam: float = 1.0              # shrinkage: 0 = plain averaging, 1 = full correction
+    w_min: float = 0.1            # coverage weights are clipped to [w_min, 1]
+    coverage: str = "mean"        # mean (over tree levels) | path (complete root-leaf paths)
+    fanouts: Any = None           # minibatch: per hop from the seeds, e.g. [25, 10]; -1 = all
+    batch_size: int = 1024        # minibatch: seeds per step (adjusted: equal steps per rank)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("full", "minibatch"):
+            raise ValueError(f"options.mode = {self.mode!r}; expected 'full' or 'minibatch'")
+        if self.weighting not in ("node", "batch"):
+            raise ValueError(f"options.weighting = {self.weighting!r}; expected 'node' or "
+                             f"'batch'")
+        if self.coverage not in ("mean", "path"):
+            raise ValueError(f"options.coverage = {self.coverage!r}; expected 'mean' or 'path'")
+        if not isinstance(self.repart_every, int) or self.repart_every < 0:
+            raise ValueError(f"options.repart_every = {self.repart_every!r}; expected an int >= "
+                             f"0 (0 disables repartitioning)")
+        if not 0.0 <= float(self.lam) <= 1.0:
+            raise ValueError(f"options.lam = {self.lam!r}; expected a value in [0, 1] (0: plain "
+                             f"averaging, 1: full coverage correction)")
+        if not 0.0 < float(self.w_min) <= 1.0:
+            raise ValueError(f"options.w_min = {self.w_min!r}; expected a value in (0, 1]")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
+        if isinstance(self.fanouts, str):
+            self.fanouts = [int(v) for v in self.fanouts.strip("[]() ").split(",") if v.strip()]
+        if isinstance(self.fanouts, int):
+            self.fanouts = [self.fanouts]
+        if self.fanouts is not None:
+            if not (isinstance(self.fanouts, (list, tuple)) and all(
+                    isinstance(f, int) and (f == -1 or f >= 1) for f in self.fanouts)):
+                raise ValueError(f"options.fanouts = {self.fanouts!r}; expected a list of ints "
+                                 f">= 1 (or -1 for all neighbours), one per layer, e.g. [25,10]")
+            self.fanouts = list(self.fanouts)
+
+
+@register
+class Grappa(Strategy):
+    name = "grappa"
+    description = ("isolated training on rotating random chunks, gradient-only traffic, "
+                   "coverage-corrected aggregation")
+    Options = GrappaOptions
+    default_partitioner = "random"
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        ctx, p, o = self.ctx, self.ctx.part, self.options
+        L = ctx.model_cfg.layers
+        if o.mode == "minibatch":
+            fan = o.fanouts if o.fanouts is not None else DEFAULT_FANOUTS.get(L, [10] * L)
+            if len(fan) != L:
+                raise ValueError(f"options.fanouts = {fan} has {len(fan)} entries but the model "
+                                 f"has {L} layers; give one fanout per layer")
+            self.fanouts: list[Optional[int]] = [None if f == -1 else f for f in fan]
+        else:
+            self.fanouts = [None] * L
+        self.model = ctx.build_model()
+        self.params = list(self.model.parameters())
+        self.opt = ctx.optimizer(self.params)
+        self.gen = torch.Generator().manual_seed(ctx.seed * 7919 + ctx.rank)
+        self.loader = ChunkLoader(ctx.comm, p)
+        self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
+        self.y_seed = p.y[self.seed_local]
+        # equal step counts without communication: every rank splits its seeds into S batches
+        per_rank = math.ceil(p.num_train_global / ctx.world_size)
+        self.steps = 1 if o.mode == "full" else max(1, math.ceil(per_rank / o.batch_size))
+        self.eval_adj = partition_adj(p)
+        self.exchanger = HaloExchanger(ctx.comm, p, kind="halo")
+        self.lg: Optional[LocalGraph] = None
+        self._reload(0)
+
+    def super_epoch(self, epoch: int) -> int:
+        return epoch // self.options.repart_every if self.options.repart_every > 0 else 0
+
+    def _reload(self, s: int) -> None:
+        """Load super-epoch ``s``'s local graph and its coverage weights (phase ``data``)."""
+        o, comm = self.options, self.ctx.comm
+        with comm.phase("data"):
+            self.lg = self.loader.load(s)
+            w = coverage(self.lg, self.ctx.model_cfg.layers, o.coverage)
+            self.w_seed = w[self.seed_local].clamp(self.options.w_min, 1.0)
+            self._full_blocks = None
+            self._full_z = None
+            if o.mode == "full":
+                self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
+                self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
+
+    # ------------------------------------------------------------------ weights
+    def _step_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(per-seed loss weights, this rank's share of Z) for seeds ``seed_local[idx]``."""
+        o = self.options
+        w = self.w_seed[idx]
+        if o.weighting == "node":
+            wt = w.pow(float(o.lam))
+            return wt, float(wt.sum())
+        alpha = float(w.mean()) if idx.numel() else 1.0
+        alpha_t = 1.0 + float(o.lam) * (alpha - 1.0)
+        return torch.full_like(w, alpha_t), idx.numel() * alpha_t
+
+    def _normalisers(self, batches: list[torch.Tensor]) -> torch.Tensor:
+        """``Z`` of every step in one all-reduce of ``len(batches)`` floats (``grappa_norm``)."""
+        mass = torch.tensor([self._step_weights(b)[1] for b in batches], dtype=torch.float64)
+        self.ctx.comm.all_reduce(mass, "grappa_norm")
+        return mass
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(self, epoch: int) -> EpochResult:
+        s = self.super_epoch(epoch)
+        if self.lg is None or s != self.lg.super_epoch:
+            self._reload(s)
+        self.model.train()
+        if self.options.mode == "full":
+            batches = [torch.arange(self.seed_local.numel())]
+            zs = [self._full_z]
+        else:
+            perm = torch.randperm(self.seed_local.numel(), generator=self.gen)
+            batches = list(torch.tensor_split(perm, self.steps))
+            zs = self._normalisers(batches).tolist()
+        total, wsum = 0.0, 0.0
+        for idx, z in zip(batches, zs):
+            total += self._step(idx, z)
+            wsum += float(self.w_seed[idx].sum())
+        n = self.seed_local.numel()
+        extra = {"super_epoch": s, "chunk": self.lg.chunk, "local_nodes": self.lg.n_loc,
+                 "mean_coverage": wsum / n if n else float("nan")}
+        return EpochResult(loss=total / len(batches), steps=len(batches), extra=extra)
+
+    def _step(self, idx: torch.Tensor, z: float) -> float:
+        """One optimiser step on seeds ``seed_local[idx]``; ``z`` is the global normaliser."""
+        self.opt.zero_grad(set_to_none=True)
+        seeds = self.seed_local[idx]
+        if seeds.numel():
+            if self._full_blocks is not None:
+                nodes, blocks = self._full_blocks
+            else:
+                nodes, blocks = expand(self.lg, seeds, self.fanouts, self.gen)
+            logits = self.model(self.lg.x[nodes], blocks)
+            per_node = F.cross_entropy(logits, self.y_seed[idx], reduction="none")
+            wt, _ = self._step_weights(idx)
+            loss = (wt * per_node).sum() / z
+            loss.backward()
+        else:  # an empty batch still joins the all-reduce with zero gradients
+            loss = torch.zeros(())
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
+        self.opt.step()
+        return global_loss
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        p = self.ctx.part
+        return global_evaluate(self.model, p, self.ctx.comm,
+                               lambda: self.model(p.x, self.eval_adj, exchange=self.exchanger))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "super_epoch": self.lg.super_epoch if self.lg else 0,
+                "chunk": self.lg.chunk if self.lg else None,
+                "sampler_rng": self.gen.get_state(), "torch_rng": torch.random.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.gen.set_state(state["sampler_rng"])
+        torch.random.set_rng_state(state["torch_rng"])
+        # the chunk data is not stored: train_epoch sees that the loaded super-epoch differs
+        # from the resumed epoch's and reloads (every rank resumes at the same epoch)
