@@ -72,10 +72,13 @@ class OpRecord:
 def _parse_fault() -> dict[str, Any] | None:
     """``QUIETGNN_FAULT="rank=1,round=12,action=exit"``: on that rank, when the collective with
     that round number starts, ``exit`` (os._exit(17)), ``kill`` (SIGKILL self), ``raise``
-    (RuntimeError), or ``hang`` (sleep until killed). ``epoch=E`` instead of ``round`` fires at
-    the first collective of epoch E."""
+    (RuntimeError), ``hang`` (sleep until killed) or ``nan`` (the next
+    :func:`~quietgnn.strategies.base.sync_gradients` on that rank sees a NaN gradient).
+    ``epoch=E`` instead of ``round`` fires at the first collective of epoch E. Under torchrun
+    the fault fires only in the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), so a
+    restarted group can show that it recovers."""
     spec = os.environ.get("QUIETGNN_FAULT")
-    if not spec:
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
         return None
     out: dict[str, Any] = {}
     for item in spec.split(","):
@@ -127,6 +130,7 @@ class Communicator:
         self.epoch = -1
         self._phase = "setup"
         self._fault = _parse_fault()
+        self._poison = False   # set by the "nan" fault; consumed by take_poison()
 
     # ------------------------------------------------------------------ life cycle
     @classmethod
@@ -188,6 +192,9 @@ class Communicator:
             return
         action = f.get("action", "raise")
         self._fault = None  # fire once
+        if action == "nan":
+            self._poison = True
+            return
         if action == "exit":
             os._exit(17)
         if action == "kill":
@@ -197,6 +204,11 @@ class Communicator:
                 time.sleep(3600)
         raise RuntimeError(f"injected fault on rank {self.rank} at round {round_} "
                            f"(QUIETGNN_FAULT)")
+
+    def take_poison(self) -> bool:
+        """True once after a ``nan`` fault fired on this rank (fault injection for tests)."""
+        out, self._poison = self._poison, False
+        return out
 
     def _guard(self, fn: Any, what: str, kind: str = "") -> Any:
         try:

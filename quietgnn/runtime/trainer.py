@@ -33,7 +33,7 @@ class Trainer:
             from .checkpoint import Checkpointer
             self.checkpointer = Checkpointer(self.run_dir / "checkpoints", ctx.rank,
                                              ctx.world_size, keep=rt.keep_checkpoints,
-                                             comm=self.comm)
+                                             comm=self.comm, log=ctx.log)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> Optional[dict[str, Any]]:
@@ -111,14 +111,41 @@ class Trainer:
     def _maybe_resume(self) -> int:
         if not (self.checkpointer and self.cfg.runtime.resume):
             return 0
+        from .checkpoint import restore_rng
         state = self.checkpointer.load_latest(self.cfg, self.ctx.part.book_id)
         if state is None:
+            if self.ctx.rank == 0:
+                self.ctx.log("--resume: no checkpoint yet, starting at epoch 0")
             return 0
         self.strategy.load_state_dict(state["strategy"])
         self.best, self.history = state["best"], state["history"]
+        # Last, so that nothing in load_state_dict consumes random numbers after the restore:
+        # dropout masks (and samplers on the global RNG) continue as if never interrupted.
+        restore_rng(state["rng"])
+        if "comm_round" in state:
+            self.comm.round = int(state["comm_round"])   # rounds line up with an unbroken run
+        epoch = int(state["epoch"])
+        self._truncate_metrics(epoch)
         if self.ctx.rank == 0:
-            self.ctx.log(f"resumed from checkpoint of epoch {state['epoch']}")
-        return int(state["epoch"]) + 1
+            self.ctx.log(f"resumed from checkpoint of epoch {epoch}")
+        return epoch + 1
+
+    def _truncate_metrics(self, epoch: int) -> None:
+        """Drop this rank's metric lines of epochs after ``epoch`` (written by the interrupted
+        attempt; they are about to be trained again) so every epoch appears once."""
+        path = self.run_dir / "metrics" / f"rank-{self.ctx.rank}.jsonl"
+        if not path.is_file():
+            return
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line).get("epoch", -1) <= epoch:
+                    keep.append(line)
+            except json.JSONDecodeError:
+                continue   # a line torn by the crash
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        tmp.replace(path)
 
     # ------------------------------------------------------------------ reporting
     def _progress(self, rec: dict[str, Any]) -> None:

@@ -50,7 +50,13 @@ def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
                          split_seed=cfg.dataset.split_seed)
     parts = partition_nodes(graph, cfg.partition_method, world, seed=cfg.partition.seed,
                             clusters=cfg.partition.clusters, file=cfg.partition.file)
-    return build_partitions(graph, parts, ranks=[rank])[0]
+    # The identity PartitionBook.write gives the same graph + assignment, so a checkpoint
+    # taken under the launcher (book on disk) resumes under torchrun and vice versa.
+    import hashlib
+    import numpy as np
+    book_id = hashlib.sha256(graph.fingerprint().encode() + np.asarray(
+        parts, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return build_partitions(graph, parts, ranks=[rank], book_id=book_id)[0]
 
 
 def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:

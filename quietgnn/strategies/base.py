@@ -205,6 +205,8 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).float(),
                                                        loss.new_zeros(P).float()])
     n = flat.numel() - 1 - P
+    if comm.take_poison():
+        flat[0] = float("nan")   # QUIETGNN_FAULT action=nan: a NaN gradient on this rank
     bad = not bool(torch.isfinite(flat[: n + 1]).all())
     if bad:
         flat[n + 1 + comm.rank] = 1.0

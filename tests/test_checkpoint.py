@@ -1,0 +1,173 @@
+"""Checkpoints: atomic shards + commit marker, keep-last-K, torn checkpoints skipped with every
+rank agreeing on the same epoch, incompatible runs refused by field, and resume == an
+unbroken run for every registered strategy (real gloo processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn.runtime.checkpoint import (MARKER, Checkpointer, check_resume_compatible,
+                                         identity_differences, run_identity)
+from quietgnn.runtime.launcher import spawn_function
+
+CFG = {"strategy": "halo", "dataset": {"name": "synthetic", "root": None, "split_seed": 0},
+       "synthetic": {"nodes": 300, "feature_dim": 8},
+       "partition": {"method": "metis", "parts": 2, "seed": 0, "clusters": None},
+       "model": {"arch": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
+       "train": {"epochs": 10, "lr": 0.01}, "options": {}}
+
+
+def _state(comm, epoch):
+    return {"epoch": epoch, "config": CFG, "book_id": f"book{comm.rank}",
+            "strategy": {"w": torch.full((3,), float(10 * epoch + comm.rank))}}
+
+
+def _scenarios(comm, root):
+    root = Path(root)
+    out = {}
+    ck = Checkpointer(root / "a", comm.rank, comm.world_size, keep=2, comm=comm,
+                      log=lambda m: None)
+    # --- keep the last K; the payload and the RNG states round-trip
+    for e in range(4):
+        torch.manual_seed(100 + e)
+        ck.save(e, _state(comm, e))
+    expect_rng = torch.rand(3)          # what the RNG gives right after the last save
+    torch.rand(5), np.random.rand(2), random.random()   # move every RNG on
+    out["kept"] = sorted(p.name for p in (root / "a").iterdir())
+    st = ck.load_latest(CFG, f"book{comm.rank}")
+    out["latest"] = st["epoch"]
+    out["payload"] = st["strategy"]["w"]
+    from quietgnn.runtime.checkpoint import restore_rng
+    restore_rng(st["rng"])
+    out["rng_ok"] = bool(torch.equal(torch.rand(3), expect_rng))
+    # --- a shard of epoch 3 truncated on rank 1 only: BOTH ranks fall back to epoch 2
+    if comm.rank == 1:
+        f = root / "a" / "epoch-000003" / "rank-1.pt"
+        f.write_bytes(f.read_bytes()[:100])
+    comm.barrier()
+    out["after_truncate"] = ck.load_latest(CFG, f"book{comm.rank}")["epoch"]
+    # the damaged newer checkpoint was removed, so it cannot be mixed with new ones
+    out["after_truncate_dirs"] = sorted(p.name for p in (root / "a").iterdir())
+    comm.barrier()
+    # --- torn: shards written but no commit marker (a rank died before the barrier)
+    ck.save(3, _state(comm, 3))
+    ck.save(4, _state(comm, 4))
+    if comm.rank == 0:
+        (root / "a" / "epoch-000004" / MARKER).unlink()
+        (root / "a" / "epoch-000005").mkdir()      # a crash before any shard landed
+    comm.barrier()
+    out["after_torn"] = ck.load_latest(CFG, f"book{comm.rank}")["epoch"]
+    comm.barrier()
+    # --- a shard missing on rank 0 in every committed checkpoint: refuse, do not restart
+    if comm.rank == 0:
+        for d in (root / "a").iterdir():
+            (d / "rank-0.pt").unlink(missing_ok=True)
+    comm.barrier()
+    try:
+        ck.load_latest(CFG, f"book{comm.rank}")
+        out["all_damaged"] = "no error"
+    except ValueError as exc:
+        out["all_damaged"] = str(exc)
+    comm.barrier()
+    # --- nothing saved yet: a fresh start
+    out["empty"] = Checkpointer(root / "none", comm.rank, comm.world_size, comm=comm).load_latest(
+        CFG, f"book{comm.rank}")
+    # --- other partition assignment
+    ck2 = Checkpointer(root / "b", comm.rank, comm.world_size, keep=2, comm=comm)
+    ck2.save(0, _state(comm, 0))
+    try:
+        ck2.load_latest(CFG, "another-book")
+        out["book"] = "no error"
+    except ValueError as exc:
+        out["book"] = str(exc)
+    # --- a rank failing to write: every rank raises, nobody hangs, nothing is committed
+    bad = root / "c"
+    state = _state(comm, 0)
+    if comm.rank == 1:
+        state["strategy"]["unpicklable"] = lambda: 0
+    try:
+        Checkpointer(bad, comm.rank, comm.world_size, comm=comm).save(0, state)
+        out["write_fail"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["write_fail"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def test_checkpoint_protocol(tmp_path):
+    res = spawn_function(_scenarios, 2, args=(str(tmp_path),))
+    for r, out in enumerate(res):
+        assert out["kept"] == ["epoch-000002", "epoch-000003"]
+        assert out["latest"] == 3
+        assert torch.equal(out["payload"], torch.full((3,), 30.0 + r))
+        assert out["rng_ok"]
+        assert out["after_truncate"] == 2, "ranks must agree on the newest epoch usable by all"
+        assert out["after_truncate_dirs"] == ["epoch-000002"]
+        assert out["after_torn"] == 3
+        assert "no usable checkpoint" in out["all_damaged"]
+        assert "rank 0: shard rank-0.pt is missing" in out["all_damaged"]
+        assert out["empty"] is None
+        assert "partition book identity" in out["book"] and "another-book" in out["book"]
+        assert out["write_fail"].startswith("CheckpointError")
+        assert "rank(s) [1]" in out["write_fail"]
+    assert not (tmp_path / "c" / "epoch-000000" / MARKER).exists()
+
+
+def test_incompatible_config_names_the_fields(tmp_path):
+    ck = Checkpointer(tmp_path, 0, 1)
+    ck.save(0, {"epoch": 0, "config": CFG, "book_id": "b", "strategy": {}})
+    other = json.loads(json.dumps(CFG))
+    other["model"]["hidden"] = 32
+    other["dataset"]["name"] = "cora"
+    other["strategy"] = "adaqp"
+    other["train"]["epochs"] = 50            # allowed: train longer on resume
+    other["dataset"]["root"] = "/elsewhere"  # allowed: data moved
+    diffs = identity_differences(run_identity(CFG), run_identity(other))
+    assert any(d.startswith("model.hidden: checkpoint 16, this run 32") for d in diffs)
+    assert any(d.startswith("dataset.name: checkpoint 'synthetic', this run 'cora'")
+               for d in diffs)
+    assert any(d.startswith("strategy:") for d in diffs)
+    assert not any(d.startswith(("train.", "dataset.root")) for d in diffs)
+    for fn in (lambda: ck.load_latest(other, "b"), lambda: check_resume_compatible(other, tmp_path)):
+        with pytest.raises(ValueError, match=r"model\.hidden: checkpoint 16, this run 32"):
+            fn()
+    fewer = json.loads(json.dumps(CFG))
+    fewer["partition"]["parts"] = 4
+    with pytest.raises(ValueError, match=r"parts: checkpoint 2, this run 4"):
+        check_resume_compatible(fewer, tmp_path)
+    # same run with more epochs resumes
+    longer = json.loads(json.dumps(CFG))
+    longer["train"]["epochs"] = 99
+    assert ck.load_latest(longer, "b")["epoch"] == 0
+
+
+def test_keep_must_leave_a_fallback(tmp_path):
+    with pytest.raises(ValueError, match="keep = 1; expected >= 2"):
+        Checkpointer(tmp_path, 0, 1, keep=1)
+
+
+def test_unknown_marker_version_is_skipped(tmp_path):
+    ck = Checkpointer(tmp_path, 0, 1, log=lambda m: None)
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})
+    ck.save(1, {"epoch": 1, "config": CFG, "strategy": {}})
+    m = tmp_path / "epoch-000001" / MARKER
+    meta = json.loads(m.read_text())
+    meta["version"] = 99
+    m.write_text(json.dumps(meta))
+    assert ck.load_latest(CFG, None)["epoch"] == 0
+    shutil.rmtree(tmp_path / "epoch-000000")
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})
+    (tmp_path / "epoch-000000" / MARKER).write_text("{not json")
+    # epoch 1 is gone (newer than the resume point) and epoch 0's marker is damaged: refuse
+    # rather than silently start over
+    with pytest.raises(ValueError, match="no usable checkpoint.*commit marker unreadable"):
+        ck.load_latest(CFG, None)
+    (tmp_path / "epoch-000000" / MARKER).unlink()      # torn only: a fresh start
+    assert ck.load_latest(CFG, None) is None
