@@ -36,8 +36,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ROOTS = {"cora": DATA / "planetoid", "citeseer": DATA / "planetoid",
-         "computers": DATA / "amazon", "cs": DATA / "coauthor"}
+SUBDIR = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon", "cs": "coauthor"}
 
 
 def quietgnn_runner(graph, arch: str, epochs: int, seed: int):
@@ -124,13 +123,14 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--data", default=str(DATA), help="folder with planetoid/ amazon/ coauthor/")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from quietgnn.datasets import load_dataset
     import torch_geometric
     rows = []
     for ds in args.datasets.split(","):
-        graph = load_dataset(ds, str(ROOTS.get(ds, DATA)))
+        graph = load_dataset(ds, str(Path(args.data) / SUBDIR.get(ds, "")))
         for arch in args.models.split(","):
             # PyG first, then quietgnn, back to back on the same data
             pyg = measure(pyg_runner, graph, arch, args.epochs, args.seed)

@@ -150,7 +150,7 @@ def _fixed_parts(strategy: str) -> Optional[int]:
     try:
         from .strategies import get_strategy
         return get_strategy(strategy).fixed_parts
-    except (ValueError, ImportError):
+    except Exception:  # noqa: BLE001 - unknown or broken strategy: its run fails and is recorded
         return None
 
 

@@ -1,0 +1,180 @@
+"""Scale: ``halo`` at P = 4 on synthetic graphs from 1e5 to 5e7 edges.
+
+    /work/venv/bin/python benchmarks/bench_scale.py                       # 1e5 .. 5e7 edges
+    /work/venv/bin/python benchmarks/bench_scale.py --edges 1e5,1e6 --out /tmp/scale
+
+Each size is one isolated ``quietgnn train --strategy halo --dataset synthetic`` run (through
+``quietgnn bench``, so finished sizes are skipped on a rerun), GCN 2 x 64, one compute
+thread per worker, few epochs (the per-epoch cost is what is measured). Per size:
+
+* seconds/epoch: measured wall seconds of an epoch (max over ranks; loopback network, so
+  this is compute plus local copies) and the slowest rank's compute seconds;
+* bytes/epoch: training bytes sent per epoch, all ranks;
+* peak resident memory per rank (max over ranks), and of the whole run's largest process
+  (the launcher loads and partitions the full graph);
+* the log-log slope of each against the number of edges (1.0 = linear).
+
+Memory guard: before each size the peak memory is extrapolated from the previous sizes
+(linear in edges) and the size is skipped, not attempted, if that exceeds ``--mem-frac`` of
+the memory available now (the machine is shared). The largest size that trained is reported.
+
+Writes ``benchmarks/results/scale.json`` and ``benchmarks/results/scale.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024.0
+    return float("inf")
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def graph_edges(log_path: Path) -> int | None:
+    """Edge count as the launcher logged it when partitioning ('... N nodes, E edges)')."""
+    if log_path.is_file():
+        m = re.search(r"\((\d+) nodes, (\d+) edges\)", log_path.read_text(errors="replace"))
+        if m:
+            return int(m.group(2))
+    return None
+
+
+def epochs_for(edges: float) -> int:
+    return 10 if edges <= 2e6 else 5 if edges <= 2e7 else 3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--edges", default="1e5,1e6,1e7,2.5e7,5e7",
+                    help="target edge counts (directed CSR entries)")
+    ap.add_argument("--degree", type=int, default=20, help="average degree (edges per node)")
+    ap.add_argument("--features", type=int, default=32)
+    ap.add_argument("--parts", type=int, default=4)
+    ap.add_argument("--partitioner", default="metis")
+    ap.add_argument("--mem-frac", type=float, default=0.7)
+    ap.add_argument("--run-timeout", type=float, default=1800)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config keys (e.g. synthetic.classes=8)")
+    ap.add_argument("--nodes-key", default="synthetic.nodes")
+    ap.add_argument("--degree-key", default="synthetic.avg_degree")
+    ap.add_argument("--features-key", default="synthetic.feature_dim")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    from quietgnn.bench import _kv, build_matrix, run_matrix
+    out = Path(args.out)
+    work = out / "scale"
+    rows: list[dict] = []
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    for target in [float(e) for e in args.edges.split(",")]:
+        nodes = int(target / args.degree)
+        label = f"syn{target:.0e}".replace("+", "")
+        done = [r for r in rows if r["status"] == "ok"]
+        if len(done) >= 1:
+            per_edge = max(r["peak_run_mb"] / r["edges"] for r in done[-2:])
+            need = per_edge * target * (1 if len(done) > 1 else 1.5)
+            avail = mem_available_mb()
+            if need > args.mem_frac * avail:
+                log(f"{label}: skipped, needs ~{need:.0f} MiB, {avail:.0f} MiB available")
+                rows.append({"label": label, "target_edges": target, "status": "skipped",
+                             "why": f"estimated {need:.0f} MiB > {args.mem_frac} x "
+                                    f"{avail:.0f} MiB available"})
+                continue
+        ds = {"name": "synthetic", "label": label,
+              "set": {args.nodes_key: nodes, args.degree_key: args.degree,
+                      args.features_key: args.features, **_kv(args.set, "--set")}}
+        spec = build_matrix({"datasets": [ds], "strategies": ["halo"], "parts": [args.parts],
+                             "models": ["gcn"], "seeds": [0],
+                             "set": {"train.epochs": epochs_for(target),
+                                     "train.eval_every": 1000, "partition.method":
+                                         args.partitioner, "runtime.timeout_s": 600}})
+        t0 = time.perf_counter()
+        (res,) = run_matrix(spec, work, timeout_s=args.run_timeout, log=log)
+        peak_run = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+        row = {"label": label, "target_edges": target, "nodes": nodes, "status": res["status"],
+               "elapsed_s": time.perf_counter() - t0, "id": res["id"]}
+        if res["status"] == "ok":
+            s, eps = res["summary"], res["curve"]["epochs"]
+            steady = eps[1:] or eps   # epoch 0 pays one-off allocation
+            row.update({
+                "edges": graph_edges(work / "logs" / f"{res['id']}.log") or int(target),
+                "epochs": len(eps),
+                "epoch_s": sum(e["wall_s"] for e in steady) / len(steady),
+                "compute_s": sum(e["compute_s"] for e in steady) / len(steady),
+                "bytes_per_epoch": sum(e["train_bytes"] for e in eps) / len(eps),
+                "peak_rss_rank_mb": max(e["peak_rss_mb"] for e in eps),
+                "peak_run_mb": max(peak_run, max(e["peak_rss_mb"] for e in eps)),
+                "wall_total_s": s["wall_seconds"]})
+        else:
+            row["error"] = (res.get("error") or "")[-1500:]
+        rows.append(row)
+        log(json.dumps({k: v for k, v in row.items() if k != "error"}))
+    ok = [r for r in rows if r["status"] == "ok"]
+    xs = [r["edges"] for r in ok]
+    slopes = {k: slope(xs, [r[k] for r in ok]) for k in ("epoch_s", "compute_s",
+                                                          "bytes_per_epoch", "peak_rss_rank_mb")}
+    # the smallest sizes sit on a fixed floor (~300 MiB of interpreter + torch per process);
+    # the slope between the two largest sizes shows the marginal growth
+    top = sorted(ok, key=lambda r: r["edges"])[-2:]
+    marginal = {k: slope([r["edges"] for r in top], [r[k] for r in top]) for k in slopes}
+    largest = max(ok, key=lambda r: r["edges"]) if ok else None
+    meta = {"parts": args.parts, "degree": args.degree, "features": args.features,
+            "partitioner": args.partitioner, "model": "gcn 2x64", "threads_per_worker": 1,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python benchmarks/bench_scale.py " + " ".join(argv or sys.argv[1:]),
+            "mem_total_mb": mem_available_mb()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps({"meta": meta, "rows": rows, "slopes": slopes,
+                                                "marginal_slopes": marginal, "largest": largest}, indent=1))
+    md = ["# Scale: `halo`, P = 4, synthetic graphs", "",
+          f"GCN 2 x 64, {args.features} features, average degree {args.degree}, "
+          f"{args.partitioner} partitions, 1 compute thread per worker; seconds/epoch exclude "
+          "epoch 0.", "",
+          "| edges | nodes | epochs | s/epoch (wall) | compute s/epoch (slowest rank) | "
+          "training bytes/epoch | peak RSS/rank | peak RSS (largest process) |",
+          "|" + "---|" * 8]
+    for r in rows:
+        if r["status"] != "ok":
+            md.append(f"| {r['target_edges']:.0e} | — | — | {r['status']}: "
+                      f"{(r.get('why') or r.get('error') or '').strip().splitlines()[-1:]} "
+                      f"| | | | |")
+            continue
+        md.append(f"| {r['edges']:,} | {r['nodes']:,} | {r['epochs']} | {r['epoch_s']:.3f} | "
+                  f"{r['compute_s']:.3f} | {r['bytes_per_epoch'] / 1e6:.1f} MB | "
+                  f"{r['peak_rss_rank_mb']:.0f} MiB | {r['peak_run_mb']:.0f} MiB |")
+    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    md += ["", "Log-log slope vs edges, all sizes: " +
+           ", ".join(f"{k} {fmt(v)}" for k, v in slopes.items()),
+           "", "Between the two largest sizes: " +
+           ", ".join(f"{k} {fmt(v)}" for k, v in marginal.items()),
+           "", f"Largest graph trained: {largest['edges']:,} edges ({largest['nodes']:,} nodes)"
+           if largest else "No size trained.", "", f"Command: `{meta['command'].strip()}` "
+           f"({meta['when']})", ""]
+    (out / "scale.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
