@@ -1,0 +1,315 @@
+"""`grappa`: gradient-only traffic (from the communicator's records), the coverage-weighted
+aggregation against a single-process computation of the same estimator, shrinkage, clipping,
+determinism and resume. Real gloo processes on 127.0.0.1 for everything distributed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quietgnn.comm import Communicator
+from quietgnn.nn import ModelConfig, SparseAdj, build_model
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.launcher import spawn_function
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.grappa import Grappa, GrappaOptions
+from quietgnn.strategies.halo import Halo
+from quietgnn.strategies._grappa_data import LocalGraph, expand, rotating_chunk
+
+from helpers import small_graph
+
+P = 3
+CHUNK_KINDS = {"chunk_structure", "chunk_request", "chunk_features"}
+
+
+def _ctx(comm, part, arch="gcn", layers=2, dropout=0.0, seed=5):
+    return WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                         model_cfg=ModelConfig(arch=arch, hidden=8, layers=layers,
+                                               dropout=dropout),
+                         train_cfg=TrainConfig(seed=seed, lr=0.01))
+
+
+def _strategy(comm, part, opts, **ctx_kw):
+    torch.manual_seed(1000 + comm.rank)       # what the worker does (dropout masks)
+    s = Grappa(_ctx(comm, part, **ctx_kw), GrappaOptions(**opts))
+    with comm.phase("setup"):
+        s.setup()
+    comm.take_records()
+    return s
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph(n=120, avg_deg=4, seed=2)
+
+
+@pytest.fixture(scope="module")
+def parts(graph):
+    return partition_nodes(graph, "random", P, seed=0)
+
+
+# ---------------------------------------------------------------------- 1. traffic
+def _traffic(comm, graph, parts, variants, epochs, repart, eval_every):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {}
+    for name, opts in variants.items():
+        s = _strategy(comm, part, dict(opts, repart_every=repart), dropout=0.5)
+        log = []
+        for e in range(epochs):
+            comm.epoch = e
+            with comm.phase("train"):
+                res = s.train_epoch(e)
+            if (e + 1) % eval_every == 0:
+                with comm.phase("eval"):
+                    s.evaluate()
+            log.append({"steps": res.steps, "chunk": res.extra["chunk"],
+                        "recs": [(r.phase, r.kind, r.op, r.bytes_sent, r.epoch)
+                                 for r in comm.take_records()]})
+        out[name] = {"log": log, "nparams": sum(p.numel() for p in s.params)}
+    return out
+
+
+def test_training_sends_only_gradients(graph, parts):
+    epochs, repart, eval_every = 6, 2, 3
+    variants = {"full-node": {"mode": "full", "weighting": "node"},
+                "mb-batch": {"mode": "minibatch", "weighting": "batch", "batch_size": 12,
+                             "fanouts": [4, 3]}}
+    results = spawn_function(_traffic, P, args=(graph, parts, variants, epochs, repart,
+                                                eval_every))
+    for rank, res in enumerate(results):
+        for name, r in res.items():
+            grad_bytes = 2 * (P - 1) * 4 * (r["nparams"] + 1 + P) // P
+            steps = {e["steps"] for e in r["log"]}
+            assert len(steps) == 1
+            for e, ep in enumerate(r["log"]):
+                assert ep["chunk"] == rotating_chunk(rank, P, e // repart)
+                train = [x for x in ep["recs"] if x[0] == "train"]
+                data = [x for x in ep["recs"] if x[0] == "data"]
+                evals = [x for x in ep["recs"] if x[0] == "eval"]
+                assert {x[0] for x in ep["recs"]} <= {"train", "data", "eval"}
+                # per step: exactly one gradient all-reduce of the analytic size
+                grads = [x for x in train if x[1] == "grad_allreduce"]
+                assert len(grads) == ep["steps"] and {x[3] for x in grads} == {grad_bytes}
+                other = [x for x in train if x[1] != "grad_allreduce"]
+                if name.startswith("mb"):   # the normalisers: one scalar per step, one round
+                    assert [(x[1], x[2]) for x in other] == [("grappa_norm", "all_reduce")]
+                    assert other[0][3] == 2 * (P - 1) * 8 * ep["steps"] // P
+                else:
+                    assert other == []
+                # chunk reloads: only at super-epoch boundaries, only in the data phase
+                if e % repart == 0 and e > 0:
+                    assert {x[1] for x in data} >= CHUNK_KINDS
+                    assert {x[1] for x in data} <= CHUNK_KINDS | {"grappa_norm"}
+                else:
+                    assert data == []
+                assert bool(evals) == ((e + 1) % eval_every == 0)
+                assert {x[1] for x in evals} <= {"halo_fwd", "eval_metrics"}
+
+
+# ---------------------------------------------------------------------- 2./3. estimator
+def _one_step(comm, graph, parts, configs):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = []
+    for cfg in configs:
+        s = _strategy(comm, part, cfg["opts"], arch=cfg["arch"])
+        s.train_epoch(0)
+        out.append({"grads": {n: p.grad.clone() for n, p in s.model.named_parameters()},
+                    "w": s.w_seed.clone()})
+    return out
+
+
+def _reference_grads(graph, parts, arch, opts, world):
+    """The same estimator computed in one process from the full graph: for each rank, its two
+    chunks with all in-edges (other rows empty: leaves keep their features only), dense
+    coverage recursion, then one backward over all ranks' weighted losses."""
+    o = GrappaOptions(**opts)
+    n, L = graph.num_nodes, 2
+    model = build_model(ModelConfig(arch=arch, hidden=8, layers=L, dropout=0.0),
+                        graph.num_features, graph.num_classes, seed=5)
+    deg = graph.in_degree()
+    dst, src = graph.edge_dst(), graph.indices
+    parts_t = torch.as_tensor(parts)
+    terms, weights_all = [], []
+    for k in range(world):
+        j = rotating_chunk(k, world, 0)
+        internal = parts_t == k if j is None else (parts_t == k) | (parts_t == j)
+        keep = internal[dst]
+        counts = torch.bincount(dst[keep], minlength=n)
+        indptr = torch.zeros(n + 1, dtype=torch.int64)
+        indptr[1:] = counts.cumsum(0)
+        adj = SparseAdj(indptr, src[keep], n, deg, deg)
+        # coverage: a_0 = d_loc/d, a_t = A_loc a_{t-1} / d (dense)
+        A = torch.zeros(n, n, dtype=torch.float64)
+        A.index_put_((dst[keep], src[keep]), torch.ones(int(keep.sum()), dtype=torch.float64),
+                     accumulate=True)
+        d = deg.double()
+        a = torch.where(d == 0, 1.0, counts.double() / d.clamp(min=1))
+        levels = [a]
+        for _ in range(L - 1):
+            a = torch.where(d == 0, 1.0, (A @ a) / d.clamp(min=1))
+            levels.append(a)
+        w = (torch.stack(levels).mean(0) if o.coverage == "mean" else levels[-1]).float()
+        seeds = torch.nonzero((parts_t == k) & graph.train_mask).flatten()
+        w = w[seeds].clamp(o.w_min, 1.0)
+        weights_all.append(w)
+        ell = F.cross_entropy(model(graph.x, adj)[seeds], graph.y[seeds], reduction="none")
+        if o.weighting == "node":
+            wt = w.pow(o.lam)
+        else:
+            wt = torch.full_like(w, 1.0 + o.lam * (float(w.mean()) - 1.0))
+        terms.append((wt, ell))
+    z = sum(float(wt.sum()) for wt, _ in terms)
+    sum((wt * ell).sum() for wt, ell in terms).div(z).backward()
+    return {nm: p.grad.clone() for nm, p in model.named_parameters()}, weights_all
+
+
+CONFIGS = [
+    {"arch": "gcn", "opts": {"weighting": "node", "lam": 1.0, "w_min": 0.3}},
+    {"arch": "gcn", "opts": {"weighting": "batch", "lam": 0.7, "w_min": 0.1}},
+    {"arch": "sage", "opts": {"weighting": "node", "lam": 0.5, "coverage": "path",
+                              "w_min": 0.2}},
+    {"arch": "gcn", "opts": {"weighting": "node", "lam": 0.0}},
+    {"arch": "gcn", "opts": {"weighting": "batch", "lam": 0.0}},
+]
+
+
+@pytest.fixture(scope="module")
+def one_step(graph, parts):
+    return spawn_function(_one_step, P, args=(graph, parts, CONFIGS))
+
+
+@pytest.mark.parametrize("i", range(len(CONFIGS)))
+def test_weighted_aggregation_equals_single_process(graph, parts, one_step, i):
+    cfg = CONFIGS[i]
+    ref, weights = _reference_grads(graph, parts, cfg["arch"], cfg["opts"], P)
+    for rank, res in enumerate(one_step):
+        assert torch.allclose(res[i]["w"], weights[rank], atol=1e-6)
+        for name, g in ref.items():
+            assert torch.allclose(res[i]["grads"][name], g, atol=1e-6), (cfg, name)
+
+
+def test_lambda_zero_is_plain_averaging(graph, parts, one_step):
+    """lam = 0: both variants give the plain mean over all training seeds."""
+    model = build_model(ModelConfig(arch="gcn", hidden=8, layers=2, dropout=0.0),
+                        graph.num_features, graph.num_classes, seed=5)
+    deg, dst, src = graph.in_degree(), graph.edge_dst(), graph.indices
+    parts_t = torch.as_tensor(parts)
+    total = 0.0
+    for k in range(P):
+        internal = (parts_t == k) | (parts_t == rotating_chunk(k, P, 0))
+        keep = internal[dst]
+        indptr = torch.zeros(graph.num_nodes + 1, dtype=torch.int64)
+        indptr[1:] = torch.bincount(dst[keep], minlength=graph.num_nodes).cumsum(0)
+        seeds = torch.nonzero((parts_t == k) & graph.train_mask).flatten()
+        logits = model(graph.x, SparseAdj(indptr, src[keep], graph.num_nodes, deg, deg))
+        total = total + F.cross_entropy(logits[seeds], graph.y[seeds], reduction="sum")
+    (total / int(graph.train_mask.sum())).backward()
+    for i in (3, 4):
+        for res in one_step:
+            for name, p in model.named_parameters():
+                assert torch.allclose(res[i]["grads"][name], p.grad, atol=1e-6)
+    # ... and the corrected estimator (lam = 1) really differs from it
+    assert not torch.allclose(one_step[0][0]["grads"]["convs.0.lin.weight"],
+                              one_step[0][3]["grads"]["convs.0.lin.weight"], atol=1e-5)
+
+
+def test_weights_are_clipped_and_nontrivial(one_step):
+    for i, cfg in enumerate(CONFIGS):
+        w_min = GrappaOptions(**cfg["opts"]).w_min
+        w = torch.cat([res[i]["w"] for res in one_step])
+        assert float(w.min()) >= w_min - 1e-7 and float(w.max()) <= 1.0
+        assert float(w.std()) > 0.01   # coverage varies per seed: the correction is not constant
+
+
+def test_single_rank_equals_centralized(graph):
+    """P = 1: the local graph is the whole graph, every coverage is 1: exact full-batch."""
+    parts1 = np.zeros(graph.num_nodes, dtype=np.int64)
+    part = build_partitions(graph, parts1)[0]
+    comm = Communicator(0, 1)
+    g = _strategy(comm, part, {"weighting": "node"})
+    assert torch.all(g.w_seed == 1)
+    g.train_epoch(0)
+    h = Halo(_ctx(comm, part))
+    h.setup()
+    h.train_epoch(0)
+    for (n, a), b in zip(g.model.named_parameters(), h.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), n
+
+
+# ---------------------------------------------------------------------- determinism, resume
+def _train(comm, part, opts, epochs, state=None, start=0):
+    s = _strategy(comm, part, opts, dropout=0.5)
+    if state is not None:
+        s.load_state_dict(state)
+    for e in range(start, epochs):
+        comm.epoch = e
+        s.train_epoch(e)
+    return s
+
+
+def _determinism(comm, graph, parts):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    opts = {"mode": "minibatch", "batch_size": 10, "fanouts": [3, 2], "repart_every": 3}
+    a = _train(comm, part, opts, 5)
+    b = _train(comm, part, opts, 5)
+    half = _train(comm, part, opts, 4)
+    state = half.state_dict()
+    c = _train(comm, part, opts, 5, state=state, start=4)    # resumes in super-epoch 1
+    flat = lambda s: torch.cat([p.detach().reshape(-1) for p in s.model.parameters()])
+    return {"a": flat(a), "b": flat(b), "c": flat(c), "chunk": state["chunk"],
+            "se": state["super_epoch"]}
+
+
+def test_deterministic_and_resumable(graph):
+    parts2 = partition_nodes(graph, "random", 2, seed=1)
+    for res in spawn_function(_determinism, 2, args=(graph, parts2)):
+        assert torch.equal(res["a"], res["b"])
+        assert torch.equal(res["a"], res["c"])
+        assert res["se"] == 1
+
+
+# ---------------------------------------------------------------------- pieces
+def test_rotation_visits_every_other_chunk_once_per_sweep():
+    for world in (2, 3, 5):
+        for s in range(world - 1):
+            held = [rotating_chunk(k, world, s) for k in range(world)]
+            assert sorted(held) == list(range(world)) and all(h != k for k, h in enumerate(held))
+        for k in range(world):
+            assert sorted(rotating_chunk(k, world, s) for s in range(world - 1)) == \
+                [j for j in range(world) if j != k]
+    assert rotating_chunk(0, 1, 4) is None
+
+
+def test_sampler_blocks_are_valid_and_capped():
+    # a local graph: 6 internal nodes with 4..5 in-edges each, 4 leaves
+    g = torch.Generator().manual_seed(0)
+    n_int, n_loc = 6, 10
+    counts = torch.tensor([4, 5, 4, 5, 4, 5] + [0] * 4)
+    indptr = torch.zeros(n_loc + 1, dtype=torch.int64)
+    indptr[1:] = counts.cumsum(0)
+    indices = torch.cat([torch.randperm(n_loc, generator=g)[:int(c)] for c in counts[:n_int]])
+    lg = LocalGraph(torch.arange(n_loc), torch.randn(n_loc, 3), counts.clone(), indptr,
+                    indices, 3, n_int, 1, 0)
+    nodes, blocks = expand(lg, torch.tensor([0, 2]), [2, 3], g)
+    assert torch.equal(nodes[:2], torch.tensor([0, 2])) and len(blocks) == 2
+    for blk in blocks:
+        assert int(blk.row_count.max()) <= 3
+    assert int(blocks[1].row_count.max()) <= 2 and blocks[1].n_dst == 2
+    # every sampled edge is a local edge
+    for blk, dsts in ((blocks[1], nodes[:blocks[1].n_dst]), (blocks[0], nodes[:blocks[0].n_dst])):
+        for r in range(blk.n_dst):
+            v = int(dsts[r])
+            srcs = nodes[blk.indices[blk.indptr[r]:blk.indptr[r + 1]]]
+            assert set(srcs.tolist()) <= set(indices[indptr[v]:indptr[v + 1]].tolist())
+    full_nodes, full_blocks = expand(lg, torch.tensor([0, 2]), [None, None])
+    assert int(full_blocks[1].row_count.sum()) == 8
+
+
+@pytest.mark.parametrize("bad", [{"lam": 1.5}, {"w_min": 0.0}, {"mode": "sampled"},
+                                 {"weighting": "edge"}, {"repart_every": -1},
+                                 {"fanouts": [0, 2]}, {"coverage": "max"}])
+def test_options_are_validated(bad):
+    with pytest.raises(ValueError):
+        GrappaOptions(**bad)
