@@ -145,8 +145,9 @@ def main(argv=None) -> int:
             "command": "python benchmarks/bench_scale.py " + " ".join(argv or sys.argv[1:]),
             "mem_total_mb": mem_available_mb()}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps({"meta": meta, "rows": rows, "slopes": slopes,
-                                                "marginal_slopes": marginal, "largest": largest}, indent=1))
+    (out / "scale.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "slopes": slopes, "marginal_slopes": marginal,
+         "largest": largest}, indent=1))
     md = ["# Scale: `halo`, P = 4, synthetic graphs", "",
           f"GCN 2 x 64, {args.features} features, average degree {args.degree}, "
           f"{args.partitioner} partitions, 1 compute thread per worker; seconds/epoch exclude "

@@ -243,10 +243,11 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
     elapsed = time.perf_counter() - t0
     output = log_path.read_text(errors="replace")
     summary_copy = out / "runs" / f"{spec.id}.summary.json"
+    last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
     if rc is None:
         status, error = "failed", f"timed out after {timeout_s:g}s\n{_tail(output)}"
     elif rc != 0:
-        status, error = "failed", f"exit code {rc}\n{_tail(output)}"
+        status, error = "failed", f"exit code {rc}: {last[:300]}\n{_tail(output)}"
     elif not summary_copy.is_file():
         status, error = "failed", f"finished without a summary\n{_tail(output)}"
     res: dict[str, Any] = {**spec.as_dict(), "status": status, "error": error,

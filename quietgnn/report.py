@@ -138,7 +138,8 @@ def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
     reference-relative numbers."""
     ok = [r for r in results if r.get("status") == "ok" and r.get("summary")]
     failed = [r for r in results if r.get("status") != "ok"]
-    groups: dict[tuple[str, str], dict[tuple[str, int], list]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple[str, str], dict[tuple[str, int], list]] = \
+        defaultdict(lambda: defaultdict(list))
     for r in ok:
         groups[(r["dataset"], r["model"])][(r["strategy"], int(r["parts"]))].append(r)
     refs: dict[tuple[str, str], list[float]] = defaultdict(list)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,11 +25,12 @@ def test_matrix_expansion():
     assert len([s for s in specs if s.strategy == "halo"]) == 16
     fut = [s for s in specs if s.strategy == "future_strategy"]   # unknown names are data
     assert len(fut) == 8 and fut[0].options == {"bits": 2}
-    cmd = fut[0].command(__import__("pathlib").Path("/o/runs/x"), __import__("pathlib").Path("/o/s.json"))
+    cmd = fut[0].command(Path("/o/runs/x"), Path("/o/s.json"))
     assert cmd[cmd.index("--options.bits") + 1] == "2" and "--threads" in cmd
     assert cmd[cmd.index("--train.epochs") + 1] == "5"
     rand = [s for s in specs if s.label == "halo-rand"][0]
-    assert rand.overrides["partition.method"] == "random" and rand.as_dict()["strategy"] == "halo-rand"
+    assert rand.overrides["partition.method"] == "random"
+    assert rand.as_dict()["strategy"] == "halo-rand"
     with pytest.raises(ValueError, match="unknown matrix key"):
         build_matrix({"datasets": "cora", "strategies": "halo", "epoch": 3})
     with pytest.raises(ValueError, match="no strategies"):
