@@ -92,9 +92,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         summary = run_worker(cfg, run_dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}-{cfg.strategy}-"
-                                                       f"{Path(cfg.dataset.name).name}-p{cfg.num_parts}")
+        suffix = f"-{cfg.strategy}-{Path(cfg.dataset.name).name}-p{cfg.num_parts}"
+        run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        if cfg.runtime.resume:
+            run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
         book = prepare_book(cfg, log)
         summary = launch(cfg, run_dir, book)
     if summary is not None:
@@ -104,6 +106,27 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def _resume_dir(cfg: Any, run_dir: Path, suffix: str, named: bool, log: Any) -> Path:
+    """``--resume``: the named run, or else the newest ``*<suffix>`` run in ``out_dir`` holding
+    a committed checkpoint; refuses (ValueError, before any worker starts) when that
+    checkpoint belongs to another configuration."""
+    from .runtime.checkpoint import check_resume_compatible, committed_checkpoints
+    if not named:
+        out = Path(cfg.runtime.out_dir)
+        cands = [d for d in out.glob(f"*{suffix}") if committed_checkpoints(d / "checkpoints")] \
+            if out.is_dir() else []
+        if cands:
+            run_dir = max(cands, key=lambda d: (d / "checkpoints").stat().st_mtime)
+            log(f"--resume: continuing {run_dir}")
+        else:
+            log(f"--resume: no checkpointed run matching '*{suffix}' in {str(out)!r}; starting "
+                f"a new run (name it with --run-name to resume a specific one)")
+    epoch = check_resume_compatible(cfg, run_dir / "checkpoints")
+    if named and epoch is None:
+        log(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting at epoch 0")
+    return run_dir
 
 
 def cmd_partition(args: argparse.Namespace, rest: list[str]) -> int:
@@ -192,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .runtime.launcher import LaunchError
         if isinstance(exc, LaunchError):
             print(f"quietgnn: run failed: {exc}", file=sys.stderr)
-            return 1
+            return 2 if exc.input_error else 1
         raise
 
 

@@ -87,6 +87,14 @@ def run_identity(cfg: Any) -> dict[str, Any]:
     if parts is None:
         parts = (d.get("partition") or {}).get("parts")
     method = getattr(cfg, "partition_method", None) or (d.get("partition") or {}).get("method")
+    if method is None or parts is None:   # a plain dict: resolve what the config would
+        try:
+            from ..strategies.base import get_strategy
+            cls = get_strategy(d.get("strategy"))
+            method = method or cls.default_partitioner
+            parts = cls.fixed_parts or parts
+        except (ValueError, TypeError):
+            pass
     ident: dict[str, Any] = {"strategy": d.get("strategy"), "parts": parts,
                              "partition.method": method}
     part = d.get("partition") or {}

@@ -35,6 +35,10 @@ __all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", 
 class LaunchError(RuntimeError):
     """A worker failed; the message names the rank and carries its traceback."""
 
+    #: the run failed on bad input (a worker raised ValueError: a damaged file, a config the
+    #: data contradicts); the CLI exits with 2 as for input errors found before the launch
+    input_error: bool = False
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -74,6 +78,7 @@ def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
             raise ValueError(f"partition book {cfg.partition.book!r} has {book.num_parts} parts "
                              f"but the run asks for {cfg.num_parts}; pass --parts "
                              f"{book.num_parts} or re-partition")
+        _check_book_files(book)
         return Path(cfg.partition.book)
     key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
                "parts": cfg.num_parts, "seed": cfg.partition.seed,
@@ -104,10 +109,30 @@ def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
     return path
 
 
+def _check_book_files(book: Any) -> None:
+    """Missing or truncated part files are found here, before any worker starts (a cheap size
+    check; each worker verifies its own file's checksum when it loads it)."""
+    for name, info in sorted(book.files.items()):
+        f = Path(book.path) / name
+        if not f.is_file():
+            raise ValueError(f"partition file {str(f)!r} is missing (listed in book.json); copy "
+                             f"it from where the book was created or re-run `quietgnn partition`")
+        size = f.stat().st_size
+        if size != info.get("bytes"):
+            raise ValueError(f"partition file {str(f)!r} has {size} bytes, book.json records "
+                             f"{info.get('bytes')}: it is truncated or was replaced; re-copy it "
+                             f"or re-run `quietgnn partition`")
+
+
 # ---------------------------------------------------------------------- process supervision
-def _supervise(procs: list[subprocess.Popen], grace_s: float) -> list[tuple[int, int, float]]:
+def _supervise(procs: list[subprocess.Popen], grace_s: float,
+               stuck: Optional[list[int]] = None,
+               tolerate: bool = False) -> list[tuple[int, int, float]]:
     """Wait for all processes; after the first failure give the rest ``grace_s`` then kill.
-    Returns ``[(rank, returncode, time_of_exit)]`` of failed ranks, in order of failure."""
+    Returns ``[(rank, returncode, time_of_exit)]`` of failed ranks, in order of failure; the
+    ranks that were still running when the grace ran out are appended to ``stuck``.
+    ``tolerate``: the strategy survives dead ranks (``Strategy.tolerates_failures``): only a
+    failure of rank 0 (the one that writes the summary) starts the grace period."""
     failed: list[tuple[int, int, float]] = []
     done: set[int] = set()
     first_fail: Optional[float] = None
@@ -121,8 +146,15 @@ def _supervise(procs: list[subprocess.Popen], grace_s: float) -> list[tuple[int,
             done.add(r)
             if rc != 0:
                 failed.append((r, rc, time.monotonic()))
+                if not tolerate or r == 0:
+                    first_fail = first_fail or time.monotonic()
+            elif tolerate and r == 0:
+                # rank 0 finished the run: survivors end with it; a rank still running after
+                # the grace (e.g. one the hub dropped as hung) is terminated
                 first_fail = first_fail or time.monotonic()
         if first_fail is not None and time.monotonic() - first_fail > grace_s:
+            if stuck is not None:
+                stuck.extend(r for r, p in enumerate(procs) if r not in done and p.poll() is None)
             _terminate(procs)
         time.sleep(0.05)
     return failed
@@ -139,6 +171,66 @@ def _terminate(procs: Sequence[subprocess.Popen], wait_s: float = 3.0) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _last_epoch(run_dir: Path, rank: int) -> Optional[int]:
+    """The last epoch this rank finished (from its metrics file), None if none."""
+    f = run_dir / "metrics" / f"rank-{rank}.jsonl"
+    last = None
+    try:
+        for line in f.read_text().splitlines():
+            try:
+                last = json.loads(line).get("epoch", last)
+            except json.JSONDecodeError:
+                continue
+    except OSError:
+        return None
+    return last if isinstance(last, int) and last >= 0 else None
+
+
+def _describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
+                       stuck: Sequence[int], grace_s: float) -> str:
+    """One line per rank (how it ended, its error's last line: the rank, operation and epoch
+    for a CommError), then the first traceback. Stuck ranks are named first: a rank that
+    hangs is the cause, the timeouts of its peers are the symptom."""
+    lines = []
+    if stuck:
+        lines.append(f"rank(s) {sorted(stuck)} stopped responding: still running {grace_s:g}s "
+                     f"after the first failure, so they were terminated (stuck in a computation "
+                     f"or a collective)")
+    first_tb = ""
+    for r, rc, _ in failed:
+        if r in stuck:
+            continue
+        err = run_dir / "logs" / f"rank-{r}.error"
+        text = err.read_text() if err.is_file() else ""
+        first_tb = first_tb or text
+        how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
+            f"exited with code {rc}"
+        ep = _last_epoch(run_dir, r)
+        where = f" (last finished epoch {ep})" if ep is not None else ""
+        if text:
+            lines.append(f"rank {r} {how}{where}: {_last_line(text)}")
+        else:
+            lines.append(f"rank {r} {how}{where} without a traceback (killed, out of memory, "
+                         f"or os._exit)")
+    for r in sorted(stuck):
+        ep = _last_epoch(run_dir, r)
+        lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
+                                              " before finishing an epoch"))
+    lines.append(f"Run directory: {run_dir}")
+    if first_tb and not _is_input_error(first_tb):
+        lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
+    return "\n".join(lines)
+
+
+def _is_input_error(traceback_text: str) -> bool:
+    return _last_line(traceback_text).startswith("ValueError")
 
 
 def _describe_failure(run_dir: Path, rank: int, rc: int) -> str:
@@ -177,16 +269,30 @@ def launch(cfg: Any, run_dir: Path, book: Optional[Path],
                 [sys.executable, "-m", "quietgnn.runtime.worker", "--run-dir", str(run_dir)],
                 env=_worker_env(r, world, port, cfg.runtime.threads, extra),
                 stdout=out, stderr=out, preexec_fn=_die_with_parent))
-        failed = _supervise(procs, grace_s=min(float(cfg.runtime.timeout_s), 10.0))
+        grace = min(float(cfg.runtime.timeout_s), 10.0)
+        stuck: list[int] = []
+        # Strategies that tolerate failures keep running when a rank other than 0 dies.
+        tolerate = bool(getattr(cfg.strategy_cls, "tolerates_failures", False))
+        failed = _supervise(procs, grace_s=grace, stuck=stuck, tolerate=tolerate)
     except KeyboardInterrupt:
         _terminate(procs)
         raise
     finally:
         for f in logs:
             f.close()
+    summary_path = run_dir / "summary.json"
+    if failed and tolerate and all(r != 0 for r, _, _ in failed) and summary_path.is_file():
+        sys.stderr.write(f"note: rank(s) {[r for r, _, _ in failed]} failed during the run; "
+                         f"strategy {cfg.strategy!r} tolerates failures and finished on the "
+                         f"survivors (see summary.json). Run directory: {run_dir}\n")
+        return json.loads(summary_path.read_text())
     if failed:
-        r, rc, _ = failed[0]
-        raise LaunchError(_describe_failure(run_dir, r, rc))
+        exc = LaunchError(_describe_failures(run_dir, failed, stuck, grace))
+        r0 = next((r for r, _, _ in failed if r not in stuck), None)
+        err = run_dir / "logs" / f"rank-{r0}.error"
+        exc.input_error = bool(r0 is not None and err.is_file() and
+                               _is_input_error(err.read_text()))
+        raise exc
     summary_path = run_dir / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.is_file() else None
 

@@ -55,7 +55,8 @@ class Trainer:
             self._progress(rec)
             if self.checkpointer and cfg.runtime.checkpoint_every and \
                     (epoch + 1) % cfg.runtime.checkpoint_every == 0:
-                self.checkpointer.save(epoch, self._state(epoch))
+                from .checkpoint import run_identity
+                self.checkpointer.save(epoch, self._state(epoch), identity=run_identity(cfg))
             if s.finished():
                 break
         metrics.close()
@@ -171,7 +172,9 @@ class Trainer:
     def _summary(self, wall: float, epochs_run: int) -> Optional[dict[str, Any]]:
         mine = {"rank": self.ctx.rank, "history": self.history}
         with self.comm.phase("control"):
-            everyone = self.comm.all_gather_object(mine)
+            everyone = self.strategy.gather_objects(mine)   # None: no dead ranks to route around
+            if everyone is None:
+                everyone = self.comm.all_gather_object(mine)
             self.comm.take_records()
         if self.ctx.rank != 0:
             return None
@@ -194,5 +197,8 @@ class Trainer:
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
             "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],
         }
+        report = self.strategy.run_report()
+        if report:
+            summary["strategy_report"] = report
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
