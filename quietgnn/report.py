@@ -172,7 +172,8 @@ def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
                            "target_acc": target, "rows": order})
     return {"groups": out_groups, "tiers": {n: vars(t) for n, t in tiers.items()},
             "target_frac": target_frac, "target_acc": target_acc,
-            "failed": [{"id": r.get("id"), "error": (r.get("error") or "")[-2000:]}
+            "failed": [{"id": r.get("id"), "error": (r.get("error") or "unknown error")
+                        .strip().splitlines()[0][:400], "tail": (r.get("error") or "")[-2000:]}
                        for r in failed]}
 
 
@@ -269,10 +270,7 @@ def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, l
     if rep["failed"]:
         lines += ["## Failed runs", ""]
         for f in rep["failed"]:
-            err = [ln.strip() for ln in (f["error"] or "").strip().splitlines() if ln.strip()]
-            why = "unknown error" if not err else err[0] if len(err) == 1 else \
-                f"{err[0]}: {err[-1][:300]}"
-            lines.append(f"- `{f['id']}`: {why}")
+            lines.append(f"- `{f['id']}`: {f['error']}")
         lines.append("")
     return "\n".join(lines)
 
@@ -300,10 +298,12 @@ def _cum(vals: list[float]) -> list[float]:
     return out
 
 
-def _log_x(ax: Any) -> None:
-    """Log x axis with labelled decades only (minor labels collide on short ranges)."""
-    from matplotlib.ticker import NullFormatter
+def _log_x(ax: Any, fmt: Any = None) -> None:
+    """Log x axis labelled at 1, 2, 5 x 10^k in plain units (default minor labels collide)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: (fmt or (lambda x: f"{x:g}"))(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -321,6 +321,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
             runs[key].append(r["curve"])
     stem = f"{g['dataset']}-{g['model']}".replace("/", "_")
     label = lambda k: f"{k[0]} (P={k[1]})"  # noqa: E731
+    color = {k: f"C{i % 10}" for i, k in enumerate(runs)}   # one colour per row, every plot
     files = []
 
     def finish(fig: Any, name: str) -> None:
@@ -342,12 +343,12 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         xs, ys = _mean_curve(curves, lambda c: _cum([e["train_bytes"] + e["data_bytes"]
                                                      for e in c["epochs"]]))
         if xs and max(xs) > 0:
-            ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5)
+            ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5, color=color[k])
         elif ys:
-            ax.axhline(max(ys), ls="--", lw=1, color="black",
+            ax.axhline(max(ys), ls="--", lw=1, color=color[k],
                        label=f"{label(k)}: no traffic, best {max(ys):.3f}")
     target_lines(ax)
-    _log_x(ax)
+    _log_x(ax, lambda v: human_bytes(v).replace(".00 ", " "))
     ax.set_xlabel("cumulative training bytes (all ranks, sent)")
     ax.set_ylabel("test accuracy")
     ax.set_title(f"{g['dataset']} / {g['model']}: accuracy vs traffic")
@@ -364,7 +365,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         for k, curves in runs.items():
             if curves:
                 xs, ys = _mean_curve(curves, lambda c: [p["cum_s"] for p in project(c, tier)])
-                ax.plot(xs, ys, label=label(k), lw=1.3)
+                ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k])
         target_lines(ax)
         _log_x(ax)
         ax.set_title(tier.describe(), fontsize=10)
@@ -404,8 +405,8 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         comms = [sum(p["comm_s"] for c in runs[k] for p in project(c, t)) /
                  sum(len(c["epochs"]) for c in runs[k]) for t in tiers.values()]
         xs = [j + i * width for j in range(len(tiers))]
-        a2.bar(xs, [comp] * len(xs), width, color=f"C{i}", alpha=0.45)
-        a2.bar(xs, comms, width, bottom=[comp] * len(xs), color=f"C{i}", label=label(k))
+        a2.bar(xs, [comp] * len(xs), width, color=color[k], alpha=0.45)
+        a2.bar(xs, comms, width, bottom=[comp] * len(xs), color=color[k], label=label(k))
     a2.set_xticks([j + 0.4 - width / 2 for j in range(len(tiers))], list(tiers))
     a2.set_yscale("log")
     comps = [e["compute_s"] for k in keys for c in runs[k] for e in c["epochs"]]
