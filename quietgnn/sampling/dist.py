@@ -1,0 +1,237 @@
+"""Distributed forms of the bulk sampler and the feature loader.
+
+Tripathy, Yelick, Buluc, MLSys 2024 (arXiv 2311.02909), Section "distributed sampling"; the
+design follows the reference code (PASSIONLab/CAGNET, branch distributed-sampling) except
+where marked.
+
+Two topology modes:
+
+* **replicated** (:func:`fetch_topology` with every rank in the group): each rank receives
+  the CSR rows of every node once at setup (traffic kind ``topology``, phase ``setup``) and
+  samples with a plain :class:`~quietgnn.sampling.NeighborSampler` -- no communication at all
+  while sampling; only features move.
+* **1.5D** (:class:`Sampler15D`): ``p`` ranks in a ``(p/c) x c`` grid; rank ``r`` is replica
+  ``j = r % c`` of row group ``g = r // c``. Block-row ``A_g`` (the CSR rows of the nodes the
+  c ranks of group g own) is held by all c replicas of g. All replicas of a group sample the
+  *same* bulk (same targets, same minibatch ids). For ``Q A`` the inner dimension is split
+  over replicas: replica j handles the frontier entries whose node lies in a block ``b`` with
+  ``b % c == j`` (the reference's ``p/c^2`` stages); it asks replica j of group b for exactly
+  the rows it needs (sparsity-aware: ids out, rows back; kind ``sample_rows``), samples those
+  rows, and the replica group sums the disjoint sparse partial results (kind
+  ``sample_allreduce``). Every replica then renumbers the identical full result, so the bulk
+  is bit-identical to the single-rank sampler's (counter-based RNG, tested).
+
+Derived / simplified here (the paper body was not available):
+
+* the ``p/c^2`` stages of one hop are issued as one all-to-all (each replica talks to at
+  most ``ceil(p/c^2)`` owners), and the replica-group sparse all-reduce of disjoint partial
+  products is one direct all-to-all inside the group (1 hop instead of ``log2 c``); both are
+  world all-to-alls with empty blocks to non-members, so only real traffic is counted and
+  the Communicator needs no sub-groups;
+* features are fetched from their owners over the whole world (one all-to-all of ids, one of
+  rows per bulk: :class:`FeatureFetcher`), not only within the column group;
+* the 1.5D form implements uniform GraphSAGE rows; weighted rows and LADIES run in the
+  replicated mode only.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..comm import Communicator
+from ..partition import LocalPartition
+from .bulk import Bulk, SampledBlock, expand_rows, extend_frontier
+from .rng import row_keys
+from .sage import check_targets, sample_rows
+
+__all__ = ["fetch_topology", "FeatureFetcher", "Sampler15D"]
+
+
+def _pack(parts: Sequence[Tensor]) -> Tensor:
+    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts])
+
+
+def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int]
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """Owner map and CSR rows of the nodes owned by the ranks in ``group`` (global ids).
+
+    Returns ``(owner [N], indptr [N + 1], indices)``: rows of nodes outside the group are
+    empty. Cost (setup, kinds ``topology_ids`` and ``topology``): every rank's owned ids to
+    every rank (N int64 in all), and its rows to the other members of ``group``.
+    """
+    P, N = comm.world_size, part.num_nodes_global
+    owned = part.owned
+    recv = comm.all_to_all([owned] * P, "topology_ids")
+    owner = torch.full((N,), -1, dtype=torch.int64)
+    for r, ids in enumerate(recv):
+        owner[ids] = r
+    if bool((owner < 0).any()):
+        raise ValueError("fetch_topology: some nodes are owned by no rank; the partition book "
+                         "does not cover the graph")
+    counts = part.indptr[1:] - part.indptr[:-1]
+    cols = part.local_ids()[part.indices]
+    mine = _pack([torch.tensor([owned.numel()]), owned, counts, cols])
+    empty = mine[:0]
+    blocks = comm.all_to_all([mine if j in group else empty for j in range(P)], "topology")
+    deg = torch.zeros(N, dtype=torch.int64)
+    rows: list[tuple[Tensor, Tensor]] = []
+    for r in group:
+        b = blocks[r]
+        m = int(b[0])
+        ids = b[1:1 + m]
+        deg[ids] = b[1 + m:1 + 2 * m]
+        rows.append((ids, b[1 + 2 * m:]))
+    indptr = torch.zeros(N + 1, dtype=torch.int64)
+    torch.cumsum(deg, 0, out=indptr[1:])
+    indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
+    for ids, c in rows:  # entries of ids' rows, row after row, land in their CSR slots
+        indices[expand_rows(indptr, ids)[1]] = c
+    return owner, indptr, indices
+
+
+class FeatureFetcher:
+    """Rows of node features (or any per-node tensor) fetched from their owners.
+
+    One call = one all-to-all of requested ids (int64, with size handshake) and one of rows
+    (known sizes), traffic kind ``feature_fetch``. A bulk fetches the union of its k
+    minibatches' input nodes at once, so the latency is paid once per bulk.
+    """
+
+    def __init__(self, comm: Communicator, part: LocalPartition, owner: Tensor,
+                 kind: str = "feature_fetch") -> None:
+        self.comm, self.part, self.owner, self.kind = comm, part, owner, kind
+        self.x = part.x
+
+    def fetch(self, ids: Tensor) -> Tensor:
+        """``x[ids]`` for global ``ids`` (any order, duplicates allowed) -> ``[len(ids), F]``."""
+        P = self.comm.world_size
+        uniq, inv = torch.unique(ids, return_inverse=True)
+        own = self.owner[uniq]
+        order = torch.argsort(own, stable=True)
+        counts = torch.bincount(own, minlength=P).tolist()
+        req = list(torch.split(uniq[order], counts))
+        got = self.comm.all_to_all(req, self.kind + "_ids")
+        rows = [self.x[torch.searchsorted(self.part.owned, g)] for g in got]
+        back = self.comm.all_to_all(rows, self.kind, recv_counts=counts)
+        out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.x.dtype)
+        out[order] = torch.cat(back)
+        return out[inv]
+
+
+class Sampler15D:
+    """Uniform GraphSAGE bulk sampler with the topology split over a ``(p/c) x c`` grid (see
+    the module docstring). Call :meth:`sample` on every rank at the same time, with the same
+    arguments on all replicas of a group (different groups sample different bulks)."""
+
+    def __init__(self, comm: Communicator, part: LocalPartition, fanouts: Sequence[int],
+                 c: int, seed: int = 0) -> None:
+        P = comm.world_size
+        if c < 1 or P % c:
+            raise ValueError(f"replication c = {c} must divide the number of ranks P = {P}")
+        self.comm, self.c, self.P = comm, int(c), P
+        self.g, self.j = comm.rank // c, comm.rank % c
+        self.fanouts = [int(f) for f in fanouts]
+        self.seed = int(seed)
+        members = list(range(self.g * c, self.g * c + c))
+        self.members = members
+        self.owner, self.indptr, self.indices = fetch_topology(comm, part, members)
+        self.block = self.owner // c           # row group (block-row) of every node
+        self.num_nodes = part.num_nodes_global
+
+    def __repr__(self) -> str:
+        return (f"Sampler15D(grid={self.P // self.c}x{self.c}, group={self.g}, replica={self.j}, "
+                f"fanouts={self.fanouts})")
+
+    def _rows(self, need: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """CSR rows of ``need`` (sorted unique global ids of blocks this replica handles):
+        local ones read directly, the others requested from replica j of their group."""
+        P, c = self.P, self.c
+        blk = self.block[need]
+        local = blk == self.g
+        remote = need[~local]
+        dest = self.block[remote] * c + self.j     # replica j of the owning group
+        order = torch.argsort(dest, stable=True)     # requests grouped by destination rank
+        counts = torch.bincount(dest, minlength=P).tolist()
+        got = self.comm.all_to_all(list(torch.split(remote[order], counts)), "sample_rows_ids")
+        replies = []
+        for ids in got:
+            ptr, pos = expand_rows(self.indptr, ids)
+            replies.append(_pack([ptr[1:] - ptr[:-1], self.indices[pos]]))
+        back = self.comm.all_to_all(replies, "sample_rows")
+        deg = torch.empty(need.numel(), dtype=torch.int64)
+        starts = torch.empty(need.numel(), dtype=torch.int64)
+        ptr, _ = expand_rows(self.indptr, need[local])
+        deg[local] = ptr[1:] - ptr[:-1]
+        starts[local] = self.indptr[need[local]]
+        base = self.indices.numel()
+        pieces = [self.indices]
+        rem_deg, rem_start = [], []
+        for m, b in zip(counts, back):
+            d = b[:m]
+            rem_deg.append(d)
+            rem_start.append(base + torch.cumsum(d, 0) - d)
+            pieces.append(b[m:])
+            base += int(b.numel() - m)
+        # replies arrive grouped by destination rank: restore the order of `remote`
+        rd, rs = torch.empty_like(remote), torch.empty_like(remote)
+        rd[order], rs[order] = torch.cat(rem_deg), torch.cat(rem_start)
+        deg[~local], starts[~local] = rd, rs
+        return starts, deg, torch.cat(pieces)
+
+    def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:
+        check_targets(targets, offsets, batch_ids, self.num_nodes)
+        nodes, offs = targets, offsets
+        depth = torch.zeros_like(targets)
+        levels, level_offs, depths, blocks = [nodes], [offs], [depth], []
+        for h, s in enumerate(self.fanouts):
+            R = nodes.numel()
+            mb_row = torch.repeat_interleave(torch.arange(offs.numel() - 1), offs[1:] - offs[:-1],
+                                             output_size=R)
+            mine = torch.nonzero(self.block[nodes] % self.c == self.j).flatten()
+            need, where = torch.unique(nodes[mine], return_inverse=True)
+            starts, deg, cols = self._rows(need)
+            keys = row_keys(self.seed, batch_ids[mb_row[mine]], h, nodes[mine])
+            cnt, src = sample_rows(starts[where], deg[where], s, keys, cols)
+            counts, src_all = self._allreduce(R, mine, cnt, src)
+            new_mb = torch.repeat_interleave(mb_row, counts, output_size=src_all.numel())
+            nodes, offs, depth, col, _ = extend_frontier(nodes, offs, depth, new_mb, src_all,
+                                                         self.num_nodes, h)
+            indptr = torch.zeros(R + 1, dtype=torch.int64)
+            torch.cumsum(counts, 0, out=indptr[1:])
+            blocks.append(SampledBlock(indptr, col))
+            levels.append(nodes)
+            level_offs.append(offs)
+            depths.append(depth)
+        return Bulk(batch_ids, levels, level_offs, depths, blocks)
+
+    def _allreduce(self, R: int, mine: Tensor, cnt: Tensor, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Sum of the replicas' disjoint sparse partial results: per-row counts and sources of
+        all R rows, in row order."""
+        if self.c == 1:
+            return cnt, src
+        msg = _pack([torch.tensor([mine.numel()]), mine, cnt, src])
+        got = self.comm.all_to_all([msg if r in self.members and r != self.comm.rank
+                                    else msg[:0] for r in range(self.P)], "sample_allreduce")
+        got[self.comm.rank] = msg
+        rows_l, cnt_l, src_l = [], [], []
+        for r in self.members:
+            b = got[r]
+            m = int(b[0])
+            rows_l.append(b[1:1 + m])
+            cnt_l.append(b[1 + m:1 + 2 * m])
+            src_l.append(b[1 + 2 * m:])
+        rows, cnts, srcs = torch.cat(rows_l), torch.cat(cnt_l), torch.cat(src_l)
+        counts = torch.zeros(R, dtype=torch.int64)
+        counts[rows] = cnts
+        if int(counts.sum()) != srcs.numel() or rows.numel() != R:
+            raise RuntimeError("1.5D sampler: replica partial results do not cover every "
+                               "frontier row exactly once (replicas sampled different bulks?)")
+        ptr = torch.zeros(R + 1, dtype=torch.int64)
+        torch.cumsum(cnts, 0, out=ptr[1:])     # pieces in received order
+        order = torch.empty(R, dtype=torch.int64)
+        order[rows] = torch.arange(R)            # received index of frontier row r
+        _, pos = expand_rows(ptr, order)
+        return counts, srcs[pos]

@@ -1,0 +1,169 @@
+"""Node-wise (GraphSAGE) bulk sampling as sparse-matrix steps.
+
+Tripathy, Yelick, Buluc, "Distributed Matrix-Based Sampling for Graph Neural Network
+Training", MLSys 2024 (arXiv 2311.02909); GraphSAGE: Hamilton, Ying, Leskovec, NeurIPS 2017.
+
+For hop h the selection matrix ``Q^h`` has one 1 per frontier entry, so the probability step
+``Q^h A`` is a row gather of the CSR (no matrix is materialised); the sampling step draws
+``min(s_h, deg)`` distinct nonzeros of every row; the extraction step
+``Q^h A (Q^{h+1})^T`` is the renumbering of :func:`~quietgnn.sampling.bulk.extend_frontier`.
+Every row of every minibatch of the bulk goes through one vectorised pass; the only Python
+loops are over hops and over the ``s`` draws of Floyd's algorithm.
+
+Laws (exact, tested with chi-square):
+
+* uniform rows: Floyd's algorithm (Bentley & Floyd, CACM 1987), vectorised over rows: draw
+  ``t ~ U{0..j}`` for ``j = d-s .. d-1`` and take ``j`` when ``t`` is taken already; every
+  s-subset has probability ``1 / C(d, s)``;
+* weighted rows (``edge_weight`` > 0): exponential keys ``-log(U) / w`` (Efraimidis & Spirakis
+  2006), keep the s smallest per row: the successive-sampling law
+  ``P(ordered v_1..v_s) = prod_m w_{v_m} / (W - w_{v_1} - ... - w_{v_{m-1}})`` -- not the naive
+  ``s w / W`` inclusion.
+
+Randomness is counter-based (:mod:`~quietgnn.sampling.rng`): draw m of row
+``(minibatch id, hop, node)`` is a hash of those numbers, so a bulk equals k single calls and
+the distributed sampler equals this one, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .bulk import Bulk, SampledBlock, extend_frontier
+from .rng import row_keys, uniform
+
+__all__ = ["NeighborSampler", "sample_rows", "check_targets"]
+
+
+def sample_rows(starts: Tensor, deg: Tensor, fanout: int, keys: Tensor, indices: Tensor,
+                weights: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Sample ``min(fanout, deg)`` distinct entries of every row.
+
+    ``starts``/``deg`` [R]: where each row lives in ``indices`` (and ``weights``); ``keys`` [R]:
+    the rows' RNG keys. Returns ``(counts [R], sources [sum counts])``, sources of a row in
+    ascending CSR position order. ``fanout < 0`` keeps every entry.
+    """
+    s = int(fanout)
+    counts = deg if s < 0 else deg.clamp(max=s)
+    total = int(counts.sum())
+    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    # default: the first counts[r] positions of every row (all of a row with deg <= s)
+    within = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(
+        ptr[:-1], counts, output_size=total)
+    big = torch.nonzero(deg > s).flatten() if s >= 0 else deg.new_empty(0)
+    if big.numel():
+        if weights is None:
+            chosen = _floyd(deg[big], s, keys[big])
+        else:
+            chosen = _exp_keys(starts[big], deg[big], s, keys[big], weights)
+        slots = ptr[big].unsqueeze(1) + torch.arange(s)
+        within[slots.flatten()] = chosen.flatten()
+    pos = torch.repeat_interleave(starts, counts, output_size=total) + within
+    return counts, indices[pos]
+
+
+def _floyd(d: Tensor, s: int, keys: Tensor) -> Tensor:
+    """[R, s] sorted uniform s-subsets of ``{0..d_r-1}`` (all d_r > s)."""
+    chosen = torch.empty(d.numel(), s, dtype=torch.int64)
+    for m in range(s):
+        j = d - s + m
+        t = (uniform(keys, m) * (j + 1).to(torch.float64)).to(torch.int64).clamp_(max=j)
+        if m:
+            dup = (chosen[:, :m] == t.unsqueeze(1)).any(1)
+            t = torch.where(dup, j, t)
+        chosen[:, m] = t
+    return chosen.sort(dim=1).values
+
+
+def _exp_keys(starts: Tensor, d: Tensor, s: int, keys: Tensor, weights: Tensor) -> Tensor:
+    """[R, s] sorted positions of the s smallest ``-log(U)/w`` in every row (all d_r > s)."""
+    R = d.numel()
+    total = int(d.sum())
+    ptr = torch.zeros(R + 1, dtype=torch.int64)
+    torch.cumsum(d, 0, out=ptr[1:])
+    row = torch.repeat_interleave(torch.arange(R), d, output_size=total)
+    within = torch.arange(total) - ptr[:-1][row]
+    w = weights[starts[row] + within].to(torch.float64)
+    e = -torch.log1p(-uniform(keys[row], within)) / w
+    order = torch.argsort(e)
+    order = order[torch.argsort(row[order], stable=True)]   # by row, then by key
+    rank = torch.arange(total) - ptr[:-1][row[order]]
+    top = order[rank < s]                                  # row-major, s per row
+    return within[top].view(R, s).sort(dim=1).values
+
+
+def check_targets(targets: Tensor, offsets: Tensor, batch_ids: Tensor, num_nodes: int) -> None:
+    """Validate a bulk request (clear errors at the boundary)."""
+    if targets.dtype != torch.int64 or offsets.dtype != torch.int64:
+        raise ValueError(f"targets/offsets must be int64, got {targets.dtype}/{offsets.dtype}")
+    k = offsets.numel() - 1
+    if k < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != targets.numel() or \
+            bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"offsets must be non-decreasing from 0 to len(targets) = "
+                         f"{targets.numel()} with k >= 1 minibatches, got {offsets.tolist()[:8]}")
+    if batch_ids.numel() != k:
+        raise ValueError(f"need one batch id per minibatch: {batch_ids.numel()} ids for k = {k}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= num_nodes):
+        raise ValueError(f"target ids must lie in [0, {num_nodes})")
+    mb = torch.repeat_interleave(torch.arange(k), offsets[1:] - offsets[:-1])
+    if torch.unique(mb * num_nodes + targets).numel() != targets.numel():
+        raise ValueError("a minibatch lists a target twice; targets must be distinct within "
+                         "each minibatch")
+
+
+class NeighborSampler:
+    """Bulk GraphSAGE sampler on a whole (destination-indexed) CSR topology.
+
+    ``fanouts[h]``: neighbours per row at hop h (h = 0 next to the targets; -1 = all).
+    ``edge_weight`` [E] > 0: weighted rows (successive sampling); None: uniform.
+    Holds only the topology and the seed: a sampler produces indices, never features.
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, fanouts: Sequence[int], seed: int = 0,
+                 edge_weight: Optional[Tensor] = None) -> None:
+        if not len(fanouts) or any(int(f) == 0 or int(f) < -1 for f in fanouts):
+            raise ValueError(f"fanouts = {list(fanouts)}; expected one positive int (or -1 = "
+                             f"all neighbours) per hop, e.g. [15, 10, 5]")
+        if edge_weight is not None:
+            if edge_weight.numel() != indices.numel():
+                raise ValueError(f"edge_weight has {edge_weight.numel()} entries, the CSR has "
+                                 f"{indices.numel()} edges")
+            if not bool((edge_weight > 0).all()):
+                raise ValueError("edge_weight must be > 0 (drop zero-weight edges from the CSR)")
+        self.indptr, self.indices = indptr, indices
+        self.fanouts = [int(f) for f in fanouts]
+        self.seed, self.edge_weight = int(seed), edge_weight
+        self.num_nodes = int(indptr.numel() - 1)
+
+    def __repr__(self) -> str:
+        kind = "uniform" if self.edge_weight is None else "weighted"
+        return f"NeighborSampler(fanouts={self.fanouts}, {kind}, seed={self.seed})"
+
+    def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:
+        """Sample a bulk: minibatch i has targets ``targets[offsets[i]:offsets[i+1]]`` and RNG
+        identity ``batch_ids[i]`` (same id, same seed -> same minibatch)."""
+        check_targets(targets, offsets, batch_ids, self.num_nodes)
+        nodes, offs = targets, offsets
+        depth = torch.zeros_like(targets)
+        levels, level_offs, depths, blocks = [nodes], [offs], [depth], []
+        for h, s in enumerate(self.fanouts):
+            mb_row = torch.repeat_interleave(torch.arange(offs.numel() - 1), offs[1:] - offs[:-1],
+                                             output_size=nodes.numel())
+            starts = self.indptr[nodes]
+            deg = self.indptr[nodes + 1] - starts
+            keys = row_keys(self.seed, batch_ids[mb_row], h, nodes)
+            counts, src = sample_rows(starts, deg, s, keys, self.indices, self.edge_weight)
+            new_mb = torch.repeat_interleave(mb_row, counts, output_size=src.numel())
+            nodes, offs, depth, cols, _ = extend_frontier(nodes, offs, depth, new_mb, src,
+                                                          self.num_nodes, h)
+            indptr = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+            torch.cumsum(counts, 0, out=indptr[1:])
+            blocks.append(SampledBlock(indptr, cols))
+            levels.append(nodes)
+            level_offs.append(offs)
+            depths.append(depth)
+        return Bulk(batch_ids, levels, level_offs, depths, blocks)
