@@ -120,6 +120,10 @@ class RunConfig:
         if self.synthetic is None:
             self.synthetic = _synthetic_spec({})
         cls = get_strategy(self.strategy)
+        if isinstance(self.options, dict):   # types checked by key, as for the sections
+            known = {f.name: f for f in dataclasses.fields(cls.Options)}
+            self.options = {k: _typed(known[k], v, "options") if k in known else v
+                            for k, v in self.options.items()}
         if self.options is None or isinstance(self.options, dict):
             self.options = options_from_dict(cls, self.options or {})
 
@@ -169,10 +173,38 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     if unknown:
         raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in unknown]}; valid keys in "
                          f"{section!r}: {sorted(names)}")
+    values = {k: _typed(names[k], v, section) for k, v in values.items()}
     try:
         return cls(**values)
     except TypeError as exc:
         raise ValueError(f"bad value in section {section!r}: {exc}") from exc
+
+
+def _typed(f: Any, value: Any, section: str) -> Any:
+    """Check a value against the type of its field's default (bool / int / float), so that
+    ``--resume maybe`` or ``--lr abc`` fail naming the key instead of being taken as truthy
+    strings or failing deep inside. Fields without a plain default (None, str) are left to the
+    dataclass's own validation. Floats also accept numeric strings (YAML reads ``1e-3`` as a
+    string)."""
+    default = f.default
+    want = None
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        if not ok and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    else:
+        return value
+    if not ok:
+        raise ValueError(f"{section}.{f.name} = {value!r} ({type(value).__name__}); expected "
+                         f"{want}")
+    return value
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
