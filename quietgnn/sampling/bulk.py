@@ -81,7 +81,7 @@ class MiniBatch:
             if in_degree is not None:
                 hop = L - 1 - li
                 src_deg = in_degree[self.nodes[li]].clone()
-                if fanouts is not None:
+                if fanouts is not None and int(fanouts[hop]) > 0:
                     src_deg.clamp_(max=int(fanouts[hop]))
                 src_deg[:n_dst] = b.indptr[1:] - b.indptr[:-1]
             cls = SparseAdj if b.values is None else WeightedAdj

@@ -1,0 +1,190 @@
+"""``minibatch``: data-parallel mini-batch training on matrix-based bulk sampling.
+
+Tripathy, Yelick, Buluc, "Distributed Matrix-Based Sampling for Graph Neural Network
+Training", MLSys 2024 (arXiv 2311.02909); samplers: GraphSAGE (Hamilton et al. 2017) and
+LADIES (Zou et al. 2019). Spec: ``docs/methods.md`` section 5.
+
+Per epoch each rank (or each replica group, 1.5D) shuffles its seeds -- the training nodes
+it owns -- into minibatches; all ranks take the same number of steps (the schedule is in
+:mod:`quietgnn.sampling.loader`). Per bulk of k minibatches: one sampler call, one feature
+fetch; per minibatch: forward on the sampled blocks, backward, one gradient all-reduce
+(:func:`sync_gradients`, the loss of a step is the global mean over that step's targets),
+Adam. Evaluation is global and exact: full neighbourhoods through the halo exchange.
+
+Options (``--options.KEY VALUE``):
+
+* ``fanouts``: one per layer, e.g. ``15,10,5`` (node-wise: neighbours per row, hop 0 next to
+  the targets, -1 = all; LADIES: nodes per minibatch and layer, e.g. ``512,512``);
+* ``batch_size`` (targets per minibatch, at most), ``bulk`` (k minibatches per sampler call);
+* ``sampler``: ``sage`` (uniform rows) or ``ladies``;
+* ``topology``: ``replicated`` (every rank gets the whole CSR once at setup, sampling needs no
+  communication) or ``1.5d`` (block-rows replicated ``replication`` = c times; rows fetched
+  while sampling);
+* ``replication``: c for ``1.5d`` (must divide the number of ranks).
+
+What crosses the network, per bulk: requested input-node ids and their feature rows (kind
+``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
+group's partial samples (``sample_allreduce``); per step: one all-reduce of ``|theta| + 1 + P``
+floats. Setup: owned ids and the topology (``topology``), degrees and group labels.
+What it gives up: sampled neighbourhoods are an estimator of the full aggregation (the usual
+mini-batch trade), and replicated topology costs ``O(E)`` memory on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..sampling import NeighborSampler
+from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
+from ..sampling.ladies import LadiesSampler
+from ..sampling.loader import iterate_bulks, plan_epoch, step_totals
+from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
+                   sync_gradients)
+
+
+def _fanouts(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, str):
+        value = [v for v in value.replace("-", ",").replace(" ", ",").split(",") if v]
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"options.fanouts = {value!r}; expected one int per layer, e.g. "
+                         f"'15,10,5' or [25, 10]") from None
+
+
+@register
+class MiniBatch(Strategy):
+    name = "minibatch"
+    description = "data-parallel mini-batch training on bulk matrix-based sampling (SAGE/LADIES)"
+    default_partitioner = "metis"
+    exact = False
+
+    @dataclass
+    class Options:
+        fanouts: Any = "25,10"
+        batch_size: int = 512
+        bulk: int = 4
+        sampler: str = "sage"
+        topology: str = "replicated"
+        replication: int = 1
+
+        def __post_init__(self) -> None:
+            self.fanouts = _fanouts(self.fanouts)
+            if any(f == 0 or f < -1 for f in self.fanouts):
+                raise ValueError(f"options.fanouts = {self.fanouts}; expected positive ints "
+                                 f"(or -1 = all neighbours)")
+            for key in ("batch_size", "bulk", "replication"):
+                v = getattr(self, key)
+                if not isinstance(v, int) or v < 1:
+                    raise ValueError(f"options.{key} = {v!r}; expected an int >= 1")
+            if self.sampler not in ("sage", "ladies"):
+                raise ValueError(f"options.sampler = {self.sampler!r}; expected 'sage' or 'ladies'")
+            if self.topology not in ("replicated", "1.5d"):
+                raise ValueError(f"options.topology = {self.topology!r}; expected 'replicated' "
+                                 f"or '1.5d'")
+            if self.topology == "1.5d" and self.sampler != "sage":
+                raise ValueError("options.topology = '1.5d' implements the uniform 'sage' "
+                                 "sampler only; use topology 'replicated' for LADIES")
+            if self.sampler == "ladies" and min(self.fanouts) < 1:
+                raise ValueError(f"LADIES fanouts are nodes per layer; got {self.fanouts}")
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        ctx, o = self.ctx, self.options
+        comm, part, P = ctx.comm, ctx.part, ctx.world_size
+        if len(o.fanouts) != ctx.model_cfg.layers:
+            raise ValueError(f"options.fanouts = {o.fanouts} has {len(o.fanouts)} entries but "
+                             f"model.layers = {ctx.model_cfg.layers}; give one fanout per layer")
+        self.c = o.replication if o.topology == "1.5d" else 1
+        if P % self.c:
+            raise ValueError(f"options.replication = {self.c} must divide the number of ranks "
+                             f"{P}")
+        if o.topology == "replicated":
+            owner, indptr, indices = fetch_topology(comm, part, list(range(P)))
+            cls = NeighborSampler if o.sampler == "sage" else LadiesSampler
+            self.sampler = cls(indptr, indices, o.fanouts, seed=ctx.seed)
+        else:
+            self.sampler = Sampler15D(comm, part, o.fanouts, self.c, seed=ctx.seed)
+            owner = self.sampler.owner
+        self.group, self.replica = ctx.rank // self.c, ctx.rank % self.c
+        N = part.num_nodes_global
+        # global in-degrees (GCN source degrees on sampled blocks) and the group's seed labels
+        self.in_degree = torch.zeros(N, dtype=torch.int64)
+        deg = comm.all_to_all([torch.stack([part.owned, part.in_degree[: part.n_own]], 1)] * P,
+                              "degrees")
+        for d in deg:
+            self.in_degree[d[:, 0]] = d[:, 1]
+        mine = torch.stack([part.owned[part.train_mask], part.y[part.train_mask]], 1)
+        members = range(self.group * self.c, self.group * self.c + self.c)
+        got = comm.all_to_all([mine if r in members else mine[:0] for r in range(P)],
+                              "seed_labels")
+        seeds = torch.cat([got[r] for r in members])
+        order = torch.argsort(seeds[:, 0])
+        self.seeds = seeds[order, 0]
+        self.labels = torch.full((N,), -1, dtype=torch.int64)
+        self.labels[seeds[:, 0]] = seeds[:, 1]
+        counts = comm.all_gather_object(int(mine.shape[0]), "control")
+        self.group_sizes = [sum(counts[g * self.c:(g + 1) * self.c]) for g in range(P // self.c)]
+        self.fetcher = FeatureFetcher(comm, part, owner)
+        self.model = ctx.build_model()
+        self.params = list(self.model.parameters())
+        self.opt = ctx.optimizer(self.params)
+        self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
+        self.epochs_done = 0
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(self, epoch: int) -> EpochResult:
+        o, comm = self.options, self.ctx.comm
+        self.model.train()
+        plan = plan_epoch(self.seeds, self.group, self.group_sizes, self.c, o.batch_size,
+                          self.ctx.seed, epoch)
+        totals = step_totals(self.group_sizes, self.c, o.batch_size)
+        losses, edges, inputs = [], 0, 0
+        t0 = time.perf_counter()
+        batches = iterate_bulks(plan, self.sampler, o.bulk, self.c, self.replica,
+                                self.fetcher.fetch)
+        for t, (mb, x) in enumerate(batches):
+            self.opt.zero_grad(set_to_none=True)
+            if mb.targets.numel():
+                out = self.model(x, mb.adjs(self.in_degree, o.fanouts))
+                loss = F.cross_entropy(out, self.labels[mb.targets], reduction="sum") / \
+                    float(totals[t])
+                loss.backward()
+            else:  # an empty minibatch still joins the step's all-reduce
+                loss = torch.zeros(())
+            losses.append(sync_gradients(comm, self.params, loss))
+            self.opt.step()
+            edges += sum(b.nnz for b in mb.blocks)
+            inputs += mb.input_nodes.numel()
+        if len(losses) != plan.steps:
+            raise RuntimeError(f"rank {self.ctx.rank}: {len(losses)} steps, expected "
+                               f"{plan.steps} (schedule out of step)")
+        self.epochs_done = epoch + 1
+        return EpochResult(loss=sum(losses) / len(losses), steps=len(losses),
+                           extra={"sampled_edges": edges, "input_nodes": inputs,
+                                  "train_loop_s": time.perf_counter() - t0})
+
+    def evaluate(self) -> dict[str, float]:
+        return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        # The sampler's randomness is counter-based (seed, epoch, group, minibatch): the seed
+        # and the epoch position are its whole state.
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "sampler": {"seed": self.ctx.seed, "epochs_done": self.epochs_done}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if state["sampler"]["seed"] != self.ctx.seed:
+            raise ValueError(f"checkpoint was sampled with seed {state['sampler']['seed']}, this "
+                             f"run has train.seed = {self.ctx.seed}; resume with the same seed")
+        self.epochs_done = int(state["sampler"]["epochs_done"])
