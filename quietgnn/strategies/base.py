@@ -117,6 +117,10 @@ class Strategy(ABC):
     fixed_parts: ClassVar[Optional[int]] = None
     #: claims equality with ``centralized`` (tested)
     exact: ClassVar[bool] = False
+    #: the run survives the death of ranks other than 0: the launcher keeps the others running
+    #: and rank 0 writes the summary. Such a strategy must not use gloo collectives after
+    #: setup and overrides :meth:`gather_objects` (``tma``: averaging through a hub on rank 0)
+    tolerates_failures: ClassVar[bool] = False
 
     def __init__(self, ctx: WorkerContext, options: Any = None) -> None:
         self.ctx = ctx
@@ -142,6 +146,16 @@ class Strategy(ABC):
     def finished(self) -> bool:
         """True when the strategy's own schedule is done before ``train.epochs``."""
         return False
+
+    def gather_objects(self, obj: Any) -> Optional[list[Any]]:
+        """Collect ``obj`` from every live rank on rank 0 for the run summary (others get
+        ``[]``). ``None`` (the default): the trainer uses ``comm.all_gather_object``."""
+        return None
+
+    def run_report(self) -> dict[str, Any]:
+        """Strategy facts for rank 0's summary (``summary['strategy_report']``), e.g. ranks
+        lost during the run; empty: nothing to add."""
+        return {}
 
 
 # ---------------------------------------------------------------------- registry

@@ -1,0 +1,361 @@
+"""A fault-tolerant star channel: rank 0 is a small parameter server, every other rank a spoke.
+
+Why not gloo. A gloo collective involves every rank of the group; when one peer dies the
+others raise (or hang until the group timeout) and the group cannot be used again without a
+global rebuild, which itself needs every *surviving* rank to agree on the new membership.
+Model-averaging strategies (RandomTMA / SuperTMA, :mod:`quietgnn.strategies.tma`) promise the
+opposite: a trainer dies, the others keep going and average over the survivors. So their
+traffic goes through this channel instead:
+
+* **Topology.** Rank 0 (the *hub*) listens on a TCP port; ranks ``1..P-1`` (the *spokes*) each
+  hold one persistent connection to it. The port is announced once with a gloo broadcast at
+  setup (when all ranks are known to be alive); after that no gloo collective is needed.
+* **Failure detection.** A process that dies (crash, ``os._exit``, SIGKILL, OOM kill) has its
+  socket closed by the kernel, so the hub sees EOF or a reset *at once* and drops that rank.
+  A rank that is alive but silent (hung, or far slower than everyone else) is dropped when it
+  misses a deadline of ``timeout_s`` seconds in a gather; its connection is closed, so if it
+  wakes up it fails loudly instead of training on alone. Drops are final (a dropped rank is
+  never re-admitted) and recorded in :attr:`StarChannel.lost` (rank, round, epoch, seconds
+  since the channel opened, reason).
+* **What is given up.** The hub is a single point of failure (as the paper's server): when
+  rank 0 dies the spokes raise :class:`~quietgnn.comm.CommError`. Hub bandwidth: a reduction
+  moves ``(S-1) M`` bytes through rank 0 each way (S participants, payload M), against
+  ``2 (P-1)/P M`` per rank for a ring all-reduce; for model averaging every few seconds this
+  is small, and it is what makes dead peers harmless.
+
+Operations (each one *round* of the :class:`~quietgnn.comm.Communicator`: the survivors all
+issue the same operations in the same order, and every op is recorded as an ``OpRecord`` with
+the Communicator's phase/epoch, so the trainer's metrics and the network model see it):
+
+* :meth:`reduce_sum` -- sum a float32 vector over the live ranks, everyone gets the sum and the
+  list of ranks that contributed (2 hops: up to the hub, back down);
+* :meth:`gather_object` -- the hub gets one picklable object from every live rank (1 hop);
+* :meth:`broadcast_object` -- the live spokes get one object from the hub (1 hop).
+
+Wire format: every message is a 20-byte header ``(tag: 4 bytes, round: int64, length: int64)``
+followed by ``length`` payload bytes; header bytes are counted as traffic. ``reduce_sum``
+replies carry the sum (``4 n`` bytes) plus one byte per rank (1 = contributed).
+
+World size 1: every operation is a local no-op that records nothing (like the Communicator).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import socket
+import struct
+import time
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .communicator import CommError, Communicator
+
+__all__ = ["StarChannel", "HEADER_BYTES"]
+
+_HEADER = struct.Struct("!4sqq")
+#: bytes of the framing header of every message
+HEADER_BYTES = _HEADER.size
+
+
+class StarChannel:
+    """Hub-and-spoke messaging with failure detection (see the module docstring).
+
+    Create it on every rank at the same point with :meth:`open` (which uses one gloo
+    broadcast to announce the hub's port). ``timeout_s``: how long the hub waits for a live
+    spoke in a gather, and a spoke for the hub's reply, before giving up on it.
+    """
+
+    def __init__(self, comm: Communicator, timeout_s: float) -> None:
+        self.comm = comm
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.timeout_s = float(timeout_s)
+        self.alive: list[int] = list(range(self.world_size))
+        self.lost: list[dict[str, Any]] = []
+        self._socks: dict[int, socket.socket] = {}     # hub: rank -> spoke connection
+        self._inbuf: dict[int, bytearray] = {}
+        self._hub: Optional[socket.socket] = None      # spoke: connection to the hub
+        self._listener: Optional[socket.socket] = None
+        self._t_open = time.monotonic()
+
+    # ------------------------------------------------------------------ set-up / tear-down
+    @classmethod
+    def open(cls, comm: Communicator, timeout_s: Optional[float] = None,
+             host: Optional[str] = None) -> "StarChannel":
+        """Connect all ranks (collective: call on every rank). The hub binds an ephemeral
+        port on all interfaces and announces it with one broadcast (kind ``ft_bootstrap``);
+        spokes connect to ``host`` (default ``MASTER_ADDR`` or 127.0.0.1)."""
+        ch = cls(comm, comm.timeout_s if timeout_s is None else timeout_s)
+        if ch.world_size == 1:
+            return ch
+        port = torch.zeros(1, dtype=torch.int64)
+        if ch.rank == 0:
+            lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lst.bind(("0.0.0.0", 0))
+            lst.listen(ch.world_size)
+            ch._listener = lst
+            port[0] = lst.getsockname()[1]
+        comm.broadcast(port, 0, kind="ft_bootstrap")
+        r, t0, c0 = comm._begin()
+        if ch.rank == 0:
+            ch._accept_all(r)
+            n = HEADER_BYTES * (ch.world_size - 1)
+            comm._record("ft_connect", "ft_bootstrap", 0, n, 0, 1, t0, c0, r)
+        else:
+            addr = host or os.environ.get("MASTER_ADDR", "127.0.0.1")
+            deadline = time.monotonic() + ch.timeout_s
+            while True:
+                try:
+                    s = socket.create_connection((addr, int(port[0])), timeout=ch.timeout_s)
+                    break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        raise CommError(f"rank {ch.rank}: cannot reach the averaging hub at "
+                                        f"{addr}:{int(port[0])} ({exc}); check MASTER_ADDR "
+                                        f"and firewalls") from exc
+                    time.sleep(0.05)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(ch.timeout_s)
+            s.sendall(_HEADER.pack(b"HELO", ch.rank, 0))
+            ch._hub = s
+            comm._record("ft_connect", "ft_bootstrap", HEADER_BYTES, 0, 1, 1, t0, c0, r)
+        return ch
+
+    def _accept_all(self, round_: int) -> None:
+        assert self._listener is not None
+        self._listener.settimeout(self.timeout_s)
+        while len(self._socks) < self.world_size - 1:
+            try:
+                s, _ = self._listener.accept()
+            except socket.timeout as exc:
+                missing = sorted(set(range(1, self.world_size)) - set(self._socks))
+                raise CommError(f"rank 0: rank(s) {missing} did not connect to the averaging "
+                                f"hub within {self.timeout_s:g}s") from exc
+            s.settimeout(self.timeout_s)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tag, rank, _ = _HEADER.unpack(_recv_exact(s, HEADER_BYTES))
+            if tag != b"HELO" or not 0 < rank < self.world_size or rank in self._socks:
+                raise CommError(f"rank 0: bad hello on the averaging hub ({tag!r}, rank {rank})")
+            self._socks[rank] = s
+            self._inbuf[rank] = bytearray()
+
+    def close(self) -> None:
+        for s in list(self._socks.values()) + [self._hub, self._listener]:
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        self._socks.clear()
+        self._hub = self._listener = None
+
+    # ------------------------------------------------------------------ membership
+    @property
+    def survivors(self) -> int:
+        return len(self.alive)
+
+    def _drop(self, rank: int, round_: int, reason: str) -> None:
+        if rank not in self.alive:
+            return
+        self.alive.remove(rank)
+        s = self._socks.pop(rank, None)
+        if s is not None:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.lost.append({"rank": rank, "round": round_, "epoch": self.comm.epoch,
+                          "seconds": round(time.monotonic() - self._t_open, 3),
+                          "reason": reason})
+
+    # ------------------------------------------------------------------ hub primitives
+    def _collect(self, tag: bytes, round_: int) -> dict[int, bytes]:
+        """Hub: one ``tag`` message of round ``round_`` from every live spoke; spokes that die
+        or miss the deadline are dropped. Returns ``{rank: payload}``."""
+        out: dict[int, bytes] = {}
+        sel = selectors.DefaultSelector()
+        pending = set()
+        for r in self.alive:
+            if r == 0:
+                continue
+            msg = self._parse(r, tag, round_)
+            if msg is not None:
+                out[r] = msg
+                continue
+            self._socks[r].setblocking(False)
+            sel.register(self._socks[r], selectors.EVENT_READ, r)
+            pending.add(r)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    for r in sorted(pending):
+                        sel.unregister(self._socks[r])
+                        self._drop(r, round_, f"no message within {self.timeout_s:g}s (hung or "
+                                              f"too slow)")
+                    break
+                for key, _ in sel.select(min(left, 1.0)):
+                    r = key.data
+                    try:
+                        chunk = self._socks[r].recv(1 << 20)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as exc:
+                        chunk, reason = b"", f"connection error: {exc}"
+                    else:
+                        reason = "connection closed (process exited)"
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        pending.discard(r)
+                        self._drop(r, round_, reason)
+                        continue
+                    self._inbuf[r] += chunk
+                    msg = self._parse(r, tag, round_)
+                    if msg is not None:
+                        sel.unregister(key.fileobj)
+                        pending.discard(r)
+                        out[r] = msg
+        finally:
+            sel.close()
+            for r in self.alive:
+                if r != 0:
+                    self._socks[r].settimeout(self.timeout_s)
+        return out
+
+    def _parse(self, r: int, tag: bytes, round_: int) -> Optional[bytes]:
+        buf = self._inbuf[r]
+        if len(buf) < HEADER_BYTES:
+            return None
+        t, rd, n = _HEADER.unpack(bytes(buf[:HEADER_BYTES]))
+        if t != tag or rd != round_:
+            raise CommError(f"rank 0: protocol error on the averaging hub: rank {r} sent "
+                            f"{t!r} for round {rd}, expected {tag!r} for round {round_} "
+                            f"(ranks issued different operations)")
+        if len(buf) < HEADER_BYTES + n:
+            return None
+        msg = bytes(buf[HEADER_BYTES:HEADER_BYTES + n])
+        del buf[:HEADER_BYTES + n]
+        return msg
+
+    def _send_spokes(self, tag: bytes, round_: int, payload: bytes) -> tuple[int, int]:
+        """Hub: send one message to every live spoke; returns (bytes sent, messages)."""
+        frame = _HEADER.pack(tag, round_, len(payload)) + payload
+        sent = msgs = 0
+        for r in [r for r in self.alive if r != 0]:
+            try:
+                self._socks[r].sendall(frame)
+                sent += len(frame)
+                msgs += 1
+            except OSError as exc:
+                self._drop(r, round_, f"send failed: {exc}")
+        return sent, msgs
+
+    # ------------------------------------------------------------------ spoke primitives
+    def _to_hub(self, tag: bytes, round_: int, payload: bytes) -> int:
+        assert self._hub is not None
+        frame = _HEADER.pack(tag, round_, len(payload)) + payload
+        try:
+            self._hub.sendall(frame)
+        except OSError as exc:
+            raise self._hub_error(round_, exc) from exc
+        return len(frame)
+
+    def _from_hub(self, tag: bytes, round_: int) -> bytes:
+        assert self._hub is not None
+        try:
+            t, rd, n = _HEADER.unpack(_recv_exact(self._hub, HEADER_BYTES))
+            payload = _recv_exact(self._hub, n)
+        except (OSError, EOFError) as exc:
+            raise self._hub_error(round_, exc) from exc
+        if t != tag or rd != round_:
+            raise CommError(f"rank {self.rank}: protocol error: the hub sent {t!r} for round "
+                            f"{rd}, expected {tag!r} for round {round_}")
+        return payload
+
+    def _hub_error(self, round_: int, exc: BaseException) -> CommError:
+        return CommError(f"rank {self.rank}: lost the averaging hub (rank 0) in round {round_}, "
+                         f"epoch {self.comm.epoch}: {type(exc).__name__}: {exc}. Either rank 0 "
+                         f"died (the hub is a single point of failure) or it dropped this rank "
+                         f"after {self.timeout_s:g}s of silence")
+
+    # ------------------------------------------------------------------ operations
+    def reduce_sum(self, flat: Tensor, kind: str) -> tuple[Tensor, list[int]]:
+        """Sum the float32 vector ``flat`` over the live ranks; returns ``(sum, ranks that
+        contributed)`` on every live rank. Ranks found dead are dropped, not waited for."""
+        if flat.dtype != torch.float32 or flat.dim() != 1:
+            raise ValueError(f"reduce_sum: expected a 1-D float32 tensor, got {flat.dtype} "
+                             f"with shape {tuple(flat.shape)}")
+        if self.world_size == 1:
+            return flat, [0]
+        r, t0, c0 = self.comm._begin()
+        n = flat.numel()
+        if self.rank == 0:
+            got = self._collect(b"RSUM", r)
+            total = flat.detach().clone()
+            for msg in got.values():
+                if len(msg) != 4 * n:
+                    raise CommError(f"rank 0: reduce_sum payload of {len(msg)} bytes, expected "
+                                    f"{4 * n} (ranks disagree on the model size)")
+                total += torch.frombuffer(bytearray(msg), dtype=torch.float32)
+            ranks = sorted([0] + list(got))
+            mask = bytes(1 if j in ranks else 0 for j in range(self.world_size))
+            recv = sum(HEADER_BYTES + len(m) for m in got.values())
+            sent, msgs = self._send_spokes(b"RSUM", r, _tensor_bytes(total) + mask)
+            ranks = [j for j in ranks if j in self.alive]
+            self.comm._record("ft_reduce", kind, sent, recv, msgs, 2, t0, c0, r)
+            return total, ranks
+        sent = self._to_hub(b"RSUM", r, _tensor_bytes(flat.detach()))
+        reply = self._from_hub(b"RSUM", r)
+        total = torch.frombuffer(bytearray(reply[:4 * n]), dtype=torch.float32).clone()
+        ranks = [j for j, b in enumerate(reply[4 * n:]) if b]
+        self.comm._record("ft_reduce", kind, sent, HEADER_BYTES + len(reply), 1, 2, t0, c0, r)
+        return total, ranks
+
+    def gather_object(self, obj: Any, kind: str) -> Optional[dict[int, Any]]:
+        """Hub: ``{rank: obj}`` over the live ranks (itself included); spokes: ``None``."""
+        if self.world_size == 1:
+            return {0: obj}
+        r, t0, c0 = self.comm._begin()
+        if self.rank == 0:
+            got = self._collect(b"GOBJ", r)
+            recv = sum(HEADER_BYTES + len(m) for m in got.values())
+            self.comm._record("ft_gather", kind, 0, recv, 0, 1, t0, c0, r)
+            out = {0: obj}
+            out.update({j: pickle.loads(m) for j, m in got.items()})
+            return dict(sorted(out.items()))
+        sent = self._to_hub(b"GOBJ", r, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        self.comm._record("ft_gather", kind, sent, 0, 1, 1, t0, c0, r)
+        return None
+
+    def broadcast_object(self, obj: Any, kind: str) -> Any:
+        """Every live rank gets the hub's ``obj`` (spokes pass anything, e.g. ``None``)."""
+        if self.world_size == 1:
+            return obj
+        r, t0, c0 = self.comm._begin()
+        if self.rank == 0:
+            sent, msgs = self._send_spokes(b"BOBJ", r,
+                                           pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            self.comm._record("ft_broadcast", kind, sent, 0, msgs, 1, t0, c0, r)
+            return obj
+        payload = self._from_hub(b"BOBJ", r)
+        self.comm._record("ft_broadcast", kind, 0, HEADER_BYTES + len(payload), 0, 1, t0, c0, r)
+        return pickle.loads(payload)
+
+
+def _tensor_bytes(t: Tensor) -> bytes:
+    return t.contiguous().numpy().tobytes()
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("connection closed")
+        buf += chunk
+    return bytes(buf)

@@ -1,0 +1,454 @@
+"""``tma``: RandomTMA / SuperTMA / PSGD-PA -- independent trainers, periodic model averaging.
+
+Paper: "Simplifying Distributed Neural Network Training on Massive Graphs: Randomized
+Partitions Improve Model Aggregation" (2023, arXiv 2305.09887). Spec: methods.md section 3.
+
+What each rank does. It trains its *own* copy of the model, with its *own* Adam state, on the
+node-induced subgraph of the nodes it owns (``LocalPartition.induced()``: edges to other
+partitions are dropped, there is no halo), either full-graph (one step = one pass over the
+local training nodes) or on neighbour-sampled mini-batches drawn inside that subgraph
+(:class:`LocalSampler`). Trainers run asynchronously; at an *averaging point* every live
+trainer finishes its current step and the models are averaged; everyone continues from the
+average (optimizer states stay local).
+
+One trainer epoch = one averaging period: train until the period is over, then average.
+
+* ``period_s > 0``: time-based, as in the paper: each trainer trains for ``period_s`` seconds of
+  wall clock (counted from the moment it received the previous average, so the trainers stay
+  aligned) and at least one step;
+* otherwise step-based (reproducible): ``period_steps`` local steps per period.
+
+The variant is the partitioner (``--partition.method``), not code:
+
+==========  ============================================  =========================
+variant     partition                                      flags
+==========  ============================================  =========================
+RandomTMA   every node to a uniformly random trainer        ``random`` (the default)
+SuperTMA    METIS into K >> P clusters dealt randomly      ``supernode --partition.clusters K``
+PSGD-PA     METIS with K = P                                ``metis``
+==========  ============================================  =========================
+
+The ``variant`` option only checks that the partition book matches what you meant.
+
+What crosses the network (training): only the averaging, through the fault-tolerant star
+channel :class:`~quietgnn.comm.store.StarChannel` with rank 0 as the hub: each spoke uploads
+``[theta * w | loss * w | steps | w]`` (float32, ``|theta|`` = floating entries of the model's
+state dict; ``w`` = 1 if it trained this period, else 0) and downloads the sum plus one byte per
+rank, each with a 20-byte header: ``2 * 20 + 8 (|theta| + 3) + P`` bytes per spoke per average,
+``S - 1`` times that through the hub (S survivors). Nothing else crosses during training.
+
+Evaluation. Rank 0 is also the evaluation server: it holds the *whole* graph (read from the
+partition book on disk when the launcher made one, otherwise gathered from all ranks once at
+setup, counted as setup traffic ``eval_graph``) and evaluates the averaged model exactly on it
+after every average, then tells the survivors the accuracies (a few bytes, eval traffic).
+That is what keeps evaluation working after a trainer died: the dead rank's nodes are still on
+rank 0, no halo of a dead peer is needed.
+
+Failures. A rank other than 0 may die at any time (see the channel docstring for how it is
+detected: socket EOF at once, or ``fail_timeout_s`` of silence): the others average over the
+survivors and the run finishes normally (``tolerates_failures``); the summary's
+``strategy_report`` says who was lost, when, and how many ranks averaged at the end. Rank 0 is
+the server: its death ends the run (as the paper's server would). Checkpoints
+(``--runtime.checkpoint_every``) use gloo collectives and so only work while nobody has died.
+
+What is given up: the cross-partition edges (each trainer sees a subgraph; randomized
+partitions make that subgraph a representative sample, which is the paper's point), and the
+exactness of the gradient (the average of P locally trained models is not a full-graph
+step). With mini-batches, GCN normalisation inside a sampled block uses the local degree
+clamped to the fanout (the expected number of sampled neighbours).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..comm.store import StarChannel
+from ..nn import SparseAdj
+from ..partition.local import gather_rows
+from .base import EpochResult, Strategy, register
+
+__all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
+
+VARIANTS = {"random": "random", "randomtma": "random", "supernode": "supernode",
+            "supertma": "supernode", "psgd-pa": "metis", "psgd_pa": "metis", "metis": "metis"}
+
+
+@dataclass
+class TMAOptions:
+    """Options of ``tma`` (``--options.KEY VALUE``)."""
+
+    #: seconds of wall clock per averaging period (time-based, the paper's setting); 0: use
+    #: ``period_steps`` instead
+    period_s: float = 0.0
+    #: local steps per averaging period when ``period_s`` is 0 (reproducible)
+    period_steps: int = 10
+    #: 'minibatch' (neighbour-sampled, as in the paper) or 'full' (whole local subgraph per step)
+    mode: str = "minibatch"
+    #: neighbours sampled per layer, input layer first: a list or "10,25"; one value = all layers
+    fanouts: Union[str, list, int] = "10,25"
+    #: seed nodes per mini-batch
+    batch_size: int = 512
+    #: gradient-norm clipping (0 disables)
+    clip: float = 1.0
+    #: 'auto' or the variant you mean: 'random' (RandomTMA), 'supernode' (SuperTMA),
+    #: 'psgd-pa' (METIS, K = P); checked against the partition book when known
+    variant: str = "auto"
+    #: seconds the hub waits for a silent live trainer before dropping it (0: runtime.timeout_s)
+    fail_timeout_s: float = 0.0
+    #: where rank 0 gets the whole graph for evaluation: 'book' (partition book on disk),
+    #: 'gather' (from all ranks at setup, counted as setup traffic) or 'auto' (book if any)
+    eval_graph: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not float(self.period_s) >= 0:
+            raise ValueError(f"options.period_s = {self.period_s!r}; expected seconds >= 0 "
+                             f"(0 = step-based, see options.period_steps)")
+        if not isinstance(self.period_steps, int) or self.period_steps < 1:
+            raise ValueError(f"options.period_steps = {self.period_steps!r}; expected an int >= 1")
+        if self.mode not in ("full", "minibatch"):
+            raise ValueError(f"options.mode = {self.mode!r}; expected 'full' or 'minibatch'")
+        self.fanouts = _parse_fanouts(self.fanouts)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
+        if not float(self.clip) >= 0:
+            raise ValueError(f"options.clip = {self.clip!r}; expected >= 0 (0 disables)")
+        v = str(self.variant).lower()
+        if v != "auto" and v not in VARIANTS:
+            raise ValueError(f"options.variant = {self.variant!r}; expected 'auto', 'random', "
+                             f"'supernode' or 'psgd-pa'")
+        if not float(self.fail_timeout_s) >= 0:
+            raise ValueError(f"options.fail_timeout_s = {self.fail_timeout_s!r}; expected >= 0")
+        if self.eval_graph not in ("auto", "book", "gather"):
+            raise ValueError(f"options.eval_graph = {self.eval_graph!r}; expected 'auto', "
+                             f"'book' or 'gather'")
+
+
+def _parse_fanouts(v: Any) -> list[int]:
+    if isinstance(v, int):
+        v = [v]
+    elif isinstance(v, str):
+        v = [s for s in v.replace("[", "").replace("]", "").split(",") if s.strip()]
+    try:
+        out = [int(x) for x in v]
+    except (TypeError, ValueError):
+        out = []
+    if not out or any(f < 1 for f in out):
+        raise ValueError(f"options.fanouts = {v!r}; expected positive ints, e.g. '10,25'")
+    return out
+
+
+# ---------------------------------------------------------------------- sampling
+class LocalSampler:
+    """Uniform neighbour sampling on a CSR (the trainer's induced subgraph), vectorised.
+
+    Per layer, a node with at most ``fanout`` in-neighbours keeps all of them; a node with more
+    draws ``fanout`` of them uniformly with replacement and keeps the distinct ones. Blocks are
+    :class:`SparseAdj` with the destinations first, outermost (input) layer first, as
+    ``GNN.forward`` expects. Randomness comes from the sampler's own generator (checkpointed).
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, fanouts: list[int], seed: int) -> None:
+        self.indptr, self.indices = indptr, indices
+        self.deg = indptr[1:] - indptr[:-1]
+        self.fanouts = fanouts
+        self.gen = torch.Generator().manual_seed(seed)
+        self._g2b = torch.full((indptr.numel() - 1,), -1, dtype=torch.int64)
+
+    def batches(self, seeds: Tensor, batch_size: int) -> list[Tensor]:
+        perm = seeds[torch.randperm(seeds.numel(), generator=self.gen)]
+        return list(torch.split(perm, batch_size))
+
+    def sample(self, seeds: Tensor) -> tuple[Tensor, list[SparseAdj]]:
+        """Returns (input node ids ``[n_src_0]``, blocks per layer); the last block's
+        destinations are ``seeds`` in order."""
+        blocks = []
+        dst = seeds
+        for fanout in reversed(self.fanouts):
+            rows, cols = self._neighbours(dst, fanout)
+            # sources: destinations first, then new nodes (ascending)
+            g2b = self._g2b
+            g2b[dst] = torch.arange(dst.numel())
+            new = torch.unique(cols[g2b[cols] < 0])
+            src = torch.cat([dst, new])
+            g2b[new] = dst.numel() + torch.arange(new.numel())
+            local_cols = g2b[cols]
+            g2b[src] = -1
+            order = torch.argsort(rows * src.numel() + local_cols)
+            rows, local_cols = rows[order], local_cols[order]
+            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+            indptr[1:] = torch.bincount(rows, minlength=dst.numel()).cumsum(0)
+            d = self.deg[src].clamp(max=fanout)
+            blocks.append(SparseAdj(indptr, local_cols, src.numel(), d, d[: dst.numel()]))
+            dst = src
+        blocks.reverse()
+        return dst, blocks
+
+    def _neighbours(self, dst: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        """(block row, global source) pairs, distinct per row."""
+        deg = self.deg[dst]
+        small = deg <= fanout
+        rows_s = torch.nonzero(small).flatten()
+        ip, cols_s = gather_rows(self.indptr, self.indices, dst[rows_s])
+        rows_s = torch.repeat_interleave(rows_s, ip[1:] - ip[:-1])
+        big = torch.nonzero(~small).flatten()
+        if big.numel():
+            r = torch.rand(big.numel(), fanout, generator=self.gen)
+            off = (r * deg[big].unsqueeze(1)).long()
+            pos = self.indptr[dst[big]].unsqueeze(1) + off
+            cols_b = self.indices[pos].flatten()
+            rows_b = big.repeat_interleave(fanout)
+            n = self.deg.numel()
+            key = torch.unique(rows_b * n + cols_b)
+            rows_b, cols_b = key // n, key % n
+            return torch.cat([rows_s, rows_b]), torch.cat([cols_s, cols_b])
+        return rows_s, cols_s
+
+
+# ---------------------------------------------------------------------- whole graph on rank 0
+def _part_pieces(part: Any) -> dict[str, Tensor]:
+    """What rank 0 needs of one partition to rebuild the whole graph (global ids)."""
+    return {"owned": part.owned, "indptr": part.indptr,
+            "src": part.local_ids()[part.indices], "x": part.x, "y": part.y,
+            "train": part.train_mask, "val": part.val_mask, "test": part.test_mask}
+
+
+def assemble_graph(pieces: list[dict[str, Tensor]], num_nodes: int) -> dict[str, Any]:
+    """Whole-graph CSR (rows = destinations, global ids) and node data from every partition's
+    :func:`_part_pieces` (every node owned exactly once, rows list *all* in-neighbours)."""
+    owned = torch.cat([p["owned"] for p in pieces])
+    if owned.numel() != num_nodes or torch.unique(owned).numel() != num_nodes:
+        raise ValueError(f"the partitions own {owned.numel()} nodes ({torch.unique(owned).numel()}"
+                         f" distinct), the graph has {num_nodes}: cannot rebuild it for "
+                         f"evaluation")
+    dst = torch.cat([p["owned"].repeat_interleave(p["indptr"][1:] - p["indptr"][:-1])
+                     for p in pieces])
+    src = torch.cat([p["src"] for p in pieces])
+    order = torch.argsort(dst, stable=True)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
+    x0 = pieces[0]["x"]
+    x = x0.new_empty((num_nodes,) + tuple(x0.shape[1:]))
+    y = pieces[0]["y"].new_empty((num_nodes,) + tuple(pieces[0]["y"].shape[1:]))
+    masks = {k: torch.zeros(num_nodes, dtype=torch.bool) for k in ("train", "val", "test")}
+    for p in pieces:
+        x[p["owned"]] = p["x"]
+        y[p["owned"]] = p["y"]
+        for k in masks:
+            masks[k][p["owned"]] = p[k]
+    return {"indptr": indptr, "indices": src[order], "x": x, "y": y, **masks}
+
+
+# ---------------------------------------------------------------------- the strategy
+@register
+class TMA(Strategy):
+    name = "tma"
+    description = ("RandomTMA/SuperTMA/PSGD-PA: independent trainers on induced subgraphs, "
+                   "periodic model averaging, survives trainer failures")
+    Options = TMAOptions
+    default_partitioner = "random"
+    tolerates_failures = True
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        ctx, p, o = self.ctx, self.ctx.part, self.options
+        self._check_variant()
+        self.model = ctx.build_model()
+        self.opt = ctx.optimizer(self.model.parameters())
+        indptr, indices = p.induced()
+        deg = indptr[1:] - indptr[:-1]
+        self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
+        self.x, self.y = p.x, p.y
+        self.train_idx = torch.nonzero(p.train_mask).flatten()
+        fanouts = o.fanouts if len(o.fanouts) > 1 else o.fanouts * ctx.model_cfg.layers
+        if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
+            raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
+                             f"model has {ctx.model_cfg.layers} layers; give one per layer")
+        self.sampler = LocalSampler(indptr, indices, fanouts, seed=ctx.seed * 7919 + ctx.rank)
+        self._queue: list[Tensor] = []
+        self.avg_round = 0
+        self.history: list[dict[str, Any]] = []     # rank 0: survivors per average
+        timeout = o.fail_timeout_s or ctx.comm.timeout_s
+        self.chan = StarChannel.open(ctx.comm, timeout_s=timeout)
+        self.full: Optional[dict[str, Any]] = None
+        self._load_eval_graph()
+        self._t_period = time.monotonic()
+
+    def _check_variant(self) -> None:
+        v = str(self.options.variant).lower()
+        if v == "auto":
+            return
+        want = VARIANTS[v]
+        book = os.environ.get("QUIETGNN_BOOK")
+        if not book:
+            return
+        from ..partition import PartitionBook
+        got = PartitionBook.open(book).method
+        if got != want:
+            raise ValueError(f"options.variant = {self.options.variant!r} needs partition method "
+                             f"{want!r}, but the partition book was made with {got!r}; pass "
+                             f"--partition.method {want} (or options.variant auto)")
+
+    def _load_eval_graph(self) -> None:
+        ctx, p = self.ctx, self.ctx.part
+        how = self.options.eval_graph
+        book = os.environ.get("QUIETGNN_BOOK")
+        if how == "auto":
+            how = "book" if book else "gather"
+        if how == "book" and not book:
+            raise ValueError("options.eval_graph = 'book' but this run has no partition book "
+                             "(QUIETGNN_BOOK unset); use 'gather' or run through `quietgnn train`")
+        if how == "book":
+            if ctx.rank == 0:
+                from ..partition import PartitionBook
+                pb = PartitionBook.open(book)
+                pieces = [_part_pieces(p)] + [_part_pieces(pb.load_part(j))
+                                              for j in range(1, ctx.world_size)]
+                self.full = assemble_graph(pieces, p.num_nodes_global)
+        else:
+            got = self.chan.gather_object(_part_pieces(p), kind="eval_graph")
+            if ctx.rank == 0:
+                self.full = assemble_graph(list(got.values()), p.num_nodes_global)
+        if self.full is not None:
+            deg = self.full["indptr"][1:] - self.full["indptr"][:-1]
+            self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
+                                      p.num_nodes_global, deg, deg)
+
+    # ------------------------------------------------------------------ training
+    def _step(self) -> float:
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        if self.options.mode == "full":
+            logits = self.model(self.x, self.adj)
+            loss = F.cross_entropy(logits[self.train_idx], self.y[self.train_idx])
+        else:
+            if not self._queue:
+                self._queue = self.sampler.batches(self.train_idx, self.options.batch_size)
+            seeds = self._queue.pop(0)
+            nodes, blocks = self.sampler.sample(seeds)
+            logits = self.model(self.x[nodes], blocks)
+            loss = F.cross_entropy(logits, self.y[seeds])
+        loss.backward()
+        if self.options.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.clip)
+        self.opt.step()
+        return float(loss.detach())
+
+    def _period_over(self, steps: int) -> bool:
+        o = self.options
+        if o.period_s > 0:
+            return time.monotonic() - self._t_period >= o.period_s
+        return steps >= o.period_steps
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        steps, loss_sum = 0, 0.0
+        if self.train_idx.numel():
+            while True:
+                loss = self._step()
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"rank {self.ctx.rank}: non-finite local loss in "
+                                             f"epoch {epoch}; lower train.lr or options.clip")
+                steps += 1
+                loss_sum += loss
+                if self._period_over(steps):
+                    break
+        w = 1.0 if steps else 0.0
+        mean_loss = loss_sum / steps if steps else 0.0
+        flat = self._flat_state()
+        buf = torch.cat([flat * w, torch.tensor([mean_loss * w, float(steps), w])])
+        total, ranks = self.chan.reduce_sum(buf, kind="model_avg")
+        wsum = float(total[-1])
+        if wsum > 0:
+            self._load_flat(total[:-3] / wsum)
+        self.avg_round += 1
+        self._t_period = time.monotonic()
+        loss = float(total[-3]) / wsum if wsum > 0 else float("nan")
+        if self.ctx.rank == 0:
+            self.history.append({"round": self.avg_round, "epoch": epoch, "ranks": ranks})
+        return EpochResult(loss=loss if math.isfinite(loss) else 0.0, steps=steps,
+                           extra={"avg_round": self.avg_round, "survivors": len(ranks),
+                                  "averaged_ranks": ranks, "local_steps": steps,
+                                  "mean_steps": float(total[-2]) / max(1, len(ranks))})
+
+    def _float_state(self) -> list[Tensor]:
+        return [t for t in self.model.state_dict().values() if t.is_floating_point()]
+
+    def _flat_state(self) -> Tensor:
+        return torch.cat([t.detach().reshape(-1).float() for t in self._float_state()])
+
+    def _load_flat(self, flat: Tensor) -> None:
+        off = 0
+        with torch.no_grad():
+            for t in self._float_state():
+                k = t.numel()
+                t.copy_(flat[off:off + k].view_as(t))
+                off += k
+
+    def model_numel(self) -> int:
+        """Floats per model copy that cross the network in an average (``|theta|``)."""
+        return sum(t.numel() for t in self._float_state())
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        accs = None
+        if self.ctx.rank == 0:
+            f = self.full
+            self.model.eval()
+            try:
+                pred = self.model(f["x"], self.full_adj).argmax(-1)
+            finally:
+                self.model.train()
+            accs = {}
+            for split in ("train", "val", "test"):
+                m = f[split]
+                accs[split] = float((pred[m] == f["y"][m]).float().mean()) if m.any() \
+                    else float("nan")
+        return self.chan.broadcast_object(accs, kind="eval_metrics")
+
+    # ------------------------------------------------------------------ run summary
+    def gather_objects(self, obj: Any) -> Optional[list[Any]]:
+        got = self.chan.gather_object(obj, kind="summary")
+        return list(got.values()) if got is not None else []
+
+    def run_report(self) -> dict[str, Any]:
+        last = self.history[-1]["ranks"] if self.history else list(range(self.ctx.world_size))
+        return {"variant": self._variant_name(), "averages": self.avg_round,
+                "trainers": self.ctx.world_size, "survivors": len(last),
+                "averaged_ranks_last": last, "lost": list(self.chan.lost),
+                "model_floats": self.model_numel(),
+                "survivors_per_average": [len(h["ranks"]) for h in self.history]}
+
+    def _variant_name(self) -> str:
+        method = None
+        book = os.environ.get("QUIETGNN_BOOK")
+        if book:
+            from ..partition import PartitionBook
+            method = PartitionBook.open(book).method
+        return {"random": "RandomTMA", "supernode": "SuperTMA", "metis": "PSGD-PA"}.get(
+            method or "", str(self.options.variant))
+
+    def finished(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "avg_round": self.avg_round, "sampler_rng": self.sampler.gen.get_state(),
+                "queue": list(self._queue), "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.avg_round = int(state["avg_round"])
+        self.sampler.gen.set_state(state["sampler_rng"])
+        self._queue = list(state.get("queue", []))
+        self.history = list(state.get("history", []))

@@ -1,0 +1,198 @@
+"""``tma`` (RandomTMA / SuperTMA / PSGD-PA): traffic is model averaging only (analytic bytes),
+averaging is the exact mean over the trainers that trained, and the run survives the death of
+one of 4 trainers when started through the real launcher."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import small_graph
+from quietgnn.comm.store import HEADER_BYTES
+from quietgnn.nn import ModelConfig
+from quietgnn.partition import build_partitions, make_book, partition_nodes
+from quietgnn.runtime.launcher import launch, spawn_function
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.tma import TMA, LocalSampler, TMAOptions, assemble_graph
+
+EPOCHS = 3
+
+
+class _Spy(TMA):
+    """TMA that remembers the model each rank contributed to the last average."""
+
+    def _flat_state(self):
+        flat = super()._flat_state()
+        self.pre = flat.clone()
+        return flat
+
+
+def _run(comm, graph, parts, configs):
+    """Run each ``(options, rank without training nodes)`` config in turn on this rank."""
+    return [_run_one(comm, graph, parts, opts, no_train) for opts, no_train in configs]
+
+
+def _run_one(comm, graph, parts, opts, no_train_rank):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    if comm.rank == no_train_rank:
+        part.train_mask[:] = False   # this trainer has nothing to learn from: weight 0
+    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                        model_cfg=ModelConfig(arch="sage", hidden=16, layers=2, dropout=0.0),
+                        train_cfg=TrainConfig(epochs=EPOCHS, lr=0.01, seed=0))
+    s = _Spy(ctx, TMAOptions(**opts))
+    with comm.phase("setup"):
+        s.setup()
+    setup = comm.take_records()
+    out = {"train": [], "eval": [], "pre": [], "post": [], "steps": [], "accs": []}
+    for e in range(EPOCHS):
+        comm.epoch = e
+        with comm.phase("train"):
+            res = s.train_epoch(e)
+        out["train"].append([r.as_dict() for r in comm.take_records()])
+        out["pre"].append(s.pre)
+        out["post"].append(s._flat_state())
+        out["steps"].append(res.steps)
+        with comm.phase("eval"):
+            out["accs"].append(s.evaluate())
+        out["eval"].append([r.as_dict() for r in comm.take_records()])
+    s.chan.close()
+    out["setup"] = [r.as_dict() for r in setup]
+    out["numel"] = s.model_numel()
+    return out
+
+
+P = 4
+CONFIGS = [({"mode": "full", "period_steps": 2}, -1),
+           ({"mode": "minibatch", "period_steps": 2, "fanouts": "4,4", "batch_size": 16}, -1),
+           ({"mode": "full", "period_steps": 3}, 2)]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph(n=160, avg_deg=6, features=8, classes=3, seed=1)
+
+
+@pytest.fixture(scope="module")
+def runs(graph):
+    """All multi-process runs of this module in one spawn (process start-up dominates)."""
+    parts = partition_nodes(graph, "random", P, seed=0)
+    res = spawn_function(_run, P, args=(graph, parts, CONFIGS))
+    return [[res[r][c] for r in range(P)] for c in range(len(CONFIGS))]
+
+
+@pytest.mark.parametrize("config", [0, 1], ids=["full", "minibatch"])
+def test_training_traffic_is_model_averaging_only(runs, config):
+    res = runs[config]
+    M = res[0]["numel"]
+    up = HEADER_BYTES + 4 * (M + 3)          # [theta*w | loss*w | steps | w] + header
+    down = up + P                            # the sum + one "contributed" byte per rank
+    for rank, r in enumerate(res):
+        for e in range(EPOCHS):
+            recs = r["train"][e]
+            assert {x["kind"] for x in recs} == {"model_avg"}, recs
+            assert len(recs) == 1 and recs[0]["phase"] == "train"
+            sent, recv = recs[0]["bytes_sent"], recs[0]["bytes_recv"]
+            if rank == 0:
+                assert (sent, recv) == ((P - 1) * down, (P - 1) * up)
+            else:
+                assert (sent, recv) == (up, down)
+            assert {x["kind"] for x in r["eval"][e]} == {"eval_metrics"}
+            assert r["steps"][e] == 2
+        # evaluation graph gathered to rank 0 once, at setup
+        assert "eval_graph" in {x["kind"] for x in r["setup"]}
+    # every rank reports rank 0's accuracies of the averaged model
+    assert res[1]["accs"] == res[0]["accs"]
+    assert all(0.0 <= a <= 1.0 for a in res[0]["accs"][-1].values())
+
+
+def test_average_is_the_mean_of_the_trained_models(runs):
+    res = runs[2]
+    for e in range(EPOCHS):
+        post = [r["post"][e] for r in res]
+        for p in post[1:]:
+            assert torch.equal(p, post[0])                 # everyone continues from one model
+        pre = torch.stack([r["pre"][e] for r in res])
+        trained = [0, 1, 3]                                # rank 2 has no training nodes
+        assert not torch.allclose(pre[0], pre[1])          # trainers really diverged
+        assert torch.allclose(post[0], pre[trained].mean(0), atol=1e-6)
+        assert not torch.allclose(post[0], pre.mean(0), atol=1e-6)
+    assert res[2]["steps"] == [0] * EPOCHS
+
+
+def test_assemble_graph_rebuilds_the_whole_graph(graph):
+    from quietgnn.strategies.tma import _part_pieces
+    parts = partition_nodes(graph, "random", 3, seed=0)
+    full = assemble_graph([_part_pieces(p) for p in build_partitions(graph, parts)],
+                          graph.num_nodes)
+    assert torch.equal(full["indptr"], graph.indptr)
+    for v in range(graph.num_nodes):
+        a, b = int(graph.indptr[v]), int(graph.indptr[v + 1])
+        assert sorted(full["indices"][a:b].tolist()) == sorted(graph.indices[a:b].tolist())
+    assert torch.equal(full["x"], graph.x) and torch.equal(full["y"], graph.y)
+    assert torch.equal(full["test"], graph.test_mask)
+
+
+def test_sampler_blocks_are_consistent(graph):
+    indptr, indices = graph.indptr, graph.indices
+    s = LocalSampler(indptr, indices, [3, 5], seed=0)
+    seeds = torch.tensor([0, 5, 9, 17])
+    nodes, blocks = s.sample(seeds)
+    assert len(blocks) == 2
+    assert torch.equal(nodes[: blocks[0].n_dst], nodes[: blocks[0].n_dst])
+    assert blocks[1].n_dst == 4 and blocks[0].n_dst == blocks[1].n_src
+    assert blocks[0].n_src == nodes.numel() and torch.equal(nodes[:4], seeds)
+    # every sampled edge exists in the graph and rows respect the fanout
+    for blk, fan, dst in ((blocks[1], 5, nodes[: blocks[1].n_dst]),):
+        assert int(blk.row_count.max()) <= fan
+        for i in range(blk.n_dst):
+            v = int(dst[i])
+            nb = set(indices[indptr[v]:indptr[v + 1]].tolist())
+            got = nodes[blk.indices[blk.indptr[i]:blk.indptr[i + 1]]].tolist()
+            assert set(got) <= nb and len(set(got)) == len(got)
+            assert len(got) == min(len(nb), fan) or len(nb) > fan
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="mode"):
+        TMAOptions(mode="async")
+    with pytest.raises(ValueError, match="fanouts"):
+        TMAOptions(fanouts="10,x")
+    with pytest.raises(ValueError, match="variant"):
+        TMAOptions(variant="fastest")
+    assert TMAOptions(fanouts="[10, 25]").fanouts == [10, 25]
+
+
+def test_run_survives_losing_one_of_four_trainers(tmp_path):
+    """Rank 2 exits at its first operation of epoch 3 (before averaging): the launcher keeps
+    the others, they average over 3 from then on, the run ends normally with an accuracy."""
+    from quietgnn.config import load_config
+    g = small_graph(n=200, avg_deg=6, features=8, classes=3, seed=2)
+    g.x.add_(2 * torch.nn.functional.one_hot(g.y, 8).float())   # clearly learnable from features
+    book = tmp_path / "book"
+    make_book(book, g, "random", 4, seed=0)
+    epochs = 7
+    cfg = load_config(None, {
+        "strategy": "tma", "partition": {"parts": 4, "book": str(book)},
+        "model": {"arch": "sage", "hidden": 16, "layers": 2},
+        "train": {"epochs": epochs, "lr": 0.01},
+        "runtime": {"progress": False, "timeout_s": 60},
+        "options": {"mode": "full", "period_steps": 4, "variant": "random"}})
+    summary = launch(cfg, tmp_path / "run", book,
+                     env_extra={"QUIETGNN_FAULT": "rank=2,epoch=3,action=exit"})
+    assert summary is not None
+    rep = summary["strategy_report"]
+    assert rep["variant"] == "RandomTMA"
+    assert rep["trainers"] == 4 and rep["survivors"] == 3
+    assert rep["averaged_ranks_last"] == [0, 1, 3]
+    assert [x["rank"] for x in rep["lost"]] == [2] and rep["lost"][0]["epoch"] == 3
+    assert rep["survivors_per_average"] == [4, 4, 4] + [3] * (epochs - 3)
+    assert summary["epochs"] == epochs and math.isfinite(summary["test_acc"])
+    assert summary["test_acc"] > 0.7                       # 3 classes: chance is ~0.33
+    # rank 2's metrics stop before epoch 3; the others have every epoch
+    lines = (tmp_path / "run" / "metrics" / "rank-1.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in lines if json.loads(x)["epoch"] >= 0]
+    assert [r["extra"]["survivors"] for r in recs] == rep["survivors_per_average"]
+    assert all(set(r["bytes_by_kind"]) == {"train/model_avg", "eval/eval_metrics"} for r in recs)
