@@ -51,7 +51,7 @@ def _fanouts(value: Any) -> list[int]:
     if isinstance(value, int):
         return [value]
     if isinstance(value, str):
-        value = [v for v in value.replace("-", ",").replace(" ", ",").split(",") if v]
+        value = [v for v in value.replace(" ", ",").split(",") if v]
     try:
         return [int(v) for v in value]
     except (TypeError, ValueError):

@@ -1,0 +1,106 @@
+"""`minibatch` strategy: with full fanouts and one minibatch per epoch it *is* full-batch
+training (same parameters as `centralized` after Adam steps, any P, both topologies); equal
+step counts with unbalanced seeds; traffic kinds; option errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn.comm import Communicator
+from quietgnn.nn import ModelConfig
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.launcher import spawn_function
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.halo import Halo
+from quietgnn.strategies.minibatch import MiniBatch
+
+from helpers import small_graph
+
+
+def _ctx(comm, part, arch, layers=2, dropout=0.0):
+    return WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                         model_cfg=ModelConfig(arch=arch, hidden=8, layers=layers,
+                                               dropout=dropout),
+                         train_cfg=TrainConfig(seed=7, lr=0.01))
+
+
+def _train(comm, graph, parts, arch, opts, epochs=2):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = MiniBatch(_ctx(comm, part, arch), MiniBatch.Options(**opts)) if opts is not None else \
+        Halo(_ctx(comm, part, arch))
+    s.setup()
+    comm.take_records()
+    out = []
+    for e in range(epochs):
+        comm.epoch = e
+        r = s.train_epoch(e)
+        out.append((r.loss, r.steps))
+    kinds = sorted({r.kind for r in comm.take_records()})
+    return {"losses": out, "params": {n: p.detach().clone() for n, p in
+                                      s.model.named_parameters()}, "kinds": kinds}
+
+
+FULL = {"fanouts": "-1,-1", "batch_size": 100_000, "bulk": 1}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph(n=160, seed=3)
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn"])
+def test_full_fanout_single_batch_equals_centralized_p1(graph, arch):
+    parts = np.zeros(graph.num_nodes, dtype=np.int64)
+    ref = _train(Communicator(0, 1), graph, parts, arch, None)
+    got = _train(Communicator(0, 1), graph, parts, arch, FULL)
+    for (a, _), (b, steps) in zip(ref["losses"], got["losses"]):
+        assert steps == 1 and b == pytest.approx(a, rel=1e-5)
+    for name, p in ref["params"].items():
+        assert torch.allclose(got["params"][name], p, atol=1e-5), name
+
+
+def _many(comm, graph, parts):
+    return {"halo": _train(comm, graph, parts, "sage", None),
+            "replicated": _train(comm, graph, parts, "sage", FULL),
+            "15d": _train(comm, graph, parts, "sage", dict(FULL, topology="1.5d",
+                                                           replication=2)),
+            "small": _train(comm, graph, parts, "sage", {"fanouts": "3,2", "batch_size": 7,
+                                                         "bulk": 3}, epochs=1)}
+
+
+def test_full_fanout_single_batch_equals_centralized_p2(graph):
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    ref = _train(Communicator(0, 1), graph, np.zeros(graph.num_nodes, dtype=np.int64), "sage",
+                 None)
+    res = spawn_function(_many, 2, args=(graph, parts))
+    for r in res:
+        for mode in ("replicated", "15d"):
+            for name, p in ref["params"].items():
+                assert torch.allclose(r[mode]["params"][name], p, atol=1e-5), (mode, name)
+            assert [s for _, s in r[mode]["losses"]] == [1, 1]
+    assert "feature_fetch" in res[0]["replicated"]["kinds"]
+    assert "sample_rows" not in res[0]["replicated"]["kinds"]        # replicated: no sampling
+    assert {"sample_rows", "sample_allreduce"} <= set(res[0]["15d"]["kinds"])
+    # small batches: every rank takes the same number of steps and sees the same global loss
+    small = [r["small"]["losses"][0] for r in res]
+    n_train = int(graph.train_mask.sum())
+    own = [int(graph.train_mask[torch.as_tensor(parts) == i].sum()) for i in range(2)]
+    assert small[0][1] == small[1][1] == -(-max(own) // 7) and small[0][1] >= n_train // 14
+    assert small[0][0] == pytest.approx(small[1][0], rel=1e-6)
+
+
+def test_option_errors():
+    with pytest.raises(ValueError, match="sampler"):
+        MiniBatch.Options(sampler="fastgcn")
+    with pytest.raises(ValueError, match="uniform 'sage'"):
+        MiniBatch.Options(sampler="ladies", topology="1.5d", replication=2)
+    with pytest.raises(ValueError, match="fanouts"):
+        MiniBatch.Options(fanouts="15,x")
+    g = small_graph(n=40, seed=0)
+    part = build_partitions(g, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    s = MiniBatch(_ctx(Communicator(0, 1), part, "sage", layers=3),
+                  MiniBatch.Options(fanouts="10,5"))
+    with pytest.raises(ValueError, match="one fanout per layer"):
+        s.setup()
