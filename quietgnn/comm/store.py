@@ -297,7 +297,8 @@ class StarChannel:
         if self.rank == 0:
             got = self._collect(b"RSUM", r)
             total = flat.detach().clone()
-            for msg in got.values():
+            for j in sorted(got):          # fixed order: the sum is reproducible
+                msg = got[j]
                 if len(msg) != 4 * n:
                     raise CommError(f"rank 0: reduce_sum payload of {len(msg)} bytes, expected "
                                     f"{4 * n} (ranks disagree on the model size)")
