@@ -139,8 +139,23 @@ class Communicator:
         """Join the process group (``env://``: MASTER_ADDR/MASTER_PORT as set by our launcher
         or by torchrun). World size 1 needs no process group."""
         if world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
-                                    world_size=world_size, timeout=timedelta(seconds=timeout_s))
+            timeout = timedelta(seconds=timeout_s)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+            if attempt is not None and init_method == "env://":
+                # torchrun keeps one store (same port) across restarts: the keys the previous
+                # attempt left behind (e.g. a dead rank's gloo address) could be read before
+                # they are overwritten, failing the restart with "connection refused". A key
+                # space per attempt avoids that.
+                agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                     world_size, is_master=not agent and rank == 0,
+                                     timeout=timeout, multi_tenant=not agent)
+                store = dist.PrefixStore(f"quietgnn/attempt-{attempt}", base)
+                dist.init_process_group(backend=backend, store=store, rank=rank,
+                                        world_size=world_size, timeout=timeout)
+            else:
+                dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
+                                        world_size=world_size, timeout=timeout)
         return cls(rank, world_size, timeout_s=timeout_s, device=device)
 
     def close(self) -> None:
