@@ -1,0 +1,357 @@
+"""``adaqp``: halo training with quantized messages, adaptive bit-widths and overlap.
+
+Wan, Zhao, Wu, "Adaptive Message Quantization and Parallelization for Distributed Full-graph
+GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three changes:
+
+1. **Quantized messages.** Every halo row -- features, embeddings (forward) and embedding
+   gradients (backward) -- travels as stochastically rounded 2/4/8-bit integers with a bf16
+   min/scale per row (:mod:`quietgnn.comm.codecs`; unbiased). Parameter gradients are still
+   all-reduced in fp32 and evaluation exchanges fp32 rows (so accuracy is measured exactly).
+2. **Adaptive widths** (``bits="adaptive"``). Every ``assign_cycle`` epochs (8 bits before the
+   first) each receiver scores its incoming messages: ``sigma = beta^2 * mean over the cycle of
+   (D/6)(M - m)^2``, ``beta`` the total aggregation weight of the row at the receiver (forward;
+   backward gradients are added with weight 1 at the owner, so ``beta = 1``), sorts them, and
+   cuts groups of ``group_size``. Group sums are all-reduced, rank 0 picks a width per group
+   trading variance against the round time of a per-channel linear time model
+   (:mod:`quietgnn.comm.bitassign`: MILP on small instances, a Pareto sweep at scale) and
+   broadcasts them; receivers expand groups to rows and tell each sender the width of every
+   row it sends (one byte per row and exchange). All of this is ``adaqp_assign`` traffic in
+   the ``train`` phase. The time model comes from a start-up profile (``adaqp_profile``, phase
+   ``setup``): a few payload sizes over every channel, fitted as ``t = alpha MB + gamma``; or
+   from a network tier (``time_model="lan"``).
+3. **Overlap** (``overlap=True``). Owned nodes are ordered central | marginal; the central rows
+   (no remote in-neighbour) are aggregated while the quantized messages fly, the marginal rows
+   after they land; the same in backward (:mod:`._adaqp_exchange`). ``EpochResult.extra``
+   reports the time the exchanges were in flight (``exch_span_s``) and the part of it this
+   rank sat waiting (``exch_wait_s``).
+
+Traffic per epoch: the halo rows at ``ceil(b D / 8) + 4`` bytes instead of ``4 D``
+(``adaqp_fwd``/``adaqp_bwd``), the fp32 gradient all-reduce, and once per cycle the assignment
+(group sums, widths, one byte per halo row per exchange). With ``bits=32`` the strategy is
+``halo`` exactly (same rows, same sums; tested). What is given up: exactness (the messages are
+noisy, unbiased), and some CPU time to quantize.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..comm.bitassign import AssignProblem, solve
+from ..nn import SparseAdj
+from ..partition.local import gather_rows
+from ._adaqp_exchange import QuantizedHalo
+from .base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
+
+__all__ = ["AdaQP", "AdaQPOptions"]
+
+_CODE = {2: 0, 4: 1, 8: 2}
+_WIDTH = torch.tensor([2, 4, 8], dtype=torch.int64)
+
+
+@dataclass
+class AdaQPOptions:
+    """``bits``: ``adaptive`` or a fixed width 2/4/8 (32 = quantization off = ``halo``);
+    ``overlap``: central rows computed while messages fly; ``assign_cycle``: epochs between
+    bit assignments; ``group_size``: messages per width decision; ``lam``: weight of variance
+    against time; ``solver``: ``auto`` (MILP up to 64 groups per exchange), ``milp``, ``fast``;
+    ``time_model``: ``profile`` (measured at start-up) or a network tier name (``lan``, ...)."""
+
+    bits: Union[str, int] = "adaptive"
+    overlap: bool = True
+    assign_cycle: int = 20
+    group_size: int = 100
+    lam: float = 0.5
+    solver: str = "auto"
+    time_model: str = "profile"
+    profile_reps: int = 2
+
+    def __post_init__(self) -> None:
+        if str(self.bits).lower() == "adaptive":
+            self.bits = "adaptive"
+        else:
+            try:
+                self.bits = int(self.bits)
+            except (TypeError, ValueError):
+                self.bits = -1
+            if self.bits not in (2, 4, 8, 32):
+                raise ValueError(f"options.bits = {self.bits!r}; expected 'adaptive', 2, 4, 8 or "
+                                 f"32 (32 = no quantization)")
+        if isinstance(self.overlap, str):
+            self.overlap = self.overlap.lower() in ("1", "true", "yes", "on")
+        for name in ("assign_cycle", "group_size", "profile_reps"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"options.{name} = {getattr(self, name)!r}; expected an int >= 1")
+            setattr(self, name, int(getattr(self, name)))
+        self.lam = float(self.lam)
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"options.lam = {self.lam!r}; expected a weight in [0, 1]")
+        if self.solver not in ("auto", "milp", "fast"):
+            raise ValueError(f"options.solver = {self.solver!r}; expected auto, milp or fast")
+        if self.time_model != "profile":
+            from ..comm.network import TIERS
+            if self.time_model not in TIERS:
+                raise ValueError(f"options.time_model = {self.time_model!r}; expected 'profile' "
+                                 f"or one of {sorted(TIERS)}")
+
+
+@register
+class AdaQP(Strategy):
+    name = "adaqp"
+    description = "halo exchange with stochastic 2/4/8-bit messages, adaptive widths, overlap"
+    Options = AdaQPOptions
+    default_partitioner = "metis"
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        ctx, p, o = self.ctx, self.ctx.part, self.options
+        comm = ctx.comm
+        self.model = ctx.build_model()
+        self.params = list(self.model.parameters())
+        self.opt = ctx.optimizer(self.params)
+        self.L = self.model.num_layers
+        central = p.central_mask()
+        self.perm = torch.cat([torch.nonzero(central).flatten(), torch.nonzero(~central).flatten()])
+        self.inv = torch.empty_like(self.perm)
+        self.inv[self.perm] = torch.arange(p.n_own)
+        self.n_c = int(central.sum())
+        self.x, self.y = p.x[self.perm], p.y[self.perm]
+        self.train_mask = p.train_mask[self.perm]
+        self._build_blocks()
+        self.gen = torch.Generator().manual_seed(1_000_003 * ctx.seed + 7919 * ctx.rank + 1)
+        self.ex = QuantizedHalo(comm, [self.inv[t] for t in p.send_idx],
+                                [int(c) for c in p.recv_counts], p.n_own, self.n_c,
+                                self.model.dims, self.gen)
+        start = 8 if o.bits == "adaptive" else int(o.bits)
+        self.ex.set_uniform(start if start != 32 else 8, self.L)
+        self.ex.reset_trace(self.L)
+        self.assignments = 0
+        self.assign_log: list[dict[str, Any]] = []
+        if o.bits == "adaptive" and comm.world_size > 1:
+            self._beta_fwd = self._forward_beta()
+            self._channel_model()
+
+    def _build_blocks(self) -> None:
+        """Central block over ``[central | marginal]`` and marginal block over
+        ``[marginal | central | halo]`` (module docstring of ``_adaqp_exchange``)."""
+        p, n_own, nc = self.ctx.part, self.ctx.part.n_own, self.n_c
+        nm = n_own - nc
+        indptr, cols = gather_rows(p.indptr, p.indices, self.perm)
+        own = cols < n_own
+        cols = torch.where(own, self.inv[cols.clamp(max=n_own - 1)], cols)
+        deg = torch.cat([p.in_degree[:n_own][self.perm], p.in_degree[n_own:]])
+        cut = int(indptr[nc])
+        self.adj_c = SparseAdj(indptr[:nc + 1].clone(), cols[:cut], n_own, deg[:n_own], deg[:nc])
+        mcols = cols[cut:]
+        mcols = torch.where(mcols >= n_own, mcols,
+                            torch.where(mcols >= nc, mcols - nc, mcols + nm))
+        self.adj_m = SparseAdj(indptr[nc:] - cut, mcols, p.n_local,
+                               torch.cat([deg[nc:n_own], deg[:nc], deg[n_own:]]), deg[nc:n_own])
+
+    def _forward_beta(self) -> list[torch.Tensor]:
+        """Per peer ``j``: total aggregation weight of each halo row from ``j`` here."""
+        a, arch = self.adj_m, self.model.arch
+        if arch == "gcn":
+            w = a.gcn_norm()[0]
+        elif arch == "sage":
+            w = a.mean_norm()
+        elif arch == "gat":   # attention is data dependent: use the uniform share
+            w = 1.0 / (a.row_count.float() + 1)[a.row()]
+        else:
+            w = a.ones()
+        p = self.ctx.part
+        halo = a.indices >= p.n_own
+        beta = torch.zeros(p.n_halo, dtype=torch.float64)
+        beta.index_add_(0, a.indices[halo] - p.n_own, w[halo].double())
+        return list(torch.split(beta, [int(c) for c in p.recv_counts]))
+
+    def _channel_model(self) -> None:
+        """Fit ``t = alpha MB + gamma`` per outgoing channel (or take a tier), share with all."""
+        comm, o, P, r = self.ctx.comm, self.options, self.ctx.comm.world_size, self.ctx.rank
+        alpha, gamma = [0.0] * P, [0.0] * P
+        if o.time_model == "profile":
+            sizes = [4 << 10, 64 << 10, 512 << 10]
+            for k in range(1, P):
+                dst, src = (r + k) % P, (r - k) % P
+                xs, ts = [], []
+                for size in sizes:
+                    for _ in range(o.profile_reps):
+                        send = [torch.zeros(size if j == dst else 0, dtype=torch.uint8)
+                                for j in range(P)]
+                        rc = [size if j == src else 0 for j in range(P)]
+                        t0 = time.perf_counter()
+                        comm.all_to_all(send, "adaqp_profile", rc)
+                        xs.append(size / 1e6)
+                        ts.append(time.perf_counter() - t0)
+                a_fit, g_fit = np.polyfit(np.array(xs), np.array(ts), 1)
+                alpha[dst], gamma[dst] = max(float(a_fit), 1e-6), max(float(g_fit), 0.0)
+        else:
+            from ..comm.network import TIERS
+            t = TIERS[o.time_model]
+            alpha = [8e6 / t.bandwidth] * P
+            gamma = [t.latency] * P
+        meta = comm.all_gather_object({"recv": self.ex.recv_counts, "alpha": alpha,
+                                       "gamma": gamma}, kind="adaqp_setup")
+        self.alpha = np.array([m["alpha"] for m in meta])   # [src, dst]
+        self.gamma = np.array([m["gamma"] for m in meta])
+        self.recv_all = np.array([m["recv"] for m in meta])  # [i, j]: rows i gets from j (fwd)
+        # global group layout: for each key, channels (src -> dst) in (dst, src) order
+        gs = self.options.group_size
+        self.layout: list[tuple[Any, int, int, int, int]] = []   # key, src, dst, offset, groups
+        off = 0
+        for key in self.ex.keys(self.L):
+            for dst in range(P):
+                for src in range(P):
+                    n = int(self.recv_all[dst, src] if key[0] == "f" else self.recv_all[src, dst])
+                    if src != dst and n:
+                        g = math.ceil(n / gs)
+                        self.layout.append((key, src, dst, off, g))
+                        off += g
+        self.total_groups = off
+
+    # ------------------------------------------------------------------ bit assignment
+    def _assign(self) -> None:
+        """Score incoming messages, solve on rank 0, share the widths (see module docstring)."""
+        comm, ex, o, P, r = self.ctx.comm, self.ex, self.options, self.ctx.world_size, self.ctx.rank
+        gs = o.group_size
+        sums = torch.zeros(self.total_groups, dtype=torch.float32)
+        orders: dict[Any, list] = {}
+        for key, src, dst, off, g in self.layout:
+            if dst != r:
+                continue
+            n_tr = max(ex.traced_n[key], 1)
+            sig = ex.traced[key][src] / n_tr
+            if key[0] == "f":
+                sig = sig * self._beta_fwd[src] ** 2
+            order = torch.argsort(-sig, stable=True)
+            orders[(key, src)] = order
+            grp = torch.arange(order.numel()) // gs
+            sums[off:off + g] = torch.zeros(g, dtype=torch.float64).index_add_(
+                0, grp, sig[order]).float()
+        comm.all_reduce(sums, "adaqp_assign")
+        codes = torch.zeros(self.total_groups, dtype=torch.uint8)
+        if r == 0:
+            codes = self._solve(sums.double().numpy())
+        comm.broadcast(codes, 0, "adaqp_assign")
+        widths = _WIDTH[codes.long()]
+        # receivers: expand groups to rows, then tell every sender the widths of its rows
+        for key, src, dst, off, g in self.layout:
+            if dst != r:
+                continue
+            order = orders[(key, src)]
+            w = torch.empty(order.numel(), dtype=torch.int64)
+            w[order] = widths[off:off + g].repeat_interleave(gs)[:order.numel()]
+            ex.widths[key]["recv"][src] = w
+        keys = ex.keys(self.L)
+        send = [torch.cat([ex.widths[k]["recv"][j] for k in keys]).to(torch.uint8) if j != r
+                else torch.zeros(0, dtype=torch.uint8) for j in range(P)]
+        rc = [0 if j == r else sum(ex.rows(k, "send")[j] for k in keys) for j in range(P)]
+        got = comm.all_to_all(send, "adaqp_assign", rc)
+        for j in range(P):
+            if j == r:
+                continue
+            parts = torch.split(got[j].long(), [ex.rows(k, "send")[j] for k in keys])
+            for k, w in zip(keys, parts):
+                ex.widths[k]["send"][j] = w
+        ex.reset_trace(self.L)
+        self.assignments += 1
+
+    def _solve(self, sums: np.ndarray) -> torch.Tensor:
+        o, gs = self.options, self.options.group_size
+        codes = torch.zeros(self.total_groups, dtype=torch.uint8)
+        t0 = time.perf_counter()
+        for key in self.ex.keys(self.L):
+            ents = [e for e in self.layout if e[0] == key]
+            if not ents:
+                continue
+            sig, size, chan, al, ga = [], [], [], [], []
+            for c, (_, src, dst, off, g) in enumerate(ents):
+                n = int(self.recv_all[dst, src] if key[0] == "f" else self.recv_all[src, dst])
+                sig.append(sums[off:off + g])
+                size.append(np.minimum(gs, n - gs * np.arange(g)))
+                chan.append(np.full(g, c))
+                al.append(self.alpha[src, dst])
+                ga.append(self.gamma[src, dst])
+            prob = AssignProblem(np.concatenate(sig), np.concatenate(size), np.concatenate(chan),
+                                 np.array(al), np.array(ga), self.model.dims[key[1]], o.lam)
+            bits = solve(prob, o.solver)
+            flat = torch.tensor([_CODE[int(b)] for b in bits], dtype=torch.uint8)
+            pos = 0
+            for _, _, _, off, g in ents:
+                codes[off:off + g] = flat[pos:pos + g]
+                pos += g
+        self.assign_log.append({"solve_s": time.perf_counter() - t0})
+        return codes
+
+    # ------------------------------------------------------------------ model
+    def _forward(self, train: bool) -> torch.Tensor:
+        """Logits in central | marginal order."""
+        ex, m = self.ex, self.model
+        ex.quantize = train and self.options.bits != 32
+        ex.trace = train
+        h = self.x
+        for i in range(self.L):
+            h = F.dropout(h, m.dropout, m.training)
+            if self.options.overlap:
+                out_c, src = ex(h, i, lambda hh, i=i: m.block(i, hh, self.adj_c))
+            else:
+                _, src = ex(h, i, None)
+                out_c = m.block(i, h, self.adj_c)
+            h = torch.cat([out_c, m.block(i, src, self.adj_m)])
+        return h
+
+    def forward(self, train: bool = False) -> torch.Tensor:
+        """Logits of every owned node in the partition's own order."""
+        return self._forward(train)[self.inv]
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        o, ex = self.options, self.ex
+        if (o.bits == "adaptive" and self.ctx.world_size > 1 and epoch > 0
+                and epoch % o.assign_cycle == 0 and ex.traced_n.get(("f", 0), 0) > 0):
+            self._assign()
+        ex.reset_stats()
+        t0 = time.perf_counter()
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        loss = masked_loss(self._forward(True), self.y, self.train_mask,
+                           self.ctx.part.num_train_global)
+        loss.backward()
+        for key in ex.traced_n:
+            ex.traced_n[key] += 1
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
+        self.opt.step()
+        st = ex.stats
+        extra = {"bits_hist": {str(b): n for b, n in sorted(st["rows"].items())},
+                 "halo_bytes": st["bytes"], "exch_span_s": st["span_s"],
+                 "exch_wait_s": st["wait_s"], "codec_s": st["codec_s"],
+                 "step_s": time.perf_counter() - t0, "assignments": self.assignments}
+        return EpochResult(loss=global_loss, extra=extra)
+
+    def evaluate(self) -> dict[str, float]:
+        return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
+                               lambda: self.forward(False))
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        ex = self.ex
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "widths": {k: {s: [t.clone() for t in v] for s, v in d.items()}
+                           for k, d in ex.widths.items()},
+                "traced": {k: [t.clone() for t in v] for k, v in ex.traced.items()},
+                "traced_n": dict(ex.traced_n), "rng": self.gen.get_state(),
+                "assignments": self.assignments}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.ex.widths = state["widths"]
+        self.ex.traced = state["traced"]
+        self.ex.traced_n = dict(state["traced_n"])
+        self.gen.set_state(state["rng"])
+        self.assignments = int(state["assignments"])

@@ -1,0 +1,196 @@
+"""`adaqp`: equals `halo` with quantization off, wire bytes follow the codec formula, the
+adaptive assignment is consistent on both ends of every channel, the fast solver matches the
+MILP, and a checkpoint resumes the quantizer exactly. Real gloo processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn.comm import Communicator
+from quietgnn.comm.bitassign import AssignProblem, evaluate, solve_fast, solve_milp
+from quietgnn.comm.codecs import row_bytes
+from quietgnn.nn import ModelConfig
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.launcher import spawn_function
+from quietgnn.strategies.adaqp import AdaQP, AdaQPOptions
+from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
+from quietgnn.strategies.halo import Halo
+
+from helpers import small_graph
+
+ARCHS = ("gcn", "sage", "gat")
+
+
+def _ctx(comm, part, arch, layers=2, hidden=8):
+    return WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                         model_cfg=ModelConfig(arch=arch, hidden=hidden, layers=layers,
+                                               dropout=0.0, heads=2, norm="layer"),
+                         train_cfg=TrainConfig(seed=7))
+
+
+def _grads(strategy, forward, part, comm):
+    strategy.model.train()
+    logits = forward()
+    loss = masked_loss(logits, part.y, part.train_mask, part.num_train_global)
+    loss.backward()
+    sync_gradients(comm, strategy.params, loss)
+    return logits.detach(), {n: p.grad.clone() for n, p in strategy.model.named_parameters()}
+
+
+def _vs_halo(comm, graph, parts):
+    """bits=32 adaqp (overlap on and off) against halo, per architecture."""
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {}
+    for a in ARCHS:
+        h = Halo(_ctx(comm, part, a))
+        h.setup()
+        ref = _grads(h, h.forward, part, comm)
+        for overlap in (True, False):
+            s = AdaQP(_ctx(comm, part, a), AdaQPOptions(bits=32, overlap=overlap))
+            s.setup()
+            got = _grads(s, lambda: s.forward(train=True), part, comm)
+            out[(a, overlap)] = (ref, got)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph(n=150, seed=1)
+
+
+def _bytes_run(comm, graph, parts):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {"send": [int(t.numel()) for t in part.send_idx], "halo": part.n_halo}
+    for bits in (2, 4, 8):
+        s = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=20), AdaQPOptions(bits=bits))
+        s.setup()
+        comm.take_records()
+        res = s.train_epoch(0)
+        recs = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+        out[bits] = {"recs": recs, "extra": res.extra}
+    return out
+
+
+def _p4(comm, graph, parts_metis, parts_random):
+    """Everything that needs 4 ranks, in one spawn (process start-up dominates the test)."""
+    return {"halo": _vs_halo(comm, graph, parts_metis),
+            "bytes": _bytes_run(comm, graph, parts_random),
+            "adaptive": _adaptive_run(comm, graph, parts_metis, 5)}
+
+
+@pytest.fixture(scope="module")
+def p4(graph):
+    return spawn_function(_p4, 4, args=(graph, partition_nodes(graph, "metis", 4, seed=0),
+                                        partition_nodes(graph, "random", 4, seed=3)))
+
+
+def _check_vs_halo(results):
+    for res in results:
+        for (a, overlap), ((l0, g0), (l1, g1)) in res.items():
+            assert torch.allclose(l0, l1, atol=1e-5), (a, overlap)
+            for name in g0:
+                assert torch.allclose(g0[name], g1[name], atol=1e-5), (a, overlap, name)
+
+
+def test_adaqp_without_quantization_equals_halo_p2(graph):
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    _check_vs_halo(spawn_function(_vs_halo, 2, args=(graph, parts)))
+
+
+def test_adaqp_without_quantization_equals_halo_p4(p4):
+    _check_vs_halo([r["halo"] for r in p4])
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_wire_bytes_match_formula(graph, p4, bits):
+    results = [r["bytes"] for r in p4]
+    F = graph.num_features
+    for res in results:
+        rows, recs = sum(res["send"]), res[bits]["recs"]
+        fwd = [r for r in recs if r[0] == "adaqp_fwd"]
+        bwd = [r for r in recs if r[0] == "adaqp_bwd"]
+        # forward: layer inputs of width F, 20, 20; backward: layers 1 and 2 (width 20)
+        assert [r[1] for r in fwd] == [rows * ((bits * d + 7) // 8 + 4) for d in (F, 20, 20)]
+        assert [r[2] for r in bwd] == [rows * row_bytes(bits, 20)] * 2
+        assert [r[1] for r in bwd] == [res["halo"] * row_bytes(bits, 20)] * 2
+        assert res[bits]["extra"]["bits_hist"] == {str(bits): 3 * rows + 2 * res["halo"]}
+        assert res[bits]["extra"]["halo_bytes"] == sum(r[1] for r in fwd + bwd)
+        assert {r[0] for r in recs} == {"adaqp_fwd", "adaqp_bwd", "grad_allreduce"}
+    assert sum(r[1] for res in results for r in res[bits]["recs"] if r[0] == "adaqp_bwd") == \
+        sum(r[2] for res in results for r in res[bits]["recs"] if r[0] == "adaqp_bwd") > 0
+
+
+def _adaptive_run(comm, graph, parts, epochs):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = AdaQP(_ctx(comm, part, "sage", layers=3, hidden=16),
+              AdaQPOptions(bits="adaptive", assign_cycle=2, group_size=5, solver="fast",
+                           time_model="lan"))
+    s.setup()
+    comm.take_records()
+    hist, losses = [], []
+    with comm.phase("train"):
+        for e in range(epochs):
+            res = s.train_epoch(e)
+            hist.append(res.extra["bits_hist"])
+            losses.append(res.loss)
+        state = copy.deepcopy(s.state_dict())   # what a checkpoint file holds
+        after = s.train_epoch(epochs)
+    kinds = sorted({(r.kind, r.phase) for r in comm.take_records()})
+    s2 = AdaQP(_ctx(comm, part, "sage", layers=3, hidden=16),
+               AdaQPOptions(bits="adaptive", assign_cycle=2, group_size=5, solver="fast",
+                            time_model="lan"))
+    s2.setup()
+    s2.load_state_dict(state)
+    comm.take_records()
+    with comm.phase("train"):
+        again = s2.train_epoch(epochs)
+    widths = {k: {side: [t.tolist() for t in v] for side, v in d.items()}
+              for k, d in s.ex.widths.items()}
+    return {"hist": hist, "widths": widths, "kinds": kinds, "losses": losses,
+            "resume": (after.loss, again.loss)}
+
+
+def test_adaptive_assignment_is_consistent_and_resumable(p4):
+    res = [r["adaptive"] for r in p4]
+    for i, r in enumerate(res):
+        assert r["hist"][0].keys() == {"8"}              # 8 bits until the first assignment
+        assert len(r["hist"][-1]) > 1                    # the solver mixed widths
+        # what rank i sends to j is what j expects from i, for every exchange
+        for key, d in r["widths"].items():
+            for j, other in enumerate(res):
+                if j != i:
+                    assert d["send"][j] == other["widths"][key]["recv"][i], (key, i, j)
+        # the assignment is training traffic; nothing else is sent
+        assert r["kinds"] == [("adaqp_assign", "train"), ("adaqp_bwd", "train"),
+                              ("adaqp_fwd", "train"), ("grad_allreduce", "train")]
+        # resuming from the state dict repeats the next epoch exactly (weights, widths, RNG)
+        assert r["resume"][0] == pytest.approx(r["resume"][1], rel=1e-6)
+        assert r["losses"][-1] < r["losses"][0]
+
+
+def test_fast_solver_reaches_milp_objective():
+    worst = 0.0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        C, G = int(rng.integers(2, 5)), int(rng.integers(4, 14))
+        p = AssignProblem(sigma=rng.lognormal(0, 2, G), size=rng.integers(5, 50, G),
+                          channel=rng.integers(0, C, G), alpha=rng.uniform(0.5, 5, C),
+                          gamma=rng.uniform(0, 0.01, C), width=int(rng.choice([16, 64, 256])),
+                          lam=float(rng.uniform(0.2, 0.8)))
+        exact = evaluate(p, solve_milp(p))[0]
+        fast = evaluate(p, solve_fast(p))[0]
+        assert fast >= exact - 1e-6               # the MILP really is optimal
+        worst = max(worst, (fast - exact) / max(exact, 1e-9))
+    assert worst <= 0.01
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="options.bits"):
+        AdaQPOptions(bits=3)
+    with pytest.raises(ValueError, match="time_model"):
+        AdaQPOptions(time_model="moon")
+    assert AdaQPOptions(bits="4").bits == 4
