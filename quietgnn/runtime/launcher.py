@@ -6,7 +6,10 @@ train`` run the same worker code: the launcher only sets the variables torchrun 
 
 Failure policy: when a worker exits non-zero, the others get ``grace`` seconds to fail on
 their own (they see the broken connection), then are terminated; the launcher raises
-:class:`LaunchError` with the failing rank's traceback. Ctrl-C and SIGTERM stop every worker.
+:class:`LaunchError` with the failing rank's traceback. Strategies with
+``tolerates_failures`` (``tma``) are the exception: when a rank other than 0 dies the others
+go on, and the launcher returns rank 0's summary (which reports the loss) with a note on
+stderr. Ctrl-C and SIGTERM stop every worker.
 Workers die with the launcher even if it is killed outright (PR_SET_PDEATHSIG), so nothing is
 orphaned.
 """

@@ -60,11 +60,10 @@ clamped to the fanout (the expected number of sampled neighbours).
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
