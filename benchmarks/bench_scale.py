@@ -14,8 +14,8 @@ thread per worker, few epochs (the per-epoch cost is what is measured). Per size
   (the launcher loads and partitions the full graph);
 * the log-log slope of each against the number of edges (1.0 = linear).
 
-Memory guard: before each size the peak memory is extrapolated from the previous sizes
-(linear in edges) and the size is skipped, not attempted, if that exceeds ``--mem-frac`` of
+Memory guard: before each size the run's memory (every rank's peak + the largest process)
+is extrapolated linearly from the two previous sizes and the size is skipped, not attempted, if that exceeds ``--mem-frac`` of
 the memory available now (the machine is shared). The largest size that trained is reported.
 
 Writes ``benchmarks/results/scale.json`` and ``benchmarks/results/scale.md``.
@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FLOOR_MB = 300.0   # resident memory of a worker with torch imported, before any graph
 
 
 def mem_available_mb() -> float:
@@ -59,6 +60,25 @@ def graph_edges(log_path: Path) -> int | None:
         if m:
             return int(m.group(2))
     return None
+
+
+def _extrapolate(done: list[dict], key: str, edges: float) -> float:
+    """Linear in edges through the two largest sizes (with one size: through the fixed
+    floor of an interpreter with torch loaded)."""
+    pts = sorted(done, key=lambda r: r["edges"])[-2:]
+    if len(pts) == 1 or pts[1]["edges"] == pts[0]["edges"]:
+        m, e = pts[-1][key], pts[-1]["edges"]
+        return FLOOR_MB + max(0.0, m - FLOOR_MB) * edges / e
+    (e0, m0), (e1, m1) = [(r["edges"], r[key]) for r in pts]
+    return m1 + max(0.0, (m1 - m0) / (e1 - e0)) * (edges - e1)
+
+
+def estimate_mb(done: list[dict], edges: float, parts: int) -> float:
+    """Memory the whole run needs at ``edges``: every rank at its peak plus the largest
+    process again (the launcher, which builds and partitions the whole graph) - pessimistic
+    on purpose, the machine is shared."""
+    return parts * _extrapolate(done, "peak_rss_rank_mb", edges) + \
+        _extrapolate(done, "peak_run_mb", edges)
 
 
 def epochs_for(edges: float) -> int:
@@ -91,9 +111,8 @@ def main(argv=None) -> int:
         nodes = int(target / args.degree)
         label = f"syn{target:.0e}".replace("+", "")
         done = [r for r in rows if r["status"] == "ok"]
-        if len(done) >= 1:
-            per_edge = max(r["peak_run_mb"] / r["edges"] for r in done[-2:])
-            need = per_edge * target * (1 if len(done) > 1 else 1.5)
+        if done:
+            need = estimate_mb(done, target, args.parts)
             avail = mem_available_mb()
             if need > args.mem_frac * avail:
                 log(f"{label}: skipped, needs ~{need:.0f} MiB, {avail:.0f} MiB available")
@@ -124,6 +143,7 @@ def main(argv=None) -> int:
                 "compute_s": sum(e["compute_s"] for e in steady) / len(steady),
                 "bytes_per_epoch": sum(e["train_bytes"] for e in eps) / len(eps),
                 "peak_rss_rank_mb": max(e["peak_rss_mb"] for e in eps),
+                # RUSAGE_CHILDREN: the largest process of any run so far (grows with size)
                 "peak_run_mb": max(peak_run, max(e["peak_rss_mb"] for e in eps)),
                 "wall_total_s": s["wall_seconds"]})
         else:
