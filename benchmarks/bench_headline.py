@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,12 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--matrix", default=str(ROOT / "benchmarks" / "headline.yaml"))
+    ap.add_argument("--matrix", default="benchmarks/headline.yaml")
     ap.add_argument("--strategies", help="comma-separated (default: every registered strategy)")
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--datasets")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "headline"))
+    ap.add_argument("--out", default="benchmarks/results/headline")
     args = ap.parse_args(argv)
+    # paths (and the dataset roots in the YAML) are relative to the repository root, so the
+    # commands recorded in the report are the ones a user types there
+    os.chdir(ROOT)
     from quietgnn import bench, report
     from quietgnn.strategies import available_strategies
     strategies = args.strategies or ",".join(available_strategies())
