@@ -67,7 +67,8 @@ def _run_one(comm, graph, parts, opts, no_train_rank):
 P = 4
 CONFIGS = [({"mode": "full", "period_steps": 2}, -1),
            ({"mode": "minibatch", "period_steps": 2, "fanouts": "4,4", "batch_size": 16}, -1),
-           ({"mode": "full", "period_steps": 3}, 2)]
+           ({"mode": "full", "period_steps": 3}, 2),
+           ({"mode": "minibatch", "period_s": 0.2, "fanouts": 3, "batch_size": 8}, -1)]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,16 @@ def test_average_is_the_mean_of_the_trained_models(runs):
         assert torch.allclose(post[0], pre[trained].mean(0), atol=1e-6)
         assert not torch.allclose(post[0], pre.mean(0), atol=1e-6)
     assert res[2]["steps"] == [0] * EPOCHS
+
+
+def test_time_based_period(runs):
+    """period_s: every trainer takes at least one step per period (as many as fit), and the
+    period still ends in exactly one average."""
+    for r in runs[3]:
+        assert all(st >= 1 for st in r["steps"])
+        assert all([x["kind"] for x in recs] == ["model_avg"] for recs in r["train"])
+    post = [r["post"][-1] for r in runs[3]]
+    assert all(torch.equal(p, post[0]) for p in post)
 
 
 def test_assemble_graph_rebuilds_the_whole_graph(graph):
