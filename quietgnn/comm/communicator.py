@@ -106,7 +106,8 @@ class PendingExchange:
     def wait(self) -> list[Tensor]:
         if self._result is None:
             if self._work is not None:
-                self._comm._guard(lambda: self._work.wait(), "all_to_all.wait")
+                self._comm._guard(lambda: self._work.wait(), "all_to_all.wait",
+                                  getattr(self, "kind", ""))
             self._finish()
             self._result = _split_rows(self._flat, self._counts, self._row_shape)
         return self._result
@@ -321,7 +322,9 @@ class Communicator:
         def finish() -> None:
             self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0, c0, r)
 
-        return PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
+        pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
+        pending.kind = kind   # named in the error if the wait fails
+        return pending
 
     def all_gather_object(self, obj: Any, kind: str = "control") -> list[Any]:
         """Gather a small picklable object from every rank (metadata, summaries)."""

@@ -212,7 +212,8 @@ def _describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
             continue
         err = run_dir / "logs" / f"rank-{r}.error"
         text = err.read_text() if err.is_file() else ""
-        first_tb = first_tb or text
+        if not _is_consequence(text):   # a CommError is the symptom; show the cause's trace
+            first_tb = first_tb or text
         how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
             f"exited with code {rc}"
         ep = _last_epoch(run_dir, r)
@@ -230,6 +231,13 @@ def _describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
     if first_tb and not _is_input_error(first_tb):
         lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
     return "\n".join(lines)
+
+
+def _is_consequence(traceback_text: str) -> bool:
+    """A rank that failed because a peer died or hung (or that stopped with every rank on a
+    NaN): its one line says it all."""
+    last = _last_line(traceback_text)
+    return any(k in last.split(":")[0] for k in ("CommError", "NonFiniteError"))
 
 
 def _is_input_error(traceback_text: str) -> bool:

@@ -91,13 +91,23 @@ def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
     return summary
 
 
+#: exceptions whose message says everything (a peer's failure seen from here, NaN, bad input):
+#: stderr gets one line, the traceback goes to the .error file only
+_EXPLAINED = ("CommError", "NonFiniteError", "ValueError", "CheckpointError")
+
+
 def _report_failure(run_dir: Path, rank: int) -> None:
     tb = traceback.format_exc()
+    err = run_dir / "logs" / f"rank-{rank}.error"
+    exc = sys.exc_info()[1]
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "logs" / f"rank-{rank}.error").write_text(tb)
+        err.write_text(tb)
     finally:
-        sys.stderr.write(f"[rank {rank}] {tb}")
+        if exc is not None and type(exc).__name__ in _EXPLAINED:
+            sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc} (traceback: {err})\n")
+        else:
+            sys.stderr.write(f"[rank {rank}] {tb}")
         sys.stderr.flush()
 
 

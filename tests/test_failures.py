@@ -1,0 +1,166 @@
+"""Failures without torchrun: a killed, crashed or stuck rank, Ctrl-C, and a NaN on one rank
+end the run on every rank in bounded time with a message naming the rank, the epoch and the
+operation, and leave no process behind (real `quietgnn train` subprocesses, tiny graph)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from quietgnn.runtime.launcher import spawn_function
+
+TINY = ["--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
+        "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "16"]
+
+
+def _cli(args, tmp, fault=None, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("QUIETGNN_FAULT", None)
+    if fault:
+        env["QUIETGNN_FAULT"] = fault
+    cmd = [sys.executable, "-m", "quietgnn", "train", *TINY, "--out", str(tmp), "--run-name",
+           "r", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _survivors(run_dir: Path) -> list[int]:
+    """PIDs of processes still running for this run (workers carry --run-dir in argv)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if str(run_dir) in " ".join(p.info["cmdline"] or []):
+                out.append(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _assert_no_orphans(run_dir: Path) -> None:
+    deadline = time.monotonic() + 10      # exiting processes may take a moment to vanish
+    while _survivors(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _survivors(run_dir) == [], "worker processes survived the run"
+
+
+def test_killed_rank_ends_every_rank(tmp_path):
+    r = _cli(["--epochs", "200", "--runtime.timeout_s", "20"], tmp_path,
+             fault="rank=1,epoch=2,action=kill")
+    err = r.stderr
+    assert r.returncode == 1, err
+    assert "rank 1 was killed by signal SIGKILL (last finished epoch 1)" in err
+    # the survivor names the operation and the epoch it was in when its peer vanished
+    assert "rank 0: all_to_all" in err and "epoch 2) failed" in err
+    _assert_no_orphans(tmp_path / "r")
+
+
+def test_crashing_rank_shows_its_traceback(tmp_path):
+    r = _cli(["--epochs", "200", "--runtime.timeout_s", "20"], tmp_path,
+             fault="rank=0,epoch=1,action=raise")
+    assert r.returncode == 1, r.stderr
+    assert "rank 0 exited with code 1 (last finished epoch 0): RuntimeError: injected fault " \
+           "on rank 0" in r.stderr
+    assert "Traceback" in r.stderr            # a crash (not bad input): the evidence is shown
+    _assert_no_orphans(tmp_path / "r")
+
+
+def test_stuck_rank_times_out_and_is_named(tmp_path):
+    r = _cli(["--epochs", "200", "--runtime.timeout_s", "8"], tmp_path,
+             fault="rank=1,epoch=2,action=hang")
+    err = r.stderr
+    assert r.returncode == 1, err
+    assert "rank(s) [1] stopped responding" in err
+    assert "rank 1 was stuck after epoch 1" in err
+    assert "rank 0 exited with code 1" in err and "epoch 2) failed" in err and "timeout 8s" in err
+    _assert_no_orphans(tmp_path / "r")
+
+
+def test_nan_on_one_rank_stops_all_before_the_step(tmp_path):
+    r = _cli(["--epochs", "200", "--runtime.timeout_s", "20"], tmp_path,
+             fault="rank=1,epoch=2,action=nan")
+    err = r.stderr
+    assert r.returncode == 1, err
+    msg = "non-finite loss or gradient on rank(s) [1] in epoch 2; all ranks stopped before " \
+          "the optimizer step"
+    assert msg in err
+    # every rank raised it itself (they stopped together, not because a peer vanished)
+    for k in (0, 1):
+        assert msg in (tmp_path / "r" / "logs" / f"rank-{k}.error").read_text()
+    _assert_no_orphans(tmp_path / "r")
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("QUIETGNN_FAULT", None)
+    run_dir = tmp_path / "r"
+    p = subprocess.Popen([sys.executable, "-m", "quietgnn", "train", *TINY, "--epochs", "100000",
+                          "--out", str(tmp_path), "--run-name", "r"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)    # its own process group, like a terminal's
+    try:
+        metrics = run_dir / "metrics" / "rank-1.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and p.poll() is None:
+            if metrics.is_file() and '"epoch":0' in metrics.read_text():
+                break
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()[1]
+        workers = _survivors(run_dir)
+        assert len(workers) == 2, workers
+        os.killpg(p.pid, signal.SIGINT)             # what Ctrl-C in a terminal does
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert "interrupted; all workers stopped" in err
+    _assert_no_orphans(run_dir)
+    assert not any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE
+                   for w in workers)
+
+
+# ---------------------------------------------------------------------- API level
+def _poisoned_feature(comm):
+    """Rank 1 gets a NaN input feature: every rank raises before the optimizer step and no
+    parameter changes anywhere."""
+    from helpers import small_graph
+    from quietgnn.nn import ModelConfig
+    from quietgnn.partition import build_partitions, partition_nodes
+    from quietgnn.strategies.base import NonFiniteError, TrainConfig, WorkerContext
+    from quietgnn.strategies.halo import Halo
+    g = small_graph(n=120, seed=2)
+    part = build_partitions(g, partition_nodes(g, "metis", 2, seed=0), ranks=[comm.rank])[0]
+    if comm.rank == 1:
+        part.x[0, 0] = float("nan")
+    ctx = WorkerContext(rank=comm.rank, world_size=2, comm=comm, part=part,
+                        model_cfg=ModelConfig(hidden=8, dropout=0.0), train_cfg=TrainConfig())
+    s = Halo(ctx)
+    s.setup()
+    before = [p.detach().clone() for p in s.params]
+    comm.epoch = 0
+    try:
+        s.train_epoch(0)
+        msg = "no error"
+    except NonFiniteError as exc:
+        msg = str(exc)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, s.params))
+    return {"msg": msg, "unchanged": unchanged}
+
+
+def test_poisoned_feature_stops_all_ranks_together():
+    res = spawn_function(_poisoned_feature, 2, comm_timeout_s=30)
+    for out in res:
+        assert "non-finite loss or gradient on rank(s)" in out["msg"]
+        assert "1]" in out["msg"] and "in epoch 0" in out["msg"]
+        assert out["unchanged"], "an optimizer step ran despite the NaN"
+    assert res[0]["msg"] == res[1]["msg"]
