@@ -317,3 +317,15 @@ def test_ladies_columns_follow_successive_sampling():
         key = tuple(sorted(set(sub) | {0}))
         law[key] = law.get(key, 0.0) + q
     assert _chi2(picks, law, N_DRAWS) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["uniform", "ladies"])
+def test_dense_and_sorted_renumbering_agree(graph, kind):
+    from quietgnn.sampling.renumber import Renumberer
+    dense, sort = _samplers(graph)[kind], _samplers(graph)[kind]
+    sort.renumber = Renumberer(cap=0)               # force the sort-unique fallback
+    targets, off, ids = _bulk_request(graph, k=6, seed=7)
+    a, b = dense.sample(targets, off, ids), sort.sample(targets, off, ids)
+    assert all(torch.equal(x, y) for x, y in zip(a.nodes, b.nodes))
+    assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
+    assert dense.renumber._mark is not None and bool((dense.renumber._mark == -1).all())

@@ -39,8 +39,7 @@ from torch import Tensor
 
 from ..nn import SparseAdj
 
-__all__ = ["SampledBlock", "Bulk", "MiniBatch", "WeightedAdj", "extend_frontier",
-           "expand_rows"]
+__all__ = ["SampledBlock", "Bulk", "MiniBatch", "WeightedAdj", "expand_rows"]
 
 
 @dataclass
@@ -177,40 +176,3 @@ def expand_rows(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
     pos = torch.arange(total, dtype=torch.int64) + torch.repeat_interleave(
         starts - new_indptr[:-1], counts, output_size=total)
     return new_indptr, pos
-
-
-def extend_frontier(nodes: Tensor, offsets: Tensor, depth: Tensor, new_mb: Tensor,
-                    new_src: Tensor, num_nodes: int, hop: int
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Next frontier level: per minibatch, the current level (same order) then the new nodes.
-
-    ``new_mb``/``new_src`` [E]: minibatch and global id of every sampled entry. Renumbering
-    keys are ``mb * n + v`` (sort-unique; one sort of ``R + E`` keys per hop).
-    Returns ``(nodes', offsets', depth', cols [E], key_pos)``: ``cols`` are the entries'
-    positions in ``nodes'``; ``key_pos`` is the position map of the unique keys (internal).
-    """
-    k = offsets.numel() - 1
-    R = nodes.numel()
-    old_count = offsets[1:] - offsets[:-1]
-    mb_row = torch.repeat_interleave(torch.arange(k), old_count, output_size=R)
-    keys = torch.cat([mb_row * num_nodes + nodes, new_mb * num_nodes + new_src])
-    uniq, inv = torch.unique(keys, sorted=True, return_inverse=True)
-    is_new = torch.ones(uniq.numel(), dtype=torch.bool)
-    is_new[inv[:R]] = False
-    uniq_mb = uniq // num_nodes
-    new_count = torch.bincount(uniq_mb[is_new], minlength=k)
-    new_offsets = torch.zeros(k + 1, dtype=torch.int64)
-    torch.cumsum(old_count + new_count, 0, out=new_offsets[1:])
-    new_before = new_offsets[:-1] - offsets[:-1]     # new nodes of minibatches < i
-    pos = torch.empty(uniq.numel(), dtype=torch.int64)
-    pos[inv[:R]] = torch.arange(R) + new_before[mb_row]
-    # new keys are sorted by (mb, v): rank among new keys minus those of earlier minibatches
-    rank = torch.cumsum(is_new, 0)[is_new] - 1
-    mb_new = uniq_mb[is_new]
-    pos[is_new] = new_offsets[:-1][mb_new] + old_count[mb_new] + rank - new_before[mb_new]
-    total = int(new_offsets[-1])
-    out_nodes = torch.empty(total, dtype=torch.int64)
-    out_nodes[pos] = uniq % num_nodes
-    out_depth = torch.full((total,), hop + 1, dtype=torch.int64)
-    out_depth[pos[inv[:R]]] = depth
-    return out_nodes, new_offsets, out_depth, pos[inv[R:]], pos

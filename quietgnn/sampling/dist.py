@@ -43,7 +43,8 @@ from torch import Tensor
 
 from ..comm import Communicator
 from ..partition import LocalPartition
-from .bulk import Bulk, SampledBlock, expand_rows, extend_frontier
+from .bulk import Bulk, SampledBlock, expand_rows
+from .renumber import Renumberer
 from .rng import row_keys
 from .sage import check_targets, sample_rows
 
@@ -140,6 +141,7 @@ class Sampler15D:
         self.owner, self.indptr, self.indices = fetch_topology(comm, part, members)
         self.block = self.owner // c           # row group (block-row) of every node
         self.num_nodes = part.num_nodes_global
+        self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
 
     def __repr__(self) -> str:
         return (f"Sampler15D(grid={self.P // self.c}x{self.c}, group={self.g}, replica={self.j}, "
@@ -197,7 +199,7 @@ class Sampler15D:
             cnt, src = sample_rows(starts[where], deg[where], s, keys, cols)
             counts, src_all = self._allreduce(R, mine, cnt, src)
             new_mb = torch.repeat_interleave(mb_row, counts, output_size=src_all.numel())
-            nodes, offs, depth, col, _ = extend_frontier(nodes, offs, depth, new_mb, src_all,
+            nodes, offs, depth, col = self.renumber.extend(nodes, offs, depth, new_mb, src_all,
                                                          self.num_nodes, h)
             indptr = torch.zeros(R + 1, dtype=torch.int64)
             torch.cumsum(counts, 0, out=indptr[1:])

@@ -27,7 +27,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .bulk import Bulk, SampledBlock, expand_rows, extend_frontier
+from .bulk import Bulk, SampledBlock, expand_rows
+from .renumber import Renumberer
 from .rng import hash_keys, uniform
 from .sage import check_targets
 
@@ -64,6 +65,7 @@ class LadiesSampler:
         self.fanouts = [int(f) for f in fanouts]
         self.seed = int(seed)
         self.num_nodes = int(indptr.numel() - 1)
+        self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
 
     def __repr__(self) -> str:
         return f"LadiesSampler(fanouts={self.fanouts}, seed={self.seed})"
@@ -104,7 +106,7 @@ class LadiesSampler:
             torch.cumsum(torch.bincount(mb_u, minlength=k), 0, out=first[1:])
             rank = torch.arange(order.numel()) - first[:-1][mb_u[order]]
             chosen = order[rank < s]
-            new_nodes, new_offs, new_depth, _, _ = extend_frontier(
+            new_nodes, new_offs, new_depth, _ = self.renumber.extend(
                 nodes, offs, depth, mb_u[chosen], v_u[chosen], n, h)
             # step 3: keep entries whose column is in S_i u F_i, debias, row-normalise
             mb_row = torch.repeat_interleave(torch.arange(k), new_offs[1:] - new_offs[:-1],

@@ -32,7 +32,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .bulk import Bulk, SampledBlock, extend_frontier
+from .bulk import Bulk, SampledBlock
+from .renumber import Renumberer
 from .rng import row_keys, uniform
 
 __all__ = ["NeighborSampler", "sample_rows", "check_targets"]
@@ -138,6 +139,7 @@ class NeighborSampler:
         self.fanouts = [int(f) for f in fanouts]
         self.seed, self.edge_weight = int(seed), edge_weight
         self.num_nodes = int(indptr.numel() - 1)
+        self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
 
     def __repr__(self) -> str:
         kind = "uniform" if self.edge_weight is None else "weighted"
@@ -158,7 +160,7 @@ class NeighborSampler:
             keys = row_keys(self.seed, batch_ids[mb_row], h, nodes)
             counts, src = sample_rows(starts, deg, s, keys, self.indices, self.edge_weight)
             new_mb = torch.repeat_interleave(mb_row, counts, output_size=src.numel())
-            nodes, offs, depth, cols, _ = extend_frontier(nodes, offs, depth, new_mb, src,
+            nodes, offs, depth, cols = self.renumber.extend(nodes, offs, depth, new_mb, src,
                                                           self.num_nodes, h)
             indptr = torch.zeros(counts.numel() + 1, dtype=torch.int64)
             torch.cumsum(counts, 0, out=indptr[1:])
