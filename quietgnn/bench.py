@@ -339,14 +339,38 @@ def _kv(items: Sequence[str], what: str) -> dict[str, Any]:
     return out
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _select(entries: Any, names: str, what: str) -> list[Any]:
+    """``--datasets cora,cs`` on top of a YAML list: keep the YAML entries of those names
+    (with their roots, labels, options) and add plain entries for names it lacks."""
+    known = [_entry(e, what) for e in _as_list(entries, what)]
+    out: list[Any] = []
+    for name in _as_list(names, what):
+        hit = [e for e in known if e["name"] == name or e.get("label") == name]
+        out += hit or [name]
+    return out
+
+
 def cli_main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    # a terminated bench must take its running run (its own process group) down with it
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _main(args)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         m = load_matrix(args.matrix)
         for key in ("datasets", "strategies", "parts", "models", "seeds", "root", "epochs"):
             v = getattr(args, key)
             if v is not None:
-                m[key] = v
+                m[key] = _select(m.get(key), v, key) if key in ("datasets", "strategies") else v
         if args.set:
             m["set"] = {**(m.get("set") or {}), **_kv(args.set, "--set")}
         if args.options:
