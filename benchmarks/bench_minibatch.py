@@ -1,7 +1,6 @@
 """`minibatch` vs `centralized` accuracy and bytes per epoch vs `halo` (issue 8).
 
-For Amazon Computers and Coauthor CS (random 60/20/20 split, seed 0; loaded through PyG from a
-copy of the shared folder because ``quietgnn.datasets.load_dataset`` had not landed):
+For Amazon Computers and Coauthor CS (``load_dataset``: random 60/20/20 split, seed 0):
 
 * ``centralized``: full-batch GraphSAGE (2 layers, hidden 64, dropout 0.5, Adam lr 0.01,
   wd 5e-4), best-validation test accuracy;

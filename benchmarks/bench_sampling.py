@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,12 +32,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.graph import Graph, csr_from_edges, random_split  # noqa: E402
+from quietgnn.graph import Graph, csr_from_edges  # noqa: E402
 from quietgnn.sampling import NeighborSampler  # noqa: E402
 from quietgnn.sampling.ladies import LadiesSampler  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("QUIETGNN_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
 def power_law_csr(n: int, avg_degree: float, gamma: float = 2.5, seed: int = 0):
@@ -55,22 +55,12 @@ def power_law_csr(n: int, avg_degree: float, gamma: float = 2.5, seed: int = 0):
 
 
 def load_real(name: str) -> Graph | None:
-    """Computers / CS through PyG on a copy of the shared folder (read-only data)."""
-    from torch_geometric.datasets import Amazon, Coauthor
-    sub, cls, pyg_name = {"computers": ("amazon", Amazon, "Computers"),
-                          "cs": ("coauthor", Coauthor, "CS")}[name]
-    src = SHARED / sub
-    if not src.exists():
+    """Computers / CS (random 60/20/20 split, seed 0) through ``load_dataset`` (which copies
+    the read-only shared folder to its cache)."""
+    from quietgnn.datasets import load_dataset
+    if not SHARED.exists():
         return None
-    dst = Path("/tmp/quietgnn_bench_data") / sub
-    if not dst.exists():
-        shutil.copytree(src, dst)
-    d = cls(str(dst), pyg_name)[0]
-    tr, va, te = random_split(d.num_nodes, seed=0)
-    g = Graph.from_edge_index(d.edge_index, d.x, d.y, num_classes=int(d.y.max()) + 1,
-                              undirected=True, name=name)
-    from dataclasses import replace
-    return replace(g, train_mask=tr, val_mask=va, test_mask=te)
+    return load_dataset(name, root=str(SHARED), split_seed=0)
 
 
 def seps(sampler, n: int, batch: int, k: int, total: int, seed: int = 0) -> dict:
