@@ -6,7 +6,7 @@ Training", MLSys 2024 (arXiv 2311.02909); GraphSAGE: Hamilton, Ying, Leskovec, N
 For hop h the selection matrix ``Q^h`` has one 1 per frontier entry, so the probability step
 ``Q^h A`` is a row gather of the CSR (no matrix is materialised); the sampling step draws
 ``min(s_h, deg)`` distinct nonzeros of every row; the extraction step
-``Q^h A (Q^{h+1})^T`` is the renumbering of :func:`~quietgnn.sampling.bulk.extend_frontier`.
+``Q^h A (Q^{h+1})^T`` is the renumbering of :mod:`~quietgnn.sampling.renumber`.
 Every row of every minibatch of the bulk goes through one vectorised pass; the only Python
 loops are over hops and over the ``s`` draws of Floyd's algorithm.
 
