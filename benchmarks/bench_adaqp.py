@@ -45,7 +45,7 @@ CONFIGS = {"small": dict(layers=2, hidden=64, norm="none"),
 PYG = {"cora": ("planetoid", "Cora"), "citeseer": ("planetoid", "CiteSeer"),
        "computers": ("amazon", "Computers"), "cs": ("coauthor", "CS")}
 STRATEGIES = {"halo": ("halo", {}),
-              "adaqp": ("adaqp", {"bits": "adaptive", "time_model": "lan", "assign_cycle": 10}),
+              "adaqp": ("adaqp", {"bits": "adaptive", "time_model": "lan", "assign_cycle": 5}),
               "adaqp8-no-overlap": ("adaqp", {"bits": 8, "overlap": False}),
               "adaqp8-overlap": ("adaqp", {"bits": 8, "overlap": True})}
 HALO_KINDS = {"halo_fwd", "halo_bwd", "adaqp_fwd", "adaqp_bwd", "adaqp_assign"}
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="small")
     ap.add_argument("--models", default="gcn,sage")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--strategies", default="halo,adaqp")
     ap.add_argument("--parts", type=int, default=4)
     args = ap.parse_args(argv)

@@ -145,19 +145,26 @@ def _pack(q: Tensor, bits: int) -> Tensor:
     """uint8 codes ``[n, d]`` (< 2^bits) -> ``[n, ceil(bits d / 8)]``, low bits first."""
     n, d = q.shape
     per = 8 // bits
+    if per == 1:
+        return q
     pad = (-d) % per
     if pad:
         q = torch.cat([q, q.new_zeros(n, pad)], 1)
-    q = q.view(n, -1, per).to(torch.int32)
-    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=q.device)
-    return (q << shifts).sum(-1).to(torch.uint8)
+    q = q.view(n, -1, per)
+    out = q[..., 0].clone()
+    for k in range(1, per):       # uint8 shifts and ors: no widening, one pass per slot
+        out |= q[..., k] << (bits * k)
+    return out
 
 
 def _unpack(p: Tensor, bits: int, d: int) -> Tensor:
     n = p.shape[0]
-    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=p.device)
-    q = (p.to(torch.int32)[:, :, None] >> shifts) & (2 ** bits - 1)
-    return q.reshape(n, -1)[:, :d]
+    per = 8 // bits
+    if per == 1:
+        return p[:, :d]
+    mask = 2 ** bits - 1
+    q = torch.stack([(p >> (bits * k)) & mask for k in range(per)], -1)
+    return q.view(n, -1)[:, :d]
 
 
 def quantize(x: Tensor, bits: int, generator: Optional[torch.Generator] = None) -> QuantizedRows:
@@ -196,12 +203,15 @@ def quantize(x: Tensor, bits: int, generator: Optional[torch.Generator] = None) 
     if bool(bad.any()):
         scale = torch.where(bad, torch.full_like(scale, 2.0 ** -133), scale)
     s = scale.float()
-    u = torch.rand(x.shape, generator=generator, device=x.device)
-    v = (x - mn.float()[:, None]) * s[:, None]
-    q = torch.floor(v + u).clamp_(0, levels).to(torch.uint8)
-    q[const] = 0
+    # v = (x - m) s + u >= 0, so truncation is floor; clamp guards float rounding at the top
+    v = torch.sub(x, mn.float()[:, None]).mul_(s[:, None])
+    v.add_(torch.rand(x.shape, generator=generator, device=x.device)).clamp_(0, levels)
+    q = v.to(torch.uint8)
+    any_const = bool(const.any())
+    if any_const:
+        q[const] = 0
     packed = _pack(q, b)
-    if bool(const.any()):
+    if any_const:
         # exact constant rows: m = high half of the fp32 value, low half in payload bytes 0..1
         hi16 = (bits32 >> 16).to(torch.int16)
         mn = torch.where(const, hi16.view(torch.bfloat16), mn)
@@ -242,6 +252,9 @@ def encode_rows(x: Tensor, bits_per_row: Tensor,
     n, d = x.shape
     if bits_per_row.shape != (n,):
         raise ValueError(f"encode_rows: {bits_per_row.numel()} widths for {n} rows")
+    if n and bool((bits_per_row == bits_per_row[0]).all()):   # one width: no regrouping
+        qr = quantize(x, int(bits_per_row[0]), generator)
+        return qr.to_bytes().reshape(-1), qr.ranges()
     parts, ranges = [], torch.zeros(n)
     for b in SUPPORTED_BITS:
         sel = torch.nonzero(bits_per_row == b).flatten()
@@ -257,13 +270,17 @@ def encode_rows(x: Tensor, bits_per_row: Tensor,
     return payload, ranges
 
 
-def decode_rows(payload: Tensor, bits_per_row: Tensor, d: int) -> tuple[Tensor, Tensor]:
-    """Inverse of :func:`encode_rows`: ``(rows [n, d] fp32, ranges [n])``."""
+def decode_rows(payload: Tensor, bits_per_row: Tensor, d: int,
+                with_ranges: bool = True) -> tuple[Tensor, Optional[Tensor]]:
+    """Inverse of :func:`encode_rows`: ``(rows [n, d] fp32, ranges [n] or None)``."""
     n = int(bits_per_row.numel())
     want = payload_bytes(bits_per_row, d)
     if payload.numel() != want:
         raise ValueError(f"decode_rows: payload has {payload.numel()} bytes, the widths say "
                          f"{want}; sender and receiver disagree on the bit assignment")
+    if n and bool((bits_per_row == bits_per_row[0]).all()):
+        qr = QuantizedRows.from_bytes(payload, int(bits_per_row[0]), d)
+        return dequantize(qr), (qr.ranges() if with_ranges else None)
     out, ranges = torch.empty(n, d), torch.zeros(n)
     off = 0
     for b in SUPPORTED_BITS:
@@ -272,9 +289,10 @@ def decode_rows(payload: Tensor, bits_per_row: Tensor, d: int) -> tuple[Tensor, 
             k = sel.numel() * row_bytes(b, d)
             qr = QuantizedRows.from_bytes(payload[off:off + k], b, d)
             out[sel] = dequantize(qr)
-            ranges[sel] = qr.ranges()
+            if with_ranges:
+                ranges[sel] = qr.ranges()
             off += k
-    return out, ranges
+    return out, (ranges if with_ranges else None)
 
 
 def expected_sq_error(d: int, rng: float, bits: int) -> float:

@@ -175,9 +175,9 @@ class QuantizedHalo:
             if j == self.rank:
                 out.append(None)
                 continue
-            rows, rng = decode_rows(got[j], recv_w[j], d)
+            rows, rng = decode_rows(got[j], recv_w[j], d, with_ranges=self.trace)
             out.append(rows)
-            if self.trace:
+            if rng is not None:
                 self.traced[key][j] += (d / 6.0) * rng.double() ** 2
         st = self.stats
         st["span_s"] += t2 - t1
