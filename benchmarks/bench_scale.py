@@ -85,6 +85,38 @@ def epochs_for(edges: float) -> int:
     return 10 if edges <= 2e6 else 5 if edges <= 2e7 else 3
 
 
+def render(data: dict) -> list[str]:
+    """The markdown report of a ``scale.json`` (``--render-only`` redraws it)."""
+    meta, rows, largest = data["meta"], data["rows"], data["largest"]
+    slopes, marginal = data["slopes"], data["marginal_slopes"]
+    md = ["# Scale: `halo`, P = 4, synthetic graphs", "",
+          f"GCN 2 x 64, {meta['features']} features, average degree {meta['degree']}, "
+          f"{meta['partitioner']} partitions, 1 compute thread per worker; seconds/epoch exclude "
+          "epoch 0. Wall seconds include the loopback exchange of all ranks on a shared "
+          "2-core machine; compute is the slowest rank's thread CPU time.", "",
+          "| edges | nodes | epochs | s/epoch (wall) | compute s/epoch (slowest rank) | "
+          "training bytes/epoch | peak RSS/rank | peak RSS (largest process) |",
+          "|" + "---|" * 8]
+    for r in rows:
+        if r["status"] != "ok":
+            why = (r.get("why") or r.get("error") or "").strip().splitlines()
+            md.append(f"| {r['target_edges']:.0e} | — | — | {r['status']}: "
+                      f"{why[-1] if why else ''} | | | | |")
+            continue
+        md.append(f"| {r['edges']:,} | {r['nodes']:,} | {r['epochs']} | {r['epoch_s']:.3f} | "
+                  f"{r['compute_s']:.3f} | {r['bytes_per_epoch'] / 1e6:.1f} MB | "
+                  f"{r['peak_rss_rank_mb']:.0f} MiB | {r['peak_run_mb']:.0f} MiB |")
+    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    md += ["", "Log-log slope vs edges, all sizes: " +
+           ", ".join(f"{k} {fmt(v)}" for k, v in slopes.items()),
+           "", "Between the two largest sizes: " +
+           ", ".join(f"{k} {fmt(v)}" for k, v in marginal.items()),
+           "", f"Largest graph trained: {largest['edges']:,} edges ({largest['nodes']:,} nodes)"
+           if largest else "No size trained.", "", f"Command: `{meta['command'].strip()}` "
+           f"({meta['when']})", ""]
+    return md
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--edges", default="1e5,1e6,1e7,2.5e7,5e7",
@@ -101,9 +133,16 @@ def main(argv=None) -> int:
     ap.add_argument("--degree-key", default="synthetic.avg_degree")
     ap.add_argument("--features-key", default="synthetic.feature_dim")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--render-only", action="store_true",
+                    help="redraw scale.md from an existing scale.json")
     args = ap.parse_args(argv)
-    from quietgnn.bench import _kv, build_matrix, run_matrix
     out = Path(args.out)
+    if args.render_only:
+        md = render(json.loads((out / "scale.json").read_text()))
+        (out / "scale.md").write_text("\n".join(md))
+        print("\n".join(md))
+        return 0
+    from quietgnn.bench import _kv, build_matrix, run_matrix
     work = out / "scale"
     rows: list[dict] = []
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
@@ -168,30 +207,8 @@ def main(argv=None) -> int:
     (out / "scale.json").write_text(json.dumps(
         {"meta": meta, "rows": rows, "slopes": slopes, "marginal_slopes": marginal,
          "largest": largest}, indent=1))
-    md = ["# Scale: `halo`, P = 4, synthetic graphs", "",
-          f"GCN 2 x 64, {args.features} features, average degree {args.degree}, "
-          f"{args.partitioner} partitions, 1 compute thread per worker; seconds/epoch exclude "
-          "epoch 0.", "",
-          "| edges | nodes | epochs | s/epoch (wall) | compute s/epoch (slowest rank) | "
-          "training bytes/epoch | peak RSS/rank | peak RSS (largest process) |",
-          "|" + "---|" * 8]
-    for r in rows:
-        if r["status"] != "ok":
-            md.append(f"| {r['target_edges']:.0e} | — | — | {r['status']}: "
-                      f"{(r.get('why') or r.get('error') or '').strip().splitlines()[-1:]} "
-                      f"| | | | |")
-            continue
-        md.append(f"| {r['edges']:,} | {r['nodes']:,} | {r['epochs']} | {r['epoch_s']:.3f} | "
-                  f"{r['compute_s']:.3f} | {r['bytes_per_epoch'] / 1e6:.1f} MB | "
-                  f"{r['peak_rss_rank_mb']:.0f} MiB | {r['peak_run_mb']:.0f} MiB |")
-    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
-    md += ["", "Log-log slope vs edges, all sizes: " +
-           ", ".join(f"{k} {fmt(v)}" for k, v in slopes.items()),
-           "", "Between the two largest sizes: " +
-           ", ".join(f"{k} {fmt(v)}" for k, v in marginal.items()),
-           "", f"Largest graph trained: {largest['edges']:,} edges ({largest['nodes']:,} nodes)"
-           if largest else "No size trained.", "", f"Command: `{meta['command'].strip()}` "
-           f"({meta['when']})", ""]
+    md = render({"meta": meta, "rows": rows, "slopes": slopes, "marginal_slopes": marginal,
+                 "largest": largest})
     (out / "scale.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
