@@ -38,6 +38,12 @@ def epoch_losses(run_dir: Path, rank: int = 0) -> list[float]:
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
+def _graph_fingerprint() -> str:
+    from quietgnn.datasets import load_dataset
+    from quietgnn.datasets.synthetic import SyntheticSpec
+    return load_dataset("synthetic", synthetic=SyntheticSpec(nodes=300, feature_dim=8)).fingerprint()
+
+
 def _start(tmp: Path, name: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("QUIETGNN_FAULT", None)
@@ -55,17 +61,26 @@ def test_same_seed_same_losses_and_golden(tmp_path):
     assert len(a0) == 6 and all(math.isfinite(x) for x in a0)
     assert a0 == b0, "ranks disagree on the global loss"
     assert epoch_losses(tmp_path / "b", 0) == a0, "same seed, same world size, other losses"
+    fingerprint = _graph_fingerprint()
     if os.environ.get("QUIETGNN_REGEN_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps({
             "command": "quietgnn train " + " ".join(GOLDEN_ARGS),
             "regenerate": "QUIETGNN_REGEN_GOLDEN=1 python -m pytest tests/test_determinism.py",
-            "torch": __import__("torch").__version__, "losses": a0}, indent=1) + "\n")
+            "torch": __import__("torch").__version__, "graph_fingerprint": fingerprint,
+            "losses": a0}, indent=1) + "\n")
         pytest.skip(f"golden losses regenerated in {GOLDEN}")
-    golden = json.loads(GOLDEN.read_text())["losses"]
+    gold = json.loads(GOLDEN.read_text())
+    golden = gold["losses"]
+    # Which layer moved: the data (generator / split) or the training (partitioner, model,
+    # optimizer, loop)? The fingerprint tells them apart.
+    cause = "the synthetic graph itself changed (fingerprint " \
+            f"{gold.get('graph_fingerprint')} -> {fingerprint})" \
+        if gold.get("graph_fingerprint") != fingerprint else \
+        "same graph, so partitioning, model, optimizer or the training loop changed"
     # bit-equal on one machine; the tolerance only absorbs other CPUs' float summation order
     for e, (got, want) in enumerate(zip(a0, golden)):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-7), (
-            f"epoch {e}: loss {got!r}, golden {want!r}. If the change is intended, regenerate "
-            f"with QUIETGNN_REGEN_GOLDEN=1 python -m pytest tests/test_determinism.py")
+            f"epoch {e}: loss {got!r}, golden {want!r}: {cause}. If the change is intended, "
+            f"regenerate with QUIETGNN_REGEN_GOLDEN=1 python -m pytest tests/test_determinism.py")
     assert len(a0) == len(golden)
