@@ -105,6 +105,16 @@ class WeightedAdj(SparseAdj):
     def gcn_norm(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         return self.values.to(dtype), torch.zeros(self.n_dst, dtype=dtype, device=self.device)
 
+    def to(self, device: torch.device | str) -> "WeightedAdj":
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        sd = None if self.src_degree is None else self.src_degree.to(device)
+        out = WeightedAdj(self.indptr.to(device), self.indices.to(device), self.n_src, sd,
+                          self.dst_degree.to(device))
+        out.values = self.values.to(device)
+        return out
+
 
 @dataclass
 class Bulk:
