@@ -5,7 +5,7 @@ For Amazon Computers and Coauthor CS (``load_dataset``: random 60/20/20 split, s
 * ``centralized``: full-batch GraphSAGE (2 layers, hidden 64, dropout 0.5, Adam lr 0.01,
   wd 5e-4), best-validation test accuracy;
 * ``minibatch``: the same model, P ranks (gloo processes), METIS partitions, fanouts 25,10,
-  batch 1024, bulk k = 4, replicated topology; best-validation test accuracy (global exact
+  batch 512, bulk k = 4, replicated topology; best-validation test accuracy (global exact
   evaluation);
 * bytes per epoch (train phase, summed over ranks, per rank mean) of ``minibatch`` and of
   ``halo`` with the same P and partitions; setup bytes (topology replication) reported apart.
@@ -84,14 +84,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--datasets", default="computers,cs")
     ap.add_argument("--parts", type=int, default=2)
-    ap.add_argument("--central-epochs", default="computers:200,cs:100")
-    ap.add_argument("--mb-epochs", default="computers:20,cs:10")
+    ap.add_argument("--central-epochs", default="computers:100,cs:40")
+    ap.add_argument("--mb-epochs", default="computers:10,cs:5")
     ap.add_argument("--bytes-parts", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--out", default="minibatch")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cep = dict((k, int(v)) for k, v in (x.split(":") for x in args.central_epochs.split(",")))
     mep = dict((k, int(v)) for k, v in (x.split(":") for x in args.mb_epochs.split(",")))
-    opts = {"fanouts": "25,10", "batch_size": 1024, "bulk": 4}
+    opts = {"fanouts": "25,10", "batch_size": args.batch_size, "bulk": 4}
     out = []
     for name in args.datasets.split(","):
         g = load_real(name)
@@ -129,11 +131,15 @@ def main() -> None:
                          "halo_by_kind_rank0": halo_b[0]["bytes_by_kind_per_epoch"]}}
         out.append(row)
         print(json.dumps(row["bytes"]), flush=True)
+        write(out, args)
+
+
+def write(out: list, args) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "minibatch.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1))
     md = ["# `minibatch` vs `centralized` (accuracy) and vs `halo` (bytes)", "",
-          "`python benchmarks/bench_minibatch.py` -- GraphSAGE 2x64, fanouts 25,10, batch 1024, "
-          "bulk 4, replicated topology; random 60/20/20 split (seed 0); best-validation test "
+          f"`python benchmarks/bench_minibatch.py {' '.join(sys.argv[1:])}` -- GraphSAGE 2x64, "
+          f"fanouts 25,10, batch {args.batch_size}, bulk 4, replicated topology; random 60/20/20 split (seed 0); best-validation test "
           "accuracy; epochs scaled down for a shared 2-core machine.", "",
           "| dataset | centralized test (epochs) | minibatch test (P, epochs, steps/epoch) | "
           "delta (points) |", "|---|---:|---:|---:|"]
@@ -151,8 +157,8 @@ def main() -> None:
                   f"{b['halo_train_per_epoch_per_rank'] / 1e6:.2f} MB | "
                   f"{b['minibatch_train_per_epoch_per_rank'] / b['halo_train_per_epoch_per_rank']:.2f} | "
                   f"{b['minibatch_setup_per_rank'] / 1e6:.2f} MB |")
-    (RESULTS / "minibatch.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    (RESULTS / f"{args.out}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md), flush=True)
 
 
 if __name__ == "__main__":

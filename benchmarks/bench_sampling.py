@@ -88,7 +88,7 @@ def pyg_available() -> str | None:
 
 # ---------------------------------------------------------------------- distributed
 def _dist_work(comm, indptr, indices, parts, fanouts, batch, ks, total, modes):
-    import numpy as np  # noqa: F401
+    torch.set_num_threads(1)
     from quietgnn.graph import Graph as G
     from quietgnn.partition import build_partitions
     from quietgnn.sampling.dist import Sampler15D
@@ -155,7 +155,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--total", type=int, default=64, help="minibatches per k")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    # one thread: on a shared, oversubscribed machine intra-op threads slow sampling ~9x
+    torch.set_num_threads(1)
     fan = [15, 10, 5]
     ks = [1, 4, 16, 64]
     graphs = [("powerlaw-1e6", 100_000, 10.0)] if args.quick else \
