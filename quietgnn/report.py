@@ -346,7 +346,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
             ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5, color=color[k])
         elif ys:
             ax.axhline(max(ys), ls="--", lw=1, color=color[k],
-                       label=f"{label(k)}: no traffic, best {max(ys):.3f}")
+                       label=f"{label(k)}: no traffic (max test acc {max(ys):.3f})")
     target_lines(ax)
     _log_x(ax, lambda v: human_bytes(v).replace(".00 ", " "))
     ax.set_xlabel("cumulative training bytes (all ranks, sent)")
