@@ -249,6 +249,9 @@ def main(argv=None) -> int:
     ap.add_argument("--p8-datasets", default="cora,citeseer",
                     help="datasets also run at P = 8 (all when empty)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--append", action="store_true",
+                    help="add to the rows already in <out>/tma.json (runs split over sessions)")
+    ap.add_argument("--skip-failures", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)     # like every worker: one compute thread
     from quietgnn.comm.network import TIERS
@@ -259,7 +262,12 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     steps = args.averages * args.period
     tiers = {k: TIERS[k] for k in ("lan", "wan")}
-    table, failures = [], []
+    table, failures, prev_cmds = [], [], []
+    if args.append and (Path(args.out) / "tma.json").is_file():
+        prev = json.loads((Path(args.out) / "tma.json").read_text())
+        table, failures = prev["table"], prev["failures"]
+        prev_cmds = prev.get("commands", [prev["command"]])
+    args.prev_commands = prev_cmds
     t_all = time.perf_counter()
     for ds in datasets:
         graph = load_graph(ds)
@@ -302,7 +310,7 @@ def main(argv=None) -> int:
                     print("  " + _line(row), flush=True)
             print(f"  ({ds} P={P}: {time.perf_counter() - t0:.0f}s)", flush=True)
             save(args, argv, steps, table, failures, t_all)   # partial results survive a kill
-        if ds in args.failure_datasets.split(","):
+        if ds in args.failure_datasets.split(",") and not args.skip_failures:
             with tempfile.TemporaryDirectory() as tmp:
                 failures += failure_runs(graph, ds, "gcn", args.averages, args.period, Path(tmp))
             save(args, argv, steps, table, failures, t_all)
@@ -312,7 +320,9 @@ def main(argv=None) -> int:
 
 def save(args, argv, steps, table, failures, t_all) -> dict:
     cmd = "/work/venv/bin/python benchmarks/bench_tma.py " + " ".join(argv or sys.argv[1:])
-    data = {"command": cmd.strip(), "settings": vars(args), "steps": steps, "table": table,
+    settings = {k: v for k, v in vars(args).items() if k != "prev_commands"}
+    data = {"command": cmd.strip(), "commands": args.prev_commands + [cmd.strip()],
+            "settings": settings, "steps": steps, "table": table,
             "failures": failures, "wall_s": time.perf_counter() - t_all}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -334,7 +344,8 @@ def _fmt_t(x):
 
 def render(data) -> str:
     lines = ["# tma: RandomTMA / SuperTMA / PSGD-PA", "",
-             f"Command: `{data['command']}`", "",
+             "Commands (in order; later ones append rows):", "",
+             *[f"    {c}" for c in data.get("commands", [data["command"]])], "",
              f"Full-graph local steps; {data['settings']['averages']} averages x "
              f"{data['settings']['period']} steps = {data['steps']} steps per trainer "
              f"(centralized: {data['steps']} full-graph steps). GCN/SAGE, 2 layers, hidden 64, "
