@@ -216,6 +216,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if isinstance(exc, LaunchError):
             print(f"quietgnn: run failed: {exc}", file=sys.stderr)
             return 2 if exc.input_error else 1
+        if type(exc).__name__ in ("CommError", "NonFiniteError", "CheckpointError"):
+            # under torchrun the worker runs in this process: its one line names rank,
+            # operation and epoch; the traceback adds nothing (torchrun restarts or reports)
+            print(f"quietgnn: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         raise
 
 

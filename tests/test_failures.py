@@ -99,24 +99,43 @@ def test_nan_on_one_rank_stops_all_before_the_step(tmp_path):
     _assert_no_orphans(tmp_path / "r")
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
+def _start_training(tmp_path):
+    """A long run in its own process group (like a terminal's), returned once both workers
+    have finished an epoch, with the workers' PIDs."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("QUIETGNN_FAULT", None)
     run_dir = tmp_path / "r"
     p = subprocess.Popen([sys.executable, "-m", "quietgnn", "train", *TINY, "--epochs", "100000",
                           "--out", str(tmp_path), "--run-name", "r"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)    # its own process group, like a terminal's
+                         start_new_session=True)
+    metrics = run_dir / "metrics" / "rank-1.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and p.poll() is None:
+        if metrics.is_file() and '"epoch":0' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    if p.poll() is not None:
+        pytest.fail(f"training ended early: {p.communicate()[1]}")
+    workers = _survivors(run_dir)
+    return p, run_dir, workers
+
+
+def _alive(pids):
+    out = []
+    for w in pids:
+        try:
+            if psutil.Process(w).status() != psutil.STATUS_ZOMBIE:
+                out.append(w)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    p, run_dir, workers = _start_training(tmp_path)
     try:
-        metrics = run_dir / "metrics" / "rank-1.jsonl"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and p.poll() is None:
-            if metrics.is_file() and '"epoch":0' in metrics.read_text():
-                break
-            time.sleep(0.2)
-        assert p.poll() is None, p.communicate()[1]
-        workers = _survivors(run_dir)
-        assert len(workers) == 2, workers
+        assert len(workers) == 2, workers           # the two workers (argv has --run-dir)
         os.killpg(p.pid, signal.SIGINT)             # what Ctrl-C in a terminal does
         _, err = p.communicate(timeout=60)
     finally:
@@ -125,8 +144,19 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert p.returncode == 130, err
     assert "interrupted; all workers stopped" in err
     _assert_no_orphans(run_dir)
-    assert not any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE
-                   for w in workers)
+    assert _alive(workers) == []
+
+
+def test_killed_launcher_takes_its_workers_along(tmp_path):
+    """Even SIGKILL of the launcher (no chance to clean up) leaves no worker behind."""
+    p, run_dir, workers = _start_training(tmp_path)
+    try:
+        os.kill(p.pid, signal.SIGKILL)              # the launcher only, not its group
+        p.communicate(timeout=60)
+        _assert_no_orphans(run_dir)
+    finally:
+        for w in _alive(workers):
+            os.kill(w, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------- API level
