@@ -294,3 +294,15 @@ def test_torchrun_kill_and_resume_continues_the_loss_curve(tmp_path):
     kept = sorted(d.name for d in (run_dir / "checkpoints").iterdir())
     assert kept == ["epoch-000004", "epoch-000005"]
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 6
+
+
+def test_fresh_run_moves_an_earlier_runs_checkpoints_aside(tmp_path):
+    ck = Checkpointer(tmp_path / "checkpoints", 0, 1, log=lambda m: None)
+    for e in (7, 8):
+        ck.save(e, {"epoch": e, "config": CFG, "strategy": {}})
+    moved = ck.start_fresh()
+    assert moved is not None and sorted(p.name for p in moved.iterdir()) == \
+        ["epoch-000007", "epoch-000008"]
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})   # not pruned by epochs 7, 8
+    assert ck.load_latest(CFG, None)["epoch"] == 0
+    assert ck.start_fresh() is not None and ck.start_fresh() is None

@@ -338,6 +338,24 @@ class Checkpointer:
             if oldest_kept is not None and e < oldest_kept:
                 shutil.rmtree(sub, ignore_errors=True)
 
+    def start_fresh(self) -> Optional[Path]:
+        """A run starting at epoch 0 in a directory holding an earlier run's checkpoints: move
+        them aside to ``checkpoints.stale-<time>`` (never silently deleted, never mixed with
+        this run's: pruning would otherwise keep the old, higher epochs and drop the new
+        ones). Collective; returns where they went."""
+        dest = None
+        if self.rank == 0 and self.dir.is_dir() and any(
+                _epoch_of(d) is not None for d in self.dir.iterdir()):
+            stamp, n = time.strftime("%Y%m%d-%H%M%S"), 0
+            dest = self.dir.with_name(f"{self.dir.name}.stale-{stamp}")
+            while dest.exists():
+                n += 1
+                dest = self.dir.with_name(f"{self.dir.name}.stale-{stamp}-{n}")
+            os.replace(self.dir, dest)
+            self._log(f"checkpoint: an earlier run's checkpoints were moved to {dest}")
+        self._gather(None)   # nobody saves before they are out of the way
+        return dest
+
     # ------------------------------------------------------------------ load
     def _usable(self, d: Path) -> tuple[bool, str, Optional[dict[str, Any]]]:
         meta, why = _read_marker(d)

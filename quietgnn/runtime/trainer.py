@@ -110,13 +110,17 @@ class Trainer:
                 "book_id": self.ctx.part.book_id}
 
     def _maybe_resume(self) -> int:
-        if not (self.checkpointer and self.cfg.runtime.resume):
+        if not self.checkpointer:
+            return 0
+        if not self.cfg.runtime.resume:
+            self.checkpointer.start_fresh()   # an earlier run's checkpoints must not mix in
             return 0
         from .checkpoint import restore_rng
         state = self.checkpointer.load_latest(self.cfg, self.ctx.part.book_id)
         if state is None:
             if self.ctx.rank == 0:
                 self.ctx.log("--resume: no checkpoint yet, starting at epoch 0")
+            self.checkpointer.start_fresh()
             return 0
         self.strategy.load_state_dict(state["strategy"])
         self.best, self.history = state["best"], state["history"]
