@@ -1,87 +1,124 @@
-"""Dataset loaders: every one returns a validated :class:`quietgnn.graph.Graph`.
+"""Datasets: every loader returns the same validated :class:`~quietgnn.graph.Graph`.
 
-(Interim entry point: synthetic graphs and the PyG datasets; the OGB and file loaders follow.)
+``load_dataset(name, root)`` is the one entry point (the CLI's ``--dataset`` / ``--root``):
+
+* ``synthetic`` - seeded degree-corrected contextual SBM (:mod:`.synthetic`), no files needed;
+* ``cora``, ``citeseer``, ``pubmed``, ``computers``, ``photo``, ``cs``, ``physics`` - PyG's
+  raw layouts under ``root`` (:mod:`.pyg`), copied to a cache so ``root`` may be read-only;
+* ``ogbn-arxiv``, ``ogbn-products``, ... - OGB under ``root`` (:mod:`.ogb`);
+* a path ending in ``.npz``, or ``.txt``/``.edges``/``.csv``/``.tsv`` (edge list) - your own
+  files (:mod:`.files`).
+
+Common rules, so results are comparable across datasets: every graph is undirected (reverse
+edges added, self-loops and duplicates dropped; ``meta['undirected'] = True``); the split is the
+dataset's standard one when it has one (Planetoid public, OGB), otherwise seeded random
+60/20/20 (``split_seed``); ``meta['split']`` and ``meta['source']`` record both.
+
+Only this module and :mod:`.synthetic` are cheap to import; PyG and OGB load on first use.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..graph import Graph
 from .synthetic import SyntheticSpec, make_synthetic
 
 __all__ = ["load_dataset", "available_datasets", "SyntheticSpec", "make_synthetic"]
 
-# name -> (PyG class, PyG name, folder under a common data root, standard split?)
-_PYG = {
-    "cora": ("Planetoid", "Cora", "planetoid", True),
-    "citeseer": ("Planetoid", "CiteSeer", "planetoid", True),
-    "pubmed": ("Planetoid", "PubMed", "planetoid", True),
-    "computers": ("Amazon", "Computers", "amazon", False),
-    "photo": ("Amazon", "Photo", "amazon", False),
-    "cs": ("Coauthor", "CS", "coauthor", False),
-    "physics": ("Coauthor", "Physics", "coauthor", False),
-}
+# root examples for the "needs --root" error (the layout of ../shared/data in this project)
+_ROOT_EXAMPLES = {"Planetoid": "../shared/data/planetoid", "Amazon": "../shared/data/amazon",
+                  "Coauthor": "../shared/data/coauthor"}
 
 
 def available_datasets() -> list[tuple[str, str]]:
-    out = [("synthetic", "seeded contextual stochastic block model (built in, no download)")]
-    for name, (cls, pyg_name, _, std) in _PYG.items():
-        split = "public split" if std else "random 60/20/20 split (seed 0)"
-        out.append((name, f"{cls} {pyg_name} via PyG, {split}; needs --root"))
-    return out
+    """``(name, one-line description)`` for every accepted name pattern (``quietgnn datasets``)."""
+    from .pyg import PYG_DATASETS
+    rows = [("synthetic", "seeded degree-corrected contextual SBM (synthetic.* options), "
+                          "random 60/20/20; no files needed")]
+    rows += [(name, f"{spec.description} (--root)") for name, spec in PYG_DATASETS.items()]
+    rows += [("ogbn-<name>", "OGB node classification, e.g. ogbn-arxiv, ogbn-products; OGB "
+                             "split and Evaluator (--root)"),
+             ("<path>.npz", "your graph: keys edge_index (or src/dst), y, optional x, masks, "
+                            "num_classes"),
+             ("<path>.txt", "your edge list ('u v' lines; also .edges/.csv/.tsv) with "
+                            "<stem>.labels.npy and optional <stem>.features.npy")]
+    return rows
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("QUIETGNN_CACHE", Path.home() / ".cache" / "quietgnn"))
+def _spec(synthetic: SyntheticSpec | dict[str, Any] | None) -> SyntheticSpec:
+    if synthetic is None:
+        return SyntheticSpec()
+    if isinstance(synthetic, SyntheticSpec):
+        return synthetic
+    if isinstance(synthetic, dict):
+        import dataclasses
+        valid = {f.name for f in dataclasses.fields(SyntheticSpec)}
+        unknown = sorted(set(synthetic) - valid)
+        if unknown:
+            raise ValueError(f"unknown synthetic option(s) {unknown}; valid: {sorted(valid)}")
+        return SyntheticSpec(**synthetic)
+    raise TypeError(f"synthetic = {synthetic!r}: expected a SyntheticSpec, a dict of its fields "
+                    f"or None")
 
 
-def _load_pyg(name: str, root: Optional[str], split_seed: int) -> Graph:
-    cls_name, pyg_name, folder, standard = _PYG[name]
-    if root is None:
-        raise ValueError(f"dataset {name!r} needs --root (the folder holding {pyg_name}/raw/, "
-                         f"e.g. --root ../shared/data/{folder})")
-    base = Path(root)
-    if not (base / pyg_name / "raw").is_dir() and (base / folder / pyg_name / "raw").is_dir():
-        base = base / folder           # a root one level up (e.g. ../shared/data) also works
-    raw = base / pyg_name / "raw"
-    if not raw.is_dir():
-        raise ValueError(f"dataset {name!r}: no raw files at {str(raw)!r}; put the {cls_name} "
-                         f"{pyg_name} raw files there (PyG's layout) or point --root at the "
-                         f"folder that holds {pyg_name}/raw/")
-    # PyG writes processed/ next to raw/: work on a copy so the given root stays read-only.
-    key = hashlib.sha256(str(raw.resolve()).encode()).hexdigest()[:10]
-    work = _cache_dir() / "pyg" / f"{folder}-{key}"
-    if not (work / pyg_name / "raw").is_dir():
-        (work / pyg_name).mkdir(parents=True, exist_ok=True)
-        shutil.copytree(raw, work / pyg_name / "raw.tmp", dirs_exist_ok=True)
-        os.replace(work / pyg_name / "raw.tmp", work / pyg_name / "raw")
-    import torch_geometric.datasets as pyg_datasets
-    ds = getattr(pyg_datasets, cls_name)(root=str(work), name=pyg_name)
-    data = ds[0]
-    if not standard:
-        for k in ("train_mask", "val_mask", "test_mask"):
-            if k in data:
-                del data[k]
-    g = Graph.from_pyg(data, name=name, split_seed=split_seed)
-    g.meta.update(source=f"torch_geometric.datasets.{cls_name}",
-                  split="public" if standard else f"random 60/20/20 (seed {split_seed})")
-    return g
+def _need_root(name: str, example: str, layout: str) -> ValueError:
+    return ValueError(f"dataset {name!r} is read from files: pass --root DIR (Python: "
+                      f"root='DIR'), e.g. --root {example} ({layout})")
 
 
-def load_dataset(name: str, root: Optional[str] = None, *,
+def _valid_names() -> str:
+    return ", ".join(n for n, _ in available_datasets())
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, *,
                  synthetic: SyntheticSpec | dict[str, Any] | None = None,
                  split_seed: int = 0) -> Graph:
-    """Load ``name`` (see :func:`available_datasets`) as a validated, undirected Graph."""
-    key = str(name).lower()
+    """Load dataset ``name`` as a validated, undirected :class:`Graph`.
+
+    ``name`` is case-insensitive (``Cora`` = ``cora``), except file paths, which are used as
+    given (relative paths are tried against ``root`` too). ``synthetic`` configures the
+    ``synthetic`` dataset and is ignored otherwise; ``split_seed`` seeds the random 60/20/20
+    split of datasets without a standard one (the synthetic graph's own shape is seeded by
+    ``synthetic.seed``).
+    """
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"dataset name {name!r} must be a string")
+    raw_name = os.fspath(name)
+    key = raw_name.strip().lower()
     if key == "synthetic":
-        spec = synthetic if isinstance(synthetic, SyntheticSpec) else SyntheticSpec(**(synthetic or {}))
-        return make_synthetic(spec)
-    if key in _PYG:
-        return _load_pyg(key, root, split_seed)
-    raise ValueError(f"unknown dataset {name!r}; expected one of "
-                     f"{[n for n, _ in available_datasets()]}")
+        return make_synthetic(_spec(synthetic), split_seed=split_seed)
+
+    from .pyg import PYG_DATASETS
+    if key in PYG_DATASETS:
+        spec = PYG_DATASETS[key]
+        if root is None:
+            raise _need_root(key, _ROOT_EXAMPLES[spec.family],
+                             f"the folder containing {spec.folder}/raw/{spec.raw_files[0]}")
+        from .pyg import load_pyg
+        return load_pyg(key, root, split_seed=split_seed)
+
+    if key.startswith("ogbn-"):
+        if root is None:
+            raise _need_root(key, "data/ogb", f"the folder containing "
+                                              f"{key.replace('-', '_')}/; OGB downloads there "
+                                              f"when online")
+        from .ogb import load_ogb
+        return load_ogb(key, root)
+
+    from .files import EDGE_LIST_SUFFIXES, load_edge_list, load_npz
+    if key.endswith(".npz") or key.endswith(EDGE_LIST_SUFFIXES):
+        path = Path(raw_name).expanduser()
+        if not path.is_absolute() and not path.exists() and root is not None:
+            path = Path(root).expanduser() / path
+        if key.endswith(".npz"):
+            return load_npz(path, split_seed=split_seed)
+        return load_edge_list(path, split_seed=split_seed)
+
+    hint = ""
+    if "/" in raw_name or os.sep in raw_name or Path(raw_name).suffix:
+        hint = (f" (as a file path: supported endings are .npz and "
+                f"{', '.join(EDGE_LIST_SUFFIXES)})")
+    raise ValueError(f"unknown dataset {raw_name!r}{hint}; expected one of: {_valid_names()}")

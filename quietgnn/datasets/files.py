@@ -1,0 +1,196 @@
+"""Graphs from your own files: one ``.npz`` archive, or an edge list plus companion arrays.
+
+``.npz`` keys (``np.savez(path, edge_index=..., x=..., y=...)``):
+
+* ``edge_index`` int ``[2, E]`` (source, destination), **or** ``src`` and ``dst`` int ``[E]``
+* ``y`` int ``[N]`` (or ``[N, 1]``) labels in ``[0, num_classes)``            (required)
+* ``x`` float ``[N, F]`` features       (optional: degree-bucket features, see below)
+* ``train_mask``, ``val_mask``, ``test_mask`` bool ``[N]``  (optional, all three or none:
+  without them, seeded random 60/20/20)
+* ``num_classes`` scalar                 (optional: default ``max(y) + 1``)
+
+Edge list ``graph.txt`` / ``.edges`` / ``.csv`` / ``.tsv``: one edge ``u v`` per line, node ids
+from 0; whitespace- or comma-separated; lines starting with ``#`` or ``%`` are comments; extra
+columns (weights, timestamps) are ignored. Companions next to it, named after the stem:
+
+* ``graph.labels.npy`` int ``[N]`` (required; ``graph.labels.txt``, one per line, also works) -
+  it also fixes N, so isolated nodes with high ids are kept;
+* ``graph.features.npy`` float ``[N, F]`` (optional; or ``graph.features.txt``).
+
+Without features, nodes get one-hot **log2 degree buckets** (16 columns: bucket
+``min(floor(log2(deg + 1)), 15)``) rather than a constant: a constant feature makes every node
+look alike before aggregation, and degree is the one structural signal that costs nothing.
+``meta['features']`` says which was used. Every graph is symmetrised (reverse edges added,
+self-loops and duplicates dropped).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..graph import Graph
+
+__all__ = ["load_npz", "load_edge_list", "degree_features", "EDGE_LIST_SUFFIXES"]
+
+EDGE_LIST_SUFFIXES = (".txt", ".edges", ".csv", ".tsv")
+_DEGREE_BUCKETS = 16
+
+
+def degree_features(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
+    """float32 ``[N, 16]`` one-hot of ``min(floor(log2(undirected degree + 1)), 15)``."""
+    ei = np.asarray(edge_index, dtype=np.int64)
+    keep = ei[0] != ei[1]
+    pairs = np.unique(np.sort(ei[:, keep], axis=0), axis=1)    # undirected, de-duplicated
+    deg = np.bincount(pairs.reshape(-1), minlength=num_nodes)
+    bucket = np.minimum(np.floor(np.log2(deg + 1)).astype(np.int64), _DEGREE_BUCKETS - 1)
+    x = np.zeros((num_nodes, _DEGREE_BUCKETS), dtype=np.float32)
+    x[np.arange(num_nodes), bucket] = 1.0
+    return x
+
+
+def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray,
+            masks: list[np.ndarray] | None, num_classes: int | None, split_seed: int,
+            where_x: str) -> Graph:
+    n = int(y.shape[0])
+    if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
+        bad = int(edge_index.min()) if edge_index.min() < 0 else int(edge_index.max())
+        raise ValueError(f"{path}: edge list holds node id {bad} but there are {n} labels, so "
+                         f"ids must be in [0, {n}); renumber nodes from 0 or add the missing "
+                         f"labels")
+    feat_kind = "file"
+    if x is None:
+        x, feat_kind = degree_features(edge_index, n), "degree-buckets"
+    elif x.ndim != 2 or x.shape[0] != n:
+        raise ValueError(f"{where_x}: features have shape {tuple(x.shape)}, expected [{n}, F] "
+                         f"(one row per label/node)")
+    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+        raise ValueError(f"{where_x}: features have dtype {x.dtype}, expected numbers")
+    meta = {"source": f"file:{path}", "features": feat_kind, "split": "file" if masks else
+            "random"}
+    if not masks:
+        meta.update(split_seed=split_seed, split_fractions=[0.6, 0.2, 0.2])
+    return Graph.from_edge_index(
+        torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
+        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+        torch.from_numpy(y), num_classes=num_classes,
+        train_mask=torch.from_numpy(masks[0]) if masks else None,
+        val_mask=torch.from_numpy(masks[1]) if masks else None,
+        test_mask=torch.from_numpy(masks[2]) if masks else None,
+        undirected=True, name=path.stem, split_seed=split_seed, meta=meta)
+
+
+def _labels(arr: np.ndarray, where: str) -> np.ndarray:
+    y = np.asarray(arr)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise ValueError(f"{where}: labels have shape {tuple(y.shape)}, expected [N] (one class "
+                         f"id per node)")
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise ValueError(f"{where}: labels must be integer class ids in [0, num_classes); "
+                             f"found non-integer or NaN values")
+    elif y.dtype.kind not in "iub":
+        raise ValueError(f"{where}: labels have dtype {y.dtype}, expected integers")
+    return y.astype(np.int64)
+
+
+def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
+    """Load a graph from one ``.npz`` archive (keys in the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"graph file {str(path)!r} not found (expected a .npz with keys "
+                         f"edge_index (or src, dst), y, optional x and masks)")
+    with np.load(path, allow_pickle=False) as z:
+        keys = set(z.files)
+        if "edge_index" in keys:
+            ei = np.asarray(z["edge_index"])
+            if ei.ndim != 2 or ei.shape[0] != 2:
+                hint = " (transpose it: edge_index.T)" if ei.ndim == 2 and ei.shape[1] == 2 else ""
+                raise ValueError(f"{path}: key 'edge_index' has shape {tuple(ei.shape)}, expected "
+                                 f"[2, E] (source row, destination row){hint}")
+        elif {"src", "dst"} <= keys:
+            src, dst = np.asarray(z["src"]).reshape(-1), np.asarray(z["dst"]).reshape(-1)
+            if src.shape != dst.shape:
+                raise ValueError(f"{path}: keys 'src' ({src.size}) and 'dst' ({dst.size}) differ "
+                                 f"in length; they must list the same edges")
+            ei = np.stack([src, dst])
+        else:
+            raise ValueError(f"{path}: no edges: expected key 'edge_index' [2, E] or keys 'src' "
+                             f"and 'dst' [E]; found keys {sorted(keys)}")
+        if ei.dtype.kind not in "iu":
+            raise ValueError(f"{path}: edge ids have dtype {ei.dtype}, expected integers")
+        if "y" not in keys:
+            raise ValueError(f"{path}: missing key 'y' (int labels [N]); found keys "
+                             f"{sorted(keys)}. Node classification needs a label per node")
+        y = _labels(z["y"], f"{path} key 'y'")
+        x = np.asarray(z["x"]) if "x" in keys else None
+        mask_keys = ("train_mask", "val_mask", "test_mask")
+        present = [k for k in mask_keys if k in keys]
+        if present and len(present) != 3:
+            raise ValueError(f"{path}: has {present} but not {sorted(set(mask_keys) - set(present))};"
+                             f" give all three masks or none (none: seeded random 60/20/20)")
+        masks = [np.asarray(z[k]).astype(bool) for k in mask_keys] if present else None
+        for k, m in zip(mask_keys, masks or []):
+            if m.shape != y.shape:
+                raise ValueError(f"{path}: key {k!r} has shape {tuple(m.shape)}, expected "
+                                 f"[{y.shape[0]}] (one bool per node)")
+        num_classes = int(z["num_classes"]) if "num_classes" in keys else None
+    return _finish(path, ei.astype(np.int64), x, y, masks, num_classes, split_seed,
+                   f"{path} key 'x'")
+
+
+def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray | None, str]:
+    for suffix in (".npy", ".txt"):
+        p = stem_path.with_name(f"{stem_path.name}.{what}{suffix}")
+        if p.is_file():
+            arr = np.load(p, allow_pickle=False) if suffix == ".npy" else np.loadtxt(p, ndmin=1)
+            return arr, str(p)
+    if required:
+        raise ValueError(f"{stem_path.parent / stem_path.name}: edge list needs its labels: "
+                         f"expected {stem_path.name}.{what}.npy (int [N]) or "
+                         f"{stem_path.name}.{what}.txt (one label per line) in "
+                         f"{str(stem_path.parent)!r}")
+    return None, ""
+
+
+def _parse_edges(path: Path) -> np.ndarray:
+    """int64 ``[2, E]`` from a text edge list (C parser; comma or whitespace separated)."""
+    delimiter = None
+    with open(path) as fh:
+        for line in fh:
+            s = line.strip()
+            if s and s[0] not in "#%":
+                delimiter = "," if "," in s else None
+                break
+        else:
+            raise ValueError(f"{path}: no edges found (only blank or comment lines); expected "
+                             f"one 'u v' pair per line")
+    try:
+        arr = np.loadtxt(path, comments=("#", "%"), delimiter=delimiter, dtype=np.int64,
+                         ndmin=2, usecols=(0, 1))
+    except ValueError as exc:
+        raise ValueError(f"{path}: could not read it as an edge list ({exc}); expected one "
+                         f"'u v' pair of integer node ids per line, '#' for comments") from exc
+    return arr.T.copy()
+
+
+def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
+    """Load ``path`` (edge list) with ``<stem>.labels.npy`` and optional
+    ``<stem>.features.npy`` next to it (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"edge list {str(path)!r} not found (expected 'u v' lines, with "
+                         f"{path.stem}.labels.npy next to it)")
+    ei = _parse_edges(path)
+    stem = path.with_suffix("")
+    y_raw, where_y = _read_array(stem, "labels", required=True)
+    y = _labels(y_raw, where_y)
+    x, where_x = _read_array(stem, "features", required=False)
+    if x is not None and x.ndim == 1:
+        x = x[:, None]
+    return _finish(path, ei, x, y, None, None, split_seed, where_x)

@@ -1,0 +1,397 @@
+"""quietgnn.datasets: the synthetic generator, the shared real datasets, user files, OGB
+(offline errors and a tiny fake OGB folder) and load_dataset's name handling."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn.datasets import available_datasets, load_dataset
+from quietgnn.datasets.synthetic import SyntheticSpec, edge_homophily, make_synthetic
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIELDS = ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Nothing a test loads may be written to the home directory."""
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data not found: real-dataset tests need the shared datasets")
+    return SHARED
+
+
+@pytest.fixture(scope="module")
+def real_cache(tmp_path_factory) -> Path:
+    """One cache for the real datasets (PyG processes each once per module, not per test)."""
+    return tmp_path_factory.mktemp("real-cache")
+
+
+def _load_real(name: str, root: Path, cache: Path, monkeypatch) -> "object":
+    monkeypatch.setenv("QUIETGNN_CACHE", str(cache))
+    return load_dataset(name, str(root))
+
+
+# ---------------------------------------------------------------------- synthetic
+SMALL = dict(nodes=3000, avg_degree=10.0)
+
+
+def test_synthetic_deterministic():
+    a, b = make_synthetic(SyntheticSpec(**SMALL)), make_synthetic(SyntheticSpec(**SMALL))
+    for f in FIELDS:
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    c = make_synthetic(SyntheticSpec(**SMALL, seed=1))
+    assert not torch.equal(a.indices, c.indices) and not torch.equal(a.y, c.y)
+    assert not torch.equal(a.x, c.x)
+
+
+def test_synthetic_split_seed_changes_split_only():
+    a = load_dataset("synthetic", synthetic=SMALL, split_seed=0)
+    b = load_dataset("synthetic", synthetic=SMALL, split_seed=1)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.x, b.x)
+    assert not torch.equal(a.train_mask, b.train_mask)
+    assert b.meta["split"] == "random" and b.meta["split_seed"] == 1
+
+
+@pytest.mark.parametrize("spec", [dict(SMALL), dict(nodes=5000, avg_degree=4.0, classes=3),
+                                  dict(nodes=2000, avg_degree=20.0, degree_skew=0),
+                                  dict(nodes=4000, avg_degree=8.0, degree_skew=2.1)])
+def test_synthetic_sizes_close_to_spec(spec):
+    g = make_synthetic(SyntheticSpec(**spec))
+    s = SyntheticSpec(**spec)
+    assert g.num_nodes == s.nodes and g.num_features == s.feature_dim
+    assert g.num_classes == s.classes and set(g.y.unique().tolist()) == set(range(s.classes))
+    assert abs(g.num_edges - s.nodes * s.avg_degree) <= 0.15 * s.nodes * s.avg_degree
+    assert g.is_undirected() and g.meta["undirected"] is True
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == \
+        [round(0.6 * s.nodes), round(0.2 * s.nodes), s.nodes - round(0.6 * s.nodes) - round(0.2 * s.nodes)]
+    assert g.x.dtype == torch.float32 and g.meta["synthetic"]["nodes"] == s.nodes
+
+
+@pytest.mark.parametrize("h", [0.0, 0.3, 0.8, 1.0])
+def test_synthetic_homophily_matches_spec(h):
+    g = make_synthetic(SyntheticSpec(**SMALL, homophily=h))
+    assert abs(edge_homophily(g) - h) <= 0.05
+    assert g.meta["homophily"] == pytest.approx(edge_homophily(g), abs=1e-4)
+
+
+def test_synthetic_degree_skew_heavy_tail():
+    skewed = make_synthetic(SyntheticSpec(nodes=5000, degree_skew=2.5)).in_degree().double()
+    flat = make_synthetic(SyntheticSpec(nodes=5000, degree_skew=0)).in_degree().double()
+    assert skewed.max() > 8 * skewed.mean()          # hubs
+    assert flat.max() < 3 * flat.mean()               # Poisson-like, no hubs
+    assert skewed.std() > 3 * flat.std()
+    # the cap: no node far beyond sqrt(N * avg_degree) expected edges
+    assert skewed.max() <= 2 * (5000 * 10) ** 0.5
+
+
+def test_synthetic_features_carry_class_signal():
+    g = make_synthetic(SyntheticSpec(**SMALL))
+    means = torch.stack([g.x[g.y == c].mean(0) for c in range(g.num_classes)])
+    nearest = torch.cdist(g.x, means).argmin(1)
+    acc = float((nearest == g.y).float().mean())
+    assert 0.35 < acc < 0.9      # informative, but not trivially separable
+    noiseless = make_synthetic(SyntheticSpec(**SMALL, feature_noise=0.0))
+    assert torch.unique(noiseless.x, dim=0).shape[0] == noiseless.num_classes
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("nodes", 10, r">= 2 \* classes = 16"), ("classes", 1, ">= 2"),
+    ("avg_degree", 0, r"in \(0, nodes = 20000\)"), ("avg_degree", 30000.0, r"in \(0, nodes"),
+    ("homophily", 1.5, r"in \[0, 1\]"), ("homophily", -0.1, r"in \[0, 1\]"),
+    ("degree_skew", 1.5, "power-law exponent > 2"), ("degree_skew", 2.0, "or 0 for no skew"),
+    ("feature_dim", 0, ">= 1"), ("feature_noise", -1.0, ">= 0"), ("nodes", 100.5, "an int"),
+    ("classes", True, ">= 2"), ("homophily", float("nan"), r"\[0, 1\]")])
+def test_synthetic_spec_validation(field, value, allowed):
+    with pytest.raises(ValueError, match=re.escape(f"synthetic.{field} = {value!r}; expected")
+                       + ".*" + allowed):
+        SyntheticSpec(**{field: value})
+
+
+def test_synthetic_dict_spec_and_unknown_key():
+    g = load_dataset("SYNTHETIC", synthetic={"nodes": 400, "classes": 4})
+    assert g.num_nodes == 400 and g.num_classes == 4 and g.meta["source"] == "synthetic"
+    with pytest.raises(ValueError, match=r"unknown synthetic option\(s\) \['node'\]"):
+        load_dataset("synthetic", synthetic={"node": 400})
+
+
+def test_import_quietgnn_does_not_import_pyg_or_ogb():
+    code = ("import sys, quietgnn, quietgnn.datasets; "
+            "print('torch_geometric' in sys.modules, 'ogb' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# ---------------------------------------------------------------------- real datasets
+def test_cora(shared, real_cache, monkeypatch):
+    g = _load_real("cora", shared / "planetoid", real_cache, monkeypatch)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (2708, 10556, 1433, 7)
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [140, 500, 1000]
+    assert g.meta["split"] == "public" and g.meta["undirected"] and g.is_undirected()
+    assert g.meta["source"] == "pyg:Planetoid"
+    # root one level higher, name in any case: the same graph, from the same cache entry
+    assert _load_real("Cora", shared, real_cache, monkeypatch).fingerprint() == g.fingerprint()
+
+
+def test_citeseer(shared, real_cache, monkeypatch):
+    g = _load_real("citeseer", shared, real_cache, monkeypatch)
+    # PyG's 9,104 directed edges are already symmetric, loop- and duplicate-free: kept as is
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (3327, 9104, 3703, 6)
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [120, 500, 1000]
+
+
+def test_computers(shared, real_cache, monkeypatch):
+    g = _load_real("computers", shared / "amazon", real_cache, monkeypatch)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (13752, 491722, 767, 10)
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [8251, 2750, 2751]
+    assert g.meta["split"] == "random" and g.meta["split_seed"] == 0
+
+
+def test_coauthor_cs(shared, real_cache, monkeypatch):
+    g = _load_real("CS", shared, real_cache, monkeypatch)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (18333, 163788, 6805, 15)
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [11000, 3667, 3666]
+
+
+def test_shared_folder_untouched(shared, real_cache, monkeypatch):
+    _load_real("cora", shared / "planetoid", real_cache, monkeypatch)
+    assert not list(shared.rglob("processed"))
+    assert list((real_cache / "pyg").glob("planetoid-*/Cora/processed"))
+
+
+def test_pyg_name_needs_root():
+    with pytest.raises(ValueError, match=r"pass --root DIR.*e\.g\. --root ../shared/data/planetoid"):
+        load_dataset("cora")
+
+
+def test_pyg_missing_raw_offline_is_clear_and_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUIETGNN_OFFLINE", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"Put these files in '.*/Cora/raw': ind\.cora\.x, "
+                                         r"ind\.cora\.tx.*ind\.cora\.test\.index"):
+        load_dataset("cora", tmp_path)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_pyg_download_failure_is_clear(tmp_path, monkeypatch):
+    import torch_geometric.datasets.amazon as amazon
+
+    def no_network(*a, **k):
+        raise OSError("network unreachable")
+    monkeypatch.setattr(amazon, "download_url", no_network)
+    with pytest.raises(ValueError, match=r"download failed: OSError: network unreachable\)\. Put "
+                                         r"these files in '.*/Photo/raw': amazon_electronics_photo"):
+        load_dataset("photo", tmp_path)
+
+
+# ---------------------------------------------------------------------- user files
+def _toy(n=30, seed=0):
+    rng = np.random.default_rng(seed)
+    ei = rng.integers(0, n, size=(2, 80))
+    return ei, rng.normal(size=(n, 5)).astype(np.float32), rng.integers(0, 3, n)
+
+
+def test_npz_round_trip(tmp_path):
+    ei, x, y = _toy()
+    np.savez(tmp_path / "g.npz", edge_index=ei, x=x, y=y)
+    g = load_dataset(str(tmp_path / "g.npz"))
+    ref = __import__("quietgnn.graph", fromlist=["Graph"]).Graph.from_edge_index(
+        torch.from_numpy(ei), torch.from_numpy(x), torch.from_numpy(y))
+    assert torch.equal(g.indices, ref.indices) and torch.equal(g.x, ref.x)
+    assert g.meta["split"] == "random" and g.meta["features"] == "file" and g.name == "g"
+    # src/dst keys, explicit masks and num_classes are honoured
+    masks = {k: np.zeros(30, bool) for k in ("train_mask", "val_mask", "test_mask")}
+    masks["train_mask"][:5], masks["val_mask"][5:10], masks["test_mask"][10:] = True, True, True
+    np.savez(tmp_path / "h.npz", src=ei[0], dst=ei[1], x=x, y=y[:, None], num_classes=5, **masks)
+    h = load_dataset(tmp_path / "h.npz")
+    assert torch.equal(h.indices, g.indices) and h.num_classes == 5 and h.meta["split"] == "file"
+    assert h.train_mask.tolist() == masks["train_mask"].tolist()
+
+
+def test_npz_relative_to_root(tmp_path):
+    ei, x, y = _toy()
+    np.savez(tmp_path / "g.npz", edge_index=ei, x=x, y=y)
+    assert load_dataset("g.npz", root=tmp_path).num_nodes == 30
+
+
+def test_npz_errors(tmp_path):
+    ei, x, y = _toy()
+    with pytest.raises(ValueError, match=r"graph file '.*missing\.npz' not found"):
+        load_dataset(str(tmp_path / "missing.npz"))
+    np.savez(tmp_path / "a.npz", x=x, y=y)
+    with pytest.raises(ValueError, match=r"a\.npz: no edges: expected key 'edge_index'.*found "
+                                         r"keys \['x', 'y'\]"):
+        load_dataset(str(tmp_path / "a.npz"))
+    np.savez(tmp_path / "b.npz", edge_index=ei, x=x)
+    with pytest.raises(ValueError, match=r"b\.npz: missing key 'y'"):
+        load_dataset(str(tmp_path / "b.npz"))
+    np.savez(tmp_path / "c.npz", edge_index=ei.T, x=x, y=y)
+    with pytest.raises(ValueError, match=r"key 'edge_index' has shape \(80, 2\), expected \[2, E\].*"
+                                         r"transpose"):
+        load_dataset(str(tmp_path / "c.npz"))
+    np.savez(tmp_path / "d.npz", edge_index=ei, x=x[:10], y=y)
+    with pytest.raises(ValueError, match=r"d\.npz key 'x': features have shape \(10, 5\), "
+                                         r"expected \[30, F\]"):
+        load_dataset(str(tmp_path / "d.npz"))
+    np.savez(tmp_path / "e.npz", edge_index=ei, y=y, train_mask=np.ones(30, bool))
+    with pytest.raises(ValueError, match=r"give all three masks or none"):
+        load_dataset(str(tmp_path / "e.npz"))
+    np.savez(tmp_path / "f.npz", edge_index=ei, y=y[:20])
+    with pytest.raises(ValueError, match=r"edge list holds node id \d+ but there are 20 labels"):
+        load_dataset(str(tmp_path / "f.npz"))
+
+
+def test_edge_list_round_trip(tmp_path):
+    ei, x, y = _toy()
+    lines = ["# a comment", "% another"] + [f"{u} {v}" for u, v in ei.T] + [""]
+    (tmp_path / "g.edges").write_text("\n".join(lines))
+    np.save(tmp_path / "g.labels.npy", y)
+    np.save(tmp_path / "g.features.npy", x)
+    g = load_dataset(str(tmp_path / "g.edges"))
+    np.savez(tmp_path / "ref.npz", edge_index=ei, x=x, y=y)
+    ref = load_dataset(str(tmp_path / "ref.npz"))
+    for f in FIELDS:
+        assert torch.equal(getattr(g, f), getattr(ref, f)), f
+    # comma-separated with a weight column, labels as text, no features -> degree buckets
+    (tmp_path / "w.csv").write_text("".join(f"{u}, {v}, 0.5\n" for u, v in ei.T))
+    (tmp_path / "w.labels.txt").write_text("\n".join(map(str, y)))
+    w = load_dataset(str(tmp_path / "w.CSV".replace("CSV", "csv")))
+    assert torch.equal(w.indices, g.indices) and w.meta["features"] == "degree-buckets"
+    assert w.x.shape == (30, 16) and torch.all(w.x.sum(1) == 1)
+    bucket = w.x.argmax(1)
+    deg = w.in_degree()
+    assert torch.equal(bucket, torch.clamp(torch.floor(torch.log2(deg.double() + 1)), max=15).long())
+
+
+def test_edge_list_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"edge list '.*nope\.txt' not found"):
+        load_dataset(str(tmp_path / "nope.txt"))
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n")
+    with pytest.raises(ValueError, match=r"needs its labels: expected g\.labels\.npy \(int \[N\]\) "
+                                         r"or g\.labels\.txt"):
+        load_dataset(str(tmp_path / "g.txt"))
+    np.save(tmp_path / "g.labels.npy", np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"g\.txt: edge list holds node id 2 but there are 2 "
+                                         r"labels"):
+        load_dataset(str(tmp_path / "g.txt"))
+    (tmp_path / "bad.txt").write_text("0 1\n1 x\n")
+    np.save(tmp_path / "bad.labels.npy", np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"bad\.txt: could not read it as an edge list"):
+        load_dataset(str(tmp_path / "bad.txt"))
+    (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    with pytest.raises(ValueError, match=r"empty\.txt: no edges found"):
+        load_dataset(str(tmp_path / "empty.txt"))
+    (tmp_path / "f.txt").write_text("0 1\n")
+    np.save(tmp_path / "f.labels.npy", np.array([0.5, 1.0]))
+    with pytest.raises(ValueError, match=r"f\.labels\.npy: labels must be integer class ids"):
+        load_dataset(str(tmp_path / "f.txt"))
+
+
+# ---------------------------------------------------------------------- names
+def test_unknown_dataset_lists_valid_names():
+    with pytest.raises(ValueError, match=r"unknown dataset 'coraa'; expected one of: synthetic, cora, "
+                                         r"citeseer, .*ogbn-<name>, <path>\.npz"):
+        load_dataset("coraa")
+    with pytest.raises(ValueError, match=r"supported endings are \.npz and \.txt, \.edges"):
+        load_dataset("graph.parquet")
+
+
+def test_available_datasets():
+    rows = available_datasets()
+    names = [n for n, _ in rows]
+    for n in ("synthetic", "cora", "citeseer", "pubmed", "computers", "photo", "cs", "physics"):
+        assert n in names
+    assert all(isinstance(d, str) and d and "\n" not in d for _, d in rows)
+
+
+# ---------------------------------------------------------------------- OGB
+def test_ogb_offline_error_clear_and_fast(tmp_path, monkeypatch):
+    import ogb.utils.url as ogb_url
+
+    def must_not_download(*a, **k):   # with internet, never fetch 80 MB inside a unit test
+        raise OSError("download blocked in tests")
+    monkeypatch.setattr(ogb_url, "download_url", must_not_download)
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("ogb waited for stdin"))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"ogbn-arxiv: files not found and the download failed .*"
+                                         r"OGB expects the unzipped dataset in '.*ogbn_arxiv': "
+                                         r"RELEASE_v1\.txt, raw/edge\.csv\.gz"):
+        load_dataset("OGBN-ARXIV", tmp_path)
+    assert time.perf_counter() - t0 < 15
+    assert not (tmp_path / "ogbn_arxiv").exists()
+    monkeypatch.setenv("QUIETGNN_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"QUIETGNN_OFFLINE is set"):
+        load_dataset("ogbn-products", tmp_path)
+
+
+def test_ogb_incomplete_folder_named_not_prompted(tmp_path, monkeypatch):
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("ogb waited for stdin"))
+    (tmp_path / "ogbn_arxiv" / "raw").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"the folder is incomplete, missing RELEASE_v1\.txt, "
+                                         r"raw/edge\.csv\.gz"):
+        load_dataset("ogbn-arxiv", tmp_path)
+
+
+def test_ogb_name_errors():
+    with pytest.raises(ValueError, match=r"pass --root DIR.*ogbn_arxiv/"):
+        load_dataset("ogbn-arxiv")
+    with pytest.raises(ValueError, match=r"unknown OGB node dataset 'ogbn-nope'; OGB has "
+                                         r"\['ogbn-arxiv'"):
+        load_dataset("ogbn-nope", "/nonexistent")
+    with pytest.raises(ValueError, match=r"ogbn-proteins is multi-label"):
+        load_dataset("ogbn-proteins", "/nonexistent")
+
+
+def _write_gz(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as fh:
+        fh.writelines(",".join(map(str, np.atleast_1d(r))) + "\n" for r in rows)
+
+
+def test_ogb_fake_arxiv_loads_with_ogb_split_and_evaluator(tmp_path):
+    """A 40-node folder in OGB's arxiv layout: exercises ogb's processing, the second load
+    from its processed cache (torch.load under weights_only) and the Evaluator."""
+    rng, n, d = np.random.default_rng(0), 40, tmp_path / "ogbn_arxiv"
+    d.mkdir()
+    (d / "RELEASE_v1.txt").write_text("fake")
+    edges = rng.integers(0, n, size=(120, 2))
+    y = rng.integers(0, 40, n)
+    _write_gz(d / "raw/edge.csv.gz", edges)
+    _write_gz(d / "raw/num-node-list.csv.gz", [n])
+    _write_gz(d / "raw/num-edge-list.csv.gz", [len(edges)])
+    _write_gz(d / "raw/node-feat.csv.gz", rng.normal(size=(n, 3)).round(3))
+    _write_gz(d / "raw/node-label.csv.gz", y)
+    _write_gz(d / "raw/node_year.csv.gz", np.full(n, 2020))
+    perm = rng.permutation(n)
+    for part, idx in (("train", perm[:20]), ("valid", perm[20:30]), ("test", perm[30:])):
+        _write_gz(d / f"split/time/{part}.csv.gz", idx)
+    for _ in range(2):   # first: processed from raw; second: from ogb's processed/ file
+        g = load_dataset("ogbn-arxiv", tmp_path)
+        assert g.num_nodes == n and g.num_classes == 40 and g.y.tolist() == y.tolist()
+        assert g.train_mask.nonzero().view(-1).tolist() == sorted(perm[:20].tolist())
+        assert g.meta["evaluator"] == "ogbn-arxiv" and g.meta["split"] == "ogb"
+        assert g.is_undirected() and g.meta["undirected"]
+    assert (d / "processed" / "data_processed").is_file()
+    assert load_dataset("ogbn-arxiv", d).fingerprint() == g.fingerprint()   # root = the folder
+
+    from quietgnn.datasets.ogb import ogb_accuracy
+    assert ogb_accuracy("ogbn-arxiv", g.y, g.y) == 1.0
+    logits = torch.nn.functional.one_hot(g.y, 40).float()
+    logits[:10] = torch.nn.functional.one_hot((g.y[:10] + 1) % 40, 40).float()
+    assert ogb_accuracy("ogbn-arxiv", g.y[:, None], logits) == pytest.approx(30 / 40)
+    with pytest.raises(ValueError, match="y_true has 40 rows but y_pred has 39"):
+        ogb_accuracy("ogbn-arxiv", g.y, g.y[:39])

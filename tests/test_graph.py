@@ -1,0 +1,266 @@
+"""The Graph contract: every validation error (message checked), canonical construction,
+PyG round trip, direction and fingerprints."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from quietgnn.graph import Graph, csr_from_edges, random_split
+
+
+def path_graph(n: int = 4, **kw) -> Graph:
+    """Undirected path 0 - 1 - ... - n-1 with 2 classes and a fixed split."""
+    src = torch.arange(n - 1)
+    x = torch.arange(n * 2, dtype=torch.float32).reshape(n, 2)
+    y = torch.arange(n) % 2
+    train = torch.zeros(n, dtype=torch.bool)
+    val, test = train.clone(), train.clone()
+    train[0], val[1], test[2:] = True, True, True
+    return Graph.from_edge_index(torch.stack([src, src + 1]), x, y, num_classes=2,
+                                 train_mask=train, val_mask=val, test_mask=test, **kw)
+
+
+def broken(**fields) -> Graph:
+    """A valid graph with some fields replaced (validation is then called by the test)."""
+    return replace(path_graph(), **fields)
+
+
+# ---------------------------------------------------------------------- layout example
+def test_module_docstring_example():
+    g = path_graph(3)
+    assert g.indptr.tolist() == [0, 1, 3, 4]
+    assert g.indices.tolist() == [1, 0, 2, 1]
+    assert g.indptr.dtype == g.indices.dtype == g.y.dtype == torch.int64
+    assert g.x.dtype == torch.float32 and g.num_nodes == 3 and g.num_edges == 4
+
+
+# ---------------------------------------------------------------------- validation errors
+def test_negative_edge_id():
+    with pytest.raises(ValueError, match=r"edge source id -1 is negative"):
+        broken(indices=torch.tensor([1, 0, 2, -1, 2, 1])).validate()
+
+
+def test_edge_id_out_of_range():
+    g = path_graph()
+    with pytest.raises(ValueError, match=r"edge source id 7 >= num_nodes 4"):
+        replace(g, indices=torch.tensor([1, 0, 2, 1, 3, 7])).validate()
+
+
+def test_from_edge_index_rejects_out_of_range_ids():
+    x, y = torch.zeros(3, 2), torch.tensor([0, 1, 0])
+    with pytest.raises(ValueError, match=r"node id 5, outside \[0, 3\)"):
+        Graph.from_edge_index(torch.tensor([[0, 5], [1, 2]]), x, y)
+    with pytest.raises(ValueError, match=r"node id -2, outside \[0, 3\)"):
+        Graph.from_edge_index(torch.tensor([[0, -2], [1, 2]]), x, y)
+
+
+def test_from_edge_index_rejects_bad_shape():
+    with pytest.raises(ValueError, match=r"edge_index has shape \(3, 2\), expected \[2, num_edges\]"):
+        Graph.from_edge_index(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2),
+                              torch.tensor([0, 1, 0]))
+
+
+def test_float_indices():
+    g = path_graph()
+    with pytest.raises(TypeError, match=r"indices must be a 1-D int64 tensor, got dtype torch.float32"):
+        replace(g, indices=g.indices.float()).validate()
+    with pytest.raises(TypeError, match=r"indptr must be a 1-D int64 tensor, got dtype torch.int32"):
+        replace(g, indptr=g.indptr.int()).validate()
+
+
+def test_non_tensor_field():
+    with pytest.raises(TypeError, match=r"field y is list, expected a torch.Tensor"):
+        broken(y=[0, 1, 0, 1]).validate()
+
+
+def test_integer_features_rejected():
+    g = path_graph()
+    with pytest.raises(TypeError, match=r"x has dtype torch.int64, expected a float dtype"):
+        replace(g, x=g.x.long()).validate()
+
+
+def test_feature_rows_must_match_nodes():
+    with pytest.raises(ValueError, match=r"x has shape \(3, 2\), expected \[num_nodes=4"):
+        broken(x=torch.zeros(3, 2)).validate()
+    with pytest.raises(ValueError, match=r"x has shape \(4,\), expected"):
+        broken(x=torch.zeros(4)).validate()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_features(bad):
+    x = torch.zeros(4, 2)
+    x[2, 1] = bad
+    with pytest.raises(ValueError, match=rf"1 NaN/Inf value\(s\), first at node 2, feature 1 "
+                                         rf"\(value {bad}\)"):
+        broken(x=x).validate()
+
+
+def test_label_shape_and_dtype():
+    with pytest.raises(ValueError, match=r"y has shape \(4, 2\), expected \[num_nodes=4\]"):
+        broken(y=torch.zeros(4, 2, dtype=torch.int64)).validate()
+    with pytest.raises(ValueError, match=r"y has shape \(5,\)"):
+        broken(y=torch.zeros(5, dtype=torch.int64)).validate()
+    with pytest.raises(TypeError, match=r"y has dtype torch.float32, expected int64"):
+        broken(y=torch.zeros(4)).validate()
+
+
+def test_labels_out_of_range():
+    with pytest.raises(ValueError, match=r"labels span \[0, 2\] but num_classes = 2"):
+        broken(y=torch.tensor([0, 1, 2, 0])).validate()
+    with pytest.raises(ValueError, match=r"labels span \[-1, 1\]"):
+        broken(y=torch.tensor([0, 1, -1, 0])).validate()
+    with pytest.raises(ValueError, match=r"num_classes = 1, expected an int >= 2"):
+        broken(num_classes=1, y=torch.zeros(4, dtype=torch.int64)).validate()
+
+
+def test_overlapping_splits():
+    g = path_graph()
+    val = g.val_mask.clone()
+    val[0] = True   # node 0 is in train
+    with pytest.raises(ValueError, match=r"train_mask and val_mask overlap on 1 node\(s\), "
+                                         r"first node 0"):
+        replace(g, val_mask=val).validate()
+    with pytest.raises(ValueError, match=r"val_mask and test_mask overlap on 2 node\(s\), first node 2"):
+        replace(g, val_mask=g.test_mask.clone()).validate()
+
+
+def test_mask_of_wrong_length():
+    with pytest.raises(ValueError, match=r"test_mask has length 6, expected num_nodes = 4"):
+        broken(test_mask=torch.zeros(6, dtype=torch.bool)).validate()
+
+
+def test_mask_must_be_bool():
+    with pytest.raises(TypeError, match=r"train_mask has dtype torch.int64 shape \(4,\), expected "
+                                        r"a 1-D bool mask"):
+        broken(train_mask=torch.tensor([1, 0, 0, 0])).validate()
+
+
+def test_empty_train_set():
+    with pytest.raises(ValueError, match=r"train_mask selects no node"):
+        broken(train_mask=torch.zeros(4, dtype=torch.bool)).validate()
+
+
+def test_self_loop_stored_directly():
+    # node 1 <- 1 inserted into row 1: [0, 1, 2]
+    g = broken(indptr=torch.tensor([0, 1, 4, 6, 7]), indices=torch.tensor([1, 0, 1, 2, 1, 3, 2]))
+    with pytest.raises(ValueError, match=r"1 self-loop\(s\) stored"):
+        g.validate()
+
+
+def test_unsorted_row():
+    g = broken(indptr=torch.tensor([0, 1, 3, 5, 6]), indices=torch.tensor([1, 2, 0, 1, 3, 2]))
+    with pytest.raises(ValueError, match=r"not in canonical CSR order or contain duplicates"):
+        g.validate()
+
+
+def test_duplicate_edge():
+    g = broken(indptr=torch.tensor([0, 2, 4, 6, 7]), indices=torch.tensor([1, 1, 0, 2, 1, 3, 2]))
+    with pytest.raises(ValueError, match=r"not in canonical CSR order or contain duplicates"):
+        g.validate()
+
+
+def test_indptr_inconsistent():
+    g = path_graph()
+    with pytest.raises(ValueError, match=r"indptr\[0\] = 1, expected 0"):
+        replace(g, indptr=torch.tensor([1, 1, 3, 5, 6])).validate()
+    with pytest.raises(ValueError, match=r"indptr\[-1\] = 5 but there are 6 indices"):
+        replace(g, indptr=torch.tensor([0, 1, 3, 5, 5])).validate()
+    with pytest.raises(ValueError, match=r"indptr decreases at node 1 \(3 -> 2\)"):
+        replace(g, indptr=torch.tensor([0, 3, 2, 5, 6])).validate()
+
+
+# ---------------------------------------------------------------------- construction
+def test_from_edge_index_drops_self_loops_and_duplicates():
+    ei = torch.tensor([[0, 0, 1, 2, 2, 1], [1, 1, 1, 0, 2, 0]])  # dup 0->1, loops 1->1, 2->2
+    g = Graph.from_edge_index(ei, torch.zeros(3, 1), torch.tensor([0, 1, 0]), undirected=False)
+    assert sorted(map(tuple, g.edge_index().T.tolist())) == [(0, 1), (1, 0), (2, 0)]
+    assert g.meta["undirected"] is False
+
+
+def test_from_edge_index_symmetrises():
+    ei = torch.tensor([[0, 2], [1, 1]])
+    g = Graph.from_edge_index(ei, torch.zeros(3, 1), torch.tensor([0, 1, 0]))
+    assert sorted(map(tuple, g.edge_index().T.tolist())) == [(0, 1), (1, 0), (1, 2), (2, 1)]
+    assert g.is_undirected() and g.meta["undirected"] is True
+
+
+def test_from_edge_index_keeps_direction():
+    ei = torch.tensor([[0, 2], [1, 1]])
+    g = Graph.from_edge_index(ei, torch.zeros(3, 1), torch.tensor([0, 1, 0]), undirected=False)
+    assert g.edge_index().tolist() == [[0, 2], [1, 1]]
+    assert not g.is_undirected()
+    assert g.in_degree().tolist() == [0, 2, 0] and g.out_degree().tolist() == [1, 0, 1]
+
+
+def test_from_edge_index_canonical_regardless_of_order():
+    ei = torch.tensor([[3, 0, 2, 1], [0, 1, 3, 2]])
+    x, y = torch.zeros(4, 1), torch.tensor([0, 1, 0, 1])
+    a = Graph.from_edge_index(ei, x, y)
+    b = Graph.from_edge_index(ei[:, torch.tensor([2, 0, 3, 1])], x, y)
+    assert torch.equal(a.indptr, b.indptr) and torch.equal(a.indices, b.indices)
+    assert a.fingerprint() == b.fingerprint()
+
+
+def test_from_edge_index_casts_float64_features_and_defaults():
+    g = Graph.from_edge_index(torch.tensor([[0], [1]]), torch.zeros(10, 2, dtype=torch.float64),
+                              torch.tensor([0, 1, 2] + [0] * 7))
+    assert g.x.dtype == torch.float32 and g.num_classes == 3
+    assert (int(g.train_mask.sum()), int(g.val_mask.sum()), int(g.test_mask.sum())) == (6, 2, 2)
+
+
+def test_csr_from_edges_sorted_unique():
+    indptr, indices = csr_from_edges(torch.tensor([2, 0, 0, 1]), torch.tensor([1, 1, 1, 0]), 3)
+    assert indptr.tolist() == [0, 1, 3, 3] and indices.tolist() == [1, 0, 2]
+
+
+def test_random_split_seeded_and_disjoint():
+    a, b = random_split(100, seed=1), random_split(100, seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert not torch.equal(a[0], random_split(100, seed=2)[0])
+    assert [int(m.sum()) for m in a] == [60, 20, 20]
+    assert int((a[0].int() + a[1].int() + a[2].int()).max()) == 1
+    with pytest.raises(ValueError, match=r"split fractions \(0.5, 0.5, 0.5\)"):
+        random_split(10, (0.5, 0.5, 0.5))
+
+
+def test_with_split_validates():
+    g = path_graph()
+    with pytest.raises(ValueError, match="train_mask selects no node"):
+        g.with_split(torch.zeros(4, dtype=torch.bool), g.val_mask, g.test_mask)
+
+
+# ---------------------------------------------------------------------- PyG, fingerprints
+def test_pyg_round_trip():
+    g = path_graph(6)
+    data = g.to_pyg()
+    assert data.edge_index.shape == (2, g.num_edges) and data.num_nodes == 6
+    back = Graph.from_pyg(data, name=g.name)
+    for f in ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(back, f), getattr(g, f)), f
+    assert back.num_classes == g.num_classes and back.fingerprint() == g.fingerprint()
+
+
+def test_from_pyg_directed_input_is_symmetrised_and_2d_labels_squeezed():
+    from torch_geometric.data import Data
+    data = Data(x=torch.zeros(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]),
+                y=torch.tensor([[0], [1], [1]]))
+    g = Graph.from_pyg(data)
+    assert g.is_undirected() and g.num_edges == 4 and g.y.tolist() == [0, 1, 1]
+
+
+def test_fingerprint_stable_and_sensitive():
+    g = path_graph(5)
+    assert g.fingerprint() == path_graph(5).fingerprint()
+    ei = g.edge_index()
+    ei2 = torch.cat([ei, torch.tensor([[0, 4], [4, 0]])], dim=1)   # one more undirected edge
+    g2 = Graph.from_edge_index(ei2, g.x, g.y, train_mask=g.train_mask, val_mask=g.val_mask,
+                               test_mask=g.test_mask, num_classes=2)
+    assert g2.fingerprint() != g.fingerprint()
+    moved = g.edge_index().clone()
+    moved[:, 0] = torch.tensor([2, 0])   # rewire 1 -> 0 into 2 -> 0
+    g3 = Graph.from_edge_index(moved, g.x, g.y, train_mask=g.train_mask, val_mask=g.val_mask,
+                               test_mask=g.test_mask, num_classes=2, undirected=False)
+    assert g3.num_edges == g.num_edges and g3.fingerprint() != g.fingerprint()
