@@ -36,7 +36,7 @@ def _strategy(comm, part, opts, **ctx_kw):
     s = Grappa(_ctx(comm, part, **ctx_kw), GrappaOptions(**opts))
     with comm.phase("setup"):
         s.setup()
-    comm.take_records()
+    s.setup_records = [(r.phase, r.kind) for r in comm.take_records()]
     return s
 
 
@@ -56,7 +56,7 @@ def _traffic(comm, graph, parts, variants, epochs, repart, eval_every):
     out = {}
     for name, opts in variants.items():
         s = _strategy(comm, part, dict(opts, repart_every=repart), dropout=0.5)
-        log = []
+        log = [{"setup": s.setup_records}]
         for e in range(epochs):
             comm.epoch = e
             with comm.phase("train"):
@@ -81,9 +81,12 @@ def test_training_sends_only_gradients(graph, parts):
     for rank, res in enumerate(results):
         for name, r in res.items():
             grad_bytes = 2 * (P - 1) * 4 * (r["nparams"] + 1 + P) // P
-            steps = {e["steps"] for e in r["log"]}
+            # the first chunk load is start-up placement (phase setup)
+            assert {k for _, k in r["log"][0]["setup"]} >= CHUNK_KINDS
+            assert {ph for ph, _ in r["log"][0]["setup"]} == {"setup"}
+            steps = {e["steps"] for e in r["log"][1:]}
             assert len(steps) == 1
-            for e, ep in enumerate(r["log"]):
+            for e, ep in enumerate(r["log"][1:]):
                 assert ep["chunk"] == rotating_chunk(rank, P, e // repart)
                 train = [x for x in ep["recs"] if x[0] == "train"]
                 data = [x for x in ep["recs"] if x[0] == "data"]

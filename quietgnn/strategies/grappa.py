@@ -149,9 +149,10 @@ class Grappa(Strategy):
         return epoch // self.options.repart_every if self.options.repart_every > 0 else 0
 
     def _reload(self, s: int) -> None:
-        """Load super-epoch ``s``'s local graph and its coverage weights (phase ``data``)."""
+        """Load super-epoch ``s``'s local graph and its coverage weights. Reloads are phase
+        ``data``; the first load (in :meth:`setup`) is start-up placement: phase ``setup``."""
         o, comm = self.options, self.ctx.comm
-        with comm.phase("data"):
+        with comm.phase("data" if self.lg is not None else comm.phase_name):
             self.lg = self.loader.load(s)
             w = coverage(self.lg, self.ctx.model_cfg.layers, o.coverage)
             self.w_seed = w[self.seed_local].clamp(self.options.w_min, 1.0)
