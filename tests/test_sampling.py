@@ -322,10 +322,32 @@ def test_ladies_columns_follow_successive_sampling():
 @pytest.mark.parametrize("kind", ["uniform", "ladies"])
 def test_dense_and_sorted_renumbering_agree(graph, kind):
     from quietgnn.sampling.renumber import Renumberer
-    dense, sort = _samplers(graph)[kind], _samplers(graph)[kind]
+    dense, sort, slab = _samplers(graph)[kind], _samplers(graph)[kind], _samplers(graph)[kind]
     sort.renumber = Renumberer(cap=0)               # force the sort-unique fallback
+    slab.renumber = Renumberer(cap=2 * graph.num_nodes)   # slabs of 2 minibatches
     targets, off, ids = _bulk_request(graph, k=6, seed=7)
-    a, b = dense.sample(targets, off, ids), sort.sample(targets, off, ids)
-    assert all(torch.equal(x, y) for x, y in zip(a.nodes, b.nodes))
-    assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
-    assert dense.renumber._mark is not None and bool((dense.renumber._mark == -1).all())
+    a = dense.sample(targets, off, ids)
+    for other in (sort, slab):
+        b = other.sample(targets, off, ids)
+        assert all(torch.equal(x, y) for x, y in zip(a.nodes, b.nodes))
+        assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
+    assert slab.renumber._mark.numel() == 2 * graph.num_nodes
+    from quietgnn.sampling.renumber import _FREE
+    assert dense.renumber._mark is not None and bool((dense.renumber._mark == _FREE).all())
+
+
+@pytest.mark.parametrize("kind", ["uniform", "weighted"])
+def test_chunk_budget_does_not_change_the_bulk(graph, kind):
+    """Tiny budgets force many row chunks and renumbering slabs: same bulk, bit for bit."""
+    ref = _samplers(graph)[kind]
+    targets, off, ids = _bulk_request(graph, k=6, seed=8)
+    a = ref.sample(targets, off, ids)
+    for budget in (1, 7, 50):
+        s = NeighborSampler(graph.indptr, graph.indices, ref.fanouts, seed=ref.seed,
+                            edge_weight=ref.edge_weight, budget=budget)
+        b = s.sample(targets, off, ids)
+        assert all(torch.equal(x, y) for x, y in zip(a.nodes, b.nodes))
+        assert all(torch.equal(x, y) for x, y in zip(a.offsets, b.offsets))
+        assert all(torch.equal(x, y) for x, y in zip(a.depth, b.depth))
+        assert all(torch.equal(x.indptr, y.indptr) and torch.equal(x.indices, y.indices)
+                   for x, y in zip(a.blocks, b.blocks))

@@ -44,7 +44,7 @@ from torch import Tensor
 from ..comm import Communicator
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
-from .renumber import Renumberer
+from .renumber import Renumberer, cumsum0
 from .rng import row_keys
 from .sage import check_targets, sample_rows
 
@@ -195,14 +195,13 @@ class Sampler15D:
             mine = torch.nonzero(self.block[nodes] % self.c == self.j).flatten()
             need, where = torch.unique(nodes[mine], return_inverse=True)
             starts, deg, cols = self._rows(need)
-            keys = row_keys(self.seed, batch_ids[mb_row[mine]], h, nodes[mine])
+            keys = row_keys(self.seed, batch_ids, h, mb_row[mine], nodes[mine])
             cnt, src = sample_rows(starts[where], deg[where], s, keys, cols)
             counts, src_all = self._allreduce(R, mine, cnt, src)
-            new_mb = torch.repeat_interleave(mb_row, counts, output_size=src_all.numel())
-            nodes, offs, depth, col = self.renumber.extend(nodes, offs, depth, new_mb, src_all,
+            indptr = cumsum0(counts)
+            nodes, offs, depth, col = self.renumber.extend(nodes, offs, depth,
+                                                         indptr.index_select(0, offs), src_all,
                                                          self.num_nodes, h)
-            indptr = torch.zeros(R + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
             blocks.append(SampledBlock(indptr, col))
             levels.append(nodes)
             level_offs.append(offs)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .bulk import Bulk, SampledBlock, expand_rows
-from .renumber import Renumberer
+from .renumber import Renumberer, cumsum0
 from .rng import hash_keys, uniform
 from .sage import check_targets
 
@@ -106,8 +106,9 @@ class LadiesSampler:
             torch.cumsum(torch.bincount(mb_u, minlength=k), 0, out=first[1:])
             rank = torch.arange(order.numel()) - first[:-1][mb_u[order]]
             chosen = order[rank < s]
+            new_ptr = cumsum0(torch.bincount(mb_u[chosen], minlength=k))
             new_nodes, new_offs, new_depth, _ = self.renumber.extend(
-                nodes, offs, depth, mb_u[chosen], v_u[chosen], n, h)
+                nodes, offs, depth, new_ptr, v_u[chosen], n, h)
             # step 3: keep entries whose column is in S_i u F_i, debias, row-normalise
             mb_row = torch.repeat_interleave(torch.arange(k), new_offs[1:] - new_offs[:-1],
                                              output_size=new_nodes.numel())

@@ -57,9 +57,13 @@ def hash_keys(*parts: Tensor | int) -> Tensor:
     return h
 
 
-def row_keys(seed: int, batch_ids: Tensor, hop: int, nodes: Tensor) -> Tensor:
-    """int64 [R]: one key per frontier row ``(minibatch id, hop, node)``."""
-    return hash_keys(int(seed), batch_ids, int(hop), nodes)
+def row_keys(seed: int, batch_ids: Tensor, hop: int, mb_row: Tensor, nodes: Tensor) -> Tensor:
+    """int64 [R]: one key per frontier row ``(minibatch id, hop, node)``; ``batch_ids`` [k]
+    per minibatch, ``mb_row`` [R] the minibatch of each row. Equal to
+    ``hash_keys(seed, batch_ids[mb_row], hop, nodes)``; the chain's prefix is hashed once per
+    minibatch, not once per row."""
+    prefix = hash_keys(int(seed), batch_ids, int(hop))
+    return mix(prefix.index_select(0, mb_row) ^ nodes)
 
 
 def uniform(keys: Tensor, draw: Tensor | int = 0) -> Tensor:

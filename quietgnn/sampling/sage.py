@@ -33,68 +33,86 @@ import torch
 from torch import Tensor
 
 from .bulk import Bulk, SampledBlock
-from .renumber import Renumberer
+from .renumber import BUDGET, Renumberer, chunk_bounds, cumsum0
 from .rng import row_keys, uniform
 
 __all__ = ["NeighborSampler", "sample_rows", "check_targets"]
 
 
 def sample_rows(starts: Tensor, deg: Tensor, fanout: int, keys: Tensor, indices: Tensor,
-                weights: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                weights: Optional[Tensor] = None, budget: int = BUDGET) -> tuple[Tensor, Tensor]:
     """Sample ``min(fanout, deg)`` distinct entries of every row.
 
     ``starts``/``deg`` [R]: where each row lives in ``indices`` (and ``weights``); ``keys`` [R]:
-    the rows' RNG keys. Returns ``(counts [R], sources [sum counts])``, sources of a row in
-    ascending CSR position order. ``fanout < 0`` keeps every entry.
+    the rows' RNG keys. Returns ``(counts [R], sources [sum counts])``, a row's sources
+    contiguous: all of a row with ``deg <= fanout`` in CSR order, otherwise in draw order.
+    ``fanout < 0`` keeps every entry. Rows are processed in chunks of about ``budget`` sampled
+    entries (cache-sized temporaries, see :mod:`~quietgnn.sampling.renumber`); rows are
+    independent, so the chunking does not change the result.
     """
     s = int(fanout)
     counts = deg if s < 0 else deg.clamp(max=s)
-    total = int(counts.sum())
-    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=ptr[1:])
+    ptr = cumsum0(counts)
+    out = torch.empty(int(ptr[-1]), dtype=indices.dtype)
+    for r0, r1 in chunk_bounds(ptr + torch.arange(ptr.numel()), budget):
+        e0, e1 = int(ptr[r0]), int(ptr[r1])
+        pos = _positions(starts[r0:r1], deg[r0:r1], counts[r0:r1], ptr[r0:r1 + 1] - e0, s,
+                         keys[r0:r1], weights)
+        torch.index_select(indices, 0, pos, out=out[e0:e1])
+    return counts, out
+
+
+def _positions(starts: Tensor, deg: Tensor, counts: Tensor, ptr: Tensor, s: int, keys: Tensor,
+               weights: Optional[Tensor]) -> Tensor:
+    """CSR positions of the sampled entries of a chunk of rows (``ptr``: chunk-local)."""
+    total = int(ptr[-1])
     # default: the first counts[r] positions of every row (all of a row with deg <= s)
-    within = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(
-        ptr[:-1], counts, output_size=total)
+    pos = torch.arange(total) + torch.repeat_interleave(starts - ptr[:-1], counts,
+                                                        output_size=total)
     big = torch.nonzero(deg > s).flatten() if s >= 0 else deg.new_empty(0)
     if big.numel():
+        b_start, b_deg, b_keys = (t.index_select(0, big) for t in (starts, deg, keys))
         if weights is None:
-            chosen = _floyd(deg[big], s, keys[big])
+            chosen = _floyd(b_deg, s, b_keys)
         else:
-            chosen = _exp_keys(starts[big], deg[big], s, keys[big], weights)
-        slots = ptr[big].unsqueeze(1) + torch.arange(s)
-        within[slots.flatten()] = chosen.flatten()
-    pos = torch.repeat_interleave(starts, counts, output_size=total) + within
-    return counts, indices[pos]
+            chosen = _exp_keys(b_start, b_deg, s, b_keys, weights)
+        slots = ptr.index_select(0, big) + torch.arange(s).unsqueeze(1)      # [s, B]
+        pos.scatter_(0, slots.flatten(), (chosen + b_start).flatten())
+    return pos
 
 
 def _floyd(d: Tensor, s: int, keys: Tensor) -> Tensor:
-    """[R, s] sorted uniform s-subsets of ``{0..d_r-1}`` (all d_r > s)."""
-    chosen = torch.empty(d.numel(), s, dtype=torch.int64)
-    for m in range(s):
-        j = d - s + m
-        t = (uniform(keys, m) * (j + 1).to(torch.float64)).to(torch.int64).clamp_(max=j)
-        if m:
-            dup = (chosen[:, :m] == t.unsqueeze(1)).any(1)
-            t = torch.where(dup, j, t)
-        chosen[:, m] = t
-    return chosen.sort(dim=1).values
+    """[s, B] uniform s-subsets of ``{0..d_b-1}`` (all d_b > s), column b = row b's subset.
+
+    Draw m takes ``t ~ U{0..j}``, ``j = d - s + m``, or ``j`` itself when ``t`` is taken
+    already (every earlier pick is ``< j``, so ``j`` is free). Laid out draw-major so every
+    step reads and writes contiguous rows; the s uniforms of all rows come from one hash call.
+    """
+    j = (d - s) + torch.arange(s).unsqueeze(1)                               # [s, B]
+    t = (uniform(keys, torch.arange(s).unsqueeze(1)) * (j + 1).to(torch.float64)
+         ).to(torch.int64)
+    t = torch.minimum(t, j)   # guards the (theoretical) rounding of u * (j + 1) up to j + 1
+    for m in range(1, s):
+        dup = (t[:m] == t[m]).any(0)
+        t[m] = torch.where(dup, j[m], t[m])
+    return t
 
 
 def _exp_keys(starts: Tensor, d: Tensor, s: int, keys: Tensor, weights: Tensor) -> Tensor:
-    """[R, s] sorted positions of the s smallest ``-log(U)/w`` in every row (all d_r > s)."""
+    """[s, B] positions of the s smallest ``-log(U)/w`` of every row (all d_b > s), in key
+    order (the successive-sampling order)."""
     R = d.numel()
-    total = int(d.sum())
-    ptr = torch.zeros(R + 1, dtype=torch.int64)
-    torch.cumsum(d, 0, out=ptr[1:])
+    ptr = cumsum0(d)
+    total = int(ptr[-1])
     row = torch.repeat_interleave(torch.arange(R), d, output_size=total)
-    within = torch.arange(total) - ptr[:-1][row]
-    w = weights[starts[row] + within].to(torch.float64)
-    e = -torch.log1p(-uniform(keys[row], within)) / w
+    within = torch.arange(total) - ptr[:-1].index_select(0, row)
+    w = weights.index_select(0, starts.index_select(0, row) + within).to(torch.float64)
+    e = -torch.log1p(-uniform(keys.index_select(0, row), within)) / w
     order = torch.argsort(e)
-    order = order[torch.argsort(row[order], stable=True)]   # by row, then by key
-    rank = torch.arange(total) - ptr[:-1][row[order]]
-    top = order[rank < s]                                  # row-major, s per row
-    return within[top].view(R, s).sort(dim=1).values
+    order = order[torch.argsort(row.index_select(0, order), stable=True)]  # by row, then key
+    rank = torch.arange(total) - ptr[:-1].index_select(0, row.index_select(0, order))
+    top = order[rank < s]                                                  # row-major, s per row
+    return within.index_select(0, top).view(R, s).T
 
 
 def check_targets(targets: Tensor, offsets: Tensor, batch_ids: Tensor, num_nodes: int) -> None:
@@ -121,11 +139,13 @@ class NeighborSampler:
 
     ``fanouts[h]``: neighbours per row at hop h (h = 0 next to the targets; -1 = all).
     ``edge_weight`` [E] > 0: weighted rows (successive sampling); None: uniform.
+    ``budget``: sampled entries per vectorised chunk (a speed knob only: any value gives the
+    same bulks).
     Holds only the topology and the seed: a sampler produces indices, never features.
     """
 
     def __init__(self, indptr: Tensor, indices: Tensor, fanouts: Sequence[int], seed: int = 0,
-                 edge_weight: Optional[Tensor] = None) -> None:
+                 edge_weight: Optional[Tensor] = None, budget: int = BUDGET) -> None:
         if not len(fanouts) or any(int(f) == 0 or int(f) < -1 for f in fanouts):
             raise ValueError(f"fanouts = {list(fanouts)}; expected one positive int (or -1 = "
                              f"all neighbours) per hop, e.g. [15, 10, 5]")
@@ -139,7 +159,8 @@ class NeighborSampler:
         self.fanouts = [int(f) for f in fanouts]
         self.seed, self.edge_weight = int(seed), edge_weight
         self.num_nodes = int(indptr.numel() - 1)
-        self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
+        self.budget = int(budget)      # entries per vectorised chunk (cache-sized temporaries)
+        self.renumber = Renumberer(budget=self.budget)   # scratch of the dense renumbering
 
     def __repr__(self) -> str:
         kind = "uniform" if self.edge_weight is None else "weighted"
@@ -155,15 +176,15 @@ class NeighborSampler:
         for h, s in enumerate(self.fanouts):
             mb_row = torch.repeat_interleave(torch.arange(offs.numel() - 1), offs[1:] - offs[:-1],
                                              output_size=nodes.numel())
-            starts = self.indptr[nodes]
-            deg = self.indptr[nodes + 1] - starts
-            keys = row_keys(self.seed, batch_ids[mb_row], h, nodes)
-            counts, src = sample_rows(starts, deg, s, keys, self.indices, self.edge_weight)
-            new_mb = torch.repeat_interleave(mb_row, counts, output_size=src.numel())
-            nodes, offs, depth, cols = self.renumber.extend(nodes, offs, depth, new_mb, src,
+            starts = self.indptr.index_select(0, nodes)
+            deg = self.indptr.index_select(0, nodes + 1) - starts
+            keys = row_keys(self.seed, batch_ids, h, mb_row, nodes)
+            counts, src = sample_rows(starts, deg, s, keys, self.indices, self.edge_weight,
+                                      self.budget)
+            indptr = cumsum0(counts)
+            nodes, offs, depth, cols = self.renumber.extend(nodes, offs, depth,
+                                                          indptr.index_select(0, offs), src,
                                                           self.num_nodes, h)
-            indptr = torch.zeros(counts.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
             blocks.append(SampledBlock(indptr, cols))
             levels.append(nodes)
             level_offs.append(offs)
