@@ -1,10 +1,12 @@
-"""`adaqp`: equals `halo` with quantization off, wire bytes follow the codec formula, the
+"""`adaqp`: equals `halo` with quantization off (dropout included), overlap on and off give the
+same result (quantized too), wire bytes follow the codec formula (fixed and mixed widths), the
 adaptive assignment is consistent on both ends of every channel, the fast solver matches the
 MILP, and a checkpoint resumes the quantizer exactly. Real gloo processes on 127.0.0.1."""
 
 from __future__ import annotations
 
 import copy
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from quietgnn.comm import Communicator
 from quietgnn.comm.bitassign import AssignProblem, evaluate, solve_fast, solve_milp
-from quietgnn.comm.codecs import row_bytes
+from quietgnn.comm.codecs import payload_bytes, row_bytes
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
@@ -25,15 +27,16 @@ from helpers import small_graph
 ARCHS = ("gcn", "sage", "gat")
 
 
-def _ctx(comm, part, arch, layers=2, hidden=8):
+def _ctx(comm, part, arch, layers=2, hidden=8, dropout=0.0):
     return WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
                          model_cfg=ModelConfig(arch=arch, hidden=hidden, layers=layers,
-                                               dropout=0.0, heads=2, norm="layer"),
+                                               dropout=dropout, heads=2, norm="layer"),
                          train_cfg=TrainConfig(seed=7))
 
 
 def _grads(strategy, forward, part, comm):
     strategy.model.train()
+    torch.manual_seed(11)          # the same dropout masks for every strategy compared
     logits = forward()
     loss = masked_loss(logits, part.y, part.train_mask, part.num_train_global)
     loss.backward()
@@ -42,19 +45,40 @@ def _grads(strategy, forward, part, comm):
 
 
 def _vs_halo(comm, graph, parts):
-    """bits=32 adaqp (overlap on and off) against halo, per architecture."""
+    """Per architecture, training mode with dropout: bits=32 adaqp (overlap on and off)
+    against halo, and 4-bit adaqp with overlap on against off (same quantization draws)."""
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {}
     for a in ARCHS:
-        h = Halo(_ctx(comm, part, a))
+        h = Halo(_ctx(comm, part, a, dropout=0.5))
         h.setup()
         ref = _grads(h, h.forward, part, comm)
         for overlap in (True, False):
-            s = AdaQP(_ctx(comm, part, a), AdaQPOptions(bits=32, overlap=overlap))
+            s = AdaQP(_ctx(comm, part, a, dropout=0.5), AdaQPOptions(bits=32, overlap=overlap))
             s.setup()
             got = _grads(s, lambda: s.forward(train=True), part, comm)
             out[(a, overlap)] = (ref, got)
+        q = []
+        for overlap in (True, False):
+            s = AdaQP(_ctx(comm, part, a, dropout=0.5), AdaQPOptions(bits=4, overlap=overlap))
+            s.setup()
+            q.append(_grads(s, lambda: s.forward(train=True), part, comm))
+        out[(a, "4-bit overlap on vs off")] = tuple(q)
+        # quantization really changed something (else the comparison above proves nothing)
+        assert not torch.allclose(q[0][0], ref[0], atol=1e-5)
     return out
+
+
+def _async_cpu(comm):
+    """An async exchange's CPU seconds exclude what the caller computes while it flies."""
+    pending = comm.all_to_all_async([torch.zeros(4, dtype=torch.uint8)] * comm.world_size,
+                                    "async")
+    c0 = time.thread_time()
+    x = 0
+    while time.thread_time() - c0 < 0.3:
+        x += 1
+    pending.wait()
+    return comm.take_records()[-1].cpu_seconds
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +120,22 @@ def _check_vs_halo(results):
                 assert torch.allclose(g0[name], g1[name], atol=1e-5), (a, overlap, name)
 
 
-def test_adaqp_without_quantization_equals_halo_p2(graph):
-    parts = partition_nodes(graph, "metis", 2, seed=0)
-    _check_vs_halo(spawn_function(_vs_halo, 2, args=(graph, parts)))
+def _p2(comm, graph, parts):
+    return {"halo": _vs_halo(comm, graph, parts), "async_cpu": _async_cpu(comm)}
+
+
+@pytest.fixture(scope="module")
+def p2(graph):
+    return spawn_function(_p2, 2, args=(graph, partition_nodes(graph, "metis", 2, seed=0)))
+
+
+def test_adaqp_without_quantization_equals_halo_p2(p2):
+    _check_vs_halo([r["halo"] for r in p2])
+
+
+def test_async_exchange_cpu_excludes_overlapped_compute(p2):
+    # 0.3 s of CPU ran while the exchange was in flight: that is compute, not communication
+    assert all(r["async_cpu"] < 0.1 for r in p2), [r["async_cpu"] for r in p2]
 
 
 def test_adaqp_without_quantization_equals_halo_p4(p4):
@@ -138,8 +175,21 @@ def _adaptive_run(comm, graph, parts, epochs):
             hist.append(res.extra["bits_hist"])
             losses.append(res.loss)
         state = copy.deepcopy(s.state_dict())   # what a checkpoint file holds
+        recs = comm.take_records()
         after = s.train_epoch(epochs)
-    kinds = sorted({(r.kind, r.phase) for r in comm.take_records()})
+    last = comm.take_records()
+    kinds = sorted({(r.kind, r.phase) for r in recs + last})
+    # mixed widths on the wire: every exchange of that epoch sends what the formula says
+    keys = s.ex.keys(s.L)
+    wire = {"sent": [r.bytes_sent for r in last if r.kind in ("adaqp_fwd", "adaqp_bwd")],
+            "recv": [r.bytes_recv for r in last if r.kind in ("adaqp_fwd", "adaqp_bwd")],
+            "formula_sent": [sum(payload_bytes(w, s.model.dims[k[1]])
+                                 for j, w in enumerate(s.ex.widths[k]["send"]) if j != comm.rank)
+                             for k in keys],
+            "formula_recv": [sum(payload_bytes(w, s.model.dims[k[1]])
+                                 for j, w in enumerate(s.ex.widths[k]["recv"]) if j != comm.rank)
+                             for k in keys],
+            "order": [r.kind for r in last if r.kind in ("adaqp_fwd", "adaqp_bwd")]}
     s2 = AdaQP(_ctx(comm, part, "sage", layers=3, hidden=16),
                AdaQPOptions(bits="adaptive", assign_cycle=2, group_size=5, solver="fast",
                             time_model="lan"))
@@ -151,7 +201,7 @@ def _adaptive_run(comm, graph, parts, epochs):
     widths = {k: {side: [t.tolist() for t in v] for side, v in d.items()}
               for k, d in s.ex.widths.items()}
     return {"hist": hist, "widths": widths, "kinds": kinds, "losses": losses,
-            "resume": (after.loss, again.loss)}
+            "resume": (after.loss, again.loss), "wire": wire}
 
 
 def test_adaptive_assignment_is_consistent_and_resumable(p4):
@@ -167,6 +217,14 @@ def test_adaptive_assignment_is_consistent_and_resumable(p4):
         # the assignment is training traffic; nothing else is sent
         assert r["kinds"] == [("adaqp_assign", "train"), ("adaqp_bwd", "train"),
                               ("adaqp_fwd", "train"), ("grad_allreduce", "train")]
+        # bytes per exchange = sum over rows of ceil(b D / 8) + 4 at each row's own width;
+        # forward exchanges in layer order, then backward from the last layer down
+        w = r["wire"]
+        n_f = w["order"].count("adaqp_fwd")
+        expect_sent = w["formula_sent"][:n_f] + w["formula_sent"][n_f:][::-1]
+        expect_recv = w["formula_recv"][:n_f] + w["formula_recv"][n_f:][::-1]
+        assert w["order"] == ["adaqp_fwd"] * n_f + ["adaqp_bwd"] * (len(w["order"]) - n_f)
+        assert w["sent"] == expect_sent and w["recv"] == expect_recv
         # resuming from the state dict repeats the next epoch exactly (weights, widths, RNG)
         assert r["resume"][0] == pytest.approx(r["resume"][1], rel=1e-6)
         assert r["losses"][-1] < r["losses"][0]
@@ -194,3 +252,31 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="time_model"):
         AdaQPOptions(time_model="moon")
     assert AdaQPOptions(bits="4").bits == 4
+
+
+def test_fast_solver_reaches_milp_objective_on_adaqp_shaped_instances():
+    """What ``AdaQP._solve`` builds: per channel, rows sorted by sigma and cut into groups of
+    equal size (the last one partial), more groups per channel than the fast solver
+    enumerates (its sweep path), channels of unequal speed, the default lam and others."""
+    worst = 0.0
+    for seed in range(10):
+        rng = np.random.default_rng(100 + seed)
+        C = int(rng.integers(2, 5))
+        gs = int(rng.choice([20, 100]))
+        sig, size, chan = [], [], []
+        for c in range(C):
+            n = int(rng.integers(9 * gs, 15 * gs))          # 9..15 groups on this channel
+            row_sig = np.sort(rng.lognormal(0, 1.5, n))[::-1]
+            g = np.arange(n) // gs
+            sig.append(np.bincount(g, weights=row_sig))
+            size.append(np.bincount(g).astype(float))
+            chan.append(np.full(g.max() + 1, c))
+        p = AssignProblem(sigma=np.concatenate(sig), size=np.concatenate(size),
+                          channel=np.concatenate(chan), alpha=rng.uniform(2e-3, 2e-2, C),
+                          gamma=rng.uniform(1e-4, 1e-3, C), width=int(rng.choice([64, 256, 1433])),
+                          lam=[0.5, 0.5, 0.2, 0.8, 0.5][seed % 5])
+        exact = evaluate(p, solve_milp(p))[0]
+        fast = evaluate(p, solve_fast(p))[0]
+        assert fast >= exact * (1 - 1e-3) - 1e-9   # CBC stops within its default gap
+        worst = max(worst, (fast - exact) / max(exact, 1e-9))
+    assert worst <= 0.01, worst

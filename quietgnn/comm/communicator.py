@@ -105,6 +105,7 @@ class PendingExchange:
 
     def wait(self) -> list[Tensor]:
         if self._result is None:
+            self.wait_cpu0 = time.thread_time()
             if self._work is not None:
                 self._comm._guard(lambda: self._work.wait(), "all_to_all.wait",
                                   getattr(self, "kind", ""))
@@ -319,8 +320,14 @@ class Communicator:
         recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize + extra
         msgs = sum(1 for j in range(P) if j != self.rank and send_counts[j] > 0)
 
+        start_cpu = time.thread_time() - c0
+
         def finish() -> None:
-            self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0, c0, r)
+            # CPU seconds of the op: starting it plus waiting for it, not what the caller
+            # computed while it was in flight (that is compute, and an overlapping strategy
+            # would otherwise have it subtracted from its compute time); seconds: in flight
+            self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0,
+                         pending.wait_cpu0 - start_cpu, r)
 
         pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
         pending.kind = kind   # named in the error if the wait fails

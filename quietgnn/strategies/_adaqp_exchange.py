@@ -121,8 +121,12 @@ class QuantizedHalo:
             self.traced_n[key] = 0
 
     def reset_stats(self) -> None:
+        # span_s / wait_s: wall seconds exchanges were in flight / this rank sat blocked;
+        # rows: rows sent per width, by_key: the same per exchange ("f0", "b2", ...);
+        # inflight: per exchange [communicator round, CPU seconds this rank computed while
+        # it was in flight] (what overlap can hide a network transfer behind)
         self.stats: dict[str, Any] = {"span_s": 0.0, "wait_s": 0.0, "codec_s": 0.0,
-                                      "rows": {}, "bytes": 0}
+                                      "rows": {}, "by_key": {}, "bytes": 0, "inflight": []}
 
     def _widths(self, key: Key, side: str, d: int) -> list[Tensor]:
         if self.quantize:
@@ -154,19 +158,25 @@ class QuantizedHalo:
             payloads.append(pl)
         if self.trace:
             st = self.stats
+            name = f"{key[0]}{key[1]}"
+            per_key = st["by_key"].setdefault(name, {})
             for j in range(self.P):
                 if j != self.rank:
                     for b, c in zip(*torch.unique(send_w[j], return_counts=True)):
                         st["rows"][int(b)] = st["rows"].get(int(b), 0) + int(c)
+                        per_key[int(b)] = per_key.get(int(b), 0) + int(c)
                     st["bytes"] += int(payloads[j].numel())
         rcounts = [0 if j == self.rank else payload_bytes(recv_w[j], d) for j in range(self.P)]
         t1 = time.perf_counter()
         self.stats["codec_s"] += t1 - t0
-        box[slot] = (self.comm.all_to_all_async(payloads, f"{self.kind}_{'fwd' if key[0] == 'f' else 'bwd'}",
-                                                rcounts), t1, recv_w, d, key)
+        kind = f"{self.kind}_{'fwd' if key[0] == 'f' else 'bwd'}"
+        pending = self.comm.all_to_all_async(payloads, kind, rcounts)
+        box[slot] = (pending, t1, recv_w, d, key, self.comm.round - 1, time.thread_time())
 
     def _recv(self, box: dict, slot: str) -> list[Optional[Tensor]]:
-        pending, t1, recv_w, d, key = box.pop(slot)
+        pending, t1, recv_w, d, key, rnd, c1 = box.pop(slot)
+        if self.trace:
+            self.stats["inflight"].append([rnd, time.thread_time() - c1])
         tw = time.perf_counter()
         got = pending.wait()
         t2 = time.perf_counter()

@@ -299,7 +299,12 @@ class AdaQP(Strategy):
         ex.trace = train
         h = self.x
         for i in range(self.L):
-            h = F.dropout(h, m.dropout, m.training)
+            if m.training and m.dropout > 0:
+                # the mask is drawn in the partition's own row order and then permuted, so
+                # that adaqp and halo see the same masks from the same seed: at 32 bits the
+                # two train identically, and otherwise they differ by quantization alone
+                keep = F.dropout(torch.ones_like(h), m.dropout, True)
+                h = h * keep[self.perm]
             if self.options.overlap:
                 out_c, src = ex(h, i, lambda hh, i=i: m.block(i, hh, self.adj_c))
             else:
@@ -314,9 +319,13 @@ class AdaQP(Strategy):
 
     def train_epoch(self, epoch: int) -> EpochResult:
         o, ex = self.options, self.ex
+        solve_s = 0.0
         if (o.bits == "adaptive" and self.ctx.world_size > 1 and epoch > 0
                 and epoch % o.assign_cycle == 0 and ex.traced_n.get(("f", 0), 0) > 0):
+            n_log = len(self.assign_log)
             self._assign()
+            # rank 0's solver runs while the others wait (CBC in a subprocess: wall seconds)
+            solve_s = sum(e["solve_s"] for e in self.assign_log[n_log:])
         ex.reset_stats()
         t0 = time.perf_counter()
         self.model.train()
@@ -330,8 +339,11 @@ class AdaQP(Strategy):
         self.opt.step()
         st = ex.stats
         extra = {"bits_hist": {str(b): n for b, n in sorted(st["rows"].items())},
+                 "bits_by_key": {k: {str(b): n for b, n in sorted(v.items())}
+                                 for k, v in st["by_key"].items()},
                  "halo_bytes": st["bytes"], "exch_span_s": st["span_s"],
                  "exch_wait_s": st["wait_s"], "codec_s": st["codec_s"],
+                 "inflight": st["inflight"], "solve_s": solve_s,
                  "step_s": time.perf_counter() - t0, "assignments": self.assignments}
         return EpochResult(loss=global_loss, extra=extra)
 
