@@ -68,7 +68,8 @@ P = 4
 CONFIGS = [({"mode": "full", "period_steps": 2}, -1),
            ({"mode": "minibatch", "period_steps": 2, "fanouts": "4,4", "batch_size": 16}, -1),
            ({"mode": "full", "period_steps": 3}, 2),
-           ({"mode": "minibatch", "period_s": 0.2, "fanouts": 3, "batch_size": 8}, -1)]
+           ({"mode": "minibatch", "period_s": 0.2, "fanouts": 3, "batch_size": 8}, -1),
+           ({"mode": "minibatch", "period_epochs": 1.5, "fanouts": 3, "batch_size": 8}, -1)]
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +78,13 @@ def graph():
 
 
 @pytest.fixture(scope="module")
-def runs(graph):
+def parts(graph):
+    return partition_nodes(graph, "random", P, seed=0)
+
+
+@pytest.fixture(scope="module")
+def runs(graph, parts):
     """All multi-process runs of this module in one spawn (process start-up dominates)."""
-    parts = partition_nodes(graph, "random", P, seed=0)
     res = spawn_function(_run, P, args=(graph, parts, CONFIGS))
     return [[res[r][c] for r in range(P)] for c in range(len(CONFIGS))]
 
@@ -131,6 +136,33 @@ def test_time_based_period(runs):
         assert all([x["kind"] for x in recs] == ["model_avg"] for recs in r["train"])
     post = [r["post"][-1] for r in runs[3]]
     assert all(torch.equal(p, post[0]) for p in post)
+
+
+def test_period_in_epoch_equivalents(graph, parts, runs):
+    """period_epochs (the default kind of period): each trainer makes that many passes over its
+    own training nodes per average, ceil(n_train / batch_size) steps a pass."""
+    for rank, r in enumerate(runs[4]):
+        part = build_partitions(graph, parts, ranks=[rank])[0]
+        per_pass = math.ceil(int(part.train_mask.sum()) / 8)
+        assert r["steps"] == [math.ceil(1.5 * per_pass)] * EPOCHS
+
+
+def test_one_average_costs_no_more_than_one_gradient_allreduce(runs):
+    """What the default period rests on: one average moves (almost) exactly the bytes of one
+    gradient all-reduce of the same model, which ``halo`` pays every epoch; so averaging every
+    k epoch-equivalents is <= ~1/k of halo's training bytes on any graph."""
+    res = runs[0]
+    M = res[0]["numel"]                           # no buffers: |theta| = parameter count
+    allreduce = P * 2 * (P - 1) * 4 * (M + 1 + P) // P      # sync_gradients, all ranks
+    average = sum(r["train"][0][0]["bytes_sent"] for r in res)
+    assert allreduce <= average <= allreduce + (P - 1) * 64
+
+
+def test_default_period_is_200_epoch_equivalents():
+    o = TMAOptions()
+    assert (o.period_s, o.period_steps, o.period_epochs) == (0.0, 0, 200.0)
+    with pytest.raises(ValueError, match="period_epochs"):
+        TMAOptions(period_epochs=0)
 
 
 def test_assemble_graph_rebuilds_the_whole_graph(graph):

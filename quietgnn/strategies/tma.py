@@ -11,12 +11,35 @@ local training nodes) or on neighbour-sampled mini-batches drawn inside that sub
 trainer finishes its current step and the models are averaged; everyone continues from the
 average (optimizer states stay local).
 
-One trainer epoch = one averaging period: train until the period is over, then average.
+One trainer epoch = one averaging period: train until the period is over, then average. So
+``train.epochs`` counts *averages* for ``tma`` (each is ``period_epochs`` local passes by
+default: ``--epochs 3`` is already 600 passes over every trainer's data).
+
+The period, in order of precedence:
 
 * ``period_s > 0``: time-based, as in the paper: each trainer trains for ``period_s`` seconds of
   wall clock (counted from the moment it received the previous average, so the trainers stay
   aligned) and at least one step;
-* otherwise step-based (reproducible): ``period_steps`` local steps per period.
+* ``period_steps > 0``: that many local steps (reproducible; what the tests use);
+* otherwise (the default) ``period_epochs`` local *epoch-equivalents*: passes over the trainer's
+  own training nodes (1 step in ``full`` mode, ``ceil(n_train / batch_size)`` steps in
+  ``minibatch`` mode). P trainers each making one pass see the whole training set once, the
+  work of one ``halo`` epoch.
+
+Why the default is 200 epoch-equivalents (and not a few seconds, nor a few steps). One average
+moves ``2 (P-1) * 4 |theta|`` bytes in all (plus headers) -- the same as one gradient all-reduce,
+which ``halo`` pays *every* epoch on top of its halo rows. So averaging every ``k``
+epoch-equivalents costs at most ``1/k`` of ``halo``'s training bytes per epoch on *any* graph,
+model or P (about ``1/k`` when the halo is tiny -- the averaging frame has a few header bytes
+more than the all-reduce -- and less the larger the halo):
+``k = 200`` meets the 1/200 traffic goal of this project without knowing the graph. A wall-clock
+period cannot promise that (how many passes fit in ``period_s`` depends on the hardware and the
+graph), and a fixed step count cannot either (on a small graph a step is a whole epoch). What a
+long period costs: trainers drift apart between averages, which randomized partitions tolerate
+(each trainer sees a representative sample; the paper's point) and METIS partitions
+(PSGD-PA) do not. On large graphs, where the halo is far larger than the model, a shorter
+period (``period_epochs`` 10-20, or the paper's ``period_s``) still meets the goal; pick
+``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch``.
 
 The variant is the partitioner (``--partition.method``), not code:
 
@@ -85,11 +108,16 @@ VARIANTS = {"random": "random", "randomtma": "random", "supernode": "supernode",
 class TMAOptions:
     """Options of ``tma`` (``--options.KEY VALUE``)."""
 
-    #: seconds of wall clock per averaging period (time-based, the paper's setting); 0: use
-    #: ``period_steps`` instead
+    #: seconds of wall clock per averaging period (time-based, the paper's setting); 0: off.
+    #: Takes precedence over the two below
     period_s: float = 0.0
-    #: local steps per averaging period when ``period_s`` is 0 (reproducible)
-    period_steps: int = 10
+    #: local steps per averaging period (reproducible, for tests); 0: off. Takes precedence
+    #: over ``period_epochs``
+    period_steps: int = 0
+    #: local epoch-equivalents (passes over the trainer's own training nodes) per averaging
+    #: period, the default period; 200 keeps averaging under 1/200 of ``halo``'s bytes per epoch
+    #: on any graph (see the module docstring)
+    period_epochs: float = 200.0
     #: 'minibatch' (neighbour-sampled, as in the paper) or 'full' (whole local subgraph per step)
     mode: str = "minibatch"
     #: neighbours sampled per layer, input layer first: a list or "10,25"; one value = all layers
@@ -110,9 +138,13 @@ class TMAOptions:
     def __post_init__(self) -> None:
         if not float(self.period_s) >= 0:
             raise ValueError(f"options.period_s = {self.period_s!r}; expected seconds >= 0 "
-                             f"(0 = step-based, see options.period_steps)")
-        if not isinstance(self.period_steps, int) or self.period_steps < 1:
-            raise ValueError(f"options.period_steps = {self.period_steps!r}; expected an int >= 1")
+                             f"(0 = step-based, see options.period_steps / period_epochs)")
+        if not isinstance(self.period_steps, int) or self.period_steps < 0:
+            raise ValueError(f"options.period_steps = {self.period_steps!r}; expected an int >= 0 "
+                             f"(0 = use period_epochs)")
+        if not float(self.period_epochs) > 0:
+            raise ValueError(f"options.period_epochs = {self.period_epochs!r}; expected a number "
+                             f"> 0 (e.g. 200, or 0.5 for half a pass)")
         if self.mode not in ("full", "minibatch"):
             raise ValueError(f"options.mode = {self.mode!r}; expected 'full' or 'minibatch'")
         self.fanouts = _parse_fanouts(self.fanouts)
@@ -272,6 +304,11 @@ class TMA(Strategy):
             raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
                              f"model has {ctx.model_cfg.layers} layers; give one per layer")
         self.sampler = LocalSampler(indptr, indices, fanouts, seed=ctx.seed * 7919 + ctx.rank)
+        #: local steps of one pass over this trainer's training nodes (an epoch-equivalent)
+        self.steps_per_epoch = 1 if o.mode == "full" else \
+            math.ceil(self.train_idx.numel() / o.batch_size)
+        self.period_len = o.period_steps if o.period_steps > 0 else \
+            max(1, math.ceil(float(o.period_epochs) * self.steps_per_epoch))
         self._queue: list[Tensor] = []
         self.avg_round = 0
         self.history: list[dict[str, Any]] = []     # rank 0: survivors per average
@@ -345,7 +382,7 @@ class TMA(Strategy):
         o = self.options
         if o.period_s > 0:
             return time.monotonic() - self._t_period >= o.period_s
-        return steps >= o.period_steps
+        return steps >= self.period_len
 
     def train_epoch(self, epoch: int) -> EpochResult:
         steps, loss_sum = 0, 0.0
@@ -375,6 +412,7 @@ class TMA(Strategy):
         return EpochResult(loss=loss if math.isfinite(loss) else 0.0, steps=steps,
                            extra={"avg_round": self.avg_round, "survivors": len(ranks),
                                   "averaged_ranks": ranks, "local_steps": steps,
+                                  "local_epochs": steps / max(1, self.steps_per_epoch),
                                   "mean_steps": float(total[-2]) / max(1, len(ranks))})
 
     def _float_state(self) -> list[Tensor]:
