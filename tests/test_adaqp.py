@@ -46,24 +46,27 @@ def _grads(strategy, forward, part, comm):
 
 def _vs_halo(comm, graph, parts):
     """Per architecture, training mode with dropout: bits=32 adaqp (overlap on and off)
-    against halo, and 4-bit adaqp with overlap on against off (same quantization draws)."""
+    against halo, and 4-bit adaqp with overlap on against off (same quantization draws).
+    Hidden 4 and 16 on 8 features: narrowing (split) and widening first layers."""
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {}
-    for a in ARCHS:
-        h = Halo(_ctx(comm, part, a, dropout=0.5))
+    for a, hid in (("gcn", 4), ("gcn", 16), ("sage", 4), ("sage", 16), ("gat", 8)):
+        h = Halo(_ctx(comm, part, a, hidden=hid, dropout=0.5))
         h.setup()
         ref = _grads(h, h.forward, part, comm)
         for overlap in (True, False):
-            s = AdaQP(_ctx(comm, part, a, dropout=0.5), AdaQPOptions(bits=32, overlap=overlap))
+            s = AdaQP(_ctx(comm, part, a, hidden=hid, dropout=0.5),
+                      AdaQPOptions(bits=32, overlap=overlap))
             s.setup()
             got = _grads(s, lambda: s.forward(train=True), part, comm)
-            out[(a, overlap)] = (ref, got)
+            out[(a, hid, overlap)] = (ref, got)
         q = []
         for overlap in (True, False):
-            s = AdaQP(_ctx(comm, part, a, dropout=0.5), AdaQPOptions(bits=4, overlap=overlap))
+            s = AdaQP(_ctx(comm, part, a, hidden=hid, dropout=0.5),
+                      AdaQPOptions(bits=4, overlap=overlap))
             s.setup()
             q.append(_grads(s, lambda: s.forward(train=True), part, comm))
-        out[(a, "4-bit overlap on vs off")] = tuple(q)
+        out[(a, hid, "4-bit overlap on vs off")] = tuple(q)
         # quantization really changed something (else the comparison above proves nothing)
         assert not torch.allclose(q[0][0], ref[0], atol=1e-5)
     return out
@@ -114,10 +117,10 @@ def p4(graph):
 
 def _check_vs_halo(results):
     for res in results:
-        for (a, overlap), ((l0, g0), (l1, g1)) in res.items():
-            assert torch.allclose(l0, l1, atol=1e-5), (a, overlap)
+        for key, ((l0, g0), (l1, g1)) in res.items():
+            assert torch.allclose(l0, l1, atol=1e-5), key
             for name in g0:
-                assert torch.allclose(g0[name], g1[name], atol=1e-5), (a, overlap, name)
+                assert torch.allclose(g0[name], g1[name], atol=1e-5), (key, name)
 
 
 def _p2(comm, graph, parts):

@@ -56,19 +56,24 @@ class _Start(torch.autograd.Function):
 class _Finish(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, token: Tensor, ex: "QuantizedHalo", layer: int,  # type: ignore[override]
-                box: dict) -> Tensor:
-        ctx.ex, ctx.layer, ctx.box = ex, layer, box
+                box: dict, halo_only: bool) -> Tensor:
+        ctx.ex, ctx.layer, ctx.box, ctx.halo_only = ex, layer, box, halo_only
         halo = ex._finish_fwd(layer, box, h.dtype)
+        if halo_only:
+            return halo
         nc = ex.n_central
         return torch.cat([h[nc:], h[:nc], halo])
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         ex = ctx.ex
+        if ctx.halo_only:
+            ex._start_bwd(g, ctx.layer, ctx.box)
+            return None, g.new_zeros(0), None, None, None, None
         nc, nm, n_own = ex.n_central, ex.n_own - ex.n_central, ex.n_own
         g_h = torch.cat([g[nm:n_own], g[:nm]])
         ex._start_bwd(g[n_own:], ctx.layer, ctx.box)
-        return g_h, g.new_zeros(0), None, None, None
+        return g_h, g.new_zeros(0), None, None, None, None
 
 
 class QuantizedHalo:
@@ -134,14 +139,16 @@ class QuantizedHalo:
         return [torch.full((n,), 32, dtype=torch.int64) for n in self.rows(key, side)]
 
     # ------------------------------------------------------------------ public entry
-    def __call__(self, h: Tensor, layer: int, central_fn: Any) -> tuple[Tensor, Tensor]:
+    def __call__(self, h: Tensor, layer: int, central_fn: Any,
+                 halo_only: bool = False) -> tuple[Tensor, Tensor]:
         """Exchange ``h`` (``[n_own, d]``, central | marginal order) and run ``central_fn(h)``
         while messages fly (after arrival when ``overlap`` is off: call with ``None`` and
-        compute yourself). Returns ``(central_out, marginal_sources)``."""
+        compute yourself). Returns ``(central_out, marginal_sources)``, the sources being
+        ``[marginal | central | halo]`` rows, or the halo rows alone with ``halo_only``."""
         box: dict[str, Any] = {}
         token = _Start.apply(h, self, layer, box)
         out_c = central_fn(h) if central_fn is not None else None
-        src = _Finish.apply(h, token, self, layer, box)
+        src = _Finish.apply(h, token, self, layer, box, halo_only)
         return out_c, src
 
     # ------------------------------------------------------------------ halves

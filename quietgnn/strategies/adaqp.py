@@ -47,6 +47,7 @@ from ..comm.bitassign import AssignProblem, solve
 from ..nn import SparseAdj
 from ..partition.local import gather_rows
 from ._adaqp_exchange import QuantizedHalo
+from ._adaqp_split import SplitConv
 from .base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
 
 __all__ = ["AdaQP", "AdaQPOptions"]
@@ -300,11 +301,22 @@ class AdaQP(Strategy):
         h = self.x
         for i in range(self.L):
             if m.training and m.dropout > 0:
-                # the mask is drawn in the partition's own row order and then permuted, so
-                # that adaqp and halo see the same masks from the same seed: at 32 bits the
-                # two train identically, and otherwise they differ by quantization alone
-                keep = F.dropout(torch.ones_like(h), m.dropout, True)
-                h = h * keep[self.perm]
+                # dropout in the partition's own row order, then permuted: adaqp and halo draw
+                # the same masks from the same seed, so at 32 bits the two train identically
+                # and otherwise they differ by quantization alone
+                h_own = self.ctx.part.x if i == 0 else h[self.inv]
+                h = F.dropout(h_own, m.dropout, True)[self.perm]
+            if SplitConv.supports(m.convs[i]):   # narrowing: transform the owned rows once
+                sp = SplitConv(m.convs[i], self.adj_c, self.adj_m)
+                if self.options.overlap:
+                    out_c, halo = ex(h, i, sp.central, halo_only=True)
+                else:
+                    _, halo = ex(h, i, None, halo_only=True)
+                    out_c = sp.central(h)
+                h = torch.cat([out_c, sp.marginal(halo)])
+                if i < self.L - 1:    # what GNN.block does after the conv
+                    h = F.relu(m.norms[i](h))
+                continue
             if self.options.overlap:
                 out_c, src = ex(h, i, lambda hh, i=i: m.block(i, hh, self.adj_c))
             else:
