@@ -206,19 +206,22 @@ def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> S
 
 
 def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
-                   kind: str = "grad_allreduce") -> float:
+                   kind: str = "grad_allreduce", extra: Optional[Tensor] = None) -> float:
     """Sum parameter gradients and the loss over ranks in *one* all-reduce and stop every rank
     together if anything is non-finite.
 
-    The buffer is ``[grads (|theta|) | loss (1) | non-finite flag per rank (P)]``: the flags
-    tell every rank *which* rank went bad, so all raise :class:`NonFiniteError` with the same
-    message before any optimizer step. Returns the global loss.
+    The buffer is ``[grads (|theta|) | loss (1) | non-finite flag per rank (P) | extra]``: the
+    flags tell every rank *which* rank went bad, so all raise :class:`NonFiniteError` with the
+    same message before any optimizer step. ``extra`` (optional, a few floats such as
+    validation counts) is summed in the same all-reduce and written back in place, which saves
+    a collective (and its latency) per step. Returns the global loss.
     """
     P = comm.world_size
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    tail = [] if extra is None else [extra.detach().reshape(-1).float()]
     flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).float(),
-                                                       loss.new_zeros(P).float()])
-    n = flat.numel() - 1 - P
+                                                       loss.new_zeros(P).float()] + tail)
+    n = flat.numel() - 1 - P - (0 if extra is None else extra.numel())
     if comm.take_poison():
         flat[0] = float("nan")   # QUIETGNN_FAULT action=nan: a NaN gradient on this rank
     bad = not bool(torch.isfinite(flat[: n + 1]).all())
@@ -226,7 +229,9 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
         flat[n + 1 + comm.rank] = 1.0
     if P > 1:
         comm.all_reduce(flat, kind)
-    flags = flat[n + 1:]
+    flags = flat[n + 1:n + 1 + P]
+    if extra is not None:
+        extra.copy_(flat[n + 1 + P:].view_as(extra))
     if bool((flags > 0).any()) or not bool(torch.isfinite(flat[: n + 1]).all()):
         ranks = torch.nonzero(flags > 0).flatten().tolist()
         raise NonFiniteError(f"non-finite loss or gradient on rank(s) {ranks or 'unknown'} in "

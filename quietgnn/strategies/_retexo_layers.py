@@ -1,0 +1,144 @@
+"""One RETEXO layer: a convolution trained on its own, over frozen, pre-aggregated inputs.
+
+Layer ``k`` of a RETEXO model is a small model of its own (Kolluri et al., arXiv 2302.13053)::
+
+    hidden layer (k < L-1):  logits = head(ReLU(LayerNorm(conv_k(h_k))))   head: Linear -> C
+    last layer   (k = L-1):  logits = conv_k(h_k)
+
+Its input ``h_k`` is frozen while it trains, so for GCN, GraphSAGE and GIN the neighbourhood
+aggregation of ``h_k`` is computed **once** (:meth:`RetexoLayer.precompute`) and every training
+step is a dense map of the cached aggregates, i.e. no sparse product per step. GAT's attention
+depends on the parameters, so it is recomputed every step over the cached neighbour rows (still
+local: the halo rows of ``h_k`` were exchanged once).
+
+Shapes (``n_src = n_own + n_halo`` rows of ``h_k``, ``n_dst = n_own``; ``rows`` selects destination
+rows, e.g. the local training nodes)::
+
+    precompute(h [n_src, d_in], adj) -> Pre        (a tuple of [n_dst, d_in] tensors; GAT: h)
+    forward(pre, rows) -> logits [len(rows), C]
+    next_input(pre, mode) -> h_{k+1} [n_dst, d_out]  ('hidden': ReLU(LN(conv)); 'logits': C)
+
+The arithmetic equals the layers of :mod:`quietgnn.nn.layers` (``conv.forward(h, adj)``) up to
+float rounding; dropout is applied to the cached aggregates (GCN/SAGE/GIN) or to ``h`` (GAT),
+since dropping inputs before a precomputed aggregation is not possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nn import SparseAdj
+from ..nn.adj import spmm
+from ..nn.layers import CONVS, GATConv
+
+__all__ = ["RetexoLayer", "build_layers", "Pre"]
+
+@dataclass(frozen=True)
+class Pre:
+    """Cached, parameter-free inputs of one layer: ``t`` = the aggregates (GCN: ``(A_hat h,)``;
+    SAGE: ``(mean_N h, h_self)``; GIN: ``(h_self, sum_N h)``; GAT: ``(h,)``), and for GAT the
+    block ``adj`` its attention runs over every step."""
+
+    t: tuple[Tensor, ...]
+    adj: Optional[SparseAdj] = None
+
+
+class RetexoLayer(nn.Module):
+    """Layer ``k`` with its training head (see the module docstring)."""
+
+    def __init__(self, arch: str, in_dim: int, out_dim: int, num_classes: int, last: bool,
+                 heads: int = 4, dropout: float = 0.5, layer_norm: bool = True) -> None:
+        super().__init__()
+        if arch not in CONVS:
+            raise ValueError(f"retexo: model.arch = {arch!r}; expected one of {sorted(CONVS)}")
+        self.arch, self.last, self.dropout = arch, last, float(dropout)
+        self.in_dim, self.out_dim = in_dim, out_dim
+        if arch == "gat":
+            self.conv: nn.Module = GATConv(in_dim, out_dim, heads=1 if last else heads,
+                                           concat=not last)
+        else:
+            self.conv = CONVS[arch](in_dim, out_dim)
+        if not last:
+            self.norm: nn.Module = nn.LayerNorm(out_dim) if layer_norm else nn.Identity()
+            self.head: Optional[nn.Module] = nn.Linear(out_dim, num_classes)
+        else:
+            self.head = None
+
+    # ------------------------------------------------------------------ the cached inputs
+    @torch.no_grad()
+    def precompute(self, h: Tensor, adj: SparseAdj) -> Pre:
+        """The parameter-free part of the convolution over frozen ``h`` (once per layer)."""
+        n = adj.n_dst
+        if self.arch == "gcn":
+            ew, sw = adj.gcn_norm(h.dtype)       # global degrees: equals the whole-graph GCN
+            return Pre((spmm(adj, ew, h) + sw[:, None] * h[:n],))
+        if self.arch == "sage":
+            return Pre((spmm(adj, adj.mean_norm(h.dtype), h), h[:n]))
+        if self.arch == "gin":
+            return Pre((h[:n], spmm(adj, None, h)))
+        return Pre((h,), adj)                    # gat: attention needs the parameters
+
+    # ------------------------------------------------------------------ forward
+    def _drop(self, t: Tensor) -> Tensor:
+        return F.dropout(t, self.dropout, self.training)
+
+    def conv_out(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+        """``conv_k(h_k)`` for destination ``rows`` (all owned rows when None)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        c, t = self.conv, pre.t
+        if self.arch == "gcn":
+            out = F.linear(self._drop(pick(t[0])), c.lin.weight)
+            return out if c.bias is None else out + c.bias
+        if self.arch == "sage":
+            return c.lin_l(self._drop(pick(t[0]))) + c.lin_r(self._drop(pick(t[1])))
+        if self.arch == "gin":
+            return c.mlp((1 + c.eps) * self._drop(pick(t[0])) + self._drop(pick(t[1])))
+        return pick(c(self._drop(t[0]), pre.adj))
+
+    def hidden(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+        z = self.conv_out(pre, rows)
+        return z if self.last else F.relu(self.norm(z))
+
+    def forward(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+        """Class logits of destination ``rows`` (the loss of this layer's training)."""
+        z = self.hidden(pre, rows)
+        return z if self.head is None else self.head(z)
+
+    @torch.no_grad()
+    def next_input(self, pre: Pre, mode: str = "hidden") -> Tensor:
+        """``h_{k+1}`` of every owned row (eval mode, no dropout): ``ReLU(LN(conv))`` or, in
+        the logit-passing variant, this layer's logits."""
+        was = self.training
+        self.eval()
+        try:
+            return self.hidden(pre) if mode == "hidden" else self(pre)
+        finally:
+            self.train(was)
+
+    def extra_repr(self) -> str:
+        return f"{self.arch}, {self.in_dim} -> {self.out_dim}, last={self.last}"
+
+
+def build_layers(arch: str, in_dim: int, hidden: int, num_classes: int, layers: int,
+                 heads: int, dropout: float, layer_norm: bool, embed: str,
+                 seed: int) -> nn.ModuleList:
+    """All ``layers`` RETEXO layers, weights drawn from ``seed`` alone (identical on every rank
+    without communication; the global RNG is left untouched). ``embed='logits'`` makes every
+    layer after the first read the previous layer's ``num_classes`` logits."""
+    state = torch.random.get_rng_state()
+    out = []
+    try:
+        for k in range(layers):
+            torch.manual_seed(seed * 7919 + 104729 * (k + 1))
+            last = k == layers - 1
+            d_in = in_dim if k == 0 else (hidden if embed == "hidden" else num_classes)
+            out.append(RetexoLayer(arch, d_in, num_classes if last else hidden, num_classes,
+                                   last, heads, dropout, layer_norm))
+    finally:
+        torch.random.set_rng_state(state)
+    return nn.ModuleList(out)

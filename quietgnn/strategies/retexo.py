@@ -1,0 +1,289 @@
+"""``retexo``: RETEXO, lazy message passing -- train one layer at a time, exchange boundary
+embeddings once per layer.
+
+Paper: Kolluri, Choudhary, Hooi, Saxena, "RETEXO: Scalable neural network training over
+distributed graphs" (arXiv 2302.13053); spec in ``docs/methods.md`` section 4. Layers in
+:mod:`._retexo_layers` (RetexoGCN / RetexoSAGE / RetexoGAT via ``model.arch``; GIN works too).
+
+How it trains (rank ``i`` of ``P``, any partition -- ``metis`` by default, ``given``,
+``random``, ... -- nodes never move)::
+
+    h_0 = features; EXCHANGE(boundary rows of h_0)                    # once, in round 0
+    for layer k = 0 .. L-1:                                            # R_k rounds each
+        model_k = conv_k (+ LayerNorm -> ReLU -> Linear head for k < L-1), seeded init
+        aggregation of the frozen h_k computed once (GAT: attention per step, local)
+        each round (= one trainer epoch): validate the current parameters on the local
+            validation nodes; full-batch forward on the local training nodes; loss = sum of
+            cross-entropy / global train count (each rank's gradient weighted by its share of
+            the training nodes); ONE all-reduce of [gradients | loss | NaN flags | val count];
+            keep the parameters with the best global validation accuracy; Adam step
+        after R_k rounds: validate the last step too, restore the best parameters,
+            h_{k+1} = ReLU(LN(conv_k(h_k))) for owned rows (no grad; 'logits': the head's
+            C logits instead) and EXCHANGE its boundary rows                 # once per layer
+    predict with the last layer
+
+GCN normalises with *global* degrees (stored in every partition, no traffic), so the
+aggregation over a partition equals the whole graph's and P ranks compute what one process
+computes (tested against a single-process layer-wise reference).
+
+Schedule. One trainer epoch is one round. ``rounds_per_layer`` (default 50: the default 100
+epochs fit the default 2 layers; or one value per layer) fixes ``R_k``; after ``sum R_k``
+rounds :meth:`Retexo.finished` ends the run, so ``train.epochs`` is only an upper bound. If
+``train.epochs`` is smaller the run stops inside an earlier layer (a warning says so); resuming
+with more epochs continues the schedule. ``evaluate()`` reports the model as it stands: while
+layer ``k`` trains, the ``k+1``-layer prefix with layer ``k``'s head (and at the end the final
+model with every layer's best parameters).
+
+What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
+
+* ``embed_fwd``: once per layer ``k``, ``4 d_k sum_j |B_{i->j}|`` bytes (``d_0`` = features,
+  then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all;
+* ``grad_allreduce``: once per round, ``|theta_k| + 1 + P + 1`` floats (gradients of layer
+  ``k`` with its head, loss, NaN flags, validation count), ``2 (P-1)/P`` of that per rank;
+* ``val_counts``: once per layer, one float64 (the last step's validation count).
+
+Evaluation (phase ``eval``) is ``eval_metrics`` only: the model runs on the already exchanged
+frozen inputs. Compare ``halo``: per epoch, ``4 sum|B| (sum_l d_l + sum_{l>=1} d_l)`` bytes of
+halo rows plus the whole model's gradients.
+
+What it gives up: end-to-end training. Layer ``k`` never sees a gradient from the layers
+above it and its output is frozen once trained, so this is a different model from the GNN that
+``halo`` trains (often as accurate on homophilous graphs, sometimes less). Dropout acts on the
+cached aggregates (GCN/SAGE/GIN), not on the raw inputs; ``model.norm`` is replaced by this
+strategy's own ``layer_norm`` option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..comm import HaloExchanger
+from ._retexo_layers import Pre, build_layers
+from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
+                   sync_gradients)
+
+__all__ = ["Retexo", "RetexoOptions", "DEFAULT_ROUNDS"]
+
+#: rounds per layer when ``rounds_per_layer`` is not given (2 layers x 50 = the default epochs)
+DEFAULT_ROUNDS = 50
+
+
+def _parse_rounds(v: Any) -> Optional[list[int]]:
+    """None, an int, a list of ints or a string ``"100,50"`` -> None or a list of ints."""
+    if v is None:
+        return None
+    items = v if isinstance(v, (list, tuple)) else [v]
+    if isinstance(v, str):
+        items = [s for s in v.strip("[]() ").split(",") if s.strip()]
+    try:
+        out = [int(x) for x in items]
+        ok = bool(out) and all(not isinstance(x, (bool, float)) for x in items)
+    except (TypeError, ValueError):
+        out, ok = [], False
+    if not ok or any(r < 1 for r in out):
+        raise ValueError(f"options.rounds_per_layer = {v!r}; expected an int >= 1 (every layer)"
+                         f" or one int >= 1 per layer, e.g. 100 or '100,50'")
+    return out
+
+
+@dataclass
+class RetexoOptions:
+    """Options of ``retexo`` (``--options.KEY VALUE``)."""
+
+    #: rounds (= trainer epochs) per layer: one int for every layer, or one per layer
+    #: ("100,50"); None: ``DEFAULT_ROUNDS`` per layer
+    rounds_per_layer: Any = None
+    #: what layer k passes to layer k+1: 'hidden' (ReLU(LN(conv)), width model.hidden) or
+    #: 'logits' (the layer's C class logits: C/hidden of the exchange bytes)
+    embed: str = "hidden"
+    #: LayerNorm before the ReLU of hidden layers (the paper's design)
+    layer_norm: bool = True
+
+    def __post_init__(self) -> None:
+        self.rounds_per_layer = _parse_rounds(self.rounds_per_layer)
+        if self.embed not in ("hidden", "logits"):
+            raise ValueError(f"options.embed = {self.embed!r}; expected 'hidden' (pass hidden "
+                             f"embeddings) or 'logits' (pass class logits, fewer bytes)")
+        if not isinstance(self.layer_norm, bool):
+            raise ValueError(f"options.layer_norm = {self.layer_norm!r}; expected true or false")
+
+    def schedule(self, layers: int) -> list[int]:
+        """Rounds ``R_k`` of each of ``layers`` layers."""
+        r = self.rounds_per_layer
+        if r is None:
+            return [DEFAULT_ROUNDS] * layers
+        if len(r) == 1:
+            return r * layers
+        if len(r) != layers:
+            raise ValueError(f"options.rounds_per_layer = {r} gives {len(r)} values but the model"
+                             f" has {layers} layers; give one value, or one per layer")
+        return list(r)
+
+
+@register
+class Retexo(Strategy):
+    name = "retexo"
+    description = ("RETEXO: layer-by-layer training on frozen inputs, one boundary embedding "
+                   "exchange per layer + per-round gradients of one small layer")
+    Options = RetexoOptions
+    default_partitioner = "metis"
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        ctx, p, o, m = self.ctx, self.ctx.part, self.options, self.ctx.model_cfg
+        dev = ctx.device
+        self.R = o.schedule(m.layers)
+        if sum(self.R) > ctx.train_cfg.epochs:
+            ctx.log(f"retexo: the schedule has {sum(self.R)} rounds ({self.R} per layer) but "
+                    f"train.epochs = {ctx.train_cfg.epochs}: this run stops inside an earlier "
+                    f"layer; pass --epochs {sum(self.R)} (or resume later with more epochs)")
+        if p.num_train_global <= 0:
+            raise ValueError("retexo: the global training set is empty")
+        self.adj = partition_adj(p, dev)
+        self.exchanger = HaloExchanger(ctx.comm, p, kind="embed")
+        self.train_rows = torch.nonzero(p.train_mask).flatten().to(dev)
+        self.val_rows = torch.nonzero(p.val_mask).flatten().to(dev)
+        self.y_train, self.y_val = p.y[self.train_rows.cpu()].to(dev), \
+            p.y[self.val_rows.cpu()].to(dev)
+        self.layers = build_layers(m.arch, p.num_features, m.hidden, p.num_classes, m.layers,
+                                   m.heads, m.dropout, o.layer_norm, o.embed, ctx.seed).to(dev)
+        self.k, self.round = 0, 0            # layer being trained, rounds it has done
+        self.h: Optional[Tensor] = None      # frozen input of layer k, [n_own + n_halo, d_k]
+        self.h_next: Optional[Tensor] = None  # its output once layer k is done
+        self.pre: Optional[Pre] = None       # layer k's cached aggregates of h
+        self._new_optimizer()
+        self.best_val, self.best_state = -1.0, None
+        self.val_best: list[float] = []      # best validation accuracy of each finished layer
+
+    def _new_optimizer(self) -> None:
+        self.params = list(self.layers[self.k].parameters())
+        self.opt = self.ctx.optimizer(self.params)
+
+    def _enter(self, k: int, h: Tensor) -> None:
+        """Start layer ``k`` on frozen input ``h``: aggregate once, fresh Adam."""
+        self.k, self.round, self.h, self.h_next = k, 0, h, None
+        self.pre = self.layers[k].precompute(h, self.adj)
+        self._new_optimizer()
+        self.best_val, self.best_state = -1.0, None
+
+    @torch.no_grad()
+    def _exchange(self, h_own: Tensor) -> Tensor:
+        """``[h_own ; halo rows]``: the boundary rows go to the peers that need them, once."""
+        return self.exchanger(h_own.contiguous())
+
+    # ------------------------------------------------------------------ training
+    def finished(self) -> bool:
+        return self.h is not None and self.k == len(self.R) - 1 and self.round == self.R[-1]
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        if self.finished():
+            raise RuntimeError(f"retexo: the schedule ({self.R} rounds per layer) is complete; "
+                               f"nothing left to train in epoch {epoch}")
+        if self.h is None:
+            self._enter(0, self._exchange(self.ctx.part.x.to(self.ctx.device)))
+        elif self.round == self.R[self.k]:
+            self._enter(self.k + 1, self.h_next)
+        loss, val_acc = self._round()
+        self.round += 1
+        if self.round == self.R[self.k]:
+            self._finish_layer()
+        return EpochResult(loss=loss, extra={"layer": self.k, "layer_round": self.round,
+                                             "round_val_acc": val_acc,
+                                             "layer_best_val": self.best_val})
+
+    def _round(self) -> tuple[float, float]:
+        """One full-batch step of layer ``k``; returns (global loss, global validation accuracy
+        of the parameters the round started from)."""
+        layer = self.layers[self.k]
+        val = torch.tensor([self._val_correct()])
+        layer.train()
+        self.opt.zero_grad(set_to_none=True)
+        logits = layer(self.pre, self.train_rows)
+        # sum / global count: summed over ranks this is the global mean (local-share weights)
+        loss = F.cross_entropy(logits, self.y_train, reduction="sum") / \
+            self.ctx.part.num_train_global
+        loss.backward()
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss, extra=val)
+        acc = self._consider(float(val[0]))    # before the step: val is of these parameters
+        self.opt.step()
+        return global_loss, acc
+
+    @torch.no_grad()
+    def _val_correct(self) -> float:
+        """Local validation nodes the current layer-k model classifies correctly."""
+        if not self.val_rows.numel():
+            return 0.0
+        layer = self.layers[self.k]
+        was = layer.training
+        layer.eval()
+        try:
+            pred = layer(self.pre, self.val_rows).argmax(-1)
+        finally:
+            layer.train(was)
+        return float((pred == self.y_val).sum())
+
+    def _consider(self, correct: float) -> float:
+        """Keep the current parameters if their global validation accuracy is the best yet."""
+        n = self.ctx.part.num_val_global
+        if n <= 0:
+            return float("nan")     # no validation set: the last parameters are kept
+        acc = correct / n
+        if acc > self.best_val:
+            self.best_val = acc
+            self.best_state = {k: v.detach().clone()
+                               for k, v in self.layers[self.k].state_dict().items()}
+        return acc
+
+    def _finish_layer(self) -> None:
+        """Validate the last step, restore the best parameters, exchange ``h_{k+1}``."""
+        layer, comm = self.layers[self.k], self.ctx.comm
+        if self.ctx.part.num_val_global > 0:
+            t = torch.tensor([self._val_correct()], dtype=torch.float64)
+            comm.all_reduce(t, "val_counts")
+            self._consider(float(t[0]))
+        if self.best_state is not None:
+            layer.load_state_dict(self.best_state)
+        self.val_best.append(self.best_val)
+        if self.k < len(self.R) - 1:
+            self.h_next = self._exchange(layer.next_input(self.pre, self.options.embed))
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        if self.pre is None:
+            raise RuntimeError("retexo: evaluate() before the first round (nothing trained yet)")
+        layer = self.layers[self.k]
+        return global_evaluate(layer, self.ctx.part, self.ctx.comm, lambda: layer(self.pre))
+
+    def run_report(self) -> dict[str, Any]:
+        return {"schedule": list(self.R), "embed": self.options.embed,
+                "layers_done": len(self.val_best), "layer_best_val": list(self.val_best),
+                "params_per_layer": [sum(p.numel() for p in m.parameters())
+                                     for m in self.layers],
+                "exchange_widths": [m.in_dim for m in self.layers]}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": list(self.R), "k": self.k, "round": self.round,
+                "layers": self.layers.state_dict(), "optimizer": self.opt.state_dict(),
+                "best_val": self.best_val, "best_state": self.best_state,
+                "val_best": list(self.val_best), "h": self.h, "h_next": self.h_next}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state["schedule"]) != self.R:
+            raise ValueError(f"retexo: the checkpoint's schedule is {state['schedule']} rounds "
+                             f"per layer, this run's is {self.R}; resume with the same "
+                             f"options.rounds_per_layer and model.layers")
+        self.layers.load_state_dict(state["layers"])
+        self.k, self.round = int(state["k"]), int(state["round"])
+        self.h, self.h_next = state["h"], state["h_next"]
+        # the aggregates are a deterministic local function of h: recomputed, not stored
+        self.pre = None if self.h is None else self.layers[self.k].precompute(self.h, self.adj)
+        self._new_optimizer()
+        self.opt.load_state_dict(state["optimizer"])
+        self.best_val, self.best_state = float(state["best_val"]), state["best_state"]
+        self.val_best = list(state["val_best"])
