@@ -13,7 +13,8 @@ GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three c
    backward gradients are added with weight 1 at the owner, so ``beta = 1``), sorts them, and
    cuts groups of ``group_size``. Group sums are all-reduced, rank 0 picks a width per group
    trading variance against the round time of a per-channel linear time model
-   (:mod:`quietgnn.comm.bitassign`: MILP on small instances, a Pareto sweep at scale) and
+   (:mod:`quietgnn.comm.bitassign`: by default a Pareto sweep that reaches the exact MILP's
+   objective; the MILP itself with ``solver="milp"``) and
    broadcasts them; receivers expand groups to rows and tell each sender the width of every
    row it sends (one byte per row and exchange). All of this is ``adaqp_assign`` traffic in
    the ``train`` phase. The time model comes from a start-up profile (``adaqp_profile``, phase
@@ -21,9 +22,14 @@ GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three c
    from a network tier (``time_model="lan"``).
 3. **Overlap** (``overlap=True``). Owned nodes are ordered central | marginal; the central rows
    (no remote in-neighbour) are aggregated while the quantized messages fly, the marginal rows
-   after they land; the same in backward (:mod:`._adaqp_exchange`). ``EpochResult.extra``
-   reports the time the exchanges were in flight (``exch_span_s``) and the part of it this
-   rank sat waiting (``exch_wait_s``).
+   after they land; the same in backward (:mod:`._adaqp_exchange`). Narrowing GCN/SAGE
+   layers transform the owned rows once, while the messages fly (:mod:`._adaqp_split`).
+   ``EpochResult.extra`` reports the time the exchanges were in flight (``exch_span_s``), the
+   part of it this rank sat waiting (``exch_wait_s``), per exchange the CPU computed while it
+   flew (``inflight``), and the rows sent per width (``bits_hist``, ``bits_by_key``).
+
+Dropout masks are drawn in the partition's own row order, exactly as ``halo`` draws them, so
+from the same seed the two strategies differ by quantization alone.
 
 Traffic per epoch: the halo rows at ``ceil(b D / 8) + 4`` bytes instead of ``4 D``
 (``adaqp_fwd``/``adaqp_bwd``), the fp32 gradient all-reduce, and once per cycle the assignment
@@ -61,7 +67,10 @@ class AdaQPOptions:
     """``bits``: ``adaptive`` or a fixed width 2/4/8 (32 = quantization off = ``halo``);
     ``overlap``: central rows computed while messages fly; ``assign_cycle``: epochs between
     bit assignments; ``group_size``: messages per width decision; ``lam``: weight of variance
-    against time; ``solver``: ``auto`` (MILP up to 64 groups per exchange), ``milp``, ``fast``;
+    against time; ``solver``: ``fast`` (the Pareto sweep of :mod:`quietgnn.comm.bitassign`,
+    ~1 ms, reaches the MILP's objective -- tested), ``milp`` (exact, PuLP + CBC: a CBC
+    subprocess per exchange and cycle, tens of ms on rank 0's critical path while the other
+    ranks wait), ``auto`` (MILP up to 64 groups per exchange);
     ``time_model``: ``profile`` (measured at start-up) or a network tier name (``lan``, ...)."""
 
     bits: Union[str, int] = "adaptive"
@@ -69,7 +78,7 @@ class AdaQPOptions:
     assign_cycle: int = 20
     group_size: int = 100
     lam: float = 0.5
-    solver: str = "auto"
+    solver: str = "fast"
     time_model: str = "profile"
     profile_reps: int = 3
 
