@@ -1,0 +1,375 @@
+"""`retexo`: the layers against quietgnn.nn, aggregation once per layer, P ranks == a
+single-process layer-wise reference, the whole run's traffic against the analytic count,
+`given` partitions, resume across a layer boundary, options. Real gloo processes on 127.0.0.1
+for everything distributed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quietgnn.comm import Communicator
+from quietgnn.nn import ModelConfig, SparseAdj
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.launcher import spawn_function
+from quietgnn.strategies import _retexo_layers
+from quietgnn.strategies._retexo_layers import RetexoLayer, build_layers
+from quietgnn.strategies.base import TrainConfig, WorkerContext, partition_adj
+from quietgnn.strategies.retexo import DEFAULT_ROUNDS, Retexo, RetexoOptions
+
+from helpers import small_graph
+
+ARCHS = ("gcn", "sage", "gat", "gin")
+HIDDEN, LR = 8, 0.01
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph(n=150, seed=1)
+
+
+def _ctx(comm, part, arch="gcn", layers=2, dropout=0.0, epochs=100, seed=7, log=None):
+    return WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                         model_cfg=ModelConfig(arch=arch, hidden=HIDDEN, layers=layers,
+                                               dropout=dropout, heads=2),
+                         train_cfg=TrainConfig(seed=seed, lr=LR, epochs=epochs),
+                         log=log or (lambda m: None))
+
+
+def _drive(s, comm, eval_every=0, start=0):
+    """What the trainer does: setup, then train (phase train) / evaluate (phase eval) until the
+    strategy is finished. Returns per-epoch (loss, records)."""
+    out = []
+    e = start
+    while not s.finished():
+        comm.epoch = e
+        with comm.phase("train"):
+            res = s.train_epoch(e)
+        if s.finished() or (eval_every and (e + 1) % eval_every == 0):
+            with comm.phase("eval"):
+                s.evaluate()
+        out.append({"loss": res.loss, "extra": res.extra,
+                    "recs": [(r.phase, r.kind, r.op, r.bytes_sent, r.bytes_recv)
+                             for r in comm.take_records()]})
+        e += 1
+    return out
+
+
+# ---------------------------------------------------------------------- the layers
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("last", [False, True])
+def test_layer_equals_quietgnn_conv(graph, arch, last):
+    """The cached-aggregate forward is the quietgnn.nn layer's forward on the same block."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    adj = partition_adj(part)
+    out = 3 if last else 6
+    layer = RetexoLayer(arch, graph.num_features, out, 3, last=last, heads=2, dropout=0.5).eval()
+    pre = layer.precompute(part.x, adj)
+    ref = layer.conv(part.x, adj)
+    assert torch.allclose(layer.conv_out(pre), ref, atol=1e-5)
+    rows = torch.tensor([3, 0, 17])
+    assert torch.allclose(layer.conv_out(pre, rows), ref[rows], atol=1e-5)
+    assert layer(pre).shape == (graph.num_nodes, 3)
+    want = ref if last else F.relu(layer.norm(ref))
+    assert torch.allclose(layer.next_input(pre, "hidden"), want, atol=1e-5)
+
+
+def test_aggregation_once_per_layer(graph, monkeypatch):
+    """GCN/SAGE/GIN: the sparse product runs once per layer (at its start), never per round;
+    GAT: every step (attention depends on the parameters)."""
+    calls = {"n": 0}
+    real = _retexo_layers.spmm
+
+    def counting(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_retexo_layers, "spmm", counting)
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    for arch, per_layer in (("gcn", 1), ("sage", 1), ("gin", 1)):
+        calls["n"] = 0
+        s = Retexo(_ctx(Communicator(0, 1), part, arch, layers=3),
+                   RetexoOptions(rounds_per_layer=[4, 5, 6]))
+        s.setup()
+        _drive(s, s.ctx.comm, eval_every=2)
+        assert calls["n"] == 3 * per_layer, arch
+    calls["n"] = 0
+    s = Retexo(_ctx(Communicator(0, 1), part, "gat"), RetexoOptions(rounds_per_layer=4))
+    s.setup()
+    _drive(s, s.ctx.comm)
+    assert calls["n"] == 0    # GAT's conv does its own per-step products, not precompute's
+
+
+# ---------------------------------------------------------------------- equivalence
+def _reference(graph, arch, layers, R, embed, seed=7):
+    """Layer-wise RETEXO on the whole graph in one process, written out independently of the
+    strategy: per layer, R rounds of (validate, full-batch Adam step), keep the best, validate
+    the last step, restore the best, compute the next input."""
+    n = graph.num_nodes
+    deg = graph.in_degree()
+    adj = SparseAdj(graph.indptr, graph.indices, n, deg, deg)
+    mods = build_layers(arch, graph.num_features, HIDDEN, graph.num_classes, layers, 2, 0.0,
+                        True, embed, seed)
+    tr, va = graph.train_mask, graph.val_mask
+    h, best_vals = graph.x, []
+    for k, layer in enumerate(mods):
+        pre = layer.precompute(h, adj)
+        opt = torch.optim.Adam(layer.parameters(), lr=LR, weight_decay=5e-4)
+        best, best_state = -1.0, None
+
+        def consider():
+            nonlocal best, best_state
+            with torch.no_grad():
+                layer.eval()
+                acc = float((layer(pre).argmax(-1)[va] == graph.y[va]).float().mean())
+                layer.train()
+            if acc > best:
+                best, best_state = acc, {a: b.clone() for a, b in layer.state_dict().items()}
+
+        for _ in range(R[k]):
+            consider()
+            opt.zero_grad()
+            F.cross_entropy(layer(pre)[tr], graph.y[tr]).backward()
+            opt.step()
+        consider()
+        layer.load_state_dict(best_state)
+        best_vals.append(best)
+        if k < layers - 1:
+            h = layer.next_input(pre, embed)
+    with torch.no_grad():
+        mods[-1].eval()
+        logits = mods[-1](pre)
+    return logits, best_vals, mods
+
+
+CASES = [("gcn", 2, "hidden"), ("sage", 2, "hidden"), ("gat", 2, "hidden"), ("gin", 2, "hidden"),
+         ("gcn", 3, "logits")]
+R_EQ = [3, 4, 2]
+
+
+def _final(comm, graph, parts, cases):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {"owned": part.owned}
+    for arch, layers, embed in cases:
+        s = Retexo(_ctx(comm, part, arch, layers),
+                   RetexoOptions(rounds_per_layer=R_EQ[:layers], embed=embed))
+        s.setup()
+        log = _drive(s, comm)
+        with torch.no_grad():
+            s.layers[-1].eval()
+            logits = s.layers[-1](s.pre)
+        out[(arch, layers, embed)] = {
+            "logits": logits, "val_best": s.val_best, "epochs": len(log),
+            "params": {k: v.clone() for k, v in s.layers.state_dict().items()}}
+    return out
+
+
+def _jobs(comm, graph, parts, jobs):
+    """Several checks in one process group (process start-up dominates on a small machine)."""
+    fns = {"final": _final, "traffic": _traffic, "resume": _resume}
+    return {name: fns[name](comm, graph, parts, *args) for name, args in jobs.items()}
+
+
+R_TRAFFIC = [3, 2, 4]
+RUNS = {"gcn-hidden": ("gcn", 3, R_TRAFFIC, "hidden"),
+        "sage-logits": ("sage", 3, R_TRAFFIC, "logits"),
+        "gat-hidden": ("gat", 3, R_TRAFFIC, "hidden")}
+
+
+@pytest.fixture(scope="module")
+def spawned(graph):
+    """Per P: random partitions (many boundary rows), the equivalence and traffic runs; P=2
+    also the resume runs."""
+    out = {}
+    for P in (2, 4):
+        parts = partition_nodes(graph, "random", P, seed=3)
+        jobs = {"final": (CASES,), "traffic": (RUNS,)}
+        if P == 2:
+            jobs["resume"] = ()
+        by_rank = spawn_function(_jobs, P, args=(graph, parts, jobs))
+        out[P] = {name: [r[name] for r in by_rank] for name in jobs}
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+def test_equals_single_process_layerwise_reference(graph, spawned, P):
+    results = [_final(Communicator(0, 1), graph, np.zeros(graph.num_nodes, dtype=np.int64),
+                      CASES)] if P == 1 else spawned[P]["final"]
+    for case in CASES:
+        arch, layers, embed = case
+        ref_logits, ref_best, ref_mods = _reference(graph, arch, layers, R_EQ[:layers], embed)
+        logits = torch.empty_like(ref_logits)
+        for res in results:
+            logits[res["owned"]] = res[case]["logits"]
+            assert res[case]["epochs"] == sum(R_EQ[:layers])
+            assert res[case]["val_best"] == pytest.approx(ref_best), case
+            for name, v in ref_mods.state_dict().items():
+                assert torch.allclose(res[case]["params"][name], v, atol=1e-5), (case, name)
+        assert torch.allclose(logits, ref_logits, atol=1e-4), case
+
+
+# ---------------------------------------------------------------------- traffic
+def _traffic(comm, graph, parts, runs):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {"rows": sum(int(t.numel()) for t in part.send_idx)}
+    for name, (arch, layers, R, embed) in runs.items():
+        s = Retexo(_ctx(comm, part, arch, layers, dropout=0.5),
+                   RetexoOptions(rounds_per_layer=R, embed=embed))
+        comm.take_records()
+        with comm.phase("setup"):
+            s.setup()
+        setup = comm.take_records()
+        log = _drive(s, comm, eval_every=2)
+        out[name] = {"setup": setup, "log": log, "widths": [m.in_dim for m in s.layers],
+                     "nparams": [sum(p.numel() for p in m.parameters()) for m in s.layers]}
+    return out
+
+
+def _check_traffic(results, P, R):
+    """Across the whole run, phase train carries exactly: one embed_fwd per layer of
+    4 d_k sum|B| bytes (h_0 in the first round, h_{k+1} at the end of layer k's last round),
+    one grad_allreduce per round of the analytic size, one val_counts per layer (its last
+    round); phase eval only eval_metrics."""
+    L = len(R)
+    starts = [sum(R[:k]) for k in range(L)]
+    for name in [k for k in results[0] if k != "rows"]:
+        sent_total = recv_total = 0
+        for res in results:
+            r = res[name]
+            assert r["setup"] == []
+            assert len(r["log"]) == sum(R)
+            epoch_layer = [k for k in range(L) for _ in range(R[k])]
+            for e, ep in enumerate(r["log"]):
+                k = epoch_layer[e]
+                train = [x for x in ep["recs"] if x[0] == "train"]
+                evals = [x for x in ep["recs"] if x[0] == "eval"]
+                assert {x[0] for x in ep["recs"]} <= {"train", "eval"}
+                want = []
+                if e == 0:           # h_0, before the first step
+                    want.append(("embed_fwd", "all_to_all", 4 * r["widths"][0] * res["rows"]))
+                nfloat = r["nparams"][k] + 1 + P + 1
+                want.append(("grad_allreduce", "all_reduce", 2 * (P - 1) * 4 * nfloat // P))
+                if e == starts[k] + R[k] - 1:
+                    want.append(("val_counts", "all_reduce", 2 * (P - 1) * 8 // P))
+                    if k < L - 1:    # h_{k+1}, as soon as layer k is done
+                        want.append(("embed_fwd", "all_to_all",
+                                     4 * r["widths"][k + 1] * res["rows"]))
+                assert [(x[1], x[2], x[3]) for x in train] == want, (name, e)
+                assert {x[1] for x in evals} <= {"eval_metrics"}
+                assert bool(evals) == ((e + 1) % 2 == 0 or e == len(r["log"]) - 1)
+                assert ep["extra"]["layer"] == k
+                sent_total += sum(x[3] for x in train if x[1] == "embed_fwd")
+                recv_total += sum(x[4] for x in train if x[1] == "embed_fwd")
+        assert sent_total == recv_total > 0      # what one rank sends the others receive
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_only_one_exchange_per_layer_and_gradients(graph, spawned, P):
+    results = spawned[P]["traffic"]
+    _check_traffic(results, P, R_TRAFFIC)
+    # the logit-passing variant sends C columns instead of hidden after layer 0
+    r = results[0]
+    assert r["sage-logits"]["widths"] == [graph.num_features, graph.num_classes,
+                                          graph.num_classes]
+    assert r["gcn-hidden"]["widths"] == [graph.num_features, HIDDEN, HIDDEN]
+
+
+def test_given_partition_uneven_with_empty_train_rank(graph):
+    """`given`: an arbitrary assignment (uneven sizes; rank 2 owns no training node) trains,
+    sends exactly the analytic traffic and still equals the single-process reference."""
+    P = 3
+    parts = np.zeros(graph.num_nodes, dtype=np.int64)
+    train = graph.train_mask.numpy()
+    idx = np.arange(graph.num_nodes)
+    parts[idx % 5 == 1] = 1
+    parts[(~train) & (idx % 3 == 0)] = 2
+    assert not train[parts == 2].any() and (parts == 2).sum() > 10
+    parts = partition_nodes(graph, "given", P, assignment=parts)
+    R = [2, 3]
+    by_rank = spawn_function(_jobs, P, args=(graph, parts, {
+        "traffic": ({"gcn": ("gcn", 2, R, "hidden")},), "final": ([("gcn", 2, "hidden")],)}))
+    _check_traffic([r["traffic"] for r in by_rank], P, R)
+    eq = [r["final"] for r in by_rank]
+    ref_logits, _, _ = _reference(graph, "gcn", 2, R_EQ[:2], "hidden")
+    logits = torch.empty_like(ref_logits)
+    for res in eq:
+        logits[res["owned"]] = res[("gcn", 2, "hidden")]["logits"]
+    assert torch.allclose(logits, ref_logits, atol=1e-4)
+
+
+# ---------------------------------------------------------------------- resume
+def _resume(comm, graph, parts):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    opts = RetexoOptions(rounds_per_layer=[3, 3])
+
+    def fresh():
+        s = Retexo(_ctx(comm, part, "sage", 2, dropout=0.5), opts)
+        s.setup()
+        return s
+
+    torch.manual_seed(11 + comm.rank)
+    unbroken = [x["loss"] for x in _drive(fresh(), comm)]
+    out = {"unbroken": unbroken, "cuts": {}}
+    for cut in (2, 3, 4):          # inside layer 0, right at the boundary, inside layer 1
+        torch.manual_seed(11 + comm.rank)
+        s = fresh()
+        losses = []
+        for e in range(cut):
+            losses.append(s.train_epoch(e).loss)
+        state, rng = s.state_dict(), torch.random.get_rng_state()
+        s2 = fresh()
+        s2.load_state_dict(state)
+        torch.random.set_rng_state(rng)
+        losses += [x["loss"] for x in _drive(s2, comm, start=cut)]
+        out["cuts"][cut] = (losses, s2.evaluate())
+    torch.manual_seed(11 + comm.rank)
+    s = fresh()
+    _drive(s, comm)
+    out["final"] = s.evaluate()
+    return out
+
+
+def test_resume_across_layer_boundary(spawned):
+    for res in spawned[2]["resume"]:
+        for cut, (losses, accs) in res["cuts"].items():
+            assert losses == res["unbroken"], cut
+            assert accs == res["final"], cut
+
+
+# ---------------------------------------------------------------------- options
+def test_schedule_and_options():
+    assert RetexoOptions().schedule(3) == [DEFAULT_ROUNDS] * 3
+    assert RetexoOptions(rounds_per_layer=7).schedule(2) == [7, 7]
+    assert RetexoOptions(rounds_per_layer="5, 9").schedule(2) == [5, 9]
+    assert RetexoOptions(rounds_per_layer=[5, 9, 2]).schedule(3) == [5, 9, 2]
+    with pytest.raises(ValueError, match=r"gives 2 values but the model has 3 layers"):
+        RetexoOptions(rounds_per_layer=[5, 9]).schedule(3)
+
+
+@pytest.mark.parametrize("bad, match", [({"rounds_per_layer": 0}, "rounds_per_layer = 0"),
+                                        ({"rounds_per_layer": "3,x"}, "'3,x'"),
+                                        ({"rounds_per_layer": 2.5}, "2.5"),
+                                        ({"embed": "probs"}, "options.embed = 'probs'"),
+                                        ({"layer_norm": "yes"}, "layer_norm")])
+def test_options_are_validated(bad, match):
+    with pytest.raises(ValueError, match=match):
+        RetexoOptions(**bad)
+
+
+def test_short_epochs_warn_and_stop_inside_a_layer(graph):
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    msgs = []
+    s = Retexo(_ctx(Communicator(0, 1), part, epochs=5, log=msgs.append),
+               RetexoOptions(rounds_per_layer=4))
+    s.setup()
+    assert msgs and "--epochs 8" in msgs[0]
+    for e in range(5):
+        s.train_epoch(e)
+    assert not s.finished() and s.k == 1 and s.round == 1
+    assert s.evaluate()["val"] >= 0
+    with pytest.raises(ValueError, match="schedule is"):
+        other = Retexo(_ctx(Communicator(0, 1), part), RetexoOptions(rounds_per_layer=3))
+        other.setup()
+        other.load_state_dict(s.state_dict())
