@@ -373,3 +373,36 @@ def test_short_epochs_warn_and_stop_inside_a_layer(graph):
         other = Retexo(_ctx(Communicator(0, 1), part), RetexoOptions(rounds_per_layer=3))
         other.setup()
         other.load_state_dict(s.state_dict())
+
+
+# ---------------------------------------------------------------------- command line
+def test_cli_train_stops_after_the_schedule(tmp_path):
+    """`quietgnn train --strategy retexo`: the run ends after sum(R_k) rounds even with more
+    epochs allowed, prints accuracy and bytes, reports the schedule; bad options exit 2."""
+    import json
+    import subprocess
+    import sys
+    tiny = ["--synthetic.nodes", "300", "--synthetic.feature_dim", "8", "--hidden", "16",
+            "--runtime.progress", "false", "--out", str(tmp_path / "runs")]
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "quietgnn", "train", "--strategy", "retexo",
+                               *args, *tiny], capture_output=True, text=True, timeout=240)
+
+    out = tmp_path / "s.json"
+    r = run("--parts", "2", "--epochs", "20", "--options.rounds_per_layer", "3,4",
+            "--summary-json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "test accuracy" in r.stdout and "training bytes" in r.stdout
+    s = json.loads(out.read_text())
+    assert s["epochs"] == 7 and s["best_epoch"] <= 6
+    assert s["strategy_report"]["schedule"] == [3, 4]
+    assert s["strategy_report"]["layers_done"] == 2
+    kinds = set()
+    for f in sorted((tmp_path / "runs").glob("*/metrics/rank-*.jsonl")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            kinds |= {k for k in rec.get("bytes_by_kind", {}) if k.startswith("train/")}
+    assert kinds == {"train/embed_fwd", "train/grad_allreduce", "train/val_counts"}
+    r = run("--parts", "2", "--options.embed", "probs")
+    assert r.returncode == 2 and "options.embed = 'probs'" in r.stderr
