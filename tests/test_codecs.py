@@ -117,3 +117,19 @@ def test_errors_are_clear():
         quantize(torch.tensor([[1.0, float("nan")]]), 4)
     with pytest.raises(ValueError, match="disagree"):
         decode_rows(torch.zeros(5, dtype=torch.uint8), torch.tensor([8]), 4)
+
+
+@pytest.mark.parametrize("d", [5, 7, 3703])
+def test_single_row_of_odd_byte_length_decodes(d):
+    # one row from a peer, ceil(b D / 8) + 4 odd: the side information must still be readable
+    x = torch.randn(3, d)
+    for b in (2, 4, 8):
+        w = torch.full((1,), b)
+        payload, _ = encode_rows(x[:1], w, _gen())
+        y, _ = decode_rows(payload, w, d)
+        assert y.shape == (1, d) and torch.isfinite(y).all()
+    # and inside a mixed payload, at an odd offset
+    w = torch.tensor([8, 32, 4])
+    payload, _ = encode_rows(x, w, _gen())
+    y, _ = decode_rows(payload, w, d)
+    assert torch.equal(y[1], x[1])

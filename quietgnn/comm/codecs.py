@@ -119,7 +119,10 @@ class QuantizedRows:
         n = buf.shape[0]
         if b == 32:
             return cls(32, n, d, buf, buf.new_empty(0), buf.new_empty(0))
-        side = buf[:, :SIDE_BYTES].clone().view(torch.bfloat16)  # [n, 2] (clone: aligned)
+        # a fresh [n, 4] copy: aligned and densely strided even for a single row of odd
+        # length (clone() of a one-row slice keeps its stride, which view() rejects)
+        side = torch.empty(n, SIDE_BYTES, dtype=torch.uint8).copy_(buf[:, :SIDE_BYTES])
+        side = side.view(torch.bfloat16)  # [n, 2]
         return cls(b, n, d, buf[:, SIDE_BYTES:], side[:, 0].contiguous(),
                    side[:, 1].contiguous())
 
