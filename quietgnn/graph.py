@@ -38,6 +38,9 @@ from torch import Tensor
 
 __all__ = ["Graph", "csr_from_edges", "random_split"]
 
+#: edges checked per block by :meth:`Graph.validate` (bounds its memory on big graphs)
+_VALIDATE_BLOCK = 1 << 22
+
 
 def csr_from_edges(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     """Canonical destination-indexed CSR from an edge list (sorted rows, duplicates removed)."""
@@ -165,14 +168,25 @@ class Graph:
             need(lo >= 0, f"edge source id {lo} is negative; node ids must be in [0, {n})")
             need(hi < n, f"edge source id {hi} >= num_nodes {n}; node ids must be in [0, {n}) "
                          f"(wrong num_nodes, or ids not renumbered from 0?)")
-            dst = self.edge_dst()
-            loops = int((dst == self.indices).sum())
+            # Row blocks of ~_VALIDATE_BLOCK edges: per-edge temporaries stay bounded.
+            loops, ordered, last_key = 0, True, -1
+            starts = torch.searchsorted(self.indptr, torch.arange(0, self.indices.numel(),
+                                                                  _VALIDATE_BLOCK), right=True) - 1
+            bounds = sorted(set(starts.tolist()) | {n})
+            for v0, v1 in zip(bounds[:-1], bounds[1:]):
+                e0, e1 = int(self.indptr[v0]), int(self.indptr[v1])
+                dst = torch.repeat_interleave(torch.arange(v0, v1), steps[v0:v1])
+                src = self.indices[e0:e1]
+                loops += int((dst == src).sum())
+                key = dst * n + src
+                if key.numel():
+                    ordered = ordered and int(key[0]) > last_key and \
+                        bool((key[1:] > key[:-1]).all())
+                    last_key = int(key[-1])
             need(loops == 0, f"{loops} self-loop(s) stored; the contract stores none (models add "
                              f"their own). Build with Graph.from_edge_index(...), which drops them")
-            key = dst * n + self.indices
-            need(bool((key[1:] > key[:-1]).all()) if key.numel() > 1 else True,
-                 "edges are not in canonical CSR order or contain duplicates; build with "
-                 "Graph.from_edge_index(...) which sorts and de-duplicates")
+            need(ordered, "edges are not in canonical CSR order or contain duplicates; build with "
+                          "Graph.from_edge_index(...) which sorts and de-duplicates")
         need(self.x.dim() == 2 and self.x.shape[0] == n,
              f"x has shape {tuple(self.x.shape)}, expected [num_nodes={n}, num_features]")
         need(self.x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),

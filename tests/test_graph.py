@@ -162,6 +162,21 @@ def test_duplicate_edge():
         g.validate()
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 1 << 22])
+def test_validation_in_edge_blocks(monkeypatch, block):
+    """validate() checks edges in row blocks (bounded memory): the verdict must not depend on
+    where the blocks split, including a duplicate or disorder right at a block boundary."""
+    import quietgnn.graph as graph_mod
+    monkeypatch.setattr(graph_mod, "_VALIDATE_BLOCK", block)
+    path_graph(7).validate()
+    cases = [(torch.tensor([0, 1, 4, 6, 7]), torch.tensor([1, 0, 1, 2, 1, 3, 2]), "self-loop"),
+             (torch.tensor([0, 1, 3, 5, 6]), torch.tensor([1, 2, 0, 1, 3, 2]), "canonical"),
+             (torch.tensor([0, 2, 4, 6, 7]), torch.tensor([1, 1, 0, 2, 1, 3, 2]), "canonical")]
+    for indptr, indices, what in cases:
+        with pytest.raises(ValueError, match=what):
+            broken(indptr=indptr, indices=indices).validate()
+
+
 def test_indptr_inconsistent():
     g = path_graph()
     with pytest.raises(ValueError, match=r"indptr\[0\] = 1, expected 0"):
