@@ -7,9 +7,9 @@ the key lookup ``key = i * n + v`` (docs/methods.md section 5):
 
 * **dense accumulator** (CPU fast path): a scratch array of int32 slots indexed by key,
   written and reset only where keys occur -- O(R + E) per hop, no sort. Three random passes
-  over the E sampled entries: ``scatter_reduce(amin)`` of ``OFF + e`` elects every key's
-  first appearance (old entries hold their position ``< OFF``, so they win), one gather reads
-  the verdict, one scatter (or a memset) resets;
+  over the E sampled entries (``scatter_reduce(amin)`` elects each key's first appearance,
+  a gather reads it back, a scatter or a memset resets), then one prefix sum gives every
+  entry its position (:meth:`Renumberer._dense`);
 * **sort-unique** fallback (``n > cap``): one sort of ``R + E`` keys.
 
 Both give bit-identical levels and columns (tested), so neither the bulk size nor the slab
@@ -34,7 +34,6 @@ from torch import Tensor
 __all__ = ["Renumberer", "cumsum0", "chunk_bounds", "BUDGET"]
 
 _FREE = torch.iinfo(torch.int32).max     # resting value of every scratch slot
-_OFF = 1 << 30                           # slot values >= _OFF are entry indices + _OFF
 BUDGET = 1 << 17                         # entries per slab / chunk (int64: 1 MB arrays)
 
 
@@ -85,7 +84,6 @@ class Renumberer:
         n = int(num_nodes)
         dense = n <= self.cap
         old_count = offsets[1:] - offsets[:-1]
-        new_count = new_ptr[1:] - new_ptr[:-1]
         cols = torch.empty(new_src.numel(), dtype=torch.int64)
         lv_nodes, lv_depth, lv_counts = [], [], []
         base = 0
@@ -95,10 +93,9 @@ class Renumberer:
                               int(new_ptr[b]))
             args = (nodes[r0:r1], offsets[a:b + 1] - r0, new_ptr[a:b + 1] - e0,
                     new_src[e0:e1], n)
-            win, local = self._dense(*args) if dense else self._sorted(*args)
+            win, c = self._dense(*args) if dense else self._sorted(*args)
             # slab level: minibatch after minibatch, old entries first, then the winners
             offs = cumsum0(old_count[a:b] + win)
-            c = local + torch.repeat_interleave(offs[:-1], new_count[a:b], output_size=e1 - e0)
             old_pos = torch.arange(r1 - r0) + torch.repeat_interleave(
                 offs[:-1] - (offsets[a:b] - r0), old_count[a:b], output_size=r1 - r0)
             lv = torch.empty(int(offs[-1]), dtype=torch.int64)
@@ -121,43 +118,49 @@ class Renumberer:
 
     def _dense(self, nodes: Tensor, offsets: Tensor, new_ptr: Tensor, new_src: Tensor, n: int
                ) -> tuple[Tensor, Tensor]:
-        """One slab: ``(win_count [k], local [E])``: new nodes per minibatch, and every entry's
-        position within its minibatch's next level."""
+        """One slab: ``(win_count [k], cols [E])``: new nodes per minibatch, and every entry's
+        position in the slab's next level.
+
+        Entries are numbered in the *interleaved* order ``old_0, new_0, old_1, new_1, ...``
+        (minibatch i's current level, then its sampled entries): the order of the next level.
+        ``scatter_reduce(amin)`` of that number elects every key's first appearance (an old
+        entry beats every new one of its minibatch); the running count of winners is then
+        the position in the next level, read for every entry with one gather.
+        """
         k = offsets.numel() - 1
         R, E = nodes.numel(), new_src.numel()
         old_count = offsets[1:] - offsets[:-1]
+        new_count = new_ptr[1:] - new_ptr[:-1]
         if E == 0:
             return torch.zeros(k, dtype=torch.int64), new_src.new_empty(0)
-        if R + E >= _OFF:
+        if R + E >= _FREE:                                      # numbers must fit int32
             return self._sorted(nodes, offsets, new_ptr, new_src, n)
         mark = self._scratch(k * n)
-        new_count = new_ptr[1:] - new_ptr[:-1]
-        mb_row = torch.repeat_interleave(torch.arange(k), old_count, output_size=R)
-        old_keys = mb_row * n + nodes
-        new_keys = new_src + torch.repeat_interleave(torch.arange(0, k * n, n), new_count,
-                                                     output_size=E)
-        local_old = torch.arange(R) - torch.repeat_interleave(offsets[:-1], old_count,
-                                                              output_size=R)
-        mark.scatter_(0, old_keys, local_old.to(torch.int32))
-        ent = torch.arange(_OFF, _OFF + E, dtype=torch.int32)
-        mark.scatter_reduce_(0, new_keys, ent, reduce="amin")   # first appearance wins
-        v = mark.gather(0, new_keys)
+        keys = new_src + torch.repeat_interleave(torch.arange(0, k * n, n), new_count,
+                                                 output_size=E)
+        # interleaved numbers: old entry r -> r + new_ptr[i], new entry e -> e + offsets[i + 1]
+        num = (torch.arange(E, dtype=torch.int32) +
+               torch.repeat_interleave(offsets[1:].to(torch.int32), new_count, output_size=E))
+        old_num = torch.arange(R, dtype=torch.int32) + torch.repeat_interleave(
+            new_ptr[:-1].to(torch.int32), old_count, output_size=R)
+        old_keys = nodes + torch.repeat_interleave(torch.arange(0, k * n, n), old_count,
+                                                   output_size=R)
+        mark.scatter_(0, old_keys, old_num)
+        mark.scatter_reduce_(0, keys, num, reduce="amin")      # first appearance wins
+        first = mark.gather(0, keys)
         # reset: a memset beats a scatter once the keys cover a good part of the slab
         if 4 * (R + E) > k * n:
             mark[:k * n].fill_(_FREE)
         else:
-            mark.scatter_(0, new_keys, _FREE)
+            mark.scatter_(0, keys, _FREE)
             mark.scatter_(0, old_keys, _FREE)
-        wins = torch.cumsum(v == ent, 0)                        # inclusive winner count
-        at_end = wins.index_select(0, (new_ptr[1:] - 1).clamp_(min=0))
-        wins_upto = torch.where(new_ptr[1:] > 0, at_end, 0)      # winners up to mb i
-        win_count = torch.diff(wins_upto, prepend=wins_upto.new_zeros(1))
-        # new node e* (v = OFF + e*) sits at old_count + (its winner rank within the minibatch)
-        base = old_count - 1 - (wins_upto - win_count)
-        is_new = v >= _OFF
-        first = torch.where(is_new, v - _OFF, 0).to(torch.int64)
-        rank = wins.gather(0, first) + torch.repeat_interleave(base, new_count, output_size=E)
-        return win_count, torch.where(is_new, rank, v.to(torch.int64))
+        win = torch.ones(R + E, dtype=torch.int32)
+        win.scatter_(0, num.to(torch.int64), (first == num).to(torch.int32))
+        pos = torch.cumsum(win, 0)                              # 1 + position in next level
+        ends = offsets[1:] + new_ptr[1:]                        # interleaved end of each mb
+        level_end = torch.where(ends > 0, pos.index_select(0, (ends - 1).clamp_(min=0)), 0)
+        level_count = torch.diff(level_end, prepend=level_end.new_zeros(1))
+        return level_count - old_count, pos.index_select(0, first) - 1
 
     @staticmethod
     def _sorted(nodes: Tensor, offsets: Tensor, new_ptr: Tensor, new_src: Tensor, n: int
@@ -181,4 +184,5 @@ class Renumberer:
         local = torch.empty(uniq.numel(), dtype=torch.int64)
         local[inv[:R]] = torch.arange(R) - offsets[:-1][mb_row]
         local[inv[R + win]] = win_local
-        return win_count, local[inv[R:]]
+        level_start = cumsum0(old_count + win_count)[:-1]
+        return win_count, local[inv[R:]] + level_start[new_mb]

@@ -7,8 +7,10 @@ For hop h the selection matrix ``Q^h`` has one 1 per frontier entry, so the prob
 ``Q^h A`` is a row gather of the CSR (no matrix is materialised); the sampling step draws
 ``min(s_h, deg)`` distinct nonzeros of every row; the extraction step
 ``Q^h A (Q^{h+1})^T`` is the renumbering of :mod:`~quietgnn.sampling.renumber`.
-Every row of every minibatch of the bulk goes through one vectorised pass; the only Python
-loops are over hops and over the ``s`` draws of Floyd's algorithm.
+All rows of all minibatches of the bulk are sampled together, vectorised; the Python loops
+run over hops, over the ``s`` draws of Floyd's algorithm, and over cache-sized chunks of about
+``budget`` sampled entries (a blocking loop whose trip count is ``E / budget`` whatever k is;
+see :mod:`~quietgnn.sampling.renumber` for why whole-bulk temporaries are slow on CPU).
 
 Laws (exact, tested with chi-square):
 
@@ -87,14 +89,18 @@ def _floyd(d: Tensor, s: int, keys: Tensor) -> Tensor:
     Draw m takes ``t ~ U{0..j}``, ``j = d - s + m``, or ``j`` itself when ``t`` is taken
     already (every earlier pick is ``< j``, so ``j`` is free). Laid out draw-major so every
     step reads and writes contiguous rows; the s uniforms of all rows come from one hash call.
+    ``floor(u * (j + 1)) <= j`` holds in float64 for every ``u < 1`` (the product is never
+    rounded up to ``j + 1``), so no clamp is needed.
     """
-    j = (d - s) + torch.arange(s).unsqueeze(1)                               # [s, B]
-    t = (uniform(keys, torch.arange(s).unsqueeze(1)) * (j + 1).to(torch.float64)
-         ).to(torch.int64)
-    t = torch.minimum(t, j)   # guards the (theoretical) rounding of u * (j + 1) up to j + 1
-    for m in range(1, s):
-        dup = (t[:m] == t[m]).any(0)
-        t[m] = torch.where(dup, j[m], t[m])
+    m = torch.arange(s).unsqueeze(1)
+    t = (uniform(keys, m) * ((d - s + 1).to(torch.float64) + m)).to(torch.int64)   # [s, B]
+    base = d - s
+    for i in range(1, s):
+        ti = t[i]
+        dup = t[0] == ti
+        for q in range(1, i):
+            dup |= t[q] == ti
+        torch.where(dup, base + i, ti, out=ti)
     return t
 
 
