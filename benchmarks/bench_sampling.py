@@ -1,26 +1,38 @@
 """Sampling throughput of the bulk sampler (issue 8, docs/methods.md section 5).
 
-Measures, on one run of this script (the machine is shared and noisy: compare ratios within
+Measures, in one run of this script (the machine is shared and noisy: compare ratios within
 one run only):
 
 1. single-rank sampled edges per second (SEPS) for bulk sizes k in {1, 4, 16, 64} on
    synthetic power-law graphs (~1e6 and ~1e7 directed edges) and on Amazon Computers and
-   Coauthor CS; GraphSAGE fanouts 15,10,5 (uniform rows), plus LADIES on the real graphs;
-   a fixed total of minibatches per k (so k=1 makes 64 calls, k=64 one call);
-2. PyG NeighborLoader on the same graphs/fanouts -- only if ``pyg_lib`` or ``torch_sparse``
-   imports (recorded as not run otherwise);
+   Coauthor CS; GraphSAGE fanouts 15,10,5 (uniform rows), plus LADIES on the real graphs.
+   Every measurement samples the same ``--total`` minibatches of ``--batch`` random targets
+   (k = 1: ``total`` calls; k = 64: ``total / 64`` calls) and slices every minibatch out of
+   its bulk (``Bulk.minibatch``), as a training loop does;
+2. PyG's ``NeighborLoader`` on the same graph, fanouts, batch size and target sequence (it
+   needs ``pyg_lib`` or ``torch_sparse``; recorded as not run otherwise), plus the bare
+   ``torch_sparse.neighbor_sample`` kernel the loader calls, for reference. PyG and every k
+   are measured in the same process with the same single thread, interleaved over
+   ``--reps`` rounds (the order rotates each round); each reports its fastest round, in wall
+   seconds and in thread-CPU seconds (the latter is robust to other load on the machine),
+   and the ratio quietgnn / PyG is taken within the run. Semantics differ slightly: PyG
+   samples the neighbours of every *newly reached* node once (one subgraph), quietgnn samples
+   every row of every level (one block per hop, targets first), so it draws more edges per
+   minibatch; SEPS compares the rates;
 3. distributed sampling with P = 4 gloo processes on this machine: the 1.5D sampler with
    c in {1, 2} (and the replicated topology, which needs no communication), k in {1, 16}:
    time per minibatch and sampling bytes per rank.
 
-Run: ``/work/venv/bin/python benchmarks/bench_sampling.py [--quick]``
+Run (PyG needs torch-sparse, which is not a project dependency: a separate venv)::
+
+    /work/venv-bench/bin/python benchmarks/bench_sampling.py [--quick]
+
 Writes ``benchmarks/results/sampling.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -63,27 +75,128 @@ def load_real(name: str) -> Graph | None:
     return load_dataset(name, root=str(SHARED), split_seed=0)
 
 
-def seps(sampler, n: int, batch: int, k: int, total: int, seed: int = 0) -> dict:
-    """Sample ``total`` minibatches of ``batch`` random targets in calls of k."""
+def requests(n: int, batch: int, total: int, seed: int = 0) -> list[torch.Tensor]:
+    """``total`` minibatches of ``batch`` distinct random targets (one fixed sequence)."""
     g = torch.Generator().manual_seed(seed)
-    edges, t_all = 0, 0.0
-    for c in range(total // k):
-        targets = torch.cat([torch.randperm(n, generator=g)[:batch] for _ in range(k)])
+    return [torch.randperm(n, generator=g)[:batch] for _ in range(total)]
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.thread_time()
+
+
+def run_quiet(sampler, reqs: list[torch.Tensor], k: int) -> dict:
+    """Sample ``reqs`` in bulks of k and slice out every minibatch (timed)."""
+    edges, wall, cpu = 0, 0.0, 0.0
+    batch = reqs[0].numel()
+    for c in range(len(reqs) // k):
+        targets = torch.cat(reqs[c * k:(c + 1) * k])
         off = torch.arange(k + 1, dtype=torch.int64) * batch
         ids = torch.arange(k) + c * k
-        t0 = time.perf_counter()
+        w0, c0 = _clock()
         bulk = sampler.sample(targets, off, ids)
-        t_all += time.perf_counter() - t0
+        for i in range(k):
+            bulk.minibatch(i)
+        w1, c1 = _clock()
+        wall, cpu = wall + w1 - w0, cpu + c1 - c0
         edges += bulk.num_sampled_edges()
-    return {"k": k, "sampled_edges": edges, "seconds": t_all, "seps": edges / t_all,
-            "ms_per_minibatch": 1e3 * t_all / total}
+    return {"sampled_edges": edges, "wall_s": wall, "cpu_s": cpu}
 
 
 def pyg_available() -> str | None:
-    for mod in ("pyg_lib", "torch_sparse"):
-        if importlib.util.find_spec(mod) is not None:
-            return mod
-    return None
+    """Which NeighborLoader backend PyG would use here (None: it cannot run)."""
+    try:
+        import torch_geometric.typing as tgt
+    except ImportError:
+        return None
+    return "pyg_lib" if tgt.WITH_PYG_LIB else "torch_sparse" if tgt.WITH_TORCH_SPARSE else None
+
+
+class PyGRunner:
+    """NeighborLoader over the same targets (and the bare torch_sparse kernel)."""
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int],
+                 reqs: list[torch.Tensor]) -> None:
+        from torch_geometric.data import Data
+        from torch_geometric.loader import NeighborLoader
+        n = indptr.numel() - 1
+        dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+        # quietgnn's CSR is destination-indexed (row v = in-neighbours of v); PyG samples
+        # incoming edges of edge_index (source -> destination): the same neighbourhoods
+        data = Data(edge_index=torch.stack([indices, dst]), num_nodes=n)
+        self.batch = reqs[0].numel()
+        self.seeds = torch.cat(reqs)
+        self.loader = NeighborLoader(data, num_neighbors=list(fanouts), batch_size=self.batch,
+                                     input_nodes=self.seeds, shuffle=False)
+        self.fanouts = list(fanouts)
+        sampler = self.loader.node_sampler
+        self.colptr, self.row = sampler.colptr, sampler.row   # built once, untimed
+
+    def run_loader(self) -> dict:
+        edges = 0
+        w0, c0 = _clock()
+        for b in self.loader:
+            edges += b.edge_index.size(1)
+        w1, c1 = _clock()
+        return {"sampled_edges": edges, "wall_s": w1 - w0, "cpu_s": c1 - c0}
+
+    def run_kernel(self) -> dict:
+        op = torch.ops.torch_sparse.neighbor_sample
+        edges = 0
+        w0, c0 = _clock()
+        for seed in self.seeds.split(self.batch):
+            node, row, col, edge = op(self.colptr, self.row, seed, self.fanouts, False, True)
+            edges += row.numel()
+        w1, c1 = _clock()
+        return {"sampled_edges": edges, "wall_s": w1 - w0, "cpu_s": c1 - c0}
+
+
+def compare(graph: str, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int],
+            ks: list[int], reqs: list[torch.Tensor], reps: int, pyg: str | None,
+            ladies: bool = False) -> list[dict]:
+    """All k of quietgnn (and PyG) on one graph, interleaved over ``reps`` rounds."""
+    n, E = indptr.numel() - 1, indices.numel()
+    runs: dict[str, object] = {}
+    sampler = NeighborSampler(indptr, indices, fanouts, seed=0)
+    for k in ks:
+        runs[f"sage k={k}"] = (lambda k=k: run_quiet(sampler, reqs, k))
+    if ladies:
+        lad = LadiesSampler(indptr, indices, [512] * len(fanouts), seed=0)
+        for k in ks:
+            runs[f"ladies k={k}"] = (lambda k=k: run_quiet(lad, reqs, k))
+    if pyg:
+        pr = PyGRunner(indptr, indices, fanouts, reqs)
+        runs["pyg NeighborLoader"] = pr.run_loader
+        if pyg == "torch_sparse":
+            runs["pyg kernel (torch_sparse.neighbor_sample)"] = pr.run_kernel
+    names = list(runs)
+    for name in names:          # warm-up: scratch buffers, CSC conversion, page cache
+        runs[name]()
+    best: dict[str, dict] = {}
+    for rep in range(reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            r = runs[name]()
+            b = best.setdefault(name, {"wall_s": float("inf"), "cpu_s": float("inf")})
+            b.update(sampled_edges=r["sampled_edges"], wall_s=min(b["wall_s"], r["wall_s"]),
+                     cpu_s=min(b["cpu_s"], r["cpu_s"]))
+        print(graph, rep, {k: round(v["sampled_edges"] / v["cpu_s"] / 1e6, 2)
+                           for k, v in best.items()}, flush=True)
+    ref = best.get("pyg NeighborLoader")
+    rows = []
+    for name in names:
+        b = best[name]
+        row = {"graph": graph, "nodes": n, "edges": E, "run": name,
+               "fanouts": [512] * len(fanouts) if name.startswith("ladies") else fanouts,
+               "batch": reqs[0].numel(), "minibatches": len(reqs), "reps": reps, **b,
+               "seps_wall": b["sampled_edges"] / b["wall_s"],
+               "seps_cpu": b["sampled_edges"] / b["cpu_s"],
+               "ms_per_minibatch_wall": 1e3 * b["wall_s"] / len(reqs)}
+        if ref is not None and name.startswith("sage"):
+            row["vs_pyg_wall"] = row["seps_wall"] / (ref["sampled_edges"] / ref["wall_s"])
+            row["vs_pyg_cpu"] = row["seps_cpu"] / (ref["sampled_edges"] / ref["cpu_s"])
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------- distributed
@@ -153,69 +266,94 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small graphs only (smoke run)")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--total", type=int, default=64, help="minibatches per k")
+    ap.add_argument("--total", type=int, default=64, help="minibatches per measurement")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (fastest kept)")
+    ap.add_argument("--graphs", default=None, help="comma list: powerlaw-1e6, powerlaw-1e7, "
+                    "computers, cs (default: all; --quick: powerlaw-1e6)")
+    ap.add_argument("--no-dist", action="store_true", help="skip the distributed part")
     args = ap.parse_args()
-    # one thread: on a shared, oversubscribed machine intra-op threads slow sampling ~9x
+    # one thread: on a shared, oversubscribed machine intra-op threads slow sampling ~9x;
+    # PyG's kernel is single-threaded per minibatch as well
     torch.set_num_threads(1)
     fan = [15, 10, 5]
-    ks = [1, 4, 16, 64]
-    graphs = [("powerlaw-1e6", 100_000, 10.0)] if args.quick else \
-        [("powerlaw-1e6", 100_000, 10.0), ("powerlaw-1e7", 1_000_000, 10.0)]
+    ks = [k for k in (1, 4, 16, 64) if k <= args.total]
+    synth = {"powerlaw-1e6": (100_000, 10.0), "powerlaw-1e7": (1_000_000, 10.0)}
+    names = args.graphs.split(",") if args.graphs else \
+        (["powerlaw-1e6"] if args.quick else [*synth, "computers", "cs"])
+    pyg = pyg_available()
     rows = []
-    for name, n, avg in graphs:
+    for name in names:
         t0 = time.perf_counter()
-        indptr, indices = power_law_csr(n, avg)
+        if name in synth:
+            n, avg = synth[name]
+            indptr, indices = power_law_csr(n, avg)
+        else:
+            g = load_real(name)
+            if g is None:
+                print(f"{name}: data not found, skipped")
+                continue
+            n, indptr, indices = g.num_nodes, g.indptr, g.indices
         print(f"{name}: n={n} E={indices.numel()} built in {time.perf_counter() - t0:.1f}s",
               flush=True)
-        s = NeighborSampler(indptr, indices, fan, seed=0)
-        for k in ks:
-            r = seps(s, n, args.batch, k, args.total)
-            rows.append({"graph": name, "nodes": n, "edges": indices.numel(), "sampler": "sage",
-                         "fanouts": fan, "batch": args.batch, **r})
-            print(rows[-1], flush=True)
-        del s, indptr, indices
-    for name in ([] if args.quick else ["computers", "cs"]):
-        g = load_real(name)
-        if g is None:
-            continue
-        for label, s in (("sage", NeighborSampler(g.indptr, g.indices, fan, seed=0)),
-                         ("ladies", LadiesSampler(g.indptr, g.indices, [512, 512, 512],
-                                                  seed=0))):
-            for k in ks:
-                r = seps(s, g.num_nodes, args.batch, k, args.total)
-                rows.append({"graph": name, "nodes": g.num_nodes, "edges": g.num_edges,
-                             "sampler": label, "fanouts": s.fanouts, "batch": args.batch, **r})
-                print(rows[-1], flush=True)
-    pyg = pyg_available()
-    pyg_note = (f"{pyg} importable but the comparison is not implemented in this run" if pyg
-                else "not run: neither pyg_lib nor torch_sparse is installed (NeighborLoader "
-                     "needs one; torch-sparse takes ~35 min of both cores to build)")
-    dist_rows = distributed(20_000 if args.quick else 100_000, 10.0, 128, 16, args.quick)
+        reqs = requests(n, args.batch, args.total)
+        rows += compare(name, indptr, indices, fan, ks, reqs, args.reps, pyg,
+                        ladies=name not in synth)
+        del indptr, indices
+    pyg_note = (f"PyG NeighborLoader via {pyg} (torch_geometric "
+                f"{_version('torch_geometric')}, torch_sparse {_version('torch_sparse')})"
+                if pyg else "PyG NeighborLoader not run: neither pyg_lib nor torch_sparse "
+                "imports (NeighborLoader needs one; torch-sparse takes ~35 min of both cores "
+                "to build)")
+    dist_rows = [] if args.no_dist else \
+        distributed(20_000 if args.quick else 100_000, 10.0, 128, 16, args.quick)
     for r in dist_rows:
         print(r, flush=True)
-    out = {"single_rank": rows, "pyg_neighborloader": pyg_note, "distributed": dist_rows,
-           "torch_threads": torch.get_num_threads(), "note": "shared 2-core machine, noisy"}
+    cmd = "python benchmarks/bench_sampling.py " + " ".join(sys.argv[1:])
+    out = {"command": cmd, "single_rank": rows, "pyg": pyg_note, "distributed": dist_rows,
+           "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "note": "shared 2-core machine, noisy; fastest of --reps interleaved rounds"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "sampling.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / "sampling.md").write_text(render(out, args))
+    print(render(out, args))
+
+
+def _version(mod: str) -> str:
+    try:
+        return __import__(mod).__version__
+    except Exception:   # torch_sparse's Python part may not import; its kernels still do
+        from importlib.metadata import version
+        try:
+            return version(mod.replace("_", "-"))
+        except Exception:
+            return "?"
+
+
+def render(out: dict, args) -> str:
     md = ["# Bulk sampling throughput", "",
-          f"`python benchmarks/bench_sampling.py` (batch {args.batch} targets, "
-          f"{args.total} minibatches per k; shared 2-core machine: compare within a table).", "",
-          "| graph | edges | sampler | fanouts | k | sampled edges | s | M SEPS | ms/minibatch |",
-          "|---|---:|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        md.append(f"| {r['graph']} | {r['edges']:,} | {r['sampler']} | "
-                  f"{','.join(map(str, r['fanouts']))} | {r['k']} | {r['sampled_edges']:,} | "
-                  f"{r['seconds']:.2f} | {r['seps'] / 1e6:.2f} | {r['ms_per_minibatch']:.1f} |")
-    md += ["", f"PyG NeighborLoader: {pyg_note}.", "",
-           "## Distributed sampling, P = 4 (4 gloo processes on 2 shared cores)", "",
+          f"`{out['command']}` (torch {out['torch']}, {out['torch_threads']} thread; "
+          f"batch {args.batch} targets, {args.total} minibatches per measurement, fastest of "
+          f"{args.reps} interleaved rounds). Shared 2-core machine: compare within a table; "
+          "thread-CPU SEPS is the figure robust to other load.", "",
+          out["pyg"] + ".", "",
+          "| graph | edges | run | fanouts | sampled edges | M SEPS (wall) | M SEPS (CPU) | "
+          "x PyG (wall) | x PyG (CPU) | ms/minibatch (wall) |",
+          "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in out["single_rank"]:
+        ratio = (f"{r['vs_pyg_wall']:.2f} | {r['vs_pyg_cpu']:.2f}" if "vs_pyg_wall" in r
+                 else "- | -")
+        md.append(f"| {r['graph']} | {r['edges']:,} | {r['run']} | "
+                  f"{','.join(map(str, r['fanouts']))} | {r['sampled_edges']:,} | "
+                  f"{r['seps_wall'] / 1e6:.2f} | {r['seps_cpu'] / 1e6:.2f} | {ratio} | "
+                  f"{r['ms_per_minibatch_wall']:.1f} |")
+    md += ["", "## Distributed sampling, P = 4 (4 gloo processes on 2 shared cores)", "",
            "| graph | mode | c | k | ms/minibatch (slowest rank) | sampling MB sent/rank | "
            "collectives/rank |", "|---|---|---:|---:|---:|---:|---:|"]
-    for r in dist_rows:
+    for r in out["distributed"]:
         md.append(f"| {r['graph']} | {r['mode']} | {r['c']} | {r['k']} | "
                   f"{r['ms_per_minibatch']:.1f} | {r['sample_MB_sent_per_rank']:.2f} | "
                   f"{r['rounds_per_rank']} |")
-    (RESULTS / "sampling.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":
