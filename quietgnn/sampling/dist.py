@@ -36,7 +36,7 @@ Derived / simplified here (the paper body was not available):
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -142,6 +142,7 @@ class Sampler15D:
         self.block = self.owner // c           # row group (block-row) of every node
         self.num_nodes = part.num_nodes_global
         self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
+        self._buf: Optional[Tensor] = None   # local columns + fetched rows (see _local_then)
 
     def __repr__(self) -> str:
         return (f"Sampler15D(grid={self.P // self.c}x{self.c}, group={self.g}, replica={self.j}, "
@@ -151,17 +152,17 @@ class Sampler15D:
         """CSR rows of ``need`` (sorted unique global ids of blocks this replica handles):
         local ones read directly, the others requested from replica j of their group."""
         P, c = self.P, self.c
-        blk = self.block[need]
+        blk = self.block.index_select(0, need)
         local = blk == self.g
         remote = need[~local]
-        dest = self.block[remote] * c + self.j     # replica j of the owning group
+        dest = blk[~local] * c + self.j              # replica j of the owning group
         order = torch.argsort(dest, stable=True)     # requests grouped by destination rank
         counts = torch.bincount(dest, minlength=P).tolist()
         got = self.comm.all_to_all(list(torch.split(remote[order], counts)), "sample_rows_ids")
         replies = []
         for ids in got:
             ptr, pos = expand_rows(self.indptr, ids)
-            replies.append(_pack([ptr[1:] - ptr[:-1], self.indices[pos]]))
+            replies.append(_pack([ptr[1:] - ptr[:-1], self.indices.index_select(0, pos)]))
         back = self.comm.all_to_all(replies, "sample_rows")
         deg = torch.empty(need.numel(), dtype=torch.int64)
         starts = torch.empty(need.numel(), dtype=torch.int64)
@@ -169,7 +170,7 @@ class Sampler15D:
         deg[local] = ptr[1:] - ptr[:-1]
         starts[local] = self.indptr[need[local]]
         base = self.indices.numel()
-        pieces = [self.indices]
+        pieces = []
         rem_deg, rem_start = [], []
         for m, b in zip(counts, back):
             d = b[:m]
@@ -181,7 +182,19 @@ class Sampler15D:
         rd, rs = torch.empty_like(remote), torch.empty_like(remote)
         rd[order], rs[order] = torch.cat(rem_deg), torch.cat(rem_start)
         deg[~local], starts[~local] = rd, rs
-        return starts, deg, torch.cat(pieces)
+        return starts, deg, self._local_then(pieces)
+
+    def _local_then(self, pieces: list[Tensor]) -> Tensor:
+        """The local CSR column array followed by the fetched rows, in a reused buffer (the
+        local part, O(E / groups), is copied once, not once per hop)."""
+        L = self.indices.numel()
+        need = L + sum(p.numel() for p in pieces)
+        if self._buf is None or self._buf.numel() < need:
+            self._buf = torch.empty(need + need // 4, dtype=self.indices.dtype)
+            self._buf[:L] = self.indices
+        if pieces:
+            torch.cat(pieces, out=self._buf[L:need])
+        return self._buf[:need]
 
     def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:
         check_targets(targets, offsets, batch_ids, self.num_nodes)
@@ -192,11 +205,13 @@ class Sampler15D:
             R = nodes.numel()
             mb_row = torch.repeat_interleave(torch.arange(offs.numel() - 1), offs[1:] - offs[:-1],
                                              output_size=R)
-            mine = torch.nonzero(self.block[nodes] % self.c == self.j).flatten()
-            need, where = torch.unique(nodes[mine], return_inverse=True)
+            mine = torch.nonzero(self.block.index_select(0, nodes) % self.c == self.j).flatten()
+            mine_nodes = nodes.index_select(0, mine)
+            need, where = torch.unique(mine_nodes, return_inverse=True)
             starts, deg, cols = self._rows(need)
-            keys = row_keys(self.seed, batch_ids, h, mb_row[mine], nodes[mine])
-            cnt, src = sample_rows(starts[where], deg[where], s, keys, cols)
+            keys = row_keys(self.seed, batch_ids, h, mb_row.index_select(0, mine), mine_nodes)
+            cnt, src = sample_rows(starts.index_select(0, where), deg.index_select(0, where), s,
+                                   keys, cols)
             counts, src_all = self._allreduce(R, mine, cnt, src)
             indptr = cumsum0(counts)
             nodes, offs, depth, col = self.renumber.extend(nodes, offs, depth,
@@ -235,4 +250,4 @@ class Sampler15D:
         order = torch.empty(R, dtype=torch.int64)
         order[rows] = torch.arange(R)            # received index of frontier row r
         _, pos = expand_rows(ptr, order)
-        return counts, srcs[pos]
+        return counts, srcs.index_select(0, pos)
