@@ -124,7 +124,7 @@ class Graph:
         """Short content hash of topology, labels and splits (partition books record it)."""
         h = hashlib.sha256()
         for t in (self.indptr, self.indices, self.y, self.train_mask, self.val_mask, self.test_mask):
-            h.update(np.ascontiguousarray(t.numpy()).tobytes())
+            h.update(memoryview(np.ascontiguousarray(t.numpy())).cast("B"))   # no copy
         h.update(str(tuple(self.x.shape)).encode())
         return h.hexdigest()[:16]
 

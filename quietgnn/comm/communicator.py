@@ -118,6 +118,21 @@ class PendingExchange:
         return self._result
 
 
+def _one_buffer(blocks: Sequence[Tensor]) -> Tensor | None:
+    """A flat view spanning ``blocks`` when they are contiguous, consecutive views of one
+    storage (e.g. ``torch.split`` of a contiguous tensor), else None (the caller copies)."""
+    first = blocks[0]
+    storage = first.untyped_storage()
+    offset = first.storage_offset()
+    for b in blocks:
+        if not b.is_contiguous() or b.untyped_storage().data_ptr() != storage.data_ptr() or \
+                b.storage_offset() != offset:
+            return None
+        offset += b.numel()
+    total = offset - first.storage_offset()
+    return first.new_empty(0).set_(storage, first.storage_offset(), (total,), (1,))
+
+
 def _split_rows(flat: Tensor, counts: Sequence[int], row_shape: tuple[int, ...]) -> list[Tensor]:
     rows = flat.view(-1, *row_shape) if row_shape else flat
     return list(torch.split(rows, list(counts), dim=0))
@@ -277,17 +292,29 @@ class Communicator:
         return t
 
     def all_to_all(self, send: Sequence[Tensor], kind: str,
-                   recv_counts: Sequence[int] | None = None) -> list[Tensor]:
+                   recv_counts: Sequence[int] | None = None,
+                   out: Tensor | None = None) -> list[Tensor]:
         """Variable-size all-to-all of row blocks: ``send[j]`` (``[n_j, *row]``) goes to rank j;
         returns the P blocks received (``recv[j]`` from rank j). All blocks share dtype and row
         shape. Pass ``recv_counts`` (rows expected from each peer) when known, which saves the
-        size handshake."""
-        return self.all_to_all_async(send, kind, recv_counts).wait()
+        size handshake.
+
+        Large exchanges can avoid two copies: blocks that are consecutive views of one
+        contiguous buffer (``torch.split`` of it) are sent without concatenating them, and
+        ``out`` (a contiguous tensor of ``sum(recv_counts)`` rows, ``recv_counts`` required)
+        receives in place; the returned blocks are then views of ``out``."""
+        # blocking: the caller cannot touch its blocks while they are in flight, so they may
+        # be sent without a copy
+        return self.all_to_all_async(send, kind, recv_counts, out=out, _copy_send=False).wait()
 
     def all_to_all_async(self, send: Sequence[Tensor], kind: str,
-                         recv_counts: Sequence[int] | None = None) -> PendingExchange:
+                         recv_counts: Sequence[int] | None = None,
+                         out: Tensor | None = None, *,
+                         _copy_send: bool = True) -> PendingExchange:
         """Start an all-to-all and return at once (compute while it flies); see
-        :meth:`all_to_all`. The op is recorded when :meth:`PendingExchange.wait` returns."""
+        :meth:`all_to_all`. The op is recorded when :meth:`PendingExchange.wait` returns.
+        The send blocks are copied (the caller may reuse them at once); ``out`` must not be
+        touched before the wait."""
         P = self.world_size
         if len(send) != P:
             raise ValueError(f"all_to_all: got {len(send)} send blocks, expected one per rank "
@@ -301,6 +328,8 @@ class Communicator:
                                  f"{tuple(s.shape[1:])}, expected {dtype} {row_shape}")
         if P == 1:
             flat = send[0].reshape(-1)
+            if out is not None:
+                flat = out.view(-1).copy_(flat)
             return PendingExchange(self, None, flat, [send[0].shape[0]], row_shape,
                                    lambda pending: None)
         r, t0, c0 = self._begin()
@@ -314,9 +343,19 @@ class Communicator:
             extra = 8 * (P - 1)
         recv_counts = [int(c) for c in recv_counts]
         row_numel = math.prod(row_shape) if row_shape else 1
-        flat_send = torch.cat([s.reshape(-1) for s in send]) if any(send_counts) else \
-            send[0].new_empty(0)
-        flat_recv = send[0].new_empty(sum(recv_counts) * row_numel)
+        flat_send = None if _copy_send else _one_buffer(send)
+        if flat_send is None:
+            flat_send = torch.cat([s.reshape(-1) for s in send]) if any(send_counts) else \
+                send[0].new_empty(0)
+        if out is not None:
+            if not out.is_contiguous() or out.dtype != dtype or \
+                    out.numel() != sum(recv_counts) * row_numel:
+                raise ValueError(f"all_to_all: out has shape {tuple(out.shape)} dtype "
+                                 f"{out.dtype}, expected a contiguous {dtype} tensor of "
+                                 f"{sum(recv_counts)} rows of shape {row_shape}")
+            flat_recv = out.view(-1)
+        else:
+            flat_recv = send[0].new_empty(sum(recv_counts) * row_numel)
         work = self._guard(lambda: dist.all_to_all_single(
             flat_recv, flat_send, [c * row_numel for c in recv_counts],
             [c * row_numel for c in send_counts], async_op=True), "all_to_all", kind)

@@ -58,21 +58,36 @@ class SparseAdj:
         return f"SparseAdj(n_dst={self.n_dst}, n_src={self.n_src}, nnz={self.nnz})"
 
     # ------------------------------------------------------------------ cached structure
+    # Per-edge arrays are what a block's memory is made of at 10^7+ edges, so only what
+    # the layers keep using is cached: the normalisation weights and, for the backward pass,
+    # the transposed matrix *with its values* (weights fixed per block: GCN, mean, sum).
+    # The row index and the transposition permutation are built on the way and dropped,
+    # unless a caller asks for them (attention: values change every step).
     def row(self) -> Tensor:
-        """int64 [E]: destination row of each entry."""
+        """int64 [E]: destination row of each entry (cached once asked for)."""
         if "row" not in self._cache:
-            self._cache["row"] = torch.repeat_interleave(
-                torch.arange(self.n_dst, device=self.device), self.row_count)
+            self._cache["row"] = self._row()
         return self._cache["row"]  # type: ignore[return-value]
+
+    def _row(self) -> Tensor:
+        if "row" in self._cache:
+            return self._cache["row"]  # type: ignore[return-value]
+        return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device),
+                                       self.row_count)
+
+    def _per_edge(self, per_row: Tensor) -> Tensor:
+        """``per_row[row]`` without materialising the int64 row index."""
+        return torch.repeat_interleave(per_row, self.row_count, output_size=self.nnz)
 
     def transpose_structure(self) -> tuple[Tensor, Tensor, Tensor]:
         """(indptr_T [n_src+1], indices_T [E], perm [E]) with ``values_T = values[perm]``."""
         if "T" not in self._cache:
-            row = self.row()
-            perm = torch.argsort(self.indices * self.n_dst + row)
+            # rows are ascending within the CSR, so a stable sort by column alone gives the
+            # (column, row) order of the transpose
+            perm = torch.sort(self.indices, stable=True).indices
             indptr_t = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.device)
             indptr_t[1:] = torch.bincount(self.indices, minlength=self.n_src).cumsum(0)
-            self._cache["T"] = (indptr_t, row[perm], perm)
+            self._cache["T"] = (indptr_t, self._row()[perm], perm)
         return self._cache["T"]  # type: ignore[return-value]
 
     def gcn_norm(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -85,7 +100,8 @@ class SparseAdj:
                                  "with src_degree=... (global in-degrees)")
             dinv_src = (self.src_degree.to(dtype) + 1).rsqrt()
             dinv_dst = (self.dst_degree.to(dtype) + 1).rsqrt()
-            ew = dinv_src[self.indices] * dinv_dst[self.row()]
+            ew = dinv_src[self.indices]
+            ew.mul_(self._per_edge(dinv_dst))
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
 
@@ -94,7 +110,7 @@ class SparseAdj:
         key = f"mean:{dtype}"
         if key not in self._cache:
             inv = 1.0 / self.row_count.clamp(min=1).to(dtype)
-            self._cache[key] = inv[self.row()]
+            self._cache[key] = self._per_edge(inv)
         return self._cache[key]  # type: ignore[return-value]
 
     def ones(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -106,7 +122,7 @@ class SparseAdj:
     def with_self_loops(self) -> "SparseAdj":
         """The same block plus the entry (v, v) in every row (GAT attends to itself)."""
         if "loops" not in self._cache:
-            row = torch.cat([self.row(), torch.arange(self.n_dst, device=self.device)])
+            row = torch.cat([self._row(), torch.arange(self.n_dst, device=self.device)])
             col = torch.cat([self.indices, torch.arange(self.n_dst, device=self.device)])
             order = torch.argsort(row * self.n_src + col)
             indptr = torch.zeros_like(self.indptr)
@@ -128,6 +144,27 @@ class SparseAdj:
                                        (self.n_dst, self.n_src))
 
     def csr_t(self, values: Tensor) -> Tensor:
+        """The transpose ``A(values)^T`` as a CSR tensor ``[n_src, n_dst]``. For the block's own
+        cached weights (:meth:`gcn_norm`, :meth:`mean_norm`, :meth:`ones`) it is built once and
+        kept; other values (attention) are permuted on each call."""
+        fixed = next((k for k, v in self._cache.items()
+                      if (v is values or (isinstance(v, tuple) and v[0] is values))), None)
+        if fixed is not None:
+            key = f"T:{fixed}"
+            if key not in self._cache:
+                if "T" in self._cache:
+                    indptr_t, indices_t, perm = self._cache["T"]  # type: ignore[misc]
+                    values_t = values[perm]
+                else:
+                    perm = torch.sort(self.indices, stable=True).indices
+                    indptr_t = torch.zeros(self.n_src + 1, dtype=torch.int64, device=self.device)
+                    indptr_t[1:] = torch.bincount(self.indices, minlength=self.n_src).cumsum(0)
+                    values_t = values[perm]
+                    indices_t = self._row()[perm]
+                    del perm
+                self._cache[key] = torch.sparse_csr_tensor(indptr_t, indices_t, values_t,
+                                                           (self.n_src, self.n_dst))
+            return self._cache[key]  # type: ignore[return-value]
         indptr_t, indices_t, perm = self.transpose_structure()
         return torch.sparse_csr_tensor(indptr_t, indices_t, values[perm], (self.n_src, self.n_dst))
 
@@ -136,7 +173,10 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, h: Tensor, adj: SparseAdj) -> Tensor:  # type: ignore[override]
         ctx.adj = adj
-        ctx.save_for_backward(values, h)
+        ctx.h_meta = (h.shape, h.dtype, h.device)
+        # h is needed only for the gradient of the values (attention): otherwise keeping it
+        # would hold an [n_src, d] activation per layer until the backward pass
+        ctx.save_for_backward(values, h if ctx.needs_input_grad[0] else None)
         if adj.nnz == 0:
             return h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
         return adj.csr(values.to(h.dtype)) @ h
@@ -147,8 +187,9 @@ class _SpMM(torch.autograd.Function):
         adj: SparseAdj = ctx.adj
         g_values = g_h = None
         if ctx.needs_input_grad[1]:
+            shape, dtype, device = ctx.h_meta
             g_h = (adj.csr_t(values.to(grad.dtype)) @ grad.contiguous()) if adj.nnz else \
-                torch.zeros_like(h)
+                torch.zeros(shape, dtype=dtype, device=device)
         if ctx.needs_input_grad[0]:
             # d out[v] / d A[v,u] = h[u]: an SDDMM, one dot product per edge
             g_values = (grad[adj.row()] * h[adj.indices]).sum(-1).to(values.dtype)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..graph import Graph
-from .local import LocalPartition, build_partitions, partition_stats
+from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 
 __all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book"]
@@ -65,14 +65,16 @@ class PartitionBook:
         path = Path(path)
         parts = np.asarray(parts, dtype=np.int64)
         num_parts = int(parts.max()) + 1
-        book_id = hashlib.sha256(graph.fingerprint().encode() + parts.tobytes()).hexdigest()[:16]
+        fingerprint = graph.fingerprint()
+        book_id = hashlib.sha256(fingerprint.encode() + parts.tobytes()).hexdigest()[:16]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
             np.save(tmp / "assignment.npy", parts)
-            locals_ = build_partitions(graph, parts, book_id=book_id)
-            for lp in locals_:
+            # one part at a time: saved, then dropped (the graph + one part in memory, not P)
+            for lp in iter_partitions(graph, parts, book_id=book_id, fingerprint=fingerprint):
                 torch.save(lp.to_dict(), tmp / f"part-{lp.rank}.pt")
+                del lp
             files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
                      for f in sorted(tmp.iterdir())}
             meta = {
@@ -81,7 +83,7 @@ class PartitionBook:
                 "options": options or {},
                 "graph": {"name": graph.name, "num_nodes": graph.num_nodes,
                           "num_edges": graph.num_edges, "num_features": graph.num_features,
-                          "num_classes": graph.num_classes, "fingerprint": graph.fingerprint()},
+                          "num_classes": graph.num_classes, "fingerprint": fingerprint},
                 "stats": partition_stats(graph, parts), "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }

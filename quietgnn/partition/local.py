@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..graph import Graph
 
-__all__ = ["LocalPartition", "build_partitions", "gather_rows"]
+__all__ = ["LocalPartition", "build_partitions", "iter_partitions", "gather_rows"]
 
 
 def gather_rows(indptr: Tensor, indices: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -173,36 +173,63 @@ class LocalPartition:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+#: edges per block when a whole-graph pass needs per-edge temporaries (bounds their memory)
+_EDGE_BLOCK = 1 << 22
+
+
+def _edge_blocks(indptr: Tensor, indices: Tensor):
+    """Yield ``(dst, src)`` int64 edge slices over row blocks of about ``_EDGE_BLOCK`` edges
+    (whole rows), so whole-graph passes never hold more than a block of per-edge temporaries."""
+    n, m = indptr.numel() - 1, indices.numel()
+    starts = torch.searchsorted(indptr, torch.arange(0, m, _EDGE_BLOCK), right=True) - 1
+    bounds = sorted(set(starts.tolist()) | {n})
+    for v0, v1 in zip(bounds[:-1], bounds[1:]):
+        e0, e1 = int(indptr[v0]), int(indptr[v1])
+        dst = torch.repeat_interleave(torch.arange(v0, v1), indptr[v0 + 1:v1 + 1] - indptr[v0:v1])
+        yield dst, indices[e0:e1]
+
+
 def build_partitions(graph: Graph, parts: np.ndarray | Tensor, ranks: list[int] | None = None,
-                     book_id: str = "") -> list[LocalPartition]:
+                     book_id: str = "", fingerprint: str | None = None) -> list[LocalPartition]:
     """Build the ``LocalPartition`` of every rank in ``ranks`` (default: all), vectorised.
 
     Cost: O(E log E) once for the cross-partition pairs, then O(E_loc) per rank.
     """
+    return list(iter_partitions(graph, parts, ranks, book_id, fingerprint))
+
+
+def iter_partitions(graph: Graph, parts: np.ndarray | Tensor, ranks: list[int] | None = None,
+                    book_id: str = "", fingerprint: str | None = None):
+    """:func:`build_partitions` one rank at a time (a caller that saves each part and drops
+    it holds one part in memory, not all ``P``). ``fingerprint``: ``graph.fingerprint()``
+    when the caller has it already."""
     parts_t = torch.as_tensor(np.asarray(parts), dtype=torch.int64)
     n = graph.num_nodes
     if parts_t.shape != (n,):
         raise ValueError(f"partition assignment has shape {tuple(parts_t.shape)}, expected [{n}]")
     P = int(parts_t.max()) + 1 if n else 1
     ranks = list(range(P)) if ranks is None else ranks
-    src, dst = graph.indices, graph.edge_dst()
     in_deg, out_deg = graph.in_degree(), graph.out_degree()
 
     # Unique (requester, source) pairs over cross-partition edges, ordered by
     # (requester, owner, source): that order *is* every rank's halo layout and every send plan.
-    cross = parts_t[src] != parts_t[dst]
-    req, u = parts_t[dst[cross]], src[cross]
-    owner = parts_t[u]
-    key = torch.unique((req * P + owner) * n + u)
+    blocks = []
+    for dst, src in _edge_blocks(graph.indptr, graph.indices):
+        req, owner = parts_t[dst], parts_t[src]
+        cross = req != owner
+        blocks.append(torch.unique((req[cross] * P + owner[cross]) * n + src[cross]))
+        del dst, src, req, owner, cross
+    key = torch.unique(torch.cat(blocks)) if len(blocks) != 1 else blocks[0]
+    del blocks
     req_s, owner_s, u_s = key // (P * n), (key // n) % P, key % n
-    del cross, req, u, owner, key
+    del key
     bounds = torch.searchsorted(req_s, torch.arange(P + 1))   # halo block of each requester
+    del req_s
 
     n_train = int(graph.train_mask.sum())
     n_val = int(graph.val_mask.sum())
     n_test = int(graph.test_mask.sum())
-    fp = graph.fingerprint()
-    out = []
+    fp = graph.fingerprint() if fingerprint is None else fingerprint
     g2l = torch.full((n,), -1, dtype=torch.int64)
     for i in ranks:
         owned = torch.nonzero(parts_t == i).flatten()
@@ -219,38 +246,47 @@ def build_partitions(graph: Graph, parts: np.ndarray | Tensor, ranks: list[int] 
         g2l[owned] = torch.arange(owned.numel())
         g2l[halo] = owned.numel() + torch.arange(halo.numel())
         local_cols = g2l[cols]
+        del cols
         g2l[owned] = -1
         g2l[halo] = -1
         ids = torch.cat([owned, halo])
-        out.append(LocalPartition(
+        yield LocalPartition(
             rank=i, num_parts=P, num_nodes_global=n, num_edges_global=graph.num_edges,
-            num_classes=graph.num_classes, owned=owned, halo=halo, halo_owner=halo_owner,
-            indptr=indptr, indices=local_cols, in_degree=in_deg[ids], out_degree=out_deg[ids],
-            x=graph.x[owned].contiguous(), y=graph.y[owned], train_mask=graph.train_mask[owned],
+            num_classes=graph.num_classes, owned=owned, halo=halo.clone(),
+            halo_owner=halo_owner.clone(), indptr=indptr, indices=local_cols,
+            in_degree=in_deg[ids], out_degree=out_deg[ids], x=graph.x[owned].contiguous(),
+            y=graph.y[owned], train_mask=graph.train_mask[owned],
             val_mask=graph.val_mask[owned], test_mask=graph.test_mask[owned], send_idx=send_idx,
             recv_counts=recv_counts, num_train_global=n_train, num_val_global=n_val,
             num_test_global=n_test, graph_name=graph.name, graph_fingerprint=fp,
-            book_id=book_id, meta={"evaluator": graph.meta.get("evaluator")}))
-    return out
+            book_id=book_id, meta={"evaluator": graph.meta.get("evaluator")})
 
 
 def partition_stats(graph: Graph, parts: np.ndarray | Tensor) -> dict[str, Any]:
     """Edge cut, balance and halo sizes of an assignment (no LocalPartition needed)."""
     parts_t = torch.as_tensor(np.asarray(parts), dtype=torch.int64)
     n, P = graph.num_nodes, int(parts_t.max()) + 1
-    src, dst = graph.indices, graph.edge_dst()
-    cross = parts_t[src] != parts_t[dst]
-    pair = torch.unique(parts_t[dst[cross]] * n + src[cross])
+    edges = torch.zeros(P, dtype=torch.int64)
+    cut = 0
+    pairs = []
+    for dst, src in _edge_blocks(graph.indptr, graph.indices):
+        pd, ps = parts_t[dst], parts_t[src]
+        cross = pd != ps
+        cut += int(cross.sum())
+        edges += torch.bincount(pd, minlength=P)
+        pairs.append(torch.unique(pd[cross] * n + src[cross]))
+        del dst, src, pd, ps, cross
+    pair = torch.unique(torch.cat(pairs)) if pairs else torch.empty(0, dtype=torch.int64)
     halo = torch.bincount(pair // n, minlength=P)
     sizes = torch.bincount(parts_t, minlength=P)
-    edges = torch.bincount(parts_t[dst], minlength=P)
+    m = graph.num_edges
     return {
         "num_parts": P,
         "nodes": sizes.tolist(),
         "edges": edges.tolist(),
         "halo": halo.tolist(),
-        "edge_cut": int(cross.sum()),
-        "edge_cut_fraction": float(cross.float().mean()) if src.numel() else 0.0,
+        "edge_cut": cut,
+        "edge_cut_fraction": float(torch.tensor(cut / m, dtype=torch.float32)) if m else 0.0,
         "balance": float(sizes.max() / sizes.float().mean()),
         "halo_total": int(halo.sum()),
         "replication_factor": float((n + halo.sum()) / n),
