@@ -104,12 +104,36 @@ def run_quiet(sampler, reqs: list[torch.Tensor], k: int) -> dict:
 
 
 def pyg_available() -> str | None:
-    """Which NeighborLoader backend PyG would use here (None: it cannot run)."""
+    """Which NeighborLoader backend PyG uses here (None: it cannot run).
+
+    torch-sparse's Python package imports torch-scatter; where only torch-sparse was built
+    (torch-scatter is another long source build), its compiled kernels are loaded directly
+    and PyG's ``WITH_TORCH_SPARSE`` flag is set, so ``NeighborLoader`` runs its unchanged
+    torch-sparse code path (``torch.ops.torch_sparse.neighbor_sample``).
+    """
     try:
         import torch_geometric.typing as tgt
     except ImportError:
         return None
-    return "pyg_lib" if tgt.WITH_PYG_LIB else "torch_sparse" if tgt.WITH_TORCH_SPARSE else None
+    if tgt.WITH_PYG_LIB:
+        return "pyg_lib"
+    if tgt.WITH_TORCH_SPARSE:
+        return "torch_sparse"
+    import glob
+    import importlib.util
+    spec = importlib.util.find_spec("torch_sparse")
+    if spec is None or spec.origin is None:
+        return None
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "_*_cpu.so")))
+    try:
+        for lib in libs:
+            torch.ops.load_library(lib)
+        torch.ops.torch_sparse.neighbor_sample   # noqa: B018 (raises if not registered)
+    except (OSError, RuntimeError, AttributeError):
+        return None
+    tgt.WITH_TORCH_SPARSE = True
+    return "torch_sparse kernels (loaded directly: torch_scatter, which torch_sparse's " \
+        "Python part imports, is not installed)"
 
 
 class PyGRunner:
@@ -167,7 +191,7 @@ def compare(graph: str, indptr: torch.Tensor, indices: torch.Tensor, fanouts: li
     if pyg:
         pr = PyGRunner(indptr, indices, fanouts, reqs)
         runs["pyg NeighborLoader"] = pr.run_loader
-        if pyg == "torch_sparse":
+        if pyg.startswith("torch_sparse"):
             runs["pyg kernel (torch_sparse.neighbor_sample)"] = pr.run_kernel
     names = list(runs)
     for name in names:          # warm-up: scratch buffers, CSC conversion, page cache
