@@ -4,6 +4,10 @@ Every layer maps ``h [n_src, d_in] -> [n_dst, d_out]``; the destination's own ro
 ``h[:n_dst]``. Layers never modify their inputs and hold no per-graph state (normalisation
 weights are cached on the adjacency block, not on the layer), so one layer object runs on a
 whole graph, on a partition with halo, and on a sampled block alike.
+
+The first layer may get its input as :class:`~quietgnn.nn.sparse.SparseFeatures` (mostly-zero
+features, whole graph): GCN and SAGE then transform it first with one sparse product, the
+other layers densify it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adj import SparseAdj, spmm
+from .sparse import SparseFeatures
+
+Features = Tensor | SparseFeatures   # a layer's input: dense, or sparse input features
 
 __all__ = ["GCNConv", "SAGEConv", "GATConv", "GINConv", "CONVS"]
 
@@ -32,10 +39,10 @@ class GCNConv(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
         nn.init.xavier_uniform_(self.lin.weight)
 
-    def forward(self, h: Tensor, adj: SparseAdj) -> Tensor:
+    def forward(self, h: Features, adj: SparseAdj) -> Tensor:
         ew, sw = adj.gcn_norm(h.dtype)
-        if self.out_dim < self.in_dim:
-            h = self.lin(h)
+        if isinstance(h, SparseFeatures) or self.out_dim < self.in_dim:
+            h = h.linear(self.lin.weight) if isinstance(h, SparseFeatures) else self.lin(h)
             out = spmm(adj, ew, h) + sw[:, None] * h[: adj.n_dst]
         else:
             out = self.lin(spmm(adj, ew, h) + sw[:, None] * h[: adj.n_dst])
@@ -54,8 +61,15 @@ class SAGEConv(nn.Module):
         self.lin_l = nn.Linear(in_dim, out_dim, bias=bias)
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
 
-    def forward(self, h: Tensor, adj: SparseAdj) -> Tensor:
+    def forward(self, h: Features, adj: SparseAdj) -> Tensor:
         w = adj.mean_norm(h.dtype)
+        if isinstance(h, SparseFeatures):
+            # both transforms in one pass over the non-zeros
+            z = h.linear(torch.cat([self.lin_l.weight, self.lin_r.weight]))
+            agg = spmm(adj, w, z[:, : self.out_dim])
+            if self.lin_l.bias is not None:
+                agg = agg + self.lin_l.bias
+            return agg + z[: adj.n_dst, self.out_dim:]
         if self.out_dim < self.in_dim:  # transform first: the sparse product runs on d_out columns
             agg = spmm(adj, w, F.linear(h, self.lin_l.weight))
             if self.lin_l.bias is not None:
@@ -78,7 +92,9 @@ class GINConv(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(in_dim, out_dim, bias=bias), nn.ReLU(),
                                  nn.Linear(out_dim, out_dim, bias=bias))
 
-    def forward(self, h: Tensor, adj: SparseAdj) -> Tensor:
+    def forward(self, h: Features, adj: SparseAdj) -> Tensor:
+        if isinstance(h, SparseFeatures):
+            h = h.to_dense()
         return self.mlp((1 + self.eps) * h[: adj.n_dst] + spmm(adj, None, h))
 
     def extra_repr(self) -> str:
@@ -109,7 +125,9 @@ class GATConv(nn.Module):
         nn.init.uniform_(self.att_src, -bound, bound)
         nn.init.uniform_(self.att_dst, -bound, bound)
 
-    def forward(self, h: Tensor, adj: SparseAdj) -> Tensor:
+    def forward(self, h: Features, adj: SparseAdj) -> Tensor:
+        if isinstance(h, SparseFeatures):
+            h = h.to_dense()
         a = adj.with_self_loops()
         H, D = self.heads, self.head_dim
         z = self.lin(h).view(-1, H, D)                            # [n_src, H, D]

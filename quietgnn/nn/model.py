@@ -4,6 +4,8 @@
 
     h = dropout(h); h = exchange(h, l); h = conv_l(h, adj_l); (norm, ReLU unless last)
 
+``x`` is dense, or :class:`~quietgnn.nn.sparse.SparseFeatures` on a whole graph (mostly-zero
+input features: dropout and the first transform touch only the non-zeros).
 ``exchange`` is how distribution enters the model: ``None`` on a whole graph; a
 :class:`~quietgnn.comm.HaloExchanger` that appends the halo rows in ``halo``. Dropout is
 applied *before* the exchange, so a node's dropout mask is drawn once, by its owner.
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 
 from .adj import SparseAdj
 from .layers import CONVS, GATConv
+from .sparse import SparseFeatures
 
 __all__ = ["GNN", "ModelConfig", "build_model"]
 
@@ -87,12 +90,16 @@ class GNN(nn.Module):
             h = F.relu(self.norms[i](h))
         return h
 
-    def forward(self, x: Tensor, adjs: Union[SparseAdj, Sequence[SparseAdj]],
+    def forward(self, x: Union[Tensor, SparseFeatures], adjs: Union[SparseAdj, Sequence[SparseAdj]],
                 exchange: Optional[Exchange] = None) -> Tensor:
         h = x
+        if isinstance(h, SparseFeatures) and exchange is not None:
+            raise TypeError("sparse input features need the whole graph (no exchange): "
+                            "exchange dense rows, or pass x as a dense tensor")
         for i in range(self.num_layers):
             adj = adjs if isinstance(adjs, SparseAdj) else adjs[i]
-            h = F.dropout(h, self.dropout, self.training)
+            h = h.dropout(self.dropout, self.training) if isinstance(h, SparseFeatures) else \
+                F.dropout(h, self.dropout, self.training)
             if exchange is not None:
                 h = exchange(h, i)
             h = self.block(i, h, adj)

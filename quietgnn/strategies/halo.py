@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..comm import HaloExchanger
+from ..nn import maybe_sparse
 from .base import (EpochResult, Strategy, global_evaluate, masked_loss, partition_adj, register,
                    sync_gradients)
 
@@ -31,11 +32,15 @@ class Halo(Strategy):
         dev = ctx.device
         self.adj = partition_adj(p, dev)
         self.x, self.y = p.x.to(dev), p.y.to(dev)
+        if ctx.world_size == 1:
+            # the whole graph: mostly-zero features stay sparse (nothing to exchange)
+            self.x = maybe_sparse(self.x)
         self.train_mask = p.train_mask.to(dev)
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
-        self.exchanger = HaloExchanger(ctx.comm, p, kind="halo")
+        # one rank holds the whole graph: nothing to exchange
+        self.exchanger = HaloExchanger(ctx.comm, p, kind="halo") if ctx.world_size > 1 else None
 
     def forward(self):
         """Logits of every owned node (full neighbourhood through the halo)."""

@@ -1,0 +1,84 @@
+"""quietgnn.nn.sparse: sparse input features give the dense model's outputs and gradients,
+and their dropout is inverted dropout of the non-zeros."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quietgnn.nn import GNN, SparseAdj, SparseFeatures, maybe_sparse
+
+from helpers import small_graph
+
+
+def _sparse_graph(seed: int = 0, density: float = 0.05):
+    g = small_graph(n=160, avg_deg=6, features=40, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.rand(g.x.shape, generator=gen) < density).float() * torch.rand(g.x.shape,
+                                                                             generator=gen)
+    return g, x
+
+
+def test_maybe_sparse_by_density():
+    g, x = _sparse_graph()
+    assert isinstance(maybe_sparse(x), SparseFeatures)
+    assert maybe_sparse(g.x) is g.x                    # dense features stay dense
+    s = SparseFeatures.from_dense(x)
+    assert torch.equal(s.to_dense(), x) and s.shape == x.shape and s.nnz == int((x != 0).sum())
+    assert torch.equal(s.head(10).to_dense(), x[:10])
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gin", "gat"])
+def test_sparse_input_equals_dense(arch):
+    """Same weights, dropout off: identical logits and parameter gradients (GIN and GAT
+    densify the input, GCN and SAGE transform it with the sparse product)."""
+    g, x = _sparse_graph(seed=3)
+    adj = SparseAdj(g.indptr, g.indices, g.num_nodes, g.in_degree())
+    torch.manual_seed(0)
+    model = GNN(arch, x.shape[1], 16, g.num_classes, layers=2, dropout=0.0, heads=2)
+    grads = []
+    for inp in (x, SparseFeatures.from_dense(x)):
+        model.zero_grad()
+        out = model(inp, adj)
+        (out.square().sum()).backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (o1, g1), (o2, g2) = grads
+    torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_dropout_is_inverted_dropout_of_the_nonzeros():
+    _, x = _sparse_graph(density=0.3)
+    s = SparseFeatures.from_dense(x)
+    torch.manual_seed(1)
+    d = s.dropout(0.5)
+    kept = d.values != 0
+    assert torch.allclose(d.values[kept], 2 * s.values[kept])      # scaled by 1 / (1 - p)
+    assert 0.4 < kept.float().mean() < 0.6
+    assert d.dropout(0.5, training=False) is d and s.dropout(0.0) is s
+    # the transposed values the weight gradient reads are the same numbers, reordered
+    perm = s._structure()["perm"]
+    assert torch.equal(d.transposed_values(), d.values[perm])
+    dense_t = d.transposed().to_dense()
+    assert torch.equal(dense_t, d.to_dense().t())
+
+
+def test_centralized_keeps_sparse_features_and_halo_refuses_them():
+    from quietgnn.comm import Communicator
+    from quietgnn.nn import ModelConfig
+    from quietgnn.partition import build_partitions
+    from quietgnn.strategies.base import TrainConfig, WorkerContext
+    from quietgnn.strategies.halo import Halo
+    import numpy as np
+    g, x = _sparse_graph()
+    g = type(g)(**{**{f: getattr(g, f) for f in g.__dataclass_fields__}, "x": x}).validate()
+    part = build_partitions(g, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    ctx = WorkerContext(rank=0, world_size=1, comm=Communicator(0, 1), part=part,
+                        model_cfg=ModelConfig(arch="gcn", hidden=8), train_cfg=TrainConfig())
+    s = Halo(ctx)
+    s.setup()
+    assert isinstance(s.x, SparseFeatures)
+    assert s.train_epoch(0).loss > 0 and 0 <= s.evaluate()["test"] <= 1
+    with pytest.raises(TypeError, match="sparse input features need the whole graph"):
+        s.model(s.x, s.adj, exchange=lambda h, i: h)
