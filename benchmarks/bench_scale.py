@@ -126,7 +126,7 @@ def render(data: dict) -> list[str]:
     for r in rows:
         if r["status"] != "ok":
             why = (r.get("why") or r.get("error") or "").strip().splitlines()
-            md.append(f"| {r['target_edges']:.0e} | — | — | {r['status']}: "
+            md.append(f"| {r['target_edges']:.2g} | — | — | {r['status']}: "
                       f"{why[-1] if why else ''} | | | | | |")
             continue
         lp, la = r.get("launcher_peak_mb"), r.get("launcher_after_mb")
@@ -236,10 +236,14 @@ def main(argv=None) -> int:
     slopes = {k: slope(xs, [r.get(k) for r in ok])
               for k in ("epoch_s", "compute_s", "bytes_per_epoch", "peak_rss_rank_mb",
                         "launcher_peak_mb")}
+    # a rank's memory above the ~300 MiB every process pays for Python + torch + gloo
+    slopes["rank_mb_above_floor"] = slope(xs, [r["peak_rss_rank_mb"] - FLOOR_MB for r in ok])
     # the smallest sizes sit on a fixed floor (~300 MiB of interpreter + torch per process);
     # the slope between the two largest sizes shows the marginal growth
     top = sorted(ok, key=lambda r: r["edges"])[-2:]
     marginal = {k: slope([r["edges"] for r in top], [r.get(k) for r in top]) for k in slopes}
+    marginal["rank_mb_above_floor"] = slope([r["edges"] for r in top],
+                                            [r["peak_rss_rank_mb"] - FLOOR_MB for r in top])
     largest = max(ok, key=lambda r: r["edges"]) if ok else None
     meta = {"parts": args.parts, "degree": args.degree, "features": args.features,
             "partitioner": args.partitioner, "model": "gcn 2x64", "threads_per_worker": 1,
