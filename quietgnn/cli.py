@@ -69,10 +69,13 @@ def _human_bytes(n: float) -> str:
 def print_summary(s: dict[str, Any]) -> None:
     print(f"quietgnn: {s['strategy']} on {s['dataset']} | {s['parts']} part(s) "
           f"({s['partitioner']}) | {s['model']} {s['layers']}x{s['hidden']}")
+    eq = s.get("epoch_equivalents", s["epochs"])
+    work = "" if abs(eq - s["epochs"]) < 1e-9 else f", {eq:g} epoch-equivalents of work"
     print(f"  test accuracy   {s['test_acc']:.4f}  (best val {s['val_acc']:.4f} at epoch "
-          f"{s['best_epoch']}; {s['epochs']} epochs)")
+          f"{s['best_epoch']}; {s['epochs']} epochs{work})")
     print(f"  training bytes  {_human_bytes(s['train_bytes'])} total, "
-          f"{_human_bytes(s['train_bytes_per_epoch'])}/epoch (all ranks, sent)")
+          f"{_human_bytes(s['train_bytes_per_epoch'])}/epoch"
+          f"{'-equivalent' if work else ''} (all ranks, sent)")
     print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")

@@ -18,7 +18,9 @@ Definitions (see :mod:`quietgnn.comm.network` for the projection):
 * test acc: at the best validation epoch, mean +- std over seeds; delta in points vs
   ``centralized`` on the same dataset and model.
 * training bytes/epoch: bytes sent in phase ``train``, summed over ranks (phase ``data`` is
-  shown separately when any run has it).
+  shown separately when any run has it). Every per-epoch figure is per *epoch-equivalent*
+  (one pass over the training set, :attr:`EpochResult.work`): the same as per epoch for every
+  strategy but ``tma``, whose trainer epoch is an averaging period of many passes.
 * time to accuracy: projected training time until test accuracy first reaches the target,
   default ``--target-frac`` 0.98 x centralized's test accuracy; mean over the seeds that reach
   it (``k/n`` shown when not all do).
@@ -101,6 +103,13 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
 
+def _work(epochs: Sequence[dict[str, Any]]) -> float:
+    """Epoch-equivalents of work in a curve's epochs (``EpochResult.work``; 1 per epoch for
+    results written before it was recorded): the divisor of every per-epoch figure."""
+    w = sum(float(e.get("work", 1.0)) for e in epochs)
+    return w if w > 0 else float(len(epochs))
+
+
 def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
                target: Optional[float]) -> dict[str, Any]:
     accs = [r["summary"]["test_acc"] for r in runs]
@@ -110,17 +119,18 @@ def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
         "seeds": len(runs), "test_acc": _mean(accs),
         "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
         "train_bytes_per_epoch": _mean([r["summary"]["train_bytes_per_epoch"] for r in runs]),
-        "data_bytes_per_epoch": _mean([sum(e["data_bytes"] for e in ep) / len(ep)
+        "data_bytes_per_epoch": _mean([sum(e["data_bytes"] for e in ep) / _work(ep)
                                        for ep in per_epoch]) or 0.0,
-        "compute_s_per_epoch": _mean([sum(e["compute_s"] for e in ep) / len(ep)
+        "compute_s_per_epoch": _mean([sum(e["compute_s"] for e in ep) / _work(ep)
                                       for ep in per_epoch]),
         "peak_rss_mb": max(r["summary"].get("peak_rss_mb", 0.0) for r in runs),
         "epochs": _mean([r["summary"]["epochs"] for r in runs]),
         "epoch_s": {}, "tta": {},
     }
     for name, tier in tiers.items():
-        proj = [project(c, tier) for c in curves if c and c["epochs"]]
-        row["epoch_s"][name] = _mean([sum(p["time_s"] for p in pr) / len(pr) for pr in proj])
+        proj = [(project(c, tier), c["epochs"]) for c in curves if c and c["epochs"]]
+        row["epoch_s"][name] = _mean([sum(p["time_s"] for p in pr) / _work(ep)
+                                      for pr, ep in proj])
         if target is None or not proj:
             row["tta"][name] = None
             continue
@@ -384,10 +394,11 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     parts = {"compute": [], "comm": [], "eval": [], "other": []}
     for k in keys:
         eps = [e for c in runs[k] for e in c["epochs"]]
-        comp = sum(e["compute_s"] for e in eps) / len(eps)
-        comm = sum(e["comm_s"] for e in eps) / len(eps)
-        ev = sum(e["eval_s"] for e in eps) / len(eps)
-        wall = sum(e["wall_s"] for e in eps) / len(eps)
+        w = _work(eps)
+        comp = sum(e["compute_s"] for e in eps) / w
+        comm = sum(e["comm_s"] for e in eps) / w
+        ev = sum(e["eval_s"] for e in eps) / w
+        wall = sum(e["wall_s"] for e in eps) / w
         for name, v in zip(parts, (comp, comm, ev, max(0.0, wall - comp - comm - ev))):
             parts[name].append(v)
     left = [0.0] * len(keys)
@@ -400,10 +411,10 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     a1.legend(fontsize=8)
     width = 0.8 / max(1, len(keys))
     for i, k in enumerate(keys):
-        comp = sum(e["compute_s"] for c in runs[k] for e in c["epochs"]) / \
-            sum(len(c["epochs"]) for c in runs[k])
-        comms = [sum(p["comm_s"] for c in runs[k] for p in project(c, t)) /
-                 sum(len(c["epochs"]) for c in runs[k]) for t in tiers.values()]
+        w = _work([e for c in runs[k] for e in c["epochs"]])
+        comp = sum(e["compute_s"] for c in runs[k] for e in c["epochs"]) / w
+        comms = [sum(p["comm_s"] for c in runs[k] for p in project(c, t)) / w
+                 for t in tiers.values()]
         xs = [j + i * width for j in range(len(tiers))]
         a2.bar(xs, [comp] * len(xs), width, color=color[k], alpha=0.45)
         a2.bar(xs, comms, width, bottom=[comp] * len(xs), color=color[k], label=label(k))

@@ -103,3 +103,33 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     assert pngs == ["tiny-gcn-acc_vs_bytes.png", "tiny-gcn-acc_vs_time.png",
                     "tiny-gcn-time_breakdown.png"]
     assert all((rdir / p).stat().st_size > 10_000 for p in pngs)
+
+
+def _fake(strategy: str, work: float, epochs: int, acc: float) -> dict:
+    rows = [{"epoch": e, "work": work, "compute_s": 0.5, "hops": 2, "crit_bytes": 1e6,
+             "rounds": 1, "train_bytes": 4e6, "data_bytes": 0, "eval_bytes": 0, "wall_s": 1.0,
+             "comm_s": 0.1, "eval_s": 0.0, "test_acc": acc, "val_acc": acc, "train_acc": acc,
+             "peak_rss_mb": 100.0} for e in range(epochs)]
+    return {"id": strategy, "dataset": "d", "model": "gcn", "strategy": strategy,
+            "strategy_name": strategy, "parts": 4, "status": "ok",
+            "curve": {"setup": {}, "epochs": rows},
+            "summary": {"test_acc": acc, "train_bytes_per_epoch": 4e6 / work,
+                        "peak_rss_mb": 100.0, "epochs": epochs}}
+
+
+def test_report_divides_per_epoch_figures_by_the_work_done():
+    """A strategy whose trainer epoch is 10 epoch-equivalents (tma) is compared per unit of
+    work: its compute and projected seconds per epoch are a tenth of a same-cost halo epoch's."""
+    from quietgnn.comm.network import Tier
+    lan = Tier(name="lan", bandwidth=1e9, latency=5e-4)
+    rep = report.build_report([_fake("centralized", 1.0, 6, 0.8), _fake("halo", 1.0, 6, 0.8),
+                               _fake("tma", 10.0, 3, 0.8)], {"lan": lan})
+    rows = {r["strategy"]: r for r in rep["groups"][0]["rows"]}
+    assert rows["halo"]["compute_s_per_epoch"] == pytest.approx(0.5)
+    assert rows["tma"]["compute_s_per_epoch"] == pytest.approx(0.05)
+    per_epoch = 0.5 + 2 * 5e-4 + 1e6 * 8 / 1e9            # compute + hops x latency + bytes/bw
+    assert rows["halo"]["epoch_s"]["lan"] == pytest.approx(per_epoch)
+    assert rows["tma"]["epoch_s"]["lan"] == pytest.approx(per_epoch / 10)
+    assert rows["tma"]["bytes_ratio"] == pytest.approx(0.1)
+    # time to accuracy is cumulative wall of the curve, not divided: first epoch reaches it
+    assert rows["tma"]["tta"]["lan"]["seconds"] == pytest.approx(per_epoch)

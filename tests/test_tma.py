@@ -46,7 +46,7 @@ def _run_one(comm, graph, parts, opts, no_train_rank):
     with comm.phase("setup"):
         s.setup()
     setup = comm.take_records()
-    out = {"train": [], "eval": [], "pre": [], "post": [], "steps": [], "accs": []}
+    out = {"train": [], "eval": [], "pre": [], "post": [], "steps": [], "work": [], "accs": []}
     for e in range(EPOCHS):
         comm.epoch = e
         with comm.phase("train"):
@@ -55,6 +55,7 @@ def _run_one(comm, graph, parts, opts, no_train_rank):
         out["pre"].append(s.pre)
         out["post"].append(s._flat_state())
         out["steps"].append(res.steps)
+        out["work"].append(res.work)
         with comm.phase("eval"):
             out["accs"].append(s.evaluate())
         out["eval"].append([r.as_dict() for r in comm.take_records()])
@@ -145,6 +146,12 @@ def test_period_in_epoch_equivalents(graph, parts, runs):
         part = build_partitions(graph, parts, ranks=[rank])[0]
         per_pass = math.ceil(int(part.train_mask.sum()) / 8)
         assert r["steps"] == [math.ceil(1.5 * per_pass)] * EPOCHS
+        # work reported to the trainer: the survivors' mean steps in passes of this trainer
+        mean_steps = sum(x["steps"][0] for x in runs[4]) / P
+        assert r["work"] == [pytest.approx(mean_steps / per_pass)] * EPOCHS
+        assert 1.0 <= r["work"][0] <= 2.5
+    # full mode: one step is one pass over the trainer's share
+    assert all(r["work"] == [2.0] * EPOCHS for r in runs[0])
 
 
 def test_one_average_costs_no_more_than_one_gradient_allreduce(runs):
@@ -233,6 +240,9 @@ def test_run_survives_losing_one_of_four_trainers(tmp_path):
     assert [x["rank"] for x in rep["lost"]] == [2] and rep["lost"][0]["epoch"] == 3
     assert rep["survivors_per_average"] == [4, 4, 4] + [3] * (epochs - 3)
     assert summary["epochs"] == epochs and math.isfinite(summary["test_acc"])
+    # per-epoch figures are per epoch-equivalent: 4 full-graph steps per average
+    assert summary["epoch_equivalents"] == 4.0 * epochs
+    assert summary["train_bytes_per_epoch"] == pytest.approx(summary["train_bytes"] / (4 * epochs))
     assert summary["test_acc"] > 0.7                       # 3 classes: chance is ~0.33
     # rank 2's metrics stop before epoch 3; the others have every epoch
     lines = (tmp_path / "run" / "metrics" / "rank-1.jsonl").read_text().splitlines()

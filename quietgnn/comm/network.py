@@ -162,7 +162,7 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     Returns ``{"setup": {...}, "epochs": [row, ...]}`` with one row per epoch that every rank
     recorded::
 
-        epoch, compute_s (max over ranks), hops, crit_bytes, rounds (counted rounds),
+        epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks), hops, crit_bytes, rounds (counted rounds),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
         wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
         (None on epochs without evaluation), peak_rss_mb (max over ranks)
@@ -186,7 +186,7 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
         hops, crit, n = _merge_rounds(recs.values(), phases)
         r0 = recs[min(recs)]
         rows.append({
-            "epoch": ep,
+            "epoch": ep, "work": float(r0.get("work", 1.0)),
             "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
             "hops": hops, "crit_bytes": crit, "rounds": n,
             "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),

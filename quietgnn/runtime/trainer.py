@@ -85,6 +85,7 @@ class Trainer:
                                      f"{res.loss} in epoch {epoch}")
         rec: dict[str, Any] = {
             "epoch": epoch, "rank": self.ctx.rank, "loss": res.loss, "steps": res.steps,
+            "work": res.work,
             "train_acc": None, "val_acc": None, "test_acc": None,
             "wall_s": t_train + t_eval, "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
             "comm_s": ops["comm_s"], "eval_s": t_eval, "bytes": ops["bytes"],
@@ -96,7 +97,7 @@ class Trainer:
             if accs["val"] > self.best["val_acc"]:
                 self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
                              "train_acc": accs["train"], "epoch": epoch}
-        self.history.append({"epoch": epoch, "compute_s": rec["compute_s"],
+        self.history.append({"epoch": epoch, "compute_s": rec["compute_s"], "work": res.work,
                              "wall_s": rec["wall_s"], "loss": res.loss,
                              "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
                              "eval_sent": rec["bytes"].get("eval", {}).get("sent", 0),
@@ -188,6 +189,10 @@ class Trainer:
         train_bytes = sum(e["train_sent"] for h in hist for e in h)
         eval_bytes = sum(e["eval_sent"] for h in hist for e in h)
         compute = sum(max(h[i]["compute_s"] for h in hist) for i in range(n_ep))
+        # per epoch-equivalent (EpochResult.work), so that a strategy whose trainer epoch is
+        # many passes (tma) compares with the others per unit of work
+        work = sum(float(e.get("work", 1.0)) for e in hist[0][:n_ep]) if n_ep else 0.0
+        per = work if work > 0 else n_ep
         summary = {
             "strategy": cfg.strategy, "dataset": cfg.dataset.name, "parts": self.ctx.world_size,
             "partitioner": cfg.partition_method, "model": cfg.model.arch,
@@ -196,7 +201,8 @@ class Trainer:
             "train_acc": self.best["train_acc"], "best_epoch": self.best["epoch"],
             "final_loss": hist[0][-1]["loss"] if n_ep else float("nan"),
             "train_bytes": train_bytes,
-            "train_bytes_per_epoch": train_bytes / n_ep if n_ep else 0.0,
+            "epoch_equivalents": work,
+            "train_bytes_per_epoch": train_bytes / per if per else 0.0,
             "eval_bytes": eval_bytes, "wall_seconds": wall, "compute_seconds": compute,
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
             "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],

@@ -98,6 +98,12 @@ class EpochResult:
     loss: float
     steps: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    #: epoch-equivalents of training work this trainer epoch did, the same on every rank: one
+    #: pass over the whole training set, spread over the ranks (what one ``halo`` epoch does).
+    #: 1 for every strategy whose epoch is such a pass; ``tma``, whose epoch is an averaging
+    #: period of many local passes, reports how many. Summaries and reports divide bytes and
+    #: time per epoch by it, so strategies compare per unit of work, not per trainer epoch.
+    work: float = 1.0
 
 
 @dataclass

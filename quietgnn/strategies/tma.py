@@ -409,11 +409,13 @@ class TMA(Strategy):
         loss = float(total[-3]) / wsum if wsum > 0 else float("nan")
         if self.ctx.rank == 0:
             self.history.append({"round": self.avg_round, "epoch": epoch, "ranks": ranks})
+        mean_steps = float(total[-2]) / max(1, len(ranks))
         return EpochResult(loss=loss if math.isfinite(loss) else 0.0, steps=steps,
+                           work=mean_steps / self.steps_per_epoch,
                            extra={"avg_round": self.avg_round, "survivors": len(ranks),
                                   "averaged_ranks": ranks, "local_steps": steps,
                                   "local_epochs": steps / max(1, self.steps_per_epoch),
-                                  "mean_steps": float(total[-2]) / max(1, len(ranks))})
+                                  "mean_steps": mean_steps})
 
     def _float_state(self) -> list[Tensor]:
         return [t for t in self.model.state_dict().values() if t.is_floating_point()]
