@@ -17,7 +17,7 @@ from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies import _retexo_layers
 from quietgnn.strategies._retexo_layers import RetexoLayer, build_layers
 from quietgnn.strategies.base import TrainConfig, WorkerContext, partition_adj
-from quietgnn.strategies.retexo import DEFAULT_ROUNDS, Retexo, RetexoOptions
+from quietgnn.strategies.retexo import Retexo, RetexoOptions
 
 from helpers import small_graph
 
@@ -340,12 +340,15 @@ def test_resume_across_layer_boundary(spawned):
 
 # ---------------------------------------------------------------------- options
 def test_schedule_and_options():
-    assert RetexoOptions().schedule(3) == [DEFAULT_ROUNDS] * 3
-    assert RetexoOptions(rounds_per_layer=7).schedule(2) == [7, 7]
-    assert RetexoOptions(rounds_per_layer="5, 9").schedule(2) == [5, 9]
-    assert RetexoOptions(rounds_per_layer=[5, 9, 2]).schedule(3) == [5, 9, 2]
+    # default: the run's epochs split over the layers (the same work as other strategies)
+    assert RetexoOptions().schedule(2, 200) == [100, 100]
+    assert RetexoOptions().schedule(3, 100) == [34, 33, 33]
+    assert RetexoOptions().schedule(3, 2) == [1, 1, 1]
+    assert RetexoOptions(rounds_per_layer=7).schedule(2, 100) == [7, 7]
+    assert RetexoOptions(rounds_per_layer="5, 9").schedule(2, 100) == [5, 9]
+    assert RetexoOptions(rounds_per_layer=[5, 9, 2]).schedule(3, 100) == [5, 9, 2]
     with pytest.raises(ValueError, match=r"gives 2 values but the model has 3 layers"):
-        RetexoOptions(rounds_per_layer=[5, 9]).schedule(3)
+        RetexoOptions(rounds_per_layer=[5, 9]).schedule(3, 100)
 
 
 @pytest.mark.parametrize("bad, match", [({"rounds_per_layer": 0}, "rounds_per_layer = 0"),

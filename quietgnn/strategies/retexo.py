@@ -26,11 +26,14 @@ GCN normalises with *global* degrees (stored in every partition, no traffic), so
 aggregation over a partition equals the whole graph's and P ranks compute what one process
 computes (tested against a single-process layer-wise reference).
 
-Schedule. One trainer epoch is one round. ``rounds_per_layer`` (default 50: the default 100
-epochs fit the default 2 layers; or one value per layer) fixes ``R_k``; after ``sum R_k``
-rounds :meth:`Retexo.finished` ends the run, so ``train.epochs`` is only an upper bound. If
+Schedule. One trainer epoch is one round. By default ``train.epochs`` rounds are split evenly
+over the layers (``--epochs 200`` with 2 layers: 100 rounds each), so ``--epochs`` buys every
+strategy the same number of passes over the training set. ``rounds_per_layer`` (one value for
+every layer, or one per layer) fixes ``R_k`` instead; after ``sum R_k`` rounds
+:meth:`Retexo.finished` ends the run, so ``train.epochs`` is then only an upper bound. If
 ``train.epochs`` is smaller the run stops inside an earlier layer (a warning says so); resuming
-with more epochs continues the schedule. ``evaluate()`` reports the model as it stands: while
+with more epochs continues a fixed schedule (a default schedule would change with the epochs:
+such a resume is refused, naming the two schedules). ``evaluate()`` reports the model as it stands: while
 layer ``k`` trains, the ``k+1``-layer prefix with layer ``k``'s head (and at the end the final
 model with every layer's best parameters).
 
@@ -67,10 +70,7 @@ from ._retexo_layers import Pre, build_layers
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
                    sync_gradients)
 
-__all__ = ["Retexo", "RetexoOptions", "DEFAULT_ROUNDS"]
-
-#: rounds per layer when ``rounds_per_layer`` is not given (2 layers x 50 = the default epochs)
-DEFAULT_ROUNDS = 50
+__all__ = ["Retexo", "RetexoOptions"]
 
 
 def _parse_rounds(v: Any) -> Optional[list[int]]:
@@ -96,7 +96,7 @@ class RetexoOptions:
     """Options of ``retexo`` (``--options.KEY VALUE``)."""
 
     #: rounds (= trainer epochs) per layer: one int for every layer, or one per layer
-    #: ("100,50"); None: ``DEFAULT_ROUNDS`` per layer
+    #: ("100,50"); None: ``train.epochs`` split evenly over the layers
     rounds_per_layer: Any = None
     #: what layer k passes to layer k+1: 'hidden' (ReLU(LN(conv)), width model.hidden) or
     #: 'logits' (the layer's C class logits: C/hidden of the exchange bytes)
@@ -112,11 +112,12 @@ class RetexoOptions:
         if not isinstance(self.layer_norm, bool):
             raise ValueError(f"options.layer_norm = {self.layer_norm!r}; expected true or false")
 
-    def schedule(self, layers: int) -> list[int]:
-        """Rounds ``R_k`` of each of ``layers`` layers."""
+    def schedule(self, layers: int, epochs: int) -> list[int]:
+        """Rounds ``R_k`` of each of ``layers`` layers in a run of ``epochs`` epochs."""
         r = self.rounds_per_layer
         if r is None:
-            return [DEFAULT_ROUNDS] * layers
+            # the earlier layers get the remainder; at least one round each
+            return [max(1, epochs // layers + (k < epochs % layers)) for k in range(layers)]
         if len(r) == 1:
             return r * layers
         if len(r) != layers:
@@ -137,7 +138,7 @@ class Retexo(Strategy):
     def setup(self) -> None:
         ctx, p, o, m = self.ctx, self.ctx.part, self.options, self.ctx.model_cfg
         dev = ctx.device
-        self.R = o.schedule(m.layers)
+        self.R = o.schedule(m.layers, ctx.train_cfg.epochs)
         if sum(self.R) > ctx.train_cfg.epochs:
             ctx.log(f"retexo: the schedule has {sum(self.R)} rounds ({self.R} per layer) but "
                     f"train.epochs = {ctx.train_cfg.epochs}: this run stops inside an earlier "
