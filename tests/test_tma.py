@@ -234,7 +234,7 @@ def test_run_survives_losing_one_of_four_trainers(tmp_path):
                      env_extra={"QUIETGNN_FAULT": "rank=2,epoch=3,action=exit"})
     assert summary is not None
     rep = summary["strategy_report"]
-    assert rep["variant"] == "RandomTMA"
+    assert rep["variant"] == "RandomTMA"                   # the book's method names it
     assert rep["trainers"] == 4 and rep["survivors"] == 3
     assert rep["averaged_ranks_last"] == [0, 1, 3]
     assert [x["rank"] for x in rep["lost"]] == [2] and rep["lost"][0]["epoch"] == 3
@@ -249,3 +249,12 @@ def test_run_survives_losing_one_of_four_trainers(tmp_path):
     recs = [json.loads(x) for x in lines if json.loads(x)["epoch"] >= 0]
     assert [r["extra"]["survivors"] for r in recs] == rep["survivors_per_average"]
     assert all(set(r["bytes_by_kind"]) == {"train/model_avg", "eval/eval_metrics"} for r in recs)
+
+
+def test_supertma_is_the_default_variant():
+    """Without --partition.method a tma run deals METIS super-nodes (SuperTMA); a method given
+    on the command line still wins."""
+    from quietgnn.config import load_config
+    assert load_config(None, {"strategy": "tma"}).partition_method == "supernode"
+    assert load_config(None, {"strategy": "tma", "partition": {"method": "random"}}
+                       ).partition_method == "random"
