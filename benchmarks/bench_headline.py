@@ -26,49 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _summary(data: dict) -> list[str]:
-    """Two compact tables across datasets (one row per strategy) from the report's numbers:
-    accuracy vs centralized, and training bytes / projected WAN time-to-accuracy vs halo."""
-    groups = data["groups"]
-    cols = [f"{g['dataset']} {g['model']}" for g in groups]
-    order = ["centralized", "halo"] + sorted({r["strategy"] for g in groups for r in g["rows"]}
-                                             - {"centralized", "halo"})
-
-    def cell(g: dict, strategy: str, fmt) -> str:
-        row = next((r for r in g["rows"] if r["strategy"] == strategy), None)
-        return "—" if row is None else fmt(row)
-
-    def acc(r: dict) -> str:
-        if r["test_acc"] is None:
-            return "—"
-        d = "" if r["strategy"] == "centralized" or r["delta_acc"] is None else \
-            f" ({100 * r['delta_acc']:+.1f})"
-        return f"{100 * r['test_acc']:.1f}{d}"
-
-    def ratio(x) -> str:
-        return "—" if not x else (f"1/{1 / x:.0f}" if x < 0.1 else f"{x:.2f}")
-
-    def traffic(r: dict) -> str:
-        if r["strategy"] == "centralized":
-            return "0"
-        t = r["tta"].get("wan") or {}
-        tta = "never" if not t.get("reached") else ratio(r["tta_ratio"].get("wan"))
-        return f"{ratio(r['bytes_ratio'])} / {tta}"
-
-    head = "| strategy | " + " | ".join(cols) + " |"
-    rule = "|---|" + "---|" * len(cols)
-    out = ["## Summary", "",
-           "Test accuracy (%) at the best validation epoch, in brackets the difference to "
-           "`centralized` in points:", "", head, rule]
-    out += [f"| {s} | " + " | ".join(cell(g, s, acc) for g in groups) + " |" for s in order]
-    out += ["", "Training bytes per epoch-equivalent vs `halo` / projected time to 98% of "
-            "`centralized`'s accuracy on the WAN tier (100 Mbit/s, 20 ms) vs `halo` (< 1: less "
-            "than halo; never: the run did not reach the target):", "", head, rule]
-    out += [f"| {s} | " + " | ".join(cell(g, s, traffic) for g in groups) + " |"
-            for s in order if s != "centralized"]
-    return out + [""]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--matrix", default="benchmarks/headline.yaml")
@@ -98,8 +55,6 @@ def main(argv=None) -> int:
     # same report, image links pointing into the report folder
     data = json.loads((out / "report" / "report.json").read_text())
     md = (out / "report" / "report.md").read_text().replace("](", f"]({out.name}/report/")
-    title, _, rest = md.partition("\n")
-    md = "\n".join([title, "", *_summary(data)]) + rest
     (res / f"{out.name}.md").write_text(md + "\n" + "\n".join(
         ["Commands:", "", "    quietgnn bench " + " ".join(cmd),
          "    quietgnn report " + " ".join(rep), ""]))

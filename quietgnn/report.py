@@ -157,7 +157,7 @@ def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
         if r.get("status") == "ok" and r.get("strategy_name", r.get("strategy")) == REFERENCE:
             refs[(r["dataset"], r["model"])].append(r["summary"]["test_acc"])
     out_groups = []
-    for (ds, model), rows in sorted(groups.items()):
+    for (ds, model), rows in groups.items():     # in the order of the results (the matrix's)
         ref_acc = _mean(refs.get((ds, model), []))
         target = target_acc if target_acc is not None else \
             (target_frac * ref_acc if ref_acc is not None else None)
@@ -234,12 +234,58 @@ def _fmt_tta(t: Optional[dict[str, Any]]) -> str:
     return s if t["reached"] == t["of"] else f"{s} ({t['reached']}/{t['of']})"
 
 
+def summary_tables(rep: dict[str, Any], tier: str = "wan") -> list[str]:
+    """Two compact tables across all dataset x model groups, one row per strategy label:
+    test accuracy (difference to ``centralized``), and training bytes per epoch / projected
+    time to the target accuracy on ``tier``, both relative to ``halo``."""
+    groups = rep["groups"]
+    labels = list(dict.fromkeys(r["strategy"] for g in groups for r in g["rows"]))
+    cols = [f"{g['dataset']} {g['model']}" for g in groups]
+
+    def row_of(g: dict[str, Any], label: str) -> Optional[dict[str, Any]]:
+        return next((r for r in g["rows"] if r["strategy"] == label), None)
+
+    def acc(r: dict[str, Any]) -> str:
+        if r["test_acc"] is None:
+            return "—"
+        d = "" if r["strategy_name"] == REFERENCE or r["delta_acc"] is None else \
+            f" ({100 * r['delta_acc']:+.1f})"
+        return f"{100 * r['test_acc']:.1f}{d}"
+
+    def rel(x: Optional[float]) -> str:
+        return "—" if x is None else (f"1/{1 / x:.0f}" if 0 < x < 0.1 else f"{x:.2f}")
+
+    def traffic(r: dict[str, Any]) -> str:
+        t = r["tta"].get(tier) or {}
+        tta = "never" if t and not t.get("reached") else rel(r["tta_ratio"].get(tier))
+        return f"{rel(r['bytes_ratio'])} / {tta}"
+
+    def table(fmt: Any, skip: Sequence[str] = ()) -> list[str]:
+        out = ["| strategy | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for label in labels:
+            cells = [row_of(g, label) for g in groups]
+            if any(c is not None and c["strategy_name"] in skip for c in cells):
+                continue
+            out.append(f"| {label} | " + " | ".join("—" if c is None else fmt(c)
+                                                     for c in cells) + " |")
+        return out
+
+    return ["## Summary", "",
+            "Test accuracy (%) at the best validation epoch; in brackets the difference to "
+            "`centralized` in points:", "", *table(acc), "",
+            f"Training bytes per epoch-equivalent relative to `halo` / projected time to the "
+            f"target accuracy on the {tier} tier relative to `halo` (below 1: less than halo; "
+            f"never: the run did not reach the target):", "", *table(traffic, (REFERENCE,)), ""]
+
+
 def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, list[str]]) -> str:
     tiers = rep["tiers"]
     lines = ["# quietgnn benchmark report", "",
              "Projected times: per epoch, slowest rank's compute (CPU seconds, 1 thread) + "
              "sum over training rounds of (hops x latency + slowest rank's bytes / bandwidth). "
              "Tiers: " + "; ".join(Tier(**t).describe() for t in tiers.values()) + ".", ""]
+    if len(rep["groups"]) > 1 and "wan" in tiers:
+        lines += summary_tables(rep, "wan")
     for g in rep["groups"]:
         has_data = any(r["data_bytes_per_epoch"] for r in g["rows"])
         tgt = "no target (no centralized run)" if g["target_acc"] is None else \

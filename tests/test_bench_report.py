@@ -133,3 +133,25 @@ def test_report_divides_per_epoch_figures_by_the_work_done():
     assert rows["tma"]["bytes_ratio"] == pytest.approx(0.1)
     # time to accuracy is cumulative wall of the curve, not divided: first epoch reaches it
     assert rows["tma"]["tta"]["lan"]["seconds"] == pytest.approx(per_epoch)
+
+
+def test_summary_tables_across_groups():
+    """With several dataset x model groups the report opens with one row per strategy:
+    accuracy and its difference to centralized, bytes and WAN time-to-accuracy vs halo."""
+    from quietgnn.comm.network import resolve_tiers
+    res = []
+    for ds, tma_acc in (("d1", 0.8), ("d2", 0.5)):
+        for r in (_fake("centralized", 1.0, 6, 0.8), _fake("halo", 1.0, 6, 0.8),
+                  _fake("tma", 200.0, 1, tma_acc)):
+            r["dataset"] = ds
+            res.append(r)
+    tiers = resolve_tiers([])
+    rep = report.build_report(res, tiers)
+    md = report.markdown(rep, ["lan", "wan"], {})
+    assert "## Summary" in md
+    assert "| strategy | d1 gcn | d2 gcn |" in md
+    assert "| centralized | 80.0 | 80.0 |" in md
+    assert "| tma | 80.0 (+0.0) | 50.0 (-30.0) |" in md
+    # bytes: 4 MB per 200 passes vs 4 MB per epoch; d2 never reaches 98% of 80%
+    assert "| tma | 1/200 / " in md and md.rstrip().count("never") >= 1
+    assert "| halo | 1.00 / 1.00 | 1.00 / 1.00 |" in md
