@@ -162,7 +162,8 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     Returns ``{"setup": {...}, "epochs": [row, ...]}`` with one row per epoch that every rank
     recorded::
 
-        epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks), hops, crit_bytes, rounds (counted rounds),
+        epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
+        hops, crit_bytes, rounds (counted rounds),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
         wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
         (None on epochs without evaluation), peak_rss_mb (max over ranks)

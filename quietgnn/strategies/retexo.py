@@ -33,9 +33,9 @@ every layer, or one per layer) fixes ``R_k`` instead; after ``sum R_k`` rounds
 :meth:`Retexo.finished` ends the run, so ``train.epochs`` is then only an upper bound. If
 ``train.epochs`` is smaller the run stops inside an earlier layer (a warning says so); resuming
 with more epochs continues a fixed schedule (a default schedule would change with the epochs:
-such a resume is refused, naming the two schedules). ``evaluate()`` reports the model as it stands: while
-layer ``k`` trains, the ``k+1``-layer prefix with layer ``k``'s head (and at the end the final
-model with every layer's best parameters).
+such a resume is refused, naming the two schedules). ``evaluate()`` reports the model as it
+stands: while layer ``k`` trains, the ``k+1``-layer prefix with layer ``k``'s head (and at the
+end the final model with every layer's best parameters).
 
 What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
 
