@@ -18,6 +18,7 @@ YAML (every key optional; see ``benchmarks/headline.yaml``)::
       - centralized
       - halo
       - {name: adaqp, label: adaqp-2bit, options: {bits: 2}}
+      - {name: minibatch, datasets: [cora]}   # only on these datasets (names or labels)
     parts: [4]
     models: [gcn, sage]
     seeds: [0]
@@ -136,7 +137,7 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
     if isinstance(item, str):
         return {"name": item}
     if isinstance(item, dict) and isinstance(item.get("name"), str):
-        allowed = {"name", "label", "root", "options", "set"}
+        allowed = {"name", "label", "root", "options", "set", "datasets"}
         bad = sorted(set(item) - allowed)
         if bad:
             raise ValueError(f"matrix {what} entry {item!r}: unknown key(s) {bad}; allowed "
@@ -179,6 +180,9 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     for d in datasets:
         for model in models:
             for s in strategies:
+                if "datasets" in s and (d.get("label") or d["name"]) not in \
+                        _as_list(s["datasets"], "strategies.datasets"):
+                    continue   # this strategy runs on the datasets it names only
                 fixed = _fixed_parts(s["name"])
                 for p in ([fixed] if fixed else parts):
                     for seed in seeds:

@@ -31,6 +31,10 @@ def test_matrix_expansion():
     rand = [s for s in specs if s.label == "halo-rand"][0]
     assert rand.overrides["partition.method"] == "random"
     assert rand.as_dict()["strategy"] == "halo-rand"
+    only = build_matrix({"datasets": "cora,citeseer", "strategies": [
+        "halo", {"name": "minibatch", "datasets": ["citeseer"]}], "models": "gcn"})
+    assert [(s.dataset, s.strategy) for s in only] == [
+        ("cora", "halo"), ("citeseer", "halo"), ("citeseer", "minibatch")]
     with pytest.raises(ValueError, match="unknown matrix key"):
         build_matrix({"datasets": "cora", "strategies": "halo", "epoch": 3})
     with pytest.raises(ValueError, match="no strategies"):
