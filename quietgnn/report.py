@@ -358,7 +358,9 @@ def _log_x(ax: Any, fmt: Any = None) -> None:
     """Log x axis labelled at 1, 2, 5 x 10^k in plain units (default minor labels collide)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = ax.get_xlim()
+    wide = lo > 0 and hi / lo > 1e3      # over three decades: label the powers of ten only
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: (fmt or (lambda x: f"{x:g}"))(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
@@ -399,7 +401,9 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         xs, ys = _mean_curve(curves, lambda c: _cum([e["train_bytes"] + e["data_bytes"]
                                                      for e in c["epochs"]]))
         if xs and max(xs) > 0:
-            ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5, color=color[k])
+            # a curve of a few evaluations (tma: one per averaging period) needs markers
+            ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5, color=color[k],
+                    marker="o" if len(xs) <= 5 else None)
         elif ys:
             ax.axhline(max(ys), ls="--", lw=1, color=color[k],
                        label=f"{label(k)}: no traffic (max test acc {max(ys):.3f})")
@@ -421,7 +425,8 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         for k, curves in runs.items():
             if curves:
                 xs, ys = _mean_curve(curves, lambda c: [p["cum_s"] for p in project(c, tier)])
-                ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k])
+                ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k],
+                        marker="o" if len(xs) <= 5 else None)
         target_lines(ax)
         _log_x(ax)
         ax.set_title(tier.describe(), fontsize=10)
