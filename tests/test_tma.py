@@ -165,9 +165,9 @@ def test_one_average_costs_no_more_than_one_gradient_allreduce(runs):
     assert allreduce <= average <= allreduce + (P - 1) * 64
 
 
-def test_default_period_is_200_epoch_equivalents():
+def test_default_period_is_20_epoch_equivalents():
     o = TMAOptions()
-    assert (o.period_s, o.period_steps, o.period_epochs) == (0.0, 0, 200.0)
+    assert (o.period_s, o.period_steps, o.period_epochs) == (0.0, 0, 20.0)
     with pytest.raises(ValueError, match="period_epochs"):
         TMAOptions(period_epochs=0)
 

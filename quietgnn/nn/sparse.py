@@ -110,6 +110,21 @@ class SparseFeatures:
         return SparseFeatures(self.indptr[: n + 1], self.indices[:end], self.values[:end],
                               self.num_cols)   # another structure: its own transpose
 
+    def rows(self, idx: Tensor) -> "SparseFeatures":
+        """The rows ``idx`` in that order (a mini-batch's input rows), as a new matrix:
+        its own structure, so its transpose is built on demand, at a cost of its non-zeros."""
+        idx = idx.to(device=self.device, dtype=torch.int64)
+        start = self.indptr[idx]
+        counts = self.indptr[idx + 1] - start
+        indptr = torch.zeros(idx.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        total = int(indptr[-1])
+        # position of the j-th gathered non-zero in the source: its row's start + its rank
+        # within the row (vectorised: no loop over rows)
+        pos = torch.repeat_interleave(start - indptr[:-1], counts, output_size=total) + \
+            torch.arange(total, device=self.device)
+        return SparseFeatures(indptr, self.indices[pos], self.values[pos], self.num_cols)
+
     def linear(self, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         """``x W^T (+ b)``, differentiable in ``weight`` (the input is data, not a parameter)."""
         out = _SparseLinear.apply(weight, self)

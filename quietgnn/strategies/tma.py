@@ -13,7 +13,7 @@ average (optimizer states stay local).
 
 One trainer epoch = one averaging period: train until the period is over, then average. So
 ``train.epochs`` counts *averages* for ``tma`` (each is ``period_epochs`` local passes by
-default: ``--epochs 3`` is already 600 passes over every trainer's data).
+default: ``--epochs 10`` is 200 passes over every trainer's data).
 
 The period, in order of precedence:
 
@@ -26,20 +26,20 @@ The period, in order of precedence:
   ``minibatch`` mode). P trainers each making one pass see the whole training set once, the
   work of one ``halo`` epoch.
 
-Why the default is 200 epoch-equivalents (and not a few seconds, nor a few steps). One average
-moves ``2 (P-1) * 4 |theta|`` bytes in all (plus headers) -- the same as one gradient all-reduce,
-which ``halo`` pays *every* epoch on top of its halo rows. So averaging every ``k``
-epoch-equivalents costs at most ``1/k`` of ``halo``'s training bytes per epoch on *any* graph,
-model or P (about ``1/k`` when the halo is tiny -- the averaging frame has a few header bytes
-more than the all-reduce -- and less the larger the halo):
-``k = 200`` meets the 1/200 traffic goal of this project without knowing the graph. A wall-clock
-period cannot promise that (how many passes fit in ``period_s`` depends on the hardware and the
-graph), and a fixed step count cannot either (on a small graph a step is a whole epoch). What a
-long period costs: trainers drift apart between averages, which randomized partitions tolerate
-(each trainer sees a representative sample; the paper's point) and METIS partitions
-(PSGD-PA) do not. On large graphs, where the halo is far larger than the model, a shorter
-period (``period_epochs`` 10-20, or the paper's ``period_s``) still meets the goal; pick
-``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch``.
+Why the default is 20 epoch-equivalents. One average moves ``2 (P-1) * 4 |theta|`` bytes in
+all (plus headers) -- the same as one gradient all-reduce, which ``halo`` pays *every* epoch on
+top of its halo rows. So averaging every ``k`` epoch-equivalents costs at most ``1/k`` of
+``halo``'s training bytes per epoch on any graph, and ``1/k`` of the gradient all-reduce's
+share of them: ``halo / tma = k (1 + halo rows / all-reduce)``. The period is also what
+accuracy depends on: trainers drift apart between averages. Measured (SuperTMA, P = 4, 200
+passes in all, 2 x 64; ``benchmarks/results/tma.md``): on Computers GCN 89.4 / 89.0 / 88.2 /
+78.8% for k = 1 / 10 / 20 / 200 (centralized 89.2), on Cora GCN 82.2% at k = 20 and 79.0% at
+k = 200 (P = 8: 79.3 vs 69.9). k = 20 keeps the accuracy and sends 1/366 - 1/711 of ``halo``'s
+bytes on Computers, where the halo rows are ~20x the model; on graphs whose model is as large
+as their halo (Cora, CiteSeer: 1433/3703-wide inputs) it is 1/33 - 1/47, and the 1/200 budget
+needs ``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch`` (86 - 137 there), at the
+accuracy cost above. A wall-clock period (the paper's ``period_s``) cannot promise a traffic
+budget either: how many passes fit in a second depends on the hardware and the graph.
 
 The variant is the partitioner (``--partition.method``), not code:
 
@@ -103,7 +103,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..comm.store import StarChannel
-from ..nn import SparseAdj
+from ..nn import SparseAdj, SparseFeatures, maybe_sparse
 from ..partition.local import gather_rows
 from .base import EpochResult, Strategy, register
 
@@ -124,9 +124,9 @@ class TMAOptions:
     #: over ``period_epochs``
     period_steps: int = 0
     #: local epoch-equivalents (passes over the trainer's own training nodes) per averaging
-    #: period, the default period; 200 keeps averaging under 1/200 of ``halo``'s bytes per epoch
-    #: on any graph (see the module docstring)
-    period_epochs: float = 200.0
+    #: period, the default kind of period; averaging costs at most 1/period_epochs of
+    #: ``halo``'s bytes per epoch (see the module docstring for the accuracy side)
+    period_epochs: float = 20.0
     #: 'minibatch' (neighbour-sampled, as in the paper) or 'full' (whole local subgraph per step)
     mode: str = "minibatch"
     #: neighbours sampled per layer, input layer first: a list or "10,25"; one value = all layers
@@ -306,7 +306,9 @@ class TMA(Strategy):
         indptr, indices = p.induced()
         deg = indptr[1:] - indptr[:-1]
         self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
-        self.x, self.y = p.x, p.y
+        # mostly-zero features stay sparse (a trainer's subgraph is whole: nothing to
+        # exchange); a mini-batch gathers its input rows from the sparse matrix
+        self.x, self.y = maybe_sparse(p.x), p.y
         self.train_idx = torch.nonzero(p.train_mask).flatten()
         fanouts = o.fanouts if len(o.fanouts) > 1 else o.fanouts * ctx.model_cfg.layers
         if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
@@ -366,6 +368,7 @@ class TMA(Strategy):
             deg = self.full["indptr"][1:] - self.full["indptr"][:-1]
             self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
                                       p.num_nodes_global, deg, deg)
+            self.full["x"] = maybe_sparse(self.full["x"])
 
     # ------------------------------------------------------------------ training
     def _step(self) -> float:
@@ -379,7 +382,8 @@ class TMA(Strategy):
                 self._queue = self.sampler.batches(self.train_idx, self.options.batch_size)
             seeds = self._queue.pop(0)
             nodes, blocks = self.sampler.sample(seeds)
-            logits = self.model(self.x[nodes], blocks)
+            xb = self.x.rows(nodes) if isinstance(self.x, SparseFeatures) else self.x[nodes]
+            logits = self.model(xb, blocks)
             loss = F.cross_entropy(logits, self.y[seeds])
         loss.backward()
         if self.options.clip > 0:
