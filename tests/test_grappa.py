@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from quietgnn.comm import Communicator
+from quietgnn.comm.qreduce import quantized_all_reduce_bytes
 from quietgnn.nn import ModelConfig, SparseAdj, build_model
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
@@ -75,12 +76,17 @@ def test_training_sends_only_gradients(graph, parts):
     epochs, repart, eval_every = 6, 2, 3
     variants = {"full-node": {"mode": "full", "weighting": "node"},
                 "mb-batch": {"mode": "minibatch", "weighting": "batch", "batch_size": 12,
-                             "fanouts": [4, 3]}}
+                             "fanouts": [4, 3]},
+                "full-8bit": {"mode": "full", "grad_bits": 8}}
     results = spawn_function(_traffic, P, args=(graph, parts, variants, epochs, repart,
                                                 eval_every))
     for rank, res in enumerate(results):
         for name, r in res.items():
             grad_bytes = 2 * (P - 1) * 4 * (r["nparams"] + 1 + P) // P
+            bits = variants[name].get("grad_bits", 32)
+            if bits < 32:   # two all-to-alls of quantized rows (+ the exact loss and flags)
+                grad_bytes = quantized_all_reduce_bytes(r["nparams"], P, bits, rank,
+                                                        exact_tail=1 + P)
             # the first chunk load is start-up placement (phase setup)
             assert {k for _, k in r["log"][0]["setup"]} >= CHUNK_KINDS
             assert {ph for ph, _ in r["log"][0]["setup"]} == {"setup"}
@@ -94,7 +100,9 @@ def test_training_sends_only_gradients(graph, parts):
                 assert {x[0] for x in ep["recs"]} <= {"train", "data", "eval"}
                 # per step: exactly one gradient all-reduce of the analytic size
                 grads = [x for x in train if x[1] == "grad_allreduce"]
-                assert len(grads) == ep["steps"] and {x[3] for x in grads} == {grad_bytes}
+                per_step = 1 if bits == 32 else 2
+                assert len(grads) == per_step * ep["steps"]
+                assert sum(x[3] for x in grads) == grad_bytes * ep["steps"]
                 other = [x for x in train if x[1] != "grad_allreduce"]
                 if name.startswith("mb"):   # the normalisers: one scalar per step, one round
                     assert [(x[1], x[2]) for x in other] == [("grappa_norm", "all_reduce")]
@@ -312,7 +320,7 @@ def test_sampler_blocks_are_valid_and_capped():
 
 @pytest.mark.parametrize("bad", [{"lam": 1.5}, {"w_min": 0.0}, {"mode": "sampled"},
                                  {"weighting": "edge"}, {"repart_every": -1},
-                                 {"fanouts": [0, 2]}, {"coverage": "max"}])
+                                 {"fanouts": [0, 2]}, {"coverage": "max"}, {"grad_bits": 16}])
 def test_options_are_validated(bad):
     with pytest.raises(ValueError):
         GrappaOptions(**bad)

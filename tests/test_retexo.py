@@ -355,7 +355,8 @@ def test_schedule_and_options():
                                         ({"rounds_per_layer": "3,x"}, "'3,x'"),
                                         ({"rounds_per_layer": 2.5}, "2.5"),
                                         ({"embed": "probs"}, "options.embed = 'probs'"),
-                                        ({"layer_norm": "yes"}, "layer_norm")])
+                                        ({"layer_norm": "yes"}, "layer_norm"),
+                                        ({"grad_bits": 16}, "grad_bits = 16")])
 def test_options_are_validated(bad, match):
     with pytest.raises(ValueError, match=match):
         RetexoOptions(**bad)
@@ -393,8 +394,9 @@ def test_cli_train_stops_after_the_schedule(tmp_path):
                                *args, *tiny], capture_output=True, text=True, timeout=240)
 
     out = tmp_path / "s.json"
+    # (gradients quantized to 8 bits: the same traffic kinds, end to end through the CLI)
     r = run("--parts", "2", "--epochs", "20", "--options.rounds_per_layer", "3,4",
-            "--summary-json", str(out))
+            "--options.grad_bits", "8", "--summary-json", str(out))
     assert r.returncode == 0, r.stderr
     assert "test accuracy" in r.stdout and "training bytes" in r.stdout
     s = json.loads(out.read_text())

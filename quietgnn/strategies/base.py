@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..comm import Communicator, HaloExchanger
+from ..comm.qreduce import quantized_all_reduce
 from ..nn import GNN, ModelConfig, SparseAdj, build_model
 from ..partition import LocalPartition
 
@@ -212,7 +213,8 @@ def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> S
 
 
 def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
-                   kind: str = "grad_allreduce", extra: Optional[Tensor] = None) -> float:
+                   kind: str = "grad_allreduce", extra: Optional[Tensor] = None,
+                   bits: int = 32) -> float:
     """Sum parameter gradients and the loss over ranks in *one* all-reduce and stop every rank
     together if anything is non-finite.
 
@@ -221,6 +223,10 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     same message before any optimizer step. ``extra`` (optional, a few floats such as
     validation counts) is summed in the same all-reduce and written back in place, which saves
     a collective (and its latency) per step. Returns the global loss.
+
+    ``bits`` < 32 sends the gradients stochastically quantized
+    (:func:`~quietgnn.comm.qreduce.quantized_all_reduce`: an unbiased estimate of the sum,
+    identical on every rank); the loss, flags and ``extra`` are still summed exactly.
     """
     P = comm.world_size
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -233,7 +239,11 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     bad = not bool(torch.isfinite(flat[: n + 1]).all())
     if bad:
         flat[n + 1 + comm.rank] = 1.0
-    if P > 1:
+    if P > 1 and int(bits) < 32:
+        if bad:   # the codec refuses non-finite rows; the flag tells every rank
+            flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
+        flat = quantized_all_reduce(comm, flat, bits, kind, exact_tail=flat.numel() - n)
+    elif P > 1:
         comm.all_reduce(flat, kind)
     flags = flat[n + 1:n + 1 + P]
     if extra is not None:

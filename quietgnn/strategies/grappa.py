@@ -32,7 +32,8 @@ How it trains (rank ``k`` of ``P``):
 What crosses the network, exactly (``nt`` = parameter count, fp32):
 
 * per step: one ``grad_allreduce`` of ``nt + 1 + P`` floats (:func:`sync_gradients`: gradients,
-  loss, non-finite flags): ``2 (P-1)/P * 4 (nt + 1 + P)`` bytes sent per rank;
+  loss, non-finite flags): ``2 (P-1)/P * 4 (nt + 1 + P)`` bytes sent per rank; with
+  ``grad_bits`` < 32 the gradients go quantized (two all-to-alls, ~``b/32`` of the bytes);
 * the normalisers ``Z``: weights are known before training a step, so ``Z`` is precomputed: in
   full-graph mode once per super-epoch (phase ``data``, kind ``grappa_norm``, 1 float), in
   mini-batch mode once per epoch for all ``S`` steps (phase ``train``, kind ``grappa_norm``,
@@ -79,6 +80,9 @@ class GrappaOptions:
     coverage: str = "mean"        # mean (over tree levels) | path (complete root-leaf paths)
     fanouts: Any = None           # minibatch: per hop from the seeds, e.g. [25, 10]; -1 = all
     batch_size: int = 1024        # minibatch: seeds per step (adjusted: equal steps per rank)
+    #: bits per gradient value on the wire: 32 = the exact fp32 all-reduce; 8/4/2 = the
+    #: unbiased quantized all-reduce (comm/qreduce.py), ~b/32 of the bytes
+    grad_bits: int = 32
 
     def __post_init__(self) -> None:
         if self.mode not in ("full", "minibatch"):
@@ -96,6 +100,9 @@ class GrappaOptions:
                              f"averaging, 1: full coverage correction)")
         if not 0.0 < float(self.w_min) <= 1.0:
             raise ValueError(f"options.w_min = {self.w_min!r}; expected a value in (0, 1]")
+        if self.grad_bits not in (2, 4, 8, 32):
+            raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
+                             f"gradient all-reduce stochastically quantized) or 32 (exact)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
         if isinstance(self.fanouts, str):
@@ -218,7 +225,8 @@ class Grappa(Strategy):
             loss.backward()
         else:  # an empty batch still joins the all-reduce with zero gradients
             loss = torch.zeros(())
-        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss,
+                                     bits=self.options.grad_bits)
         self.opt.step()
         return global_loss
 

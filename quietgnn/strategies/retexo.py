@@ -42,7 +42,8 @@ What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
 * ``embed_fwd``: once per layer ``k``, ``4 d_k sum_j |B_{i->j}|`` bytes (``d_0`` = features,
   then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all;
 * ``grad_allreduce``: once per round, ``|theta_k| + 1 + P + 1`` floats (gradients of layer
-  ``k`` with its head, loss, NaN flags, validation count), ``2 (P-1)/P`` of that per rank;
+  ``k`` with its head, loss, NaN flags, validation count), ``2 (P-1)/P`` of that per rank
+  (with ``grad_bits`` < 32 the gradients go quantized: two all-to-alls, ~``b/32`` of it);
 * ``val_counts``: once per layer, one float64 (the last step's validation count).
 
 Evaluation (phase ``eval``) is ``eval_metrics`` only: the model runs on the already exchanged
@@ -103,12 +104,18 @@ class RetexoOptions:
     embed: str = "hidden"
     #: LayerNorm before the ReLU of hidden layers (the paper's design)
     layer_norm: bool = True
+    #: bits per gradient value on the wire: 32 = the exact fp32 all-reduce; 8/4/2 = the
+    #: unbiased quantized all-reduce (comm/qreduce.py), ~b/32 of the bytes
+    grad_bits: int = 32
 
     def __post_init__(self) -> None:
         self.rounds_per_layer = _parse_rounds(self.rounds_per_layer)
         if self.embed not in ("hidden", "logits"):
             raise ValueError(f"options.embed = {self.embed!r}; expected 'hidden' (pass hidden "
                              f"embeddings) or 'logits' (pass class logits, fewer bytes)")
+        if self.grad_bits not in (2, 4, 8, 32):
+            raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
+                             f"gradient all-reduce stochastically quantized) or 32 (exact)")
         if not isinstance(self.layer_norm, bool):
             raise ValueError(f"options.layer_norm = {self.layer_norm!r}; expected true or false")
 
@@ -209,7 +216,8 @@ class Retexo(Strategy):
         loss = F.cross_entropy(logits, self.y_train, reduction="sum") / \
             self.ctx.part.num_train_global
         loss.backward()
-        global_loss = sync_gradients(self.ctx.comm, self.params, loss, extra=val)
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss, extra=val,
+                                     bits=self.options.grad_bits)
         acc = self._consider(float(val[0]))    # before the step: val is of these parameters
         self.opt.step()
         return global_loss, acc
