@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm import HaloExchanger
+from ..nn import SparseFeatures, maybe_sparse
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
                    sync_gradients)
@@ -165,9 +166,17 @@ class Grappa(Strategy):
             self.w_seed = w[self.seed_local].clamp(self.options.w_min, 1.0)
             self._full_blocks = None
             self._full_z = None
+            # the local graph is whole while training (nothing is exchanged), so mostly-zero
+            # features stay sparse: full mode keeps its input rows, mini-batches gather theirs
+            self._x = maybe_sparse(self.lg.x)
             if o.mode == "full":
                 self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
+                self._full_x = self._rows(self._full_blocks[0])
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
+
+    def _rows(self, nodes: torch.Tensor):
+        x = self._x
+        return x.rows(nodes) if isinstance(x, SparseFeatures) else x[nodes]
 
     # ------------------------------------------------------------------ weights
     def _step_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -218,7 +227,8 @@ class Grappa(Strategy):
                 nodes, blocks = self._full_blocks
             else:
                 nodes, blocks = expand(self.lg, seeds, self.fanouts, self.gen)
-            logits = self.model(self.lg.x[nodes], blocks)
+            x = self._full_x if self._full_blocks is not None else self._rows(nodes)
+            logits = self.model(x, blocks)
             per_node = F.cross_entropy(logits, self.y_seed[idx], reduction="none")
             wt, _ = self._step_weights(idx)
             loss = (wt * per_node).sum() / z
