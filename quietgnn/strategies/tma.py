@@ -32,12 +32,13 @@ top of its halo rows. So averaging every ``k`` epoch-equivalents costs at most `
 ``halo``'s training bytes per epoch on any graph, and ``1/k`` of the gradient all-reduce's
 share of them: ``halo / tma = k (1 + halo rows / all-reduce)``. The period is also what
 accuracy depends on: trainers drift apart between averages. Measured (SuperTMA, P = 4, 200
-passes in all, 2 x 64; ``benchmarks/results/tma.md``): on Computers GCN 89.4 / 89.0 / 88.2 /
-78.8% for k = 1 / 10 / 20 / 200 (centralized 89.2), on Cora GCN 82.2% at k = 20 and 79.0% at
-k = 200 (P = 8: 79.3 vs 69.9). k = 20 keeps the accuracy and sends 1/366 - 1/711 of ``halo``'s
-bytes on Computers, where the halo rows are ~20x the model; on graphs whose model is as large
-as their halo (Cora, CiteSeer: 1433/3703-wide inputs) it is 1/33 - 1/47, and the 1/200 budget
-needs ``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch`` (86 - 137 there), at the
+passes in all, 2 x 64, seed 0; ``benchmarks/results/tma-period/``): Computers GCN 89.7 / 88.3 /
+76.0% for k = 1 / 20 / 200 (centralized 89.2), Cora GCN 81.7 / 82.1 / 80.4% (82.5). k = 20
+keeps the accuracy and sends 1/347 - 1/675 of ``halo``'s bytes on Computers, where the halo
+rows are ~20x the model; on graphs whose model is as large as their halo (Cora, CiteSeer:
+1433/3703-wide inputs) it is 1/23 - 1/47, and the 1/200 budget needs
+``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch`` (86 - 176 there,
+``benchmarks/results/tma.md``), at the
 accuracy cost above. A wall-clock period (the paper's ``period_s``) cannot promise a traffic
 budget either: how many passes fit in a second depends on the hardware and the graph.
 
