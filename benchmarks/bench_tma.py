@@ -368,8 +368,8 @@ def render(data) -> str:
              *[f"    {c}" for c in data.get("commands", [data["command"]])], "",
              "Full-graph local steps (one step = one pass over the trainer's share = one "
              "epoch-equivalent); `period` = epoch-equivalents per average (tma's default is "
-             f"{_default_period()}), `avgs` = averages. GCN/SAGE, 2 layers, hidden 64, dropout 0.5, Adam lr "
-             "0.01, wd 5e-4, clip 1.0; centralized: the same model trained full-graph for the "
+             f"{_default_period()}), `avgs` = averages. GCN/SAGE, 2 layers, hidden 64, "
+             "dropout 0.5, Adam lr 0.01, wd 5e-4, clip 1.0; centralized: the same model trained full-graph for the "
              "stated epochs. Accuracy = test accuracy at the best validation point (tma: after "
              "each average; centralized: every epoch). Bytes: sent, summed over ranks, training "
              "phase only; halo on METIS (its bytes/epoch include its own gradient all-reduce).",
