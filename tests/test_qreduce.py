@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quietgnn.comm.qreduce import quantized_all_reduce, quantized_all_reduce_bytes
+from quietgnn.comm.qreduce import (decode_flat, encode_flat, encoded_len, quantized_all_reduce,
+                                   quantized_all_reduce_bytes)
 from quietgnn.runtime.launcher import spawn_function
 
 N, TAIL, REPS = 1000, 3, 150
@@ -103,3 +104,29 @@ def test_sync_gradients_quantized_keeps_ranks_equal_and_stops_on_nan():
     res = spawn_function(_sync, 2, (True,))
     for r in res:    # the flag survives quantization: every rank stops, naming rank 1
         assert "error" in r and "rank(s) [1]" in r["error"]
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+def test_encode_flat_is_unbiased_with_an_exact_tail(bits):
+    """The single-message form (tma's star channel): decode(encode(x)) averages to x, the
+    tail comes back bit for bit, and the length is encoded_len."""
+    x = _vector(1)
+    g = torch.Generator().manual_seed(3)
+    outs = []
+    for _ in range(400):
+        buf = encode_flat(x, bits, exact_tail=TAIL, generator=g)
+        assert len(buf) == encoded_len(x.numel(), bits, exact_tail=TAIL)
+        outs.append(decode_flat(buf, x.numel(), bits, exact_tail=TAIL))
+    outs = torch.stack(outs)
+    assert torch.equal(outs[:, N:], x[N:].expand(400, TAIL))
+    spread = outs[:, :N].std(0).max()
+    assert spread > 0                                       # it really rounds
+    assert (outs[:, :N].mean(0) - x[:N]).abs().max() < 5 * spread / 400 ** 0.5
+
+
+def test_encode_flat_32_bits_is_exact_and_lengths_are_checked():
+    x = _vector(2)
+    assert torch.equal(decode_flat(encode_flat(x, 32), x.numel(), 32), x)
+    buf = encode_flat(x, 4, exact_tail=TAIL)
+    with pytest.raises(ValueError, match="expected"):
+        decode_flat(buf[:-1], x.numel(), 4, exact_tail=TAIL)

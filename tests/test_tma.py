@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import small_graph
+from quietgnn.comm.qreduce import encoded_len
 from quietgnn.comm.store import HEADER_BYTES
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, make_book, partition_nodes
@@ -46,7 +47,8 @@ def _run_one(comm, graph, parts, opts, no_train_rank):
     with comm.phase("setup"):
         s.setup()
     setup = comm.take_records()
-    out = {"train": [], "eval": [], "pre": [], "post": [], "steps": [], "work": [], "accs": []}
+    out = {"train": [], "eval": [], "pre": [], "post": [], "steps": [], "work": [], "accs": [],
+           "init": s._flat_state()}
     for e in range(EPOCHS):
         comm.epoch = e
         with comm.phase("train"):
@@ -70,7 +72,8 @@ CONFIGS = [({"mode": "full", "period_steps": 2}, -1),
            ({"mode": "minibatch", "period_steps": 2, "fanouts": "4,4", "batch_size": 16}, -1),
            ({"mode": "full", "period_steps": 3}, 2),
            ({"mode": "minibatch", "period_s": 0.2, "fanouts": 3, "batch_size": 8}, -1),
-           ({"mode": "minibatch", "period_epochs": 1.5, "fanouts": 3, "batch_size": 8}, -1)]
+           ({"mode": "minibatch", "period_epochs": 1.5, "fanouts": 3, "batch_size": 8}, -1),
+           ({"mode": "full", "period_steps": 2, "avg_bits": 8}, -1)]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +130,31 @@ def test_average_is_the_mean_of_the_trained_models(runs):
         assert torch.allclose(post[0], pre[trained].mean(0), atol=1e-6)
         assert not torch.allclose(post[0], pre.mean(0), atol=1e-6)
     assert res[2]["steps"] == [0] * EPOCHS
+
+
+def test_quantized_average(runs):
+    """avg_bits 8: each trainer sends its progress since the last average at 8 bits; every
+    rank continues from the same model, the mean of the trained ones up to rounding, and the
+    messages have the analytic size."""
+    res = runs[5]
+    M = res[0]["numel"]
+    up = HEADER_BYTES + encoded_len(M + 3, 8, exact_tail=3)
+    down = up + P
+    assert up < (HEADER_BYTES + 4 * (M + 3)) / 2        # under the fp32 message (tiny model: padding)
+    anchor = res[0]["init"]
+    for e in range(EPOCHS):
+        post = [r["post"][e] for r in res]
+        for p in post[1:]:
+            assert torch.equal(p, post[0])
+        pre = torch.stack([r["pre"][e] for r in res])
+        step = (pre - anchor).abs().max()
+        err = (post[0] - pre.mean(0)).abs().max()
+        assert 0 < err <= 0.05 * step, (err, step)
+        anchor = post[0]
+        for rank, r in enumerate(res):
+            (rec,) = r["train"][e]
+            want = ((P - 1) * down, (P - 1) * up) if rank == 0 else (up, down)
+            assert (rec["bytes_sent"], rec["bytes_recv"]) == want
 
 
 def test_time_based_period(runs):
@@ -212,6 +240,8 @@ def test_options_are_checked():
         TMAOptions(fanouts="10,x")
     with pytest.raises(ValueError, match="variant"):
         TMAOptions(variant="fastest")
+    with pytest.raises(ValueError, match="avg_bits = 3"):
+        TMAOptions(avg_bits=3)
     assert TMAOptions(fanouts="[10, 25]").fanouts == [10, 25]
 
 

@@ -36,7 +36,8 @@ from torch import Tensor
 from .codecs import QuantizedRows, _check_bits, dequantize, quantize, row_bytes
 from .communicator import Communicator
 
-__all__ = ["quantized_all_reduce", "quantized_all_reduce_bytes"]
+__all__ = ["quantized_all_reduce", "quantized_all_reduce_bytes", "encode_flat", "decode_flat",
+           "encoded_len"]
 
 #: floats per quantized row: the side information (4 bytes) is 1.6% of a row at 8 bits
 DEFAULT_WIDTH = 256
@@ -129,3 +130,48 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
         t = got[P - 1][c * rb:].clone().view(torch.float32)
         result = torch.cat([result, t])
     return result
+
+
+# --------------------------------------------------------------------- one vector as bytes
+def encoded_len(numel: int, bits: int, exact_tail: int = 0,
+                width: int = DEFAULT_WIDTH) -> int:
+    """Bytes of :func:`encode_flat` for a vector of ``numel`` floats."""
+    n = numel - exact_tail
+    if int(bits) == 32:
+        return 4 * numel
+    width, rows = _layout(n, 1, width)
+    return rows * row_bytes(bits, width) + 4 * exact_tail
+
+
+def encode_flat(flat: Tensor, bits: int, exact_tail: int = 0, width: int = DEFAULT_WIDTH,
+                generator: Optional[torch.Generator] = None) -> bytes:
+    """``flat`` (1-D float) as wire bytes: rows of ``width`` values stochastically quantized
+    at ``bits`` (unbiased), then the last ``exact_tail`` values as raw fp32. For a message
+    that goes through a channel of its own (the star channel of ``tma``), not a collective."""
+    flat = flat.detach().float().reshape(-1)
+    if int(bits) == 32:
+        return flat.contiguous().numpy().tobytes()
+    bits = _check_bits(bits)
+    n = flat.numel() - exact_tail
+    width, rows_n = _layout(n, 1, width)
+    rows = torch.zeros(rows_n * width)
+    rows[:n] = flat[:n]
+    body = quantize(rows.view(rows_n, width), bits, generator).to_bytes().reshape(-1)
+    return body.numpy().tobytes() + flat[n:].contiguous().numpy().tobytes()
+
+
+def decode_flat(buf: bytes, numel: int, bits: int, exact_tail: int = 0,
+                width: int = DEFAULT_WIDTH) -> Tensor:
+    """Inverse of :func:`encode_flat` (a new fp32 tensor of ``numel`` values)."""
+    want = encoded_len(numel, bits, exact_tail, width)
+    if len(buf) != want:
+        raise ValueError(f"decode_flat: {len(buf)} bytes, expected {want} ({numel} floats at "
+                         f"{bits} bits): the ranks disagree on the vector's size or width")
+    raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    if int(bits) == 32:
+        return raw.view(torch.float32).clone()
+    n = numel - exact_tail
+    width, rows_n = _layout(n, 1, width)
+    cut = rows_n * row_bytes(bits, width)
+    body = dequantize(QuantizedRows.from_bytes(raw[:cut], bits, width)).reshape(-1)[:n]
+    return torch.cat([body, raw[cut:].clone().view(torch.float32)])

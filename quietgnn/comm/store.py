@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from .communicator import CommError, Communicator
+from .qreduce import decode_flat, encode_flat, encoded_len
 
 __all__ = ["StarChannel", "HEADER_BYTES"]
 
@@ -284,9 +285,15 @@ class StarChannel:
                          f"after {self.timeout_s:g}s of silence")
 
     # ------------------------------------------------------------------ operations
-    def reduce_sum(self, flat: Tensor, kind: str) -> tuple[Tensor, list[int]]:
+    def reduce_sum(self, flat: Tensor, kind: str, bits: int = 32, exact_tail: int = 0,
+                   generator: Optional[torch.Generator] = None) -> tuple[Tensor, list[int]]:
         """Sum the float32 vector ``flat`` over the live ranks; returns ``(sum, ranks that
-        contributed)`` on every live rank. Ranks found dead are dropped, not waited for."""
+        contributed)`` on every live rank. Ranks found dead are dropped, not waited for.
+
+        ``bits`` < 32: every message is stochastically quantized (:func:`~.qreduce.encode_flat`,
+        unbiased) but the last ``exact_tail`` values; the hub adds the decoded vectors to its
+        own exact one and sends the sum quantized once, keeping the decoded copy itself, so
+        every rank returns the same values."""
         if flat.dtype != torch.float32 or flat.dim() != 1:
             raise ValueError(f"reduce_sum: expected a 1-D float32 tensor, got {flat.dtype} "
                              f"with shape {tuple(flat.shape)}")
@@ -294,26 +301,30 @@ class StarChannel:
             return flat, [0]
         r, t0, c0 = self.comm._begin()
         n = flat.numel()
+        L = encoded_len(n, bits, exact_tail)
         if self.rank == 0:
             got = self._collect(b"RSUM", r)
             total = flat.detach().clone()
             for j in sorted(got):          # fixed order: the sum is reproducible
                 msg = got[j]
-                if len(msg) != 4 * n:
+                if len(msg) != L:
                     raise CommError(f"rank 0: reduce_sum payload of {len(msg)} bytes, expected "
-                                    f"{4 * n} (ranks disagree on the model size)")
-                total += torch.frombuffer(bytearray(msg), dtype=torch.float32)
+                                    f"{L} (ranks disagree on the model size or bits)")
+                total += decode_flat(msg, n, bits, exact_tail)
+            payload = encode_flat(total, bits, exact_tail, generator=generator)
+            if bits != 32:
+                total = decode_flat(payload, n, bits, exact_tail)
             ranks = sorted([0] + list(got))
             mask = bytes(1 if j in ranks else 0 for j in range(self.world_size))
             recv = sum(HEADER_BYTES + len(m) for m in got.values())
-            sent, msgs = self._send_spokes(b"RSUM", r, _tensor_bytes(total) + mask)
+            sent, msgs = self._send_spokes(b"RSUM", r, payload + mask)
             ranks = [j for j in ranks if j in self.alive]
             self.comm._record("ft_reduce", kind, sent, recv, msgs, 2, t0, c0, r)
             return total, ranks
-        sent = self._to_hub(b"RSUM", r, _tensor_bytes(flat.detach()))
+        sent = self._to_hub(b"RSUM", r, encode_flat(flat, bits, exact_tail, generator=generator))
         reply = self._from_hub(b"RSUM", r)
-        total = torch.frombuffer(bytearray(reply[:4 * n]), dtype=torch.float32).clone()
-        ranks = [j for j, b in enumerate(reply[4 * n:]) if b]
+        total = decode_flat(reply[:L], n, bits, exact_tail)
+        ranks = [j for j, b in enumerate(reply[L:]) if b]
         self.comm._record("ft_reduce", kind, sent, HEADER_BYTES + len(reply), 1, 2, t0, c0, r)
         return total, ranks
 
@@ -346,10 +357,6 @@ class StarChannel:
         payload = self._from_hub(b"BOBJ", r)
         self.comm._record("ft_broadcast", kind, 0, HEADER_BYTES + len(payload), 0, 1, t0, c0, r)
         return pickle.loads(payload)
-
-
-def _tensor_bytes(t: Tensor) -> bytes:
-    return t.contiguous().numpy().tobytes()
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:

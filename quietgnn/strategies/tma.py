@@ -144,6 +144,9 @@ class TMAOptions:
     #: where rank 0 gets the whole graph for evaluation: 'book' (partition book on disk),
     #: 'gather' (from all ranks at setup, counted as setup traffic) or 'auto' (book if any)
     eval_graph: str = "auto"
+    #: bits per value of an average's messages: 32 = exact; 8, 4, 2 send each trainer's
+    #: progress since the last average (model - last average) stochastically quantized
+    avg_bits: int = 32
 
     def __post_init__(self) -> None:
         if not float(self.period_s) >= 0:
@@ -168,6 +171,9 @@ class TMAOptions:
                              f"'supernode' or 'psgd-pa'")
         if not float(self.fail_timeout_s) >= 0:
             raise ValueError(f"options.fail_timeout_s = {self.fail_timeout_s!r}; expected >= 0")
+        if self.avg_bits not in (2, 4, 8, 32):
+            raise ValueError(f"options.avg_bits = {self.avg_bits!r}; expected 2, 4, 8 (the "
+                             f"averages quantized) or 32 (exact)")
         if self.eval_graph not in ("auto", "book", "gather"):
             raise ValueError(f"options.eval_graph = {self.eval_graph!r}; expected 'auto', "
                              f"'book' or 'gather'")
@@ -322,6 +328,7 @@ class TMA(Strategy):
         self.period_len = o.period_steps if o.period_steps > 0 else \
             max(1, math.ceil(float(o.period_epochs) * self.steps_per_epoch))
         self._queue: list[Tensor] = []
+        self._anchor = self._flat_state()   # the last average (all ranks start from one init)
         self.avg_round = 0
         self.history: list[dict[str, Any]] = []     # rank 0: survivors per average
         timeout = o.fail_timeout_s or ctx.comm.timeout_s
@@ -412,12 +419,23 @@ class TMA(Strategy):
                     break
         w = 1.0 if steps else 0.0
         mean_loss = loss_sum / steps if steps else 0.0
-        flat = self._flat_state()
+        flat, bits = self._flat_state(), self.options.avg_bits
+        if bits < 32:
+            # Quantize the progress since the last average, not the weights: its range (and
+            # so the rounding error) is a small fraction of theirs. Every rank holds the same
+            # anchor and gets the same decoded mean, so the replicas stay identical.
+            flat = flat - self._anchor
         buf = torch.cat([flat * w, torch.tensor([mean_loss * w, float(steps), w])])
-        total, ranks = self.chan.reduce_sum(buf, kind="model_avg")
+        gen = torch.Generator().manual_seed(self.ctx.seed * 1_000_003 + 7919 * self.ctx.rank
+                                            + self.avg_round)
+        total, ranks = self.chan.reduce_sum(buf, kind="model_avg", bits=bits, exact_tail=3,
+                                            generator=gen)
         wsum = float(total[-1])
         if wsum > 0:
-            self._load_flat(total[:-3] / wsum)
+            mean = total[:-3] / wsum
+            if bits < 32:
+                mean = self._anchor = self._anchor + mean
+            self._load_flat(mean)
         self.avg_round += 1
         self._t_period = time.monotonic()
         loss = float(total[-3]) / wsum if wsum > 0 else float("nan")
@@ -496,7 +514,8 @@ class TMA(Strategy):
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "avg_round": self.avg_round, "sampler_rng": self.sampler.gen.get_state(),
-                "queue": list(self._queue), "history": list(self.history)}
+                "queue": list(self._queue), "history": list(self.history),
+                "anchor": self._anchor.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -505,3 +524,4 @@ class TMA(Strategy):
         self.sampler.gen.set_state(state["sampler_rng"])
         self._queue = list(state.get("queue", []))
         self.history = list(state.get("history", []))
+        self._anchor = state["anchor"].clone() if "anchor" in state else self._flat_state()
