@@ -65,7 +65,8 @@ def _phase_sum(recs, key):
     return sum(r.as_dict()[key] for r in recs)
 
 
-def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period):
+def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period,
+           avg_bits=32):
     """On every rank: each tma job (variant, arch, seed) for ``epochs`` averages of ``period``
     epoch-equivalents, then ``halo`` for 3 epochs per arch. Returns per-average traffic /
     compute / accuracy."""
@@ -84,7 +85,8 @@ def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period
                             part=parts_cache[variant],
                             model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
                             train_cfg=TrainConfig(epochs=epochs, lr=0.01, seed=seed))
-        s = TMA(ctx, TMAOptions(mode="full", period_epochs=period, eval_graph="gather"))
+        s = TMA(ctx, TMAOptions(mode="full", period_epochs=period, eval_graph="gather",
+                                avg_bits=avg_bits))
         with comm.phase("setup"):
             s.setup()
         comm.take_records()
@@ -245,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--period", type=float, default=TMAOptions().period_epochs,
                     help="epoch-equivalents per average (default: tma's default)")
     ap.add_argument("--central-epochs", type=int, default=200)
+    ap.add_argument("--avg-bits", type=int, default=32, choices=(2, 4, 8, 32),
+                    help="tma's avg_bits (32: exact averages; use another --out)")
     ap.add_argument("--failure-datasets", default="cora,synthetic")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--append", action="store_true",
@@ -283,7 +287,8 @@ def main(argv=None) -> int:
             assignments = {v: partition_nodes(graph, v, P, seed=0) for v, _ in VARIANTS}
             jobs = [(v, a, s) for a in archs for s in seeds for v, _ in VARIANTS]
             res = spawn_function(_group, P, args=(graph, assignments, jobs, assignments["metis"],
-                                                  archs, args.averages, period),
+                                                  archs, args.averages, period,
+                                                  args.avg_bits),
                                  timeout_s=20000, comm_timeout_s=1200)
             for a in archs:
                 halo_by_rank = [r["halo"][archs.index(a)] for r in res]
@@ -295,7 +300,7 @@ def main(argv=None) -> int:
                     target = 0.98 * c_acc
                     row = {"dataset": ds, "P": P, "arch": a, "seed": s, "centralized": c_acc,
                            "central_epochs": args.central_epochs, "period": period,
-                           "averages": args.averages,
+                           "averages": args.averages, "avg_bits": args.avg_bits,
                            "halo_bytes_per_epoch": halo_bytes, "target": target,
                            "halo_tta": {k: halo_time_to(halo_by_rank, c, t, target)
                                         for k, t in tiers.items()}}
@@ -373,6 +378,9 @@ def render(data) -> str:
              "stated epochs. Accuracy = test accuracy at the best validation point (tma: after "
              "each average; centralized: every epoch). Bytes: sent, summed over ranks, training "
              "phase only; halo on METIS (its bytes/epoch include its own gradient all-reduce).",
+             *([f"", f"**Averages quantized**: `avg_bits` = {bits[0]} (each trainer's "
+                f"progress since the last average, stochastically rounded)."]
+               if (bits := sorted({r.get("avg_bits", 32) for r in rows})) != [32] else []),
              "", "## Accuracy (test, %), mean over seeds", "",
              "| dataset | P | model | seeds | period x avgs | centralized | RandomTMA | SuperTMA "
              "| PSGD-PA | random - central. | super - central. |",
