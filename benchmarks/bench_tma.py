@@ -366,6 +366,14 @@ def _default_period():
     return TMAOptions().period_epochs
 
 
+def _bits_note(rows) -> list[str]:
+    bits = sorted({r.get("avg_bits", 32) for r in rows})
+    if bits == [32]:
+        return []
+    return ["", f"**Averages quantized**: `avg_bits` = {', '.join(map(str, bits))} (each "
+            f"trainer's progress since the last average, stochastically rounded)."]
+
+
 def render(data) -> str:
     rows = data["table"]
     lines = ["# tma: RandomTMA / SuperTMA / PSGD-PA", "",
@@ -374,13 +382,11 @@ def render(data) -> str:
              "Full-graph local steps (one step = one pass over the trainer's share = one "
              "epoch-equivalent); `period` = epoch-equivalents per average (tma's default is "
              f"{_default_period()}), `avgs` = averages. GCN/SAGE, 2 layers, hidden 64, "
-             "dropout 0.5, Adam lr 0.01, wd 5e-4, clip 1.0; centralized: the same model trained full-graph for the "
-             "stated epochs. Accuracy = test accuracy at the best validation point (tma: after "
+             "dropout 0.5, Adam lr 0.01, wd 5e-4, clip 1.0; centralized: the same model "
+             "trained full-graph for the stated epochs. Accuracy = test accuracy at the best validation point (tma: after "
              "each average; centralized: every epoch). Bytes: sent, summed over ranks, training "
              "phase only; halo on METIS (its bytes/epoch include its own gradient all-reduce).",
-             *([f"", f"**Averages quantized**: `avg_bits` = {bits[0]} (each trainer's "
-                f"progress since the last average, stochastically rounded)."]
-               if (bits := sorted({r.get("avg_bits", 32) for r in rows})) != [32] else []),
+             *_bits_note(rows),
              "", "## Accuracy (test, %), mean over seeds", "",
              "| dataset | P | model | seeds | period x avgs | centralized | RandomTMA | SuperTMA "
              "| PSGD-PA | random - central. | super - central. |",

@@ -140,7 +140,8 @@ def test_quantized_average(runs):
     M = res[0]["numel"]
     up = HEADER_BYTES + encoded_len(M + 3, 8, exact_tail=3)
     down = up + P
-    assert up < (HEADER_BYTES + 4 * (M + 3)) / 2        # under the fp32 message (tiny model: padding)
+    # well under the fp32 message (on this tiny model the row padding is most of it)
+    assert up < (HEADER_BYTES + 4 * (M + 3)) / 2
     anchor = res[0]["init"]
     for e in range(EPOCHS):
         post = [r["post"][e] for r in res]

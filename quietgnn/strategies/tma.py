@@ -60,8 +60,8 @@ edges, so a RandomTMA trainer learns on a much thinner graph than the one it is 
 super-nodes keep the edges inside each small cluster and still give every trainer a
 representative sample of the graph. ``benchmarks/results/tma.md`` (Cora, P = 4, 3 seeds,
 period 20): GCN 79.5% (random) vs 81.2% (supernode), SAGE 73.7% vs 79.8%, centralized 81.8% /
-79.5%; on the synthetic graph, Computers and CS both are within about a point. K = max(16 P, N / 50) depends on no
-dataset.
+79.5%; on the synthetic graph, Computers and CS both are within about a point.
+K = max(16 P, N / 50) depends on no dataset.
 
 What crosses the network (training): only the averaging, through the fault-tolerant star
 channel :class:`~quietgnn.comm.store.StarChannel` with rank 0 as the hub: each spoke uploads
@@ -111,8 +111,6 @@ from ..comm.store import StarChannel
 from ..nn import SparseAdj, SparseFeatures, maybe_sparse
 from ._tma_data import LocalSampler, _parse_fanouts, _part_pieces, assemble_graph
 from .base import EpochResult, Strategy, register
-
-__all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
 
 __all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
 
@@ -324,7 +322,8 @@ class TMA(Strategy):
         if wsum > 0:
             mean = total[:-3] / wsum
             if bits < 32:
-                mean = self._anchor = self._anchor + mean
+                mean = self._anchor + mean
+            self._anchor = mean             # the last average, whatever the width
             self._load_flat(mean)
         self.avg_round += 1
         self._t_period = time.monotonic()
