@@ -100,6 +100,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         if cfg.runtime.resume:
             run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
+        elif not name:
+            run_dir = _claim_dir(run_dir)
         book = prepare_book(cfg, log)
         summary = launch(cfg, run_dir, book)
     if summary is not None:
@@ -109,6 +111,21 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def _claim_dir(run_dir: Path) -> Path:
+    """A fresh, unnamed run's directory, created atomically: two runs of the same strategy,
+    dataset and P started in the same second (a script launching several) would otherwise
+    share ``<time>-<strategy>-<dataset>-p<P>`` and overwrite each other's metrics."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cand, n = run_dir, 1
+    while True:
+        try:
+            cand.mkdir()
+            return cand
+        except FileExistsError:
+            n += 1
+            cand = run_dir.with_name(f"{run_dir.name}-{n}")
 
 
 def _resume_dir(cfg: Any, run_dir: Path, suffix: str, named: bool, log: Any) -> Path:

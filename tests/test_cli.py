@@ -81,3 +81,13 @@ def test_cora_gcn_accuracy(tmp_path, strategy, parts):
                  str(tmp_path / "runs"), timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["test_acc"] >= 0.80
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
+    # a script launching several runs of one strategy/dataset/P at once used to get one
+    # '<time>-<strategy>-<dataset>-p<P>' directory for all of them (metrics overwritten)
+    from quietgnn.cli import _claim_dir
+    base = tmp_path / "runs" / "20261124-120000-halo-cora-p4"
+    dirs = [_claim_dir(base) for _ in range(3)]
+    assert [d.name for d in dirs] == [base.name, base.name + "-2", base.name + "-3"]
+    assert all(d.is_dir() for d in dirs)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from quietgnn.comm import Communicator
+from quietgnn.comm.lowrank import lowrank_floats
 from quietgnn.comm.qreduce import quantized_all_reduce_bytes
 from quietgnn.nn import ModelConfig, SparseAdj, build_model
 from quietgnn.partition import build_partitions, partition_nodes
@@ -74,7 +75,8 @@ def _traffic(comm, graph, parts, variants, epochs, repart, eval_every):
             log.append({"steps": res.steps, "chunk": res.extra["chunk"],
                         "recs": [(r.phase, r.kind, r.op, r.bytes_sent, r.epoch)
                                  for r in comm.take_records()]})
-        out[name] = {"log": log, "nparams": sum(p.numel() for p in s.params)}
+        out[name] = {"log": log, "nparams": sum(p.numel() for p in s.params),
+                     "shapes": [tuple(p.shape) for p in s.params]}
     return out
 
 
@@ -83,16 +85,23 @@ def test_training_sends_only_gradients(graph, parts):
     variants = {"full-node": {"mode": "full", "weighting": "node"},
                 "mb-batch": {"mode": "minibatch", "weighting": "batch", "batch_size": 12,
                              "fanouts": [4, 3]},
-                "full-8bit": {"mode": "full", "grad_bits": 8}}
+                "full-8bit": {"mode": "full", "grad_bits": 8},
+                "full-rank1": {"mode": "full", "grad_rank": 1}}
     results = spawn_function(_traffic, P, args=(graph, parts, variants, epochs, repart,
                                                 eval_every))
     for rank, res in enumerate(results):
         for name, r in res.items():
             grad_bytes = 2 * (P - 1) * 4 * (r["nparams"] + 1 + P) // P
             bits = variants[name].get("grad_bits", 32)
+            low = variants[name].get("grad_rank", 0)
             if bits < 32:   # two all-to-alls of quantized rows (+ the exact loss and flags)
                 grad_bytes = quantized_all_reduce_bytes(r["nparams"], P, bits, rank,
                                                         exact_tail=1 + P)
+            if low:         # two all-reduces: P factors + exact rest + loss/flags, then Q
+                p_f, exact, q_f = lowrank_floats(r["shapes"], low)
+                assert p_f > 0 and p_f + exact + q_f < r["nparams"]
+                grad_bytes = (2 * (P - 1) * 4 * (p_f + exact + 1 + P) // P
+                              + 2 * (P - 1) * 4 * q_f // P)
             # the first chunk load is start-up placement (phase setup)
             assert {k for _, k in r["log"][0]["setup"]} >= CHUNK_KINDS
             assert {ph for ph, _ in r["log"][0]["setup"]} == {"setup"}
@@ -106,7 +115,7 @@ def test_training_sends_only_gradients(graph, parts):
                 assert {x[0] for x in ep["recs"]} <= {"train", "data", "eval"}
                 # per step: exactly one gradient all-reduce of the analytic size
                 grads = [x for x in train if x[1] == "grad_allreduce"]
-                per_step = 1 if bits == 32 else 2
+                per_step = 1 if bits == 32 and not low else 2
                 assert len(grads) == per_step * ep["steps"]
                 assert sum(x[3] for x in grads) == grad_bytes * ep["steps"]
                 other = [x for x in train if x[1] != "grad_allreduce"]
@@ -268,9 +277,10 @@ def _train(comm, part, opts, epochs, state=None, start=0):
     return s
 
 
-def _determinism(comm, graph, parts):
+def _determinism(comm, graph, parts, extra):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
-    opts = {"mode": "minibatch", "batch_size": 10, "fanouts": [3, 2], "repart_every": 3}
+    opts = {"mode": "minibatch", "batch_size": 10, "fanouts": [3, 2], "repart_every": 3,
+            **extra}
     a = _train(comm, part, opts, 5)
     b = _train(comm, part, opts, 5)
     half = _train(comm, part, opts, 4)
@@ -281,9 +291,11 @@ def _determinism(comm, graph, parts):
             "se": state["super_epoch"]}
 
 
-def test_deterministic_and_resumable(graph):
+@pytest.mark.parametrize("extra", [{}, {"grad_rank": 1}], ids=["exact", "grad_rank1"])
+def test_deterministic_and_resumable(graph, extra):
+    # with grad_rank the error memories and the shared Q are state: a resume must restore them
     parts2 = partition_nodes(graph, "random", 2, seed=1)
-    for res in spawn_function(_determinism, 2, args=(graph, parts2)):
+    for res in spawn_function(_determinism, 2, args=(graph, parts2, extra)):
         assert torch.equal(res["a"], res["b"])
         assert torch.equal(res["a"], res["c"])
         assert res["se"] == 1
@@ -328,7 +340,8 @@ def test_sampler_blocks_are_valid_and_capped():
 
 @pytest.mark.parametrize("bad", [{"lam": 1.5}, {"w_min": 0.0}, {"mode": "sampled"},
                                  {"weighting": "edge"}, {"repart_every": -1},
-                                 {"fanouts": [0, 2]}, {"coverage": "max"}, {"grad_bits": 16}])
+                                 {"fanouts": [0, 2]}, {"coverage": "max"}, {"grad_bits": 16},
+                                 {"grad_rank": -1}, {"grad_rank": 1.5}])
 def test_options_are_validated(bad):
     with pytest.raises(ValueError):
         GrappaOptions(**bad)

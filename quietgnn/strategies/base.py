@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..comm import Communicator, HaloExchanger
+from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
 from ..nn import GNN, ModelConfig, SparseAdj, build_model
 from ..partition import LocalPartition
@@ -214,7 +215,7 @@ def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> S
 
 def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
                    kind: str = "grad_allreduce", extra: Optional[Tensor] = None,
-                   bits: int = 32) -> float:
+                   bits: int = 32, lowrank: Optional[LowRankReducer] = None) -> float:
     """Sum parameter gradients and the loss over ranks in *one* all-reduce and stop every rank
     together if anything is non-finite.
 
@@ -227,6 +228,9 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     ``bits`` < 32 sends the gradients stochastically quantized
     (:func:`~quietgnn.comm.qreduce.quantized_all_reduce`: an unbiased estimate of the sum,
     identical on every rank); the loss, flags and ``extra`` are still summed exactly.
+    ``lowrank`` (a :class:`~quietgnn.comm.lowrank.LowRankReducer` built for ``params``) sends
+    the large matrices as rank-r factors with error feedback: two all-reduces, the flags in the
+    first, so a non-finite value still stops every rank before the second.
     """
     P = comm.world_size
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -239,21 +243,39 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     bad = not bool(torch.isfinite(flat[: n + 1]).all())
     if bad:
         flat[n + 1 + comm.rank] = 1.0
+
+    def check(tail_sum: Tensor, grads_finite: bool = True) -> None:
+        """Raise on every rank alike; ``tail_sum`` = the summed ``[loss | flags | extra]``."""
+        flags = tail_sum[1:1 + P]
+        if bool((flags > 0).any()) or not (grads_finite and bool(torch.isfinite(tail_sum[0]))):
+            ranks = torch.nonzero(flags > 0).flatten().tolist()
+            raise NonFiniteError(f"non-finite loss or gradient on rank(s) {ranks or 'unknown'} "
+                                 f"in epoch {comm.epoch}; all ranks stopped before the optimizer "
+                                 f"step (lower train.lr, check the input features, or resume from "
+                                 f"the last checkpoint)")
+
+    if P > 1 and lowrank is not None:
+        if bad:   # zeros keep the factorisation finite; the flag stops every rank in check()
+            flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
+        views, off = [], 0
+        for g in grads:
+            views.append(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+        summed, tail_sum = lowrank.reduce(comm, views, flat[n:], kind, bits, check)
+        if extra is not None:
+            extra.copy_(tail_sum[1 + P:].view_as(extra))
+        for p, g in zip(params, summed):
+            p.grad = g
+        return float(tail_sum[0])
     if P > 1 and int(bits) < 32:
         if bad:   # the codec refuses non-finite rows; the flag tells every rank
             flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
         flat = quantized_all_reduce(comm, flat, bits, kind, exact_tail=flat.numel() - n)
     elif P > 1:
         comm.all_reduce(flat, kind)
-    flags = flat[n + 1:n + 1 + P]
     if extra is not None:
         extra.copy_(flat[n + 1 + P:].view_as(extra))
-    if bool((flags > 0).any()) or not bool(torch.isfinite(flat[: n + 1]).all()):
-        ranks = torch.nonzero(flags > 0).flatten().tolist()
-        raise NonFiniteError(f"non-finite loss or gradient on rank(s) {ranks or 'unknown'} in "
-                             f"epoch {comm.epoch}; all ranks stopped before the optimizer step "
-                             f"(lower train.lr, check the input features, or resume from the "
-                             f"last checkpoint)")
+    check(flat[n:], grads_finite=bool(torch.isfinite(flat[:n]).all()))
     off = 0
     for p, g in zip(params, grads):  # views into the fresh buffer: no copy needed
         k = g.numel()

@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm import HaloExchanger
+from ..comm.lowrank import LowRankReducer
 from ..nn import SparseFeatures, maybe_sparse
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
@@ -84,6 +85,9 @@ class GrappaOptions:
     #: bits per gradient value on the wire: 32 = the exact fp32 all-reduce; 8/4/2 = the
     #: unbiased quantized all-reduce (comm/qreduce.py), ~b/32 of the bytes
     grad_bits: int = 32
+    #: rank of the low-rank (PowerSGD, error feedback) gradient all-reduce: 0 = off (exact);
+    #: r >= 1 sends each large weight matrix's gradient as rank-r factors (comm/lowrank.py)
+    grad_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("full", "minibatch"):
@@ -104,6 +108,9 @@ class GrappaOptions:
         if self.grad_bits not in (2, 4, 8, 32):
             raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
                              f"gradient all-reduce stochastically quantized) or 32 (exact)")
+        if not isinstance(self.grad_rank, int) or self.grad_rank < 0:
+            raise ValueError(f"options.grad_rank = {self.grad_rank!r}; expected an int >= 0 (0: "
+                             f"exact gradients; r >= 1: rank-r factors with error feedback)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
         if isinstance(self.fanouts, str):
@@ -141,6 +148,8 @@ class Grappa(Strategy):
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
+        self.lowrank = (LowRankReducer([q.shape for q in self.params], o.grad_rank, ctx.seed)
+                        if o.grad_rank else None)
         self.gen = torch.Generator().manual_seed(ctx.seed * 7919 + ctx.rank)
         self.loader = ChunkLoader(ctx.comm, p)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
@@ -236,7 +245,7 @@ class Grappa(Strategy):
         else:  # an empty batch still joins the all-reduce with zero gradients
             loss = torch.zeros(())
         global_loss = sync_gradients(self.ctx.comm, self.params, loss,
-                                     bits=self.options.grad_bits)
+                                     bits=self.options.grad_bits, lowrank=self.lowrank)
         self.opt.step()
         return global_loss
 
@@ -251,12 +260,19 @@ class Grappa(Strategy):
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "super_epoch": self.lg.super_epoch if self.lg else 0,
                 "chunk": self.lg.chunk if self.lg else None,
-                "sampler_rng": self.gen.get_state(), "torch_rng": torch.random.get_rng_state()}
+                "sampler_rng": self.gen.get_state(), "torch_rng": torch.random.get_rng_state(),
+                "lowrank": self.lowrank.state_dict() if self.lowrank else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.gen.set_state(state["sampler_rng"])
         torch.random.set_rng_state(state["torch_rng"])
+        if self.lowrank is not None:
+            if state.get("lowrank") is None:
+                raise ValueError("grappa: the checkpoint was written with options.grad_rank = 0 "
+                                 f"(exact gradients), this run has {self.options.grad_rank}; "
+                                 "resume with the same options.grad_rank")
+            self.lowrank.load_state_dict(state["lowrank"])
         # the chunk data is not stored: train_epoch sees that the loaded super-epoch differs
         # from the resumed epoch's and reloads (every rank resumes at the same epoch)
