@@ -134,3 +134,65 @@ def test_bad_input_is_named():
     other = LowRankReducer(SHAPES, RANK + 1)
     with pytest.raises(ValueError, match="same grad_rank"):
         red.load_state_dict(other.state_dict())
+
+
+# ---------------------------------------------------------------------- in retexo
+def _retexo(comm, graph, parts, resume_at):
+    from quietgnn.nn import ModelConfig
+    from quietgnn.partition import build_partitions
+    from quietgnn.strategies.base import TrainConfig, WorkerContext
+    from quietgnn.strategies.retexo import Retexo, RetexoOptions
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+
+    def fresh():
+        ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                            model_cfg=ModelConfig(arch="gcn", hidden=16, layers=2, dropout=0.0),
+                            train_cfg=TrainConfig(seed=3, lr=0.01, epochs=6),
+                            log=lambda m: None)
+        s = Retexo(ctx, RetexoOptions(rounds_per_layer=4, grad_rank=1))
+        s.setup()
+        return s
+
+    def drive(s, start, stop):
+        out, losses = [], []
+        for e in range(start, stop):
+            comm.epoch = e
+            with comm.phase("train"):
+                losses.append(s.train_epoch(e).loss)
+            out.append([(r.kind, r.op, r.bytes_sent) for r in comm.take_records()])
+        return out, losses
+
+    s = fresh()
+    log, losses = drive(s, 0, 8)
+    shapes = [[tuple(p.shape) for p in m.parameters()] for m in s.layers]
+    final = [p.detach().clone() for p in s.layers.parameters()]
+    half = fresh()
+    drive(half, 0, resume_at)
+    state = half.state_dict()
+    again = fresh()
+    again.load_state_dict(state)
+    _, losses2 = drive(again, resume_at, 8)
+    resumed = [p.detach().clone() for p in again.layers.parameters()]
+    return {"log": log, "shapes": shapes, "final": final, "resumed": resumed,
+            "losses": losses[resume_at:], "resumed_losses": losses2}
+
+
+def test_retexo_rounds_send_the_low_rank_factors_and_resume_exactly():
+    from quietgnn.partition import partition_nodes
+    from helpers import small_graph
+    graph = small_graph(n=120, avg_deg=4, features=40, seed=1)
+    P = 2
+    parts = partition_nodes(graph, "random", P, seed=0)
+    for res in spawn_function(_retexo, P, (graph, parts, 1)):   # resumes inside layer 0
+        for e, recs in enumerate(res["log"]):
+            p_f, exact, q_f = lowrank_floats(res["shapes"][e // 4], 1)
+            grads = [b for kind, op, b in recs if kind == "grad_allreduce"]
+            assert p_f > 0    # the 16 x 40 input weight (layer 0) and 3 x 16 (layer 1)
+            want = [2 * (P - 1) * 4 * (p_f + exact + 1 + P + 1) // P]
+            if q_f:
+                want.append(2 * (P - 1) * 4 * q_f // P)
+            assert grads == want, e
+        # the error memory and Q are restored: every later round's loss is the unbroken one's
+        assert res["resumed_losses"] == res["losses"]
+        for a, b in zip(res["final"], res["resumed"]):
+            assert torch.equal(a, b)

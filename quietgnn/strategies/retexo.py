@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..comm import HaloExchanger
+from ..comm.lowrank import LowRankReducer
 from ._retexo_layers import Pre, build_layers
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
                    sync_gradients)
@@ -107,6 +108,9 @@ class RetexoOptions:
     #: bits per gradient value on the wire: 32 = the exact fp32 all-reduce; 8/4/2 = the
     #: unbiased quantized all-reduce (comm/qreduce.py), ~b/32 of the bytes
     grad_bits: int = 32
+    #: rank of the low-rank (PowerSGD, error feedback) gradient all-reduce: 0 = off (exact);
+    #: r >= 1 sends each large weight matrix's gradient as rank-r factors (comm/lowrank.py)
+    grad_rank: int = 0
 
     def __post_init__(self) -> None:
         self.rounds_per_layer = _parse_rounds(self.rounds_per_layer)
@@ -116,6 +120,9 @@ class RetexoOptions:
         if self.grad_bits not in (2, 4, 8, 32):
             raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
                              f"gradient all-reduce stochastically quantized) or 32 (exact)")
+        if not isinstance(self.grad_rank, int) or self.grad_rank < 0:
+            raise ValueError(f"options.grad_rank = {self.grad_rank!r}; expected an int >= 0 (0: "
+                             f"exact gradients; r >= 1: rank-r factors with error feedback)")
         if not isinstance(self.layer_norm, bool):
             raise ValueError(f"options.layer_norm = {self.layer_norm!r}; expected true or false")
 
@@ -171,6 +178,10 @@ class Retexo(Strategy):
     def _new_optimizer(self) -> None:
         self.params = list(self.layers[self.k].parameters())
         self.opt = self.ctx.optimizer(self.params)
+        # one low-rank state per layer: its error memory belongs to that layer's parameters
+        r = self.options.grad_rank
+        self.lowrank = (LowRankReducer([q.shape for q in self.params], r, self.ctx.seed + self.k)
+                        if r else None)
 
     def _enter(self, k: int, h: Tensor) -> None:
         """Start layer ``k`` on frozen input ``h``: aggregate once, fresh Adam."""
@@ -217,7 +228,7 @@ class Retexo(Strategy):
             self.ctx.part.num_train_global
         loss.backward()
         global_loss = sync_gradients(self.ctx.comm, self.params, loss, extra=val,
-                                     bits=self.options.grad_bits)
+                                     bits=self.options.grad_bits, lowrank=self.lowrank)
         acc = self._consider(float(val[0]))    # before the step: val is of these parameters
         self.opt.step()
         return global_loss, acc
@@ -280,7 +291,8 @@ class Retexo(Strategy):
         return {"schedule": list(self.R), "k": self.k, "round": self.round,
                 "layers": self.layers.state_dict(), "optimizer": self.opt.state_dict(),
                 "best_val": self.best_val, "best_state": self.best_state,
-                "val_best": list(self.val_best), "h": self.h, "h_next": self.h_next}
+                "val_best": list(self.val_best), "h": self.h, "h_next": self.h_next,
+                "lowrank": self.lowrank.state_dict() if self.lowrank else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if list(state["schedule"]) != self.R:
@@ -294,5 +306,11 @@ class Retexo(Strategy):
         self.pre = None if self.h is None else self.layers[self.k].precompute(self.h, self.adj)
         self._new_optimizer()
         self.opt.load_state_dict(state["optimizer"])
+        if self.lowrank is not None:
+            if state.get("lowrank") is None:
+                raise ValueError("retexo: the checkpoint was written with options.grad_rank = 0 "
+                                 f"(exact gradients), this run has {self.options.grad_rank}; "
+                                 "resume with the same options.grad_rank")
+            self.lowrank.load_state_dict(state["lowrank"])
         self.best_val, self.best_state = float(state["best_val"]), state["best_state"]
         self.val_best = list(state["val_best"])
