@@ -205,6 +205,10 @@ def make_jobs(dataset: str, graph, P: int, cfg: argparse.Namespace) -> list[dict
                                  seed, {}, cfg))
                 jobs.append(_job("grappa", dataset, "grappa", P, parts["random"], arch, layers,
                                  seed, {"repart_every": rep}, cfg))
+                if cfg.rank:   # the same run with the low-rank gradient all-reduce
+                    jobs.append(_job(f"grappa r{cfg.rank}", dataset, "grappa", P,
+                                     parts["random"], arch, layers, seed,
+                                     {"repart_every": rep, "grad_rank": cfg.rank}, cfg))
     if dataset in cfg.ablate and P == 4:
         for seed in range(cfg.seeds):
             for lab, opts in ABLATIONS.items():
@@ -283,6 +287,39 @@ def _kind(r: dict[str, Any], *kinds: str) -> float:
     return sum(v for k, v in r["bytes_by_kind_per_epoch"].items() if k in kinds)
 
 
+def _low_rank_table(idx, keys, lab, cent, tta_mean) -> list[str]:
+    """grappa with the low-rank gradient all-reduce (``lab`` = 'grappa rR') against exact
+    grappa, halo and centralized on the same seeds."""
+    r = lab[len("grappa r"):]
+    lines = ["", f"## Low-rank gradient all-reduce: `grad_rank {r}`", "",
+             f"The same runs with options.grad_rank = {r} (comm/lowrank.py: each large weight "
+             f"matrix's gradient as rank-{r} factors, error feedback; two all-reduces per step)."
+             f" Accuracy: test at the best validation epoch, mean over the seeds; bytes: "
+             f"training phase, sent, summed over ranks, per epoch.", "",
+             f"| dataset | model | L | P | seeds | centralized | halo | grappa | {lab} | "
+             f"{lab} - centr. | {lab} - grappa | halo B/ep | grappa B/ep | {lab} B/ep | "
+             f"halo / {lab} | TTA WAN halo / {lab} (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for ds, m, L, P in keys:
+        lr = idx.get((ds, m, L, P, lab), [])
+        if not lr:
+            continue
+        seeds = {x["seed"] for x in lr}
+        same = lambda rs: [x for x in rs if x["seed"] in seeds]   # noqa: E731
+        h, g = same(idx.get((ds, m, L, P, "halo"), [])), same(idx[(ds, m, L, P, "grappa")])
+        c = [x for x in (cent(ds, m, L, sd) for sd in sorted(seeds)) if x]
+        ca, ha, ga, la = (_mean([x["test_acc"] for x in rs]) for rs in (c, h, g, lr))
+        hb, gb, lb = (_mean([x["train_bytes_per_epoch"] for x in rs]) for rs in (h, g, lr))
+        d = lambda a, b: None if a is None or b is None else a - b   # noqa: E731
+        lines.append(
+            f"| {ds} | {m} | {L} | {P} | {len(lr)} | {_fmt(ca, True)} | {_fmt(ha, True)} | "
+            f"{_fmt(ga, True)} | {_fmt(la, True)} | {_fmt(d(la, ca), True)} | "
+            f"{_fmt(d(la, ga), True)} | {_bytes(hb) if hb else 'n/a'} | {_bytes(gb)} | "
+            f"{_bytes(lb)} | {'1/%.0f' % (hb / lb) if hb else 'n/a'} | "
+            f"{_fmt(tta_mean(h, 'wan'), nd=2)} / {_fmt(tta_mean(lr, 'wan'), nd=2)} |")
+    return lines
+
+
 def tables(runs: list[dict[str, Any]], cfg) -> str:
     idx: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
@@ -321,6 +358,7 @@ def tables(runs: list[dict[str, Any]], cfg) -> str:
              "| TTA LAN halo / grappa (s) | TTA WAN halo / grappa (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({k[:4] for k in idx if k[4] == "grappa"})
+    low = sorted({k[4] for k in idx if k[4].startswith("grappa r") and k[4][8:].isdigit()})
     for ds, m, L, P in keys:
         h, g = idx.get((ds, m, L, P, "halo"), []), idx[(ds, m, L, P, "grappa")]
         c = [x for x in (cent(ds, m, L, r["seed"]) for r in g) if x]
@@ -359,6 +397,8 @@ def tables(runs: list[dict[str, Any]], cfg) -> str:
                      f"1/{hb / gb:.1f} | {_bytes(gd)} | "
                      f"{_bytes(per_reload) if per_reload else 'n/a'} | "
                      f"1/{hb / (gb + gd):.1f} |")
+    for lab in low:
+        lines += _low_rank_table(idx, keys, lab, cent, tta_mean)
     lines += ["", "## Ablations (GCN, 2 layers, P = 4)", "",
               "`grappa` = lam 1, node-level, full graph, repartitioning on. Mean over the "
               "variant's seeds; deltas against grappa and centralized on the same seeds. "
@@ -400,6 +440,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--eval-every-big", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=20000)
+    ap.add_argument("--rank", type=int, default=0,
+                    help="also run every grappa cell with options.grad_rank RANK (low-rank "
+                         "gradient all-reduce), labelled 'grappa rRANK'")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the runs already in <out>.json and add these groups")

@@ -134,6 +134,8 @@ def test_bad_input_is_named():
     other = LowRankReducer(SHAPES, RANK + 1)
     with pytest.raises(ValueError, match="same grad_rank"):
         red.load_state_dict(other.state_dict())
+    with pytest.raises(ValueError, match="exact gradients"):
+        red.load_state_dict(None)       # a checkpoint of a run without grad_rank
 
 
 # ---------------------------------------------------------------------- in retexo

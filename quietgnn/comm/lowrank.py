@@ -173,7 +173,11 @@ class LowRankReducer:
     def state_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "shapes": self.shapes, "q": self.q, "err": self.err}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        if state is None:
+            raise ValueError(f"low-rank all-reduce: the checkpoint was written with exact "
+                             f"gradients (grad_rank 0), this run has grad_rank {self.rank}; "
+                             f"resume with the same grad_rank")
         if int(state["rank"]) != self.rank or [tuple(s) for s in state["shapes"]] != self.shapes:
             raise ValueError(f"low-rank all-reduce: the checkpoint's state is for rank "
                              f"{state['rank']} and shapes {state['shapes']}, this run's for "

@@ -307,10 +307,6 @@ class Retexo(Strategy):
         self._new_optimizer()
         self.opt.load_state_dict(state["optimizer"])
         if self.lowrank is not None:
-            if state.get("lowrank") is None:
-                raise ValueError("retexo: the checkpoint was written with options.grad_rank = 0 "
-                                 f"(exact gradients), this run has {self.options.grad_rank}; "
-                                 "resume with the same options.grad_rank")
-            self.lowrank.load_state_dict(state["lowrank"])
+            self.lowrank.load_state_dict(state.get("lowrank"))
         self.best_val, self.best_state = float(state["best_val"]), state["best_state"]
         self.val_best = list(state["val_best"])
