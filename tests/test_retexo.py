@@ -103,7 +103,7 @@ def test_aggregation_once_per_layer(graph, monkeypatch):
 
 
 # ---------------------------------------------------------------------- equivalence
-def _reference(graph, arch, layers, R, embed, seed=7):
+def _reference(graph, arch, layers, R, embed, layer_norm, seed=7):
     """Layer-wise RETEXO on the whole graph in one process, written out independently of the
     strategy: per layer, R rounds of (validate, full-batch Adam step), keep the best, validate
     the last step, restore the best, compute the next input."""
@@ -111,7 +111,7 @@ def _reference(graph, arch, layers, R, embed, seed=7):
     deg = graph.in_degree()
     adj = SparseAdj(graph.indptr, graph.indices, n, deg, deg)
     mods = build_layers(arch, graph.num_features, HIDDEN, graph.num_classes, layers, 2, 0.0,
-                        True, embed, seed)
+                        bool(layer_norm), embed, seed)
     tr, va = graph.train_mask, graph.val_mask
     h, best_vals = graph.x, []
     for k, layer in enumerate(mods):
@@ -144,23 +144,24 @@ def _reference(graph, arch, layers, R, embed, seed=7):
     return logits, best_vals, mods
 
 
-CASES = [("gcn", 2, "hidden"), ("sage", 2, "hidden"), ("gat", 2, "hidden"), ("gin", 2, "hidden"),
-         ("gcn", 3, "logits")]
+# (arch, layers, embed, options.layer_norm): None = as model.norm ('none' here: no LayerNorm)
+CASES = [("gcn", 2, "hidden", None), ("sage", 2, "hidden", None), ("gat", 2, "hidden", True),
+         ("gin", 2, "hidden", None), ("gcn", 3, "logits", True)]
 R_EQ = [3, 4, 2]
 
 
 def _final(comm, graph, parts, cases):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {"owned": part.owned}
-    for arch, layers, embed in cases:
+    for arch, layers, embed, ln in cases:
         s = Retexo(_ctx(comm, part, arch, layers),
-                   RetexoOptions(rounds_per_layer=R_EQ[:layers], embed=embed))
+                   RetexoOptions(rounds_per_layer=R_EQ[:layers], embed=embed, layer_norm=ln))
         s.setup()
         log = _drive(s, comm)
         with torch.no_grad():
             s.layers[-1].eval()
             logits = s.layers[-1](s.pre)
-        out[(arch, layers, embed)] = {
+        out[(arch, layers, embed, ln)] = {
             "logits": logits, "val_best": s.val_best, "epochs": len(log),
             "params": {k: v.clone() for k, v in s.layers.state_dict().items()}}
     return out
@@ -198,8 +199,9 @@ def test_equals_single_process_layerwise_reference(graph, spawned, P):
     results = [_final(Communicator(0, 1), graph, np.zeros(graph.num_nodes, dtype=np.int64),
                       CASES)] if P == 1 else spawned[P]["final"]
     for case in CASES:
-        arch, layers, embed = case
-        ref_logits, ref_best, ref_mods = _reference(graph, arch, layers, R_EQ[:layers], embed)
+        arch, layers, embed, ln = case
+        ref_logits, ref_best, ref_mods = _reference(graph, arch, layers, R_EQ[:layers], embed,
+                                                    ln)
         logits = torch.empty_like(ref_logits)
         for res in results:
             logits[res["owned"]] = res[case]["logits"]
@@ -289,13 +291,13 @@ def test_given_partition_uneven_with_empty_train_rank(graph):
     parts = partition_nodes(graph, "given", P, assignment=parts)
     R = [2, 3]
     by_rank = spawn_function(_jobs, P, args=(graph, parts, {
-        "traffic": ({"gcn": ("gcn", 2, R, "hidden")},), "final": ([("gcn", 2, "hidden")],)}))
+        "traffic": ({"gcn": ("gcn", 2, R, "hidden")},), "final": ([("gcn", 2, "hidden", None)],)}))
     _check_traffic([r["traffic"] for r in by_rank], P, R)
     eq = [r["final"] for r in by_rank]
-    ref_logits, _, _ = _reference(graph, "gcn", 2, R_EQ[:2], "hidden")
+    ref_logits, _, _ = _reference(graph, "gcn", 2, R_EQ[:2], "hidden", None)
     logits = torch.empty_like(ref_logits)
     for res in eq:
-        logits[res["owned"]] = res[("gcn", 2, "hidden")]["logits"]
+        logits[res["owned"]] = res[("gcn", 2, "hidden", None)]["logits"]
     assert torch.allclose(logits, ref_logits, atol=1e-4)
 
 
@@ -349,6 +351,20 @@ def test_schedule_and_options():
     assert RetexoOptions(rounds_per_layer=[5, 9, 2]).schedule(3, 100) == [5, 9, 2]
     with pytest.raises(ValueError, match=r"gives 2 values but the model has 3 layers"):
         RetexoOptions(rounds_per_layer=[5, 9]).schedule(3, 100)
+
+
+def test_layer_norm_follows_model_norm(graph):
+    """Default: LayerNorm exactly when model.norm = 'layer' (the model the other strategies
+    train); options.layer_norm true/false overrides it."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    for norm, opt, want in [("none", None, False), ("layer", None, True), ("none", True, True),
+                            ("layer", False, False)]:
+        ctx = _ctx(Communicator(0, 1), part)
+        ctx.model_cfg.norm = norm
+        s = Retexo(ctx, RetexoOptions(layer_norm=opt))
+        s.setup()
+        assert s.run_report()["layer_norm"] is want
+        assert isinstance(s.layers[0].norm, torch.nn.LayerNorm) is want, (norm, opt)
 
 
 @pytest.mark.parametrize("bad, match", [({"rounds_per_layer": 0}, "rounds_per_layer = 0"),

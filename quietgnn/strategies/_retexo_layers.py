@@ -2,7 +2,7 @@
 
 Layer ``k`` of a RETEXO model is a small model of its own (Kolluri et al., arXiv 2302.13053)::
 
-    hidden layer (k < L-1):  logits = head(ReLU(LayerNorm(conv_k(h_k))))   head: Linear -> C
+    hidden layer (k < L-1):  logits = head(ReLU(LN(conv_k(h_k))))   head: Linear -> C; LN optional
     last layer   (k = L-1):  logits = conv_k(h_k)
 
 Its input ``h_k`` is frozen while it trains, so for GCN, GraphSAGE and GIN the neighbourhood
