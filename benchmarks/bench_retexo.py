@@ -44,6 +44,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# the schedule of the public RETEXO code (aashishkolluri/retexo-distributed, its node
+# classification configs): 200 rounds per layer, a fresh Adam at lr 0.003 for each
+PAPER_ROUNDS, PAPER_LR = 200, 0.003
 ROOTS = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon", "cs": "coauthor"}
 
 
@@ -128,9 +131,14 @@ def summarise(job: dict[str, Any], metrics: dict[int, list[dict[str, Any]]]) -> 
 
 # ---------------------------------------------------------------------- the matrix
 def make_job(cfg, dataset: str, label: str, arch: str, P: int, seed: int) -> dict[str, Any]:
-    """``label``: a strategy name, or ``retexo-logits`` (the logit-passing variant)."""
+    """``label``: a strategy name, ``retexo-logits`` (the logit-passing variant) or
+    ``retexo-paper`` (the schedule the RETEXO code prescribes: PAPER_ROUNDS rounds per layer at
+    Adam lr PAPER_LR, every other setting as for the others)."""
     epochs = cfg.epochs_big if dataset in cfg.big else cfg.epochs
     strategy = label.split("-")[0]
+    lr = 0.01
+    if label == "retexo-paper":
+        epochs, lr = PAPER_ROUNDS * cfg.layers, PAPER_LR
     opts = {"rounds_per_layer": epochs // cfg.layers} if strategy == "retexo" else {}
     if label == "retexo-logits":
         opts["embed"] = "logits"
@@ -139,7 +147,7 @@ def make_job(cfg, dataset: str, label: str, arch: str, P: int, seed: int) -> dic
             "eval_every": 1 if P == 1 else cfg.eval_every,
             "model": {"arch": arch, "layers": cfg.layers, "hidden": 64, "dropout": 0.5,
                       "heads": 4},
-            "train": {"epochs": epochs, "lr": 0.01, "weight_decay": 5e-4, "seed": seed}}
+            "train": {"epochs": epochs, "lr": lr, "weight_decay": 5e-4, "seed": seed}}
 
 
 def run_matrix(cfg, runs: dict[str, Any], save) -> None:
@@ -154,6 +162,9 @@ def run_matrix(cfg, runs: dict[str, Any], save) -> None:
         if dataset in cfg.logits_on:
             todo += [make_job(cfg, dataset, "retexo-logits", "gcn", 1, seed)
                      for seed in range(seeds)]
+        if dataset in cfg.paper_on:
+            todo += [make_job(cfg, dataset, "retexo-paper", a, 1, seed) for a in cfg.models
+                     for seed in range(seeds)]
         for job in [j for j in todo if j["key"] not in runs]:
             if graph is None:
                 graph = load_graph(dataset)
@@ -164,6 +175,8 @@ def run_matrix(cfg, runs: dict[str, Any], save) -> None:
             runs[job["key"]] = summarise(job, {0: _run_job(Communicator(0, 1), part1, job)})
             print(f"  {job['key']}: {time.time() - t0:.0f}s", flush=True)
             save(runs)
+        if cfg.accuracy_only:
+            continue
         for P in [p for p in cfg.parts if p <= 8 or dataset in cfg.p32]:
             jobs = [make_job(cfg, dataset, s, a, P, 0) for a in cfg.models
                     for s in ("retexo", "halo")]
@@ -243,9 +256,12 @@ def tables(runs: dict[str, Any], cfg) -> str:
          "computes what it computes at P = 1 except for the dropout masks, which each rank "
          "draws for its own nodes: the seed-0 runs at P = 4/8/32 are further samples, not "
          "copies.", "",
+         f"Last column: retexo with the schedule of the paper's code, {PAPER_ROUNDS} rounds "
+         f"per layer at lr {PAPER_LR} (P = 1, same seeds; n/a: not run).", "",
          "| dataset | model | centralized | retexo | gap (retexo - centr.) | within 1.5? | "
-         "retexo seed 0 at P = 1 / 4 / 8 / 32 | halo seed 0, P = 4 |",
-         "|---|---|---|---|---|---|---|---|"]
+         "retexo seed 0 at P = 1 / 4 / 8 / 32 | halo seed 0, P = 4 | retexo, paper schedule "
+         "(gap) |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for ds, arch in combos:
         c = [r["test_best"] for r in get(ds, "centralized", arch, 1)]
         x = [r["test_final"] for r in get(ds, "retexo", arch, 1)]
@@ -255,9 +271,12 @@ def tables(runs: dict[str, Any], cfg) -> str:
         dist = " / ".join(_pct((get(ds, "retexo", arch, P, 0) or [{}])[0].get("test_final"))
                           for P in (1, 4, 8, 32))
         h = get(ds, "halo", arch, 4, 0)
+        pp = [r["test_final"] for r in get(ds, "retexo-paper", arch, 1)]
+        paper = f"{_pct(_mean(pp))}{_sd(pp)} ({_pct(_mean(pp) - _mean(c), True)})" if pp else \
+            "n/a"
         L.append(f"| {ds} | {arch} | {_pct(_mean(c))}{_sd(c)} | {_pct(_mean(x))}{_sd(x)} | "
                  f"{_pct(gap, True)} | {'yes' if gap >= -0.015 else '**no**'} | {dist} | "
-                 f"{_pct(h[0]['test_best']) if h else 'n/a'} |")
+                 f"{_pct(h[0]['test_best']) if h else 'n/a'} | {paper} |")
     L += ["", "## Training bytes over a run (sent, all ranks)", "",
           "Same number of rounds for both. RETEXO = `embed_fwd` (one boundary exchange per "
           "layer) + `grad_allreduce` (one per round, gradients of one layer) + `val_counts` "
@@ -340,6 +359,14 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--logits-on", default="cora,synthetic",
                     help="datasets that also run the logit-passing variant (GCN)")
+    ap.add_argument("--paper-on", default="",
+                    help="datasets that also run retexo with the paper's schedule at P = 1 "
+                         f"({PAPER_ROUNDS} rounds per layer, lr {PAPER_LR})")
+    ap.add_argument("--accuracy-only", action="store_true",
+                    help="only the P = 1 accuracy runs (no traffic / time runs)")
+    ap.add_argument("--redo", default="",
+                    help="labels (e.g. retexo,retexo-logits) whose stored runs on --datasets "
+                         "are dropped and run again (after a change to the strategy)")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--tta-frac", default="0.9,0.95",
                     help="time-to-accuracy targets as fractions of the centralized accuracy")
@@ -352,7 +379,7 @@ def main(argv=None) -> int:
         cfg.datasets, cfg.models, cfg.parts, cfg.seeds, cfg.epochs = "cora", "gcn", "4", 1, 40
         if cfg.out == ap.get_default("out"):
             cfg.out = "/tmp/bench-retexo-quick/retexo"
-    for k in ("datasets", "models", "p32", "big", "logits_on"):
+    for k in ("datasets", "models", "p32", "big", "logits_on", "paper_on", "redo"):
         setattr(cfg, k, [v for v in getattr(cfg, k).split(",") if v])
     cfg.parts = [int(p) for p in cfg.parts.split(",")]
     cfg.tta_frac = [float(f) for f in str(cfg.tta_frac).split(",")]
@@ -361,6 +388,9 @@ def main(argv=None) -> int:
     js = out.with_suffix(".json")
     saved = json.loads(js.read_text()) if js.exists() else {}
     runs: dict[str, Any] = saved.get("runs", {})
+    if not cfg.tables_only:
+        runs = {k: r for k, r in runs.items()
+                if not (r["label"] in cfg.redo and r["dataset"] in cfg.datasets)}
     commands = saved.get("commands", [])
     cmd = "python benchmarks/bench_retexo.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not cfg.tables_only:

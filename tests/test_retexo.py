@@ -76,6 +76,29 @@ def test_layer_equals_quietgnn_conv(graph, arch, last):
     assert torch.allclose(layer.next_input(pre, "hidden"), want, atol=1e-5)
 
 
+def test_hidden_layer_head_reads_through_dropout(graph):
+    """Training a hidden layer, the head sees dropout(ReLU(conv)) -- entries either 0 or scaled
+    by 1/(1-p), about a fraction p of them dropped -- while next_input (and eval) get no
+    dropout."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    p = 0.5
+    layer = RetexoLayer("gcn", graph.num_features, 32, 3, last=False, dropout=p,
+                        layer_norm=False).train()
+    pre = layer.precompute(part.x, partition_adj(part))
+    seen = []
+    layer.head.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+    torch.manual_seed(0)
+    layer(pre)
+    torch.manual_seed(0)
+    z = layer.hidden(pre)          # the same aggregate dropout masks, drawn first
+    got, on = seen[0], z > 0
+    assert torch.all((got == 0) | torch.isclose(got, z / (1 - p)))
+    assert abs(float((got[on] == 0).float().mean()) - p) < 0.05
+    layer.eval()
+    layer(pre)
+    assert torch.equal(seen[-1], layer.next_input(pre, "hidden"))
+
+
 def test_aggregation_once_per_layer(graph, monkeypatch):
     """GCN/SAGE/GIN: the sparse product runs once per layer (at its start), never per round;
     GAT: every step (attention depends on the parameters)."""
