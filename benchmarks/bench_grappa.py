@@ -205,10 +205,11 @@ def make_jobs(dataset: str, graph, P: int, cfg: argparse.Namespace) -> list[dict
                                  seed, {}, cfg))
                 jobs.append(_job("grappa", dataset, "grappa", P, parts["random"], arch, layers,
                                  seed, {"repart_every": rep}, cfg))
-                if cfg.rank:   # the same run with the low-rank gradient all-reduce
-                    jobs.append(_job(f"grappa r{cfg.rank}", dataset, "grappa", P,
+                if cfg.rank:   # the same run with the compressed gradient all-reduce
+                    jobs.append(_job(_low_label(cfg), dataset, "grappa", P,
                                      parts["random"], arch, layers, seed,
-                                     {"repart_every": rep, "grad_rank": cfg.rank}, cfg))
+                                     {"repart_every": rep, "grad_rank": cfg.rank,
+                                      "grad_bits": cfg.rank_bits}, cfg))
     if dataset in cfg.ablate and P == 4:
         for seed in range(cfg.seeds):
             for lab, opts in ABLATIONS.items():
@@ -217,6 +218,10 @@ def make_jobs(dataset: str, graph, P: int, cfg: argparse.Namespace) -> list[dict
             jobs.append(_job("minibatch (reference)", dataset, "minibatch", P, parts["metis"],
                              "gcn", 2, seed, dict(MINIBATCH_REF), cfg))
     return jobs
+
+
+def _low_label(cfg) -> str:
+    return f"grappa r{cfg.rank}" + (f" {cfg.rank_bits}-bit" if cfg.rank_bits < 32 else "")
 
 
 def centralized_jobs(dataset: str, graph, cfg) -> list[dict[str, Any]]:
@@ -290,10 +295,12 @@ def _kind(r: dict[str, Any], *kinds: str) -> float:
 def _low_rank_table(idx, keys, lab, cent, tta_mean) -> list[str]:
     """grappa with the low-rank gradient all-reduce (``lab`` = 'grappa rR') against exact
     grappa, halo and centralized on the same seeds."""
-    r = lab[len("grappa r"):]
-    lines = ["", f"## Low-rank gradient all-reduce: `grad_rank {r}`", "",
+    r, _, bits = lab[len("grappa r"):].partition(" ")
+    b = f", both all-reduces quantized at {bits} (comm/qreduce.py)" if bits else ""
+    lines = ["", f"## Compressed gradient all-reduce: `{lab}`", "",
              f"The same runs with options.grad_rank = {r} (comm/lowrank.py: each large weight "
-             f"matrix's gradient as rank-{r} factors, error feedback; two all-reduces per step)."
+             f"matrix's gradient as rank-{r} factors, error feedback; two all-reduces per "
+             f"step{b})."
              f" Accuracy: test at the best validation epoch, mean over the seeds; bytes: "
              f"training phase, sent, summed over ranks, per epoch.", "",
              f"| dataset | model | L | P | seeds | centralized | halo | grappa | {lab} | "
@@ -358,7 +365,7 @@ def tables(runs: list[dict[str, Any]], cfg) -> str:
              "| TTA LAN halo / grappa (s) | TTA WAN halo / grappa (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({k[:4] for k in idx if k[4] == "grappa"})
-    low = sorted({k[4] for k in idx if k[4].startswith("grappa r") and k[4][8:].isdigit()})
+    low = sorted({r["label"] for r in runs if r["options"].get("grad_rank")})
     for ds, m, L, P in keys:
         h, g = idx.get((ds, m, L, P, "halo"), []), idx[(ds, m, L, P, "grappa")]
         c = [x for x in (cent(ds, m, L, r["seed"]) for r in g) if x]
@@ -442,7 +449,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=20000)
     ap.add_argument("--rank", type=int, default=0,
                     help="also run every grappa cell with options.grad_rank RANK (low-rank "
-                         "gradient all-reduce), labelled 'grappa rRANK'")
+                         "gradient all-reduce), labelled 'grappa rRANK [B-bit]'")
+    ap.add_argument("--rank-bits", type=int, default=32,
+                    help="with --rank: options.grad_bits of those runs (8/4/2; 32 = fp32)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the runs already in <out>.json and add these groups")
