@@ -86,7 +86,8 @@ def test_training_sends_only_gradients(graph, parts):
                 "mb-batch": {"mode": "minibatch", "weighting": "batch", "batch_size": 12,
                              "fanouts": [4, 3]},
                 "full-8bit": {"mode": "full", "grad_bits": 8},
-                "full-rank1": {"mode": "full", "grad_rank": 1}}
+                "full-rank1": {"mode": "full", "grad_rank": 1},
+                "full-rank1-8bit": {"mode": "full", "grad_rank": 1, "grad_bits": 8}}
     results = spawn_function(_traffic, P, args=(graph, parts, variants, epochs, repart,
                                                 eval_every))
     for rank, res in enumerate(results):
@@ -102,6 +103,10 @@ def test_training_sends_only_gradients(graph, parts):
                 assert p_f > 0 and p_f + exact + q_f < r["nparams"]
                 grad_bytes = (2 * (P - 1) * 4 * (p_f + exact + 1 + P) // P
                               + 2 * (P - 1) * 4 * q_f // P)
+                if bits < 32:   # each of the two is a quantized all-reduce (two all-to-alls)
+                    grad_bytes = (quantized_all_reduce_bytes(p_f + exact, P, bits, rank,
+                                                             exact_tail=1 + P)
+                                  + quantized_all_reduce_bytes(q_f, P, bits, rank))
             # the first chunk load is start-up placement (phase setup)
             assert {k for _, k in r["log"][0]["setup"]} >= CHUNK_KINDS
             assert {ph for ph, _ in r["log"][0]["setup"]} == {"setup"}
@@ -115,7 +120,7 @@ def test_training_sends_only_gradients(graph, parts):
                 assert {x[0] for x in ep["recs"]} <= {"train", "data", "eval"}
                 # per step: exactly one gradient all-reduce of the analytic size
                 grads = [x for x in train if x[1] == "grad_allreduce"]
-                per_step = 1 if bits == 32 and not low else 2
+                per_step = (1 if bits == 32 else 2) * (2 if low else 1)
                 assert len(grads) == per_step * ep["steps"]
                 assert sum(x[3] for x in grads) == grad_bytes * ep["steps"]
                 other = [x for x in train if x[1] != "grad_allreduce"]
