@@ -26,21 +26,23 @@ The period, in order of precedence:
   ``minibatch`` mode). P trainers each making one pass see the whole training set once, the
   work of one ``halo`` epoch.
 
-Why the default is 20 epoch-equivalents. One average moves ``2 (P-1) * 4 |theta|`` bytes in
-all (plus headers) -- the same as one gradient all-reduce, which ``halo`` pays *every* epoch on
-top of its halo rows. So averaging every ``k`` epoch-equivalents costs at most ``1/k`` of
-``halo``'s training bytes per epoch on any graph, and ``1/k`` of the gradient all-reduce's
-share of them: ``halo / tma = k (1 + halo rows / all-reduce)``. The period is also what
-accuracy depends on: trainers drift apart between averages. Measured (SuperTMA, P = 4, 200
-passes in all, 2 x 64, seed 0; ``benchmarks/results/tma-period/``): Computers GCN 89.7 / 88.3 /
-76.0% for k = 1 / 20 / 200 (centralized 89.2), Cora GCN 81.7 / 82.1 / 80.4% (82.5). k = 20
-keeps the accuracy and sends 1/347 - 1/675 of ``halo``'s bytes on Computers, where the halo
-rows are ~20x the model; on graphs whose model is as large as their halo (Cora, CiteSeer:
-1433/3703-wide inputs) it is 1/23 - 1/47, and the 1/200 budget needs
-``k >= 200 * model_bytes_per_average / halo_bytes_per_epoch`` (86 - 176 there,
-``benchmarks/results/tma.md``), at the
-accuracy cost above. A wall-clock period (the paper's ``period_s``) cannot promise a traffic
-budget either: how many passes fit in a second depends on the hardware and the graph.
+Why the defaults are 25 epoch-equivalents, 4-bit averages and the paper's lr 1e-3. One exact
+average moves ``2 (P-1) * 4 |theta|`` bytes in all (plus headers) -- the same as one gradient
+all-reduce, which ``halo`` pays *every* epoch on top of its halo rows. A 4-bit average
+(``avg_bits``, below) moves 132 bytes per 256 values instead of 1024, so averaging every 25
+epoch-equivalents costs at most 1/194 of one all-reduce per epoch-equivalent *on any graph*:
+under ~1/200 of ``halo``'s bytes wherever ``halo`` sends rows at all. Exact averages every 20
+(the old default) were 1/347 - 1/711 of ``halo`` on Computers and CS, whose halo rows are ~20x
+the model, but only 1/23 - 1/47 on Cora and CiteSeer, whose 1433/3703-wide first layer makes the
+model as large as the halo. The period is also what accuracy depends on: trainers drift apart
+between averages, by up to ``lr`` per weight per Adam step. At ``train.lr`` 0.01 (tuned for
+full-graph training) 20 local steps on ~15 labels each (CiteSeer, P = 8) let the models drift
+so far that their average lost 7 points (SAGE, 52 - 66% per seed); the paper's local lr 1e-3
+(``options.lr``) keeps the drift 10x smaller and the same 200 passes reach ``centralized``
+(``benchmarks/results/tma.md``, which also has the old defaults' rows). Measured before that
+(SuperTMA, P = 4, lr 0.01, exact, ``benchmarks/results/tma-period/``): Computers GCN 89.7 / 88.3
+/ 76.0% for k = 1 / 20 / 200 (centralized 89.2). A wall-clock period (the paper's ``period_s``)
+cannot promise a traffic budget: how many passes fit in a second depends on the hardware.
 
 The variant is the partitioner (``--partition.method``), not code:
 
@@ -131,7 +133,7 @@ class TMAOptions:
     #: local epoch-equivalents (passes over the trainer's own training nodes) per averaging
     #: period, the default kind of period; averaging costs at most 1/period_epochs of
     #: ``halo``'s bytes per epoch (see the module docstring for the accuracy side)
-    period_epochs: float = 20.0
+    period_epochs: float = 25.0
     #: 'minibatch' (neighbour-sampled, as in the paper) or 'full' (whole local subgraph per step)
     mode: str = "minibatch"
     #: neighbours sampled per layer, input layer first: a list or "10,25"; one value = all layers
@@ -149,8 +151,14 @@ class TMAOptions:
     #: 'gather' (from all ranks at setup, counted as setup traffic) or 'auto' (book if any)
     eval_graph: str = "auto"
     #: bits per value of an average's messages: 32 = exact; 8, 4, 2 send each trainer's
-    #: progress since the last average (model - last average) stochastically quantized
-    avg_bits: int = 32
+    #: progress since the last average (model - last average) stochastically quantized.
+    #: 4 by default: with period_epochs 25 an average then costs <= 1/194 of one gradient
+    #: all-reduce per epoch-equivalent, whatever the graph (module docstring)
+    avg_bits: int = 4
+    #: the local Adam's learning rate; 1e-3 by default, the paper's (0 = train.lr). A
+    #: trainer's step size times the period is how far the trainers drift apart between
+    #: averages; train.lr (0.01, tuned for full-graph training) lets them drift 10x further
+    lr: float = 1e-3
 
     def __post_init__(self) -> None:
         if not float(self.period_s) >= 0:
@@ -175,6 +183,9 @@ class TMAOptions:
                              f"'supernode' or 'psgd-pa'")
         if not float(self.fail_timeout_s) >= 0:
             raise ValueError(f"options.fail_timeout_s = {self.fail_timeout_s!r}; expected >= 0")
+        if not float(self.lr) >= 0:
+            raise ValueError(f"options.lr = {self.lr!r}; expected the local Adam's learning "
+                             f"rate > 0 (e.g. 1e-3), or 0 for train.lr")
         if self.avg_bits not in (2, 4, 8, 32):
             raise ValueError(f"options.avg_bits = {self.avg_bits!r}; expected 2, 4, 8 (the "
                              f"averages quantized) or 32 (exact)")
@@ -198,6 +209,9 @@ class TMA(Strategy):
         self._check_variant()
         self.model = ctx.build_model()
         self.opt = ctx.optimizer(self.model.parameters())
+        if o.lr > 0:                    # the paper's local step size, not train.lr's
+            for g in self.opt.param_groups:
+                g["lr"] = float(o.lr)
         indptr, indices = p.induced()
         deg = indptr[1:] - indptr[:-1]
         self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
