@@ -376,15 +376,15 @@ def test_schedule_and_options():
         RetexoOptions(rounds_per_layer=[5, 9]).schedule(3, 100)
 
 
-def test_layer_norm_follows_model_norm(graph):
-    """Default: LayerNorm exactly when model.norm = 'layer' (the model the other strategies
-    train); options.layer_norm true/false overrides it."""
+def test_layer_norm_default_and_override(graph):
+    """Default: LayerNorm (the paper's); options.layer_norm None follows model.norm, true/false
+    override it."""
     part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
-    for norm, opt, want in [("none", None, False), ("layer", None, True), ("none", True, True),
-                            ("layer", False, False)]:
+    for norm, opt, want in [("none", "default", True), ("none", None, False),
+                            ("layer", None, True), ("none", True, True), ("layer", False, False)]:
         ctx = _ctx(Communicator(0, 1), part)
         ctx.model_cfg.norm = norm
-        s = Retexo(ctx, RetexoOptions(layer_norm=opt))
+        s = Retexo(ctx, RetexoOptions() if opt == "default" else RetexoOptions(layer_norm=opt))
         s.setup()
         assert s.run_report()["layer_norm"] is want
         assert isinstance(s.layers[0].norm, torch.nn.LayerNorm) is want, (norm, opt)
