@@ -132,22 +132,24 @@ class LowRankReducer:
             check(tail_sum)
 
         # orthonormalise each summed P (the same on every rank), then the second all-reduce
-        off, ps, second = 0, [], []
+        off, ps, mine, second = 0, [], [], []
         for nm, m in zip(self.mats, ms):
             if nm is None:
                 ps.append(None)
+                mine.append(None)
                 continue
             p = buf[off:off + nm[0] * self.rank].view(nm[0], self.rank)
             off += nm[0] * self.rank
             p_hat = torch.linalg.qr(p)[0]
             ps.append(p_hat)
-            second.append((m.t() @ p_hat).reshape(-1))
+            mine.append(m.t() @ p_hat)                 # this rank's share of Q', kept for E
+            second.append(mine[-1].reshape(-1))
         exact_off = off
         q_sum = self._all_reduce(comm, torch.cat(second), kind, bits, 0) if second else None
 
         out: list[Tensor] = []
         off_q = 0
-        for i, (nm, m, p_hat) in enumerate(zip(self.mats, ms, ps)):
+        for i, (nm, m, p_hat, q_mine) in enumerate(zip(self.mats, ms, ps, mine)):
             shape = self.shapes[i]
             if nm is None:
                 k = int(math.prod(shape)) if shape else 1
@@ -156,8 +158,7 @@ class LowRankReducer:
                 continue
             q_new = q_sum[off_q:off_q + nm[1] * self.rank].view(nm[1], self.rank)
             off_q += nm[1] * self.rank
-            mine = m.t() @ p_hat                       # this rank's share of q_new
-            self.err[i] = m - p_hat @ mine.t()
+            self.err[i] = m - p_hat @ q_mine.t()
             self.q[i] = q_new.clone()
             out.append((p_hat @ q_new.t()).reshape(shape))
         return out, tail_sum.clone()

@@ -88,8 +88,10 @@ class WorkerContext:
                         out_dim or self.part.num_classes, self.seed)
         return m.to(self.device)
 
-    def optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.Adam(params, lr=self.train_cfg.lr,
+    def optimizer(self, params: Iterable[nn.Parameter],
+                  lr: Optional[float] = None) -> torch.optim.Optimizer:
+        """Adam with ``train.lr`` (or ``lr``, a strategy's own step size) and weight decay."""
+        return torch.optim.Adam(params, lr=self.train_cfg.lr if lr is None else float(lr),
                                 weight_decay=self.train_cfg.weight_decay)
 
 

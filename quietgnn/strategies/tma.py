@@ -212,10 +212,8 @@ class TMA(Strategy):
         ctx, p, o = self.ctx, self.ctx.part, self.options
         self._check_variant()
         self.model = ctx.build_model()
-        self.opt = ctx.optimizer(self.model.parameters())
-        if o.lr > 0:                    # the paper's local step size, not train.lr's
-            for g in self.opt.param_groups:
-                g["lr"] = float(o.lr)
+        # the paper's local step size (options.lr), not train.lr's, unless lr = 0
+        self.opt = ctx.optimizer(self.model.parameters(), lr=o.lr or None)
         indptr, indices = p.induced()
         deg = indptr[1:] - indptr[:-1]
         self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
