@@ -16,8 +16,9 @@ What it measures, per dataset / P / architecture / seed:
   in ``full`` mode, where one local step is one pass over the trainer's data, so one
   epoch-equivalent (every trainer one pass = the whole training set once) is one step: bytes
   per average / ``period_epochs``; ``halo`` (METIS): one epoch, measured on the same process
-  group. The period is tma's default (``period_epochs``, 20) unless ``--period`` says
-  otherwise, and the table says which;
+  group (``--mode minibatch``: tma's default mode, a pass is several sampled batches, the
+  period still counts passes). The period is tma's default (``period_epochs``) unless
+  ``--period`` says otherwise, and the table says which;
 * **projected time to accuracy** on the LAN and WAN tiers of :mod:`quietgnn.comm.network`:
   every round costs ``hops * latency + slowest rank's max(sent, recv) / bandwidth``, plus the
   slowest rank's measured compute (thread CPU seconds); target = 98% of centralized's test
@@ -69,7 +70,7 @@ def _phase_sum(recs, key):
 
 
 def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period,
-           avg_bits=32, tma_lr=0.0):
+           avg_bits=32, tma_lr=0.0, mode="full"):
     """On every rank: each tma job (variant, arch, seed) for ``epochs`` averages of ``period``
     epoch-equivalents, then ``halo`` for 3 epochs per arch. Returns per-average traffic /
     compute / accuracy."""
@@ -88,7 +89,7 @@ def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period
                             part=parts_cache[(variant, seed)],
                             model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
                             train_cfg=TrainConfig(epochs=epochs, lr=0.01, seed=seed))
-        s = TMA(ctx, TMAOptions(mode="full", period_epochs=period, eval_graph="gather",
+        s = TMA(ctx, TMAOptions(mode=mode, period_epochs=period, eval_graph="gather",
                                 avg_bits=avg_bits, lr=tma_lr))
         with comm.phase("setup"):
             s.setup()
@@ -257,6 +258,9 @@ def main(argv=None) -> int:
                     help="tma's local Adam lr (options.lr; default: tma's default, the "
                          "paper's 1e-3; 0 = train.lr 0.01). centralized runs at 0.01 and, "
                          "when this differs, at this lr too")
+    ap.add_argument("--mode", default="full", choices=("full", "minibatch"),
+                    help="tma's local steps: 'full' (one step = one pass; the matrix's "
+                         "setting) or 'minibatch' (tma's default: neighbour-sampled batches)")
     ap.add_argument("--failure-datasets", default="cora,synthetic")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--append", action="store_true",
@@ -305,7 +309,7 @@ def main(argv=None) -> int:
             halo_parts = partition_nodes(graph, "metis", P, seed=0)
             res = spawn_function(_group, P, args=(graph, assignments, jobs, halo_parts,
                                                   archs, args.averages, period,
-                                                  args.avg_bits, args.lr),
+                                                  args.avg_bits, args.lr, args.mode),
                                  timeout_s=20000, comm_timeout_s=1200)
             for a in archs:
                 halo_by_rank = [r["halo"][archs.index(a)] for r in res]
@@ -318,7 +322,7 @@ def main(argv=None) -> int:
                     row = {"dataset": ds, "P": P, "arch": a, "seed": s, "centralized": c_acc,
                            "central_epochs": args.central_epochs, "period": period,
                            "averages": args.averages, "avg_bits": args.avg_bits,
-                           "partition_seed": s,
+                           "partition_seed": s, "mode": args.mode,
                            "tma_lr": args.lr or 0.01,
                            "centralized_tma_lr": best_test(central_lr[(a, s)])
                            if central_lr else None,
@@ -405,10 +409,14 @@ def render(data) -> str:
              "Commands (in order; later ones append rows):", "",
              *[f"    {c}" for c in data.get("commands", [data["command"]])], "",
              "Full-graph local steps (one step = one pass over the trainer's share = one "
-             "epoch-equivalent); `period` = epoch-equivalents per average (tma's default is "
+             "epoch-equivalent), except where the period says `(minibatch)` (`--mode "
+             "minibatch`, tma's default mode: neighbour-sampled batches of 512 seeds, so a pass "
+             "is ceil(local training nodes / 512) steps; bytes still per pass); `period` = "
+             "epoch-equivalents per average (tma's default is "
              f"{_default_period()}), `avgs` = averages. GCN/SAGE, 2 layers, hidden 64, "
              "dropout 0.5, Adam, wd 5e-4, clip 1.0; centralized: the same model "
-             "trained full-graph for the stated epochs. Accuracy = test accuracy at the best validation point (tma: after "
+             "trained full-graph for the stated epochs. Accuracy = test accuracy at the best "
+             "validation point (tma: after "
              "each average; centralized: every epoch). Bytes: sent, summed over ranks, training "
              "phase only; halo on METIS (its bytes/epoch include its own gradient all-reduce).",
              *_bits_note(rows),
@@ -418,7 +426,9 @@ def render(data) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list] = {}
     for r in rows:
-        groups.setdefault((r["dataset"], r["P"], r["arch"], r.get("period"), r.get("averages")),
+        per = r.get("period") if r.get("mode", "full") == "full" else \
+            f"{r.get('period')} (minibatch)"
+        groups.setdefault((r["dataset"], r["P"], r["arch"], per, r.get("averages")),
                           []).append(r)
     for (ds, P, arch, per, avgs), rs in groups.items():
         acc = {lab: _mean([r[lab]["test_acc"] for r in rs]) for _, lab in VARIANTS}
