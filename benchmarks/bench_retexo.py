@@ -393,7 +393,7 @@ def main(argv=None) -> int:
                 if not (r["label"] in cfg.redo and r["dataset"] in cfg.datasets)}
     commands = saved.get("commands", [])
     cmd = "python benchmarks/bench_retexo.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if not cfg.tables_only:
+    if not cfg.tables_only and commands[-1:] != [cmd]:   # a resumed run is one invocation
         commands.append(cmd)
 
     def save(runs):
