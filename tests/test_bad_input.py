@@ -21,8 +21,6 @@ from quietgnn.cli import main
 from quietgnn.graph import Graph
 from quietgnn.partition import make_book
 
-from helpers import small_graph
-
 TINY = ["train", "--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
         "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "16", "--epochs", "2",
         "--runtime.progress", "false"]
@@ -77,8 +75,11 @@ def test_bad_recipe_file(capsys, tmp_path):
 # ---------------------------------------------------------------------- partition books
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):
+    # the graph TINY asks for: a book of another graph is refused before any worker starts
+    from quietgnn.datasets import load_dataset
     path = tmp_path_factory.mktemp("book") / "b"
-    make_book(path, small_graph(n=120, seed=3), "metis", 2)
+    make_book(path, load_dataset("synthetic", synthetic={"nodes": 300, "feature_dim": 8}),
+              "metis", 2)
     return path
 
 

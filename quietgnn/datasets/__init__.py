@@ -26,7 +26,8 @@ from typing import Any
 from ..graph import Graph
 from .synthetic import SyntheticSpec, make_synthetic
 
-__all__ = ["load_dataset", "available_datasets", "SyntheticSpec", "make_synthetic"]
+__all__ = ["load_dataset", "available_datasets", "SyntheticSpec", "make_synthetic",
+           "dataset_identity", "dataset_files"]
 
 # root examples for the "needs --root" error (the layout of ../shared/data in this project)
 _ROOT_EXAMPLES = {"Planetoid": "../shared/data/planetoid", "Amazon": "../shared/data/amazon",
@@ -110,9 +111,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
 
     from .files import EDGE_LIST_SUFFIXES, load_edge_list, load_npz
     if key.endswith(".npz") or key.endswith(EDGE_LIST_SUFFIXES):
-        path = Path(raw_name).expanduser()
-        if not path.is_absolute() and not path.exists() and root is not None:
-            path = Path(root).expanduser() / path
+        path = _file_path(raw_name, root)
         if key.endswith(".npz"):
             return load_npz(path, split_seed=split_seed)
         return load_edge_list(path, split_seed=split_seed)
@@ -122,3 +121,97 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
         hint = (f" (as a file path: supported endings are .npz and "
                 f"{', '.join(EDGE_LIST_SUFFIXES)})")
     raise ValueError(f"unknown dataset {raw_name!r}{hint}; expected one of: {_valid_names()}")
+
+
+def _file_path(raw_name: str, root: str | os.PathLike | None) -> Path:
+    """Where a file dataset's path points (relative paths are tried against ``root`` too)."""
+    path = Path(raw_name).expanduser()
+    if not path.is_absolute() and not path.exists() and root is not None:
+        path = Path(root).expanduser() / path
+    return path
+
+
+def _is_file_dataset(key: str) -> bool:
+    from .files import EDGE_LIST_SUFFIXES
+    return key.endswith(".npz") or key.endswith(EDGE_LIST_SUFFIXES)
+
+
+def dataset_identity(name: str | os.PathLike, root: str | os.PathLike | None = None, *,
+                     synthetic: SyntheticSpec | dict[str, Any] | None = None,
+                     split_seed: int = 0) -> dict[str, Any]:
+    """What is known of the graph ``load_dataset`` would return, *without loading it*: its
+    ``name`` always; for ``synthetic`` also ``num_nodes``, ``num_features``, ``num_classes``,
+    the spec (``synthetic``) and ``split_seed``; for datasets with a random split
+    ``split_seed``. Partition books record the same keys (``book.json`` ``graph``), so a book
+    can be checked against a requested dataset cheaply (under torchrun, every rank does).
+    Unknown names give ``{}`` (``load_dataset`` names the problem)."""
+    raw_name = os.fspath(name)
+    key = raw_name.strip().lower()
+    if key == "synthetic":
+        import dataclasses
+        spec = _spec(synthetic)
+        return {"name": "synthetic", "num_nodes": spec.nodes, "num_features": spec.feature_dim,
+                "num_classes": spec.classes, "synthetic": dataclasses.asdict(spec),
+                "split_seed": split_seed}
+    from .pyg import PYG_DATASETS
+    if key in PYG_DATASETS:
+        spec_ = PYG_DATASETS[key]
+        out: dict[str, Any] = {"name": spec_.folder.lower()}
+        if spec_.split == "random":
+            out["split_seed"] = split_seed
+        return out
+    if key.startswith("ogbn-"):
+        try:
+            from .ogb import ogb_node_datasets
+            return {"name": {k.lower(): k for k in ogb_node_datasets()}.get(key, raw_name)}
+        except ValueError:      # ogb not installed: loading will say so
+            return {}
+    if _is_file_dataset(key):
+        return {"name": Path(raw_name).stem}   # files.py names the graph after the file
+    return {}
+
+
+def dataset_files(name: str | os.PathLike, root: str | os.PathLike | None = None) -> list[Path]:
+    """The files ``load_dataset(name, root)`` reads, those that exist (for cache keys that
+    must change when a file's content does): a ``.npz``; an edge list with its
+    ``<stem>.labels`` / ``<stem>.features`` companions; a PyG dataset's raw files under
+    ``root``; an OGB dataset's raw and split files. ``synthetic`` (and names not found)
+    read none: ``[]``."""
+    raw_name = os.fspath(name)
+    key = raw_name.strip().lower()
+    if key == "synthetic":
+        return []
+    from .pyg import PYG_DATASETS, find_raw_dir
+    if key in PYG_DATASETS:
+        if root is None:
+            return []
+        spec = PYG_DATASETS[key]
+        raw = find_raw_dir(spec, Path(root).expanduser().resolve())
+        return [raw / f for f in spec.raw_files] if raw is not None else []
+    if key.startswith("ogbn-"):
+        if root is None:
+            return []
+        try:
+            from .ogb import _expected_files, ogb_node_datasets
+            table = ogb_node_datasets()
+        except ValueError:
+            return []
+        canonical = {k.lower(): k for k in table}.get(key)
+        if canonical is None:
+            return []
+        base = Path(root).expanduser().resolve()
+        dir_name = canonical.replace("-", "_")
+        ds_dir = base if base.name == dir_name else base / dir_name
+        return [ds_dir / f for f in _expected_files(table[canonical]) if (ds_dir / f).is_file()]
+    if _is_file_dataset(key):
+        path = _file_path(raw_name, root)
+        files = [path] if path.is_file() else []
+        if not key.endswith(".npz"):
+            stem = path.with_suffix("")
+            for what in ("labels", "features"):
+                for suffix in (".npy", ".txt"):
+                    p = stem.with_name(f"{stem.name}.{what}{suffix}")
+                    if p.is_file():
+                        files.append(p)
+        return files
+    return []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -81,9 +82,7 @@ class PartitionBook:
                 "format": BOOK_FORMAT, "version": BOOK_VERSION, "book_id": book_id,
                 "num_parts": num_parts, "method": method, "seed": seed,
                 "options": options or {},
-                "graph": {"name": graph.name, "num_nodes": graph.num_nodes,
-                          "num_edges": graph.num_edges, "num_features": graph.num_features,
-                          "num_classes": graph.num_classes, "fingerprint": fingerprint},
+                "graph": _graph_identity(graph, fingerprint),
                 "stats": partition_stats(graph, parts), "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
@@ -121,6 +120,7 @@ class PartitionBook:
             if key not in meta:
                 raise ValueError(f"partition book {str(meta_path)!r} lacks field {key!r}; "
                                  f"re-create it with `quietgnn partition`")
+        _check_manifest(meta_path, meta)
         return PartitionBook(path=path, num_parts=int(meta["num_parts"]), method=meta["method"],
                              seed=int(meta["seed"]), graph=meta["graph"], stats=meta["stats"],
                              files=meta["files"], book_id=meta["book_id"])
@@ -165,6 +165,59 @@ class PartitionBook:
             raise ValueError(f"partition file {str(f)!r} holds {type(d).__name__}, expected a "
                              f"dict of tensors; re-run `quietgnn partition`")
         return LocalPartition.from_dict(d)
+
+
+def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
+    """``book.json``'s ``graph`` entry: what a run checks its requested dataset against
+    (the keys of :func:`quietgnn.datasets.dataset_identity`, plus sizes and fingerprint)."""
+    ident: dict[str, Any] = {"name": graph.name, "num_nodes": graph.num_nodes,
+                             "num_edges": graph.num_edges, "num_features": graph.num_features,
+                             "num_classes": graph.num_classes, "fingerprint": fingerprint}
+    if graph.meta.get("split") == "random" and "split_seed" in graph.meta:
+        ident["split_seed"] = graph.meta["split_seed"]      # the masks in the parts depend on it
+    if isinstance(graph.meta.get("synthetic"), dict):
+        ident["synthetic"] = graph.meta["synthetic"]        # the name alone does not say which
+    return ident
+
+
+def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
+    """``num_parts`` against what the rest of ``book.json`` describes: the part files it lists
+    (exactly ``part-0.pt`` .. ``part-<P-1>.pt``) and the per-part statistics. An edited or
+    mixed-up manifest is named here instead of failing inside a collective with P ranks."""
+    fix = ("book.json was edited or mixed up with another book's: restore it, or re-create "
+           "the book with `quietgnn partition`")
+    n = meta["num_parts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"partition book {str(meta_path)!r} has num_parts = {n!r}, expected an "
+                         f"int >= 1; {fix}")
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise ValueError(f"partition book {str(meta_path)!r}: 'files' is "
+                         f"{type(files).__name__}, expected a mapping of file names; {fix}")
+    listed = sorted(int(m.group(1)) for m in (re.fullmatch(r"part-(\d+)\.pt", f) for f in files)
+                    if m)
+    if listed != list(range(n)):
+        shown = ", ".join(f"part-{k}.pt" for k in listed[:6]) + (", ..." if len(listed) > 6 else "")
+        raise ValueError(f"partition book {str(meta_path)!r} says num_parts = {n} but lists "
+                         f"{len(listed)} part file(s) ({shown or 'none'}), expected part-0.pt .. "
+                         f"part-{n - 1}.pt; {fix}")
+    stats = meta["stats"]
+    if isinstance(stats, dict):
+        if "num_parts" in stats and stats["num_parts"] != n:
+            raise ValueError(f"partition book {str(meta_path)!r} says num_parts = {n} but its "
+                             f"stats describe {stats['num_parts']!r} parts; {fix}")
+        for key in ("nodes", "edges", "halo"):
+            if isinstance(stats.get(key), list) and len(stats[key]) != n:
+                raise ValueError(f"partition book {str(meta_path)!r} says num_parts = {n} but "
+                                 f"stats.{key} has {len(stats[key])} entries; {fix}")
+        graph = meta["graph"]
+        nodes = stats.get("nodes")
+        if isinstance(graph, dict) and isinstance(graph.get("num_nodes"), int) and \
+                isinstance(nodes, list) and all(isinstance(x, int) for x in nodes) and \
+                sum(nodes) != graph["num_nodes"]:
+            raise ValueError(f"partition book {str(meta_path)!r}: its parts hold {sum(nodes)} "
+                             f"nodes (stats.nodes) but graph.num_nodes = {graph['num_nodes']}; "
+                             f"{fix}")
 
 
 def make_book(path: str | Path, graph: Graph, method: str, num_parts: int, seed: int = 0,

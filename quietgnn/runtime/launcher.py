@@ -32,7 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book"]
+__all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book",
+           "check_book_dataset"]
 
 
 class LaunchError(RuntimeError):
@@ -82,16 +83,22 @@ def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
                              f"but the run asks for {cfg.num_parts}; pass --parts "
                              f"{book.num_parts} or re-partition")
         _check_book_files(book)
+        check_book_dataset(book, cfg, load=True)
         return Path(cfg.partition.book)
+    from ..datasets import dataset_files
     key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
                "parts": cfg.num_parts, "seed": cfg.partition.seed,
                "clusters": cfg.partition.clusters, "file": cfg.partition.file,
                "root": str(Path(cfg.dataset.root).resolve()) if cfg.dataset.root else None}
     if cfg.dataset.name == "synthetic":
         key_src["synthetic"] = asdict(cfg.synthetic)
+    # The content of every file the graph and the assignment are read from: a file replaced
+    # in place (same path, even the same size and mtime) gets a new book, not the old one.
+    key_src["content"] = [[str(f), _content_sha256(f)]
+                          for f in dataset_files(cfg.dataset.name, cfg.dataset.root)]
     if cfg.partition.file:
-        st = Path(cfg.partition.file).stat() if Path(cfg.partition.file).exists() else None
-        key_src["file_stat"] = [st.st_size, st.st_mtime_ns] if st else None
+        f = Path(cfg.partition.file)
+        key_src["file_sha256"] = _content_sha256(f) if f.is_file() else None
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:12]
     path = cache_dir() / "books" / f"{Path(cfg.dataset.name).name}-{cfg.partition_method}-" \
                                    f"p{cfg.num_parts}-{key}"
@@ -111,6 +118,98 @@ def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
         f"{cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path} (peak memory "
         f"{_peak_rss_mb():.0f} MiB, {_rss_mb():.0f} MiB after)")
     return path
+
+
+def _content_sha256(path: Path) -> str:
+    """sha256 of ``path``'s bytes (streamed), remembered in ``<cache>/file-hashes.json`` per
+    (resolved path, size, mtime_ns, ctime_ns, inode): a run whose cached book is reused then
+    costs one ``stat`` per dataset file instead of re-reading gigabytes. ctime is part of the
+    key because mtime is not evidence: a file rewritten in place and given its old mtime back
+    (``touch -r``, ``os.utime``, ``cp -p``, ``rsync -t``) keeps size, mtime and inode, but every
+    write or utime sets ctime to now, and ctime cannot be set back from user space."""
+    from ..partition.book import _sha256
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    table_path = cache_dir() / "file-hashes.json"
+    try:
+        table = json.loads(table_path.read_text())
+        if not isinstance(table, dict):
+            table = {}
+    except (OSError, ValueError):
+        table = {}
+    entry = table.get(str(path))
+    if isinstance(entry, dict) and entry.get("stat") == stamp and \
+            isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    digest = _sha256(path)
+    table[str(path)] = {"stat": stamp, "sha256": digest}
+    try:   # best effort, atomic (a concurrent run's entry may be lost: it is re-hashed later)
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = table_path.with_name(f".{table_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, table_path)
+    except OSError:
+        pass
+    return digest
+
+
+def check_book_dataset(book: Any, cfg: Any, load: bool) -> None:
+    """Refuse a partition book made from another graph than the one ``cfg`` asks for (a Cora
+    book run as ``--dataset citeseer`` would train on Cora and label the run CiteSeer).
+
+    First what is known without loading (:func:`quietgnn.datasets.dataset_identity`: the
+    name; for synthetic also its sizes, spec and split seed); then, with ``load``, the loaded
+    graph's sizes and fingerprint (catches an edited file or another split). The launcher
+    checks with ``load=True`` before any worker starts; under torchrun each rank checks
+    without loading (the point of a book there is not to load the graph)."""
+    from ..datasets import dataset_identity
+    have = book.graph if isinstance(book.graph, dict) else {}
+    want = dataset_identity(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                            split_seed=cfg.dataset.split_seed)
+    diffs = _identity_diffs(have, want)
+    if not diffs and load:
+        from ..datasets import load_dataset
+        graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                             split_seed=cfg.dataset.split_seed)
+        want = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                "num_features": graph.num_features, "num_classes": graph.num_classes}
+        diffs = _identity_diffs(have, want)
+        if not diffs and "fingerprint" in have:
+            fp = graph.fingerprint()
+            if fp != have["fingerprint"]:
+                diffs = [f"fingerprint: book {have['fingerprint']}, dataset {fp} (same name and "
+                         f"sizes, other edges, labels or split: an edited file or another "
+                         f"split_seed)"]
+        del graph
+        release_free_memory()
+    if diffs:
+        desc = f"{have.get('name')!r}"
+        if "num_nodes" in have and "num_edges" in have:
+            desc += f" ({have['num_nodes']} nodes, {have['num_edges']} edges)"
+        raise ValueError(
+            f"partition book {str(book.path)!r} was made from graph {desc}, but this run asks "
+            f"for dataset {cfg.dataset.name!r}: {'; '.join(diffs)}. Pass the dataset the book "
+            f"was made from ({have.get('name')!r}, with the options it was partitioned with), "
+            f"or partition "
+            f"{cfg.dataset.name!r} for this run (`quietgnn partition ... --out DIR`, or leave "
+            f"out --book and the launcher partitions it)")
+
+
+def _identity_diffs(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """'key: book X, dataset Y' for every key known on both sides that differs."""
+    diffs = []
+    for k, w in want.items():
+        if k not in have:
+            continue
+        h = have[k]
+        if isinstance(h, dict) and isinstance(w, dict):
+            sub = [f"{k}.{kk}: book {h[kk]!r}, dataset {w[kk]!r}" for kk in sorted(set(h) & set(w))
+                   if h[kk] != w[kk]]
+            diffs += sub
+        elif h != w:
+            diffs.append(f"{k}: book {h!r}, dataset {w!r}")
+    return diffs
 
 
 def _build_book(cfg: Any, path: Path) -> tuple[str, int, int]:

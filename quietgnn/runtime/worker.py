@@ -44,7 +44,13 @@ def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
     from ..partition import PartitionBook, build_partitions, partition_nodes
     book = os.environ.get("QUIETGNN_BOOK") or cfg.partition.book
     if book:
-        return PartitionBook.open(book).load_part(rank, world)
+        opened = PartitionBook.open(book)
+        if not os.environ.get("QUIETGNN_BOOK"):
+            # torchrun (no launcher, whose prepare_book checked the book against the dataset
+            # before setting QUIETGNN_BOOK): check what is known without loading the graph
+            from .launcher import check_book_dataset
+            check_book_dataset(opened, cfg, load=False)
+        return opened.load_part(rank, world)
     from ..datasets import load_dataset
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed)
