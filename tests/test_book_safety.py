@@ -1,0 +1,284 @@
+"""A partition book is only used for the graph it was made from (issue #19, items 5, 6, 8).
+
+* a book of another graph (Cora book, ``--dataset citeseer``; another synthetic spec or split;
+  a file edited since) is refused before any worker starts, and under torchrun by each rank;
+* the launcher's book cache is keyed on the content of the dataset's files and of
+  ``partition.file``: a file replaced in place (same size, same mtime) gets a new book;
+* a ``book.json`` whose ``num_parts`` disagrees with the part files it lists is named at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from quietgnn.cli import main
+from quietgnn.config import load_config
+from quietgnn.datasets import load_dataset
+from quietgnn.partition import PartitionBook, make_book
+from quietgnn.runtime.launcher import prepare_book
+
+from helpers import SHARED_DATA
+
+PLANETOID = SHARED_DATA / "planetoid"
+needs_planetoid = pytest.mark.skipif(
+    not ((PLANETOID / "Cora").is_dir() and (PLANETOID / "CiteSeer").is_dir()),
+    reason=f"{PLANETOID} not found: the Cora/CiteSeer book tests need the shared datasets")
+
+SYN = {"nodes": 300, "feature_dim": 8}
+TINY = ["train", "--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
+        "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "16", "--epochs", "2",
+        "--runtime.progress", "false"]
+
+
+def _cfg(**sections):
+    sections.setdefault("partition", {})
+    sections["partition"].setdefault("parts", 2)
+    return load_config(None, sections)
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+def _no_worker_started(out_dir):
+    return not list(out_dir.glob("*/logs/rank-*")) and not list(out_dir.glob("*/metrics/*"))
+
+
+@pytest.fixture(scope="module")
+def syn_book(tmp_path_factory):
+    path = tmp_path_factory.mktemp("syn") / "book"
+    make_book(path, load_dataset("synthetic", synthetic=SYN), "metis", 2)
+    return path
+
+
+# ---------------------------------------------------------------------- 5: book vs dataset
+@needs_planetoid
+def test_cora_book_with_citeseer_is_refused_before_any_worker(capsys, tmp_path):
+    book = tmp_path / "cora-p2"
+    make_book(book, load_dataset("cora", PLANETOID), "metis", 2)
+    out = tmp_path / "runs"
+    rc, err = _run(capsys, ["train", "--dataset", "citeseer", "--root", str(PLANETOID),
+                            "--parts", "2", "--epochs", "1", "--runtime.progress", "false",
+                            "--book", str(book), "--out", str(out)])
+    assert rc == 2, err
+    line = err.strip().splitlines()[-1]
+    assert str(book) in line and "'cora'" in line and "'citeseer'" in line
+    assert "name: book 'cora', dataset 'citeseer'" in line and "quietgnn partition" in line
+    assert "Traceback" not in err and _no_worker_started(out)
+    # the book's own dataset passes (the check is not a blanket refusal)
+    cfg = _cfg(dataset={"name": "cora", "root": str(PLANETOID)},
+               partition={"parts": 2, "book": str(book)})
+    assert prepare_book(cfg, log=lambda m: None) == book
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--synthetic.seed", "1"], "synthetic.seed: book 0, dataset 1"),
+    (["--synthetic.nodes", "320"], "num_nodes: book 300, dataset 320"),
+    (["--dataset.split_seed", "3"], "split_seed: book 0, dataset 3"),
+])
+def test_book_of_another_synthetic_graph_is_refused(capsys, tmp_path, syn_book, extra, message):
+    # "synthetic" names every spec: the book records the spec and split seed it was made with
+    out = tmp_path / "runs"
+    rc, err = _run(capsys, TINY + extra + ["--book", str(syn_book), "--out", str(out)])
+    assert rc == 2, err
+    assert message in err and str(syn_book) in err and "Traceback" not in err
+    assert _no_worker_started(out)
+
+
+def test_matching_synthetic_book_is_accepted(syn_book):
+    cfg = _cfg(synthetic=SYN, partition={"parts": 2, "book": str(syn_book)})
+    assert prepare_book(cfg, log=lambda m: None) == syn_book
+
+
+def test_fingerprint_catches_what_the_manifest_does_not_say(tmp_path, syn_book):
+    # a book written before books recorded the synthetic spec / split seed: name and sizes
+    # agree, only the loaded graph's fingerprint tells the graphs apart
+    book = tmp_path / "old"
+    shutil.copytree(syn_book, book)
+    meta = json.loads((book / "book.json").read_text())
+    del meta["graph"]["synthetic"], meta["graph"]["split_seed"]
+    (book / "book.json").write_text(json.dumps(meta))
+    ok = _cfg(synthetic=SYN, partition={"parts": 2, "book": str(book)})
+    assert prepare_book(ok, log=lambda m: None) == book
+    other = _cfg(synthetic=dict(SYN, seed=5), partition={"parts": 2, "book": str(book)})
+    with pytest.raises(ValueError, match=r"fingerprint: book [0-9a-f]+, dataset [0-9a-f]+"):
+        prepare_book(other, log=lambda m: None)
+
+
+def test_book_of_an_edited_npz_is_refused(tmp_path):
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    book = tmp_path / "book"
+    make_book(book, load_dataset(str(f)), "random", 2)
+    _write_npz(f, seed=0, label_seed=1)     # same name, edges and sizes; other labels
+    cfg = _cfg(dataset={"name": str(f)}, partition={"parts": 2, "book": str(book)})
+    with pytest.raises(ValueError, match=r"made from graph 'g'.*fingerprint: book"):
+        prepare_book(cfg, log=lambda m: None)
+
+
+def test_torchrun_rank_checks_the_book_without_loading(monkeypatch, syn_book):
+    """Under torchrun there is no launcher: each rank compares the book with the requested
+    dataset from what is known without loading it (name, synthetic spec and sizes)."""
+    from quietgnn.runtime import worker
+    monkeypatch.delenv("QUIETGNN_BOOK", raising=False)
+    import quietgnn.datasets as ds
+
+    def no_load(*a, **k):
+        raise AssertionError("the graph must not be loaded when a book is given")
+    monkeypatch.setattr(ds, "load_dataset", no_load)
+    cfg = _cfg(synthetic=SYN, partition={"parts": 2, "book": str(syn_book)})
+    part = worker.load_local_partition(cfg, 1, 2)
+    assert part.rank == 1
+    bad = _cfg(synthetic=dict(SYN, feature_dim=16), partition={"parts": 2, "book": str(syn_book)})
+    with pytest.raises(ValueError, match=r"num_features: book 8, dataset 16"):
+        worker.load_local_partition(bad, 1, 2)
+    cora = _cfg(dataset={"name": "cora", "root": "/nonexistent"},
+                partition={"parts": 2, "book": str(syn_book)})
+    with pytest.raises(ValueError, match=r"name: book 'synthetic', dataset 'cora'"):
+        worker.load_local_partition(cora, 0, 2)
+
+
+# ---------------------------------------------------------------------- 6: cache key on content
+def _write_npz(path, seed, n=60, e=150, label_seed=None):
+    """A graph of exactly ``n`` nodes and ``e`` listed edges: the same file size for every
+    seed (fixed shapes and dtypes, stored uncompressed). ``label_seed``: other labels only."""
+    rng = np.random.default_rng(seed)
+    ei = rng.integers(0, n, size=(2, e)).astype(np.int64)
+    y = rng.integers(0, 3, size=n).astype(np.int64)
+    if label_seed is not None:
+        y = np.random.default_rng(label_seed).integers(0, 3, size=n).astype(np.int64)
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    import io
+    buf = io.BytesIO()
+    np.savez(buf, edge_index=ei, y=y, x=x)
+    if path.exists():                      # rewrite in place: same inode
+        with open(path, "r+b") as fh:
+            fh.write(buf.getvalue())
+            fh.truncate()
+    else:
+        path.write_bytes(buf.getvalue())
+
+
+def test_npz_replaced_in_place_gets_a_new_book(tmp_path):
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    st = f.stat()
+    cfg = _cfg(dataset={"name": str(f)}, partition={"method": "random", "parts": 2})
+    first = prepare_book(cfg, log=lambda m: None)
+    assert prepare_book(cfg, log=lambda m: None) == first          # unchanged file: reused
+    _write_npz(f, seed=1)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st2 = f.stat()
+    assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    second = prepare_book(cfg, log=lambda m: None)
+    assert second != first
+    new_graph = load_dataset(str(f))
+    b = PartitionBook.open(second)
+    assert b.graph["fingerprint"] == new_graph.fingerprint()        # trains on the new graph
+    assert PartitionBook.open(first).graph["fingerprint"] != new_graph.fingerprint()
+
+
+def test_edge_list_companion_replaced_gets_a_new_book(tmp_path):
+    f = tmp_path / "g.txt"
+    f.write_text("\n".join(f"{i} {(i * 7 + 1) % 40}" for i in range(40)) + "\n")
+    labels = tmp_path / "g.labels.npy"
+    np.save(labels, np.arange(40) % 3)
+    st = labels.stat()
+    cfg = _cfg(dataset={"name": str(f)}, partition={"method": "random", "parts": 2})
+    first = prepare_book(cfg, log=lambda m: None)
+    with open(labels, "r+b") as fh:           # other labels, same size, same mtime
+        data = bytearray(fh.read())
+        fh.seek(0)
+        arr = np.load(labels)
+        import io
+        buf = io.BytesIO()
+        np.save(buf, (arr + 1) % 3)
+        assert len(buf.getvalue()) == len(data)
+        fh.write(buf.getvalue())
+    os.utime(labels, ns=(st.st_atime_ns, st.st_mtime_ns))
+    second = prepare_book(cfg, log=lambda m: None)
+    assert second != first
+    assert PartitionBook.open(second).graph["fingerprint"] == load_dataset(str(f)).fingerprint()
+
+
+def test_partition_file_replaced_in_place_gets_a_new_book(tmp_path):
+    a = tmp_path / "assign.npy"
+    n = SYN["nodes"]
+    np.save(a, np.arange(n) % 2)
+    st = a.stat()
+    cfg = _cfg(synthetic=SYN, partition={"method": "given", "parts": 2, "file": str(a)})
+    first = prepare_book(cfg, log=lambda m: None)
+    buf = __import__("io").BytesIO()
+    np.save(buf, (np.arange(n) // (n // 2)).clip(0, 1))
+    with open(a, "r+b") as fh:
+        fh.write(buf.getvalue())
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+    second = prepare_book(cfg, log=lambda m: None)
+    assert second != first
+    assert np.array_equal(PartitionBook.open(second).assignment(), np.load(a))
+
+
+def test_unchanged_files_are_hashed_once(tmp_path, monkeypatch):
+    import quietgnn.partition.book as book_mod
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    cfg = _cfg(dataset={"name": str(f)}, partition={"method": "random", "parts": 2})
+    first = prepare_book(cfg, log=lambda m: None)
+    calls = []
+    real = book_mod._sha256
+    monkeypatch.setattr(book_mod, "_sha256", lambda p: calls.append(p) or real(p))
+    assert prepare_book(cfg, log=lambda m: None) == first
+    assert calls == []            # the cached book was found from a stat, not a re-read
+
+
+# ---------------------------------------------------------------------- 8: edited manifest
+def _edit_num_parts(src, dst, n):
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "book.json").read_text())
+    meta["num_parts"] = n
+    (dst / "book.json").write_text(json.dumps(meta))
+    return dst
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_edited_num_parts_is_named(capsys, tmp_path, syn_book, n):
+    book = _edit_num_parts(syn_book, tmp_path / "book", n)
+    with pytest.raises(ValueError) as exc:
+        PartitionBook.open(book)
+    msg = str(exc.value)
+    assert str(book / "book.json") in msg and f"says num_parts = {n}" in msg
+    assert "lists 2 part file(s) (part-0.pt, part-1.pt)" in msg and "quietgnn partition" in msg
+    out = tmp_path / "runs"
+    argv = list(TINY)
+    argv[argv.index("--parts") + 1] = str(n)       # even a run asking for the edited count
+    rc, err = _run(capsys, argv + ["--book", str(book), "--out", str(out)])
+    assert rc == 2, err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and str(book / "book.json") in lines[0] and "Traceback" not in err
+    assert _no_worker_started(out)
+
+
+def test_stats_that_disagree_with_num_parts_are_named(tmp_path, syn_book):
+    book = tmp_path / "book"
+    shutil.copytree(syn_book, book)
+    meta = json.loads((book / "book.json").read_text())
+    meta["stats"]["nodes"] = meta["stats"]["nodes"] + [0]
+    (book / "book.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"says num_parts = 2 but stats.nodes has 3 entries"):
+        PartitionBook.open(book)
+
+
+def test_edited_cached_book_is_rebuilt(tmp_path):
+    cfg = _cfg(synthetic=SYN, partition={"method": "random", "parts": 2})
+    path = prepare_book(cfg, log=lambda m: None)
+    meta = json.loads((path / "book.json").read_text())
+    meta["num_parts"] = 4
+    (path / "book.json").write_text(json.dumps(meta))
+    assert prepare_book(cfg, log=lambda m: None) == path
+    assert PartitionBook.open(path).num_parts == 2
