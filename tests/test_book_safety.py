@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -154,7 +155,6 @@ def _write_npz(path, seed, n=60, e=150, label_seed=None):
     if label_seed is not None:
         y = np.random.default_rng(label_seed).integers(0, 3, size=n).astype(np.int64)
     x = rng.standard_normal((n, 4)).astype(np.float32)
-    import io
     buf = io.BytesIO()
     np.savez(buf, edge_index=ei, y=y, x=x)
     if path.exists():                      # rewrite in place: same inode
@@ -192,14 +192,10 @@ def test_edge_list_companion_replaced_gets_a_new_book(tmp_path):
     st = labels.stat()
     cfg = _cfg(dataset={"name": str(f)}, partition={"method": "random", "parts": 2})
     first = prepare_book(cfg, log=lambda m: None)
-    with open(labels, "r+b") as fh:           # other labels, same size, same mtime
-        data = bytearray(fh.read())
-        fh.seek(0)
-        arr = np.load(labels)
-        import io
-        buf = io.BytesIO()
-        np.save(buf, (arr + 1) % 3)
-        assert len(buf.getvalue()) == len(data)
+    buf = io.BytesIO()
+    np.save(buf, (np.load(labels) + 1) % 3)   # other labels, same size ...
+    assert len(buf.getvalue()) == st.st_size
+    with open(labels, "r+b") as fh:           # ... written in place, then the old mtime back
         fh.write(buf.getvalue())
     os.utime(labels, ns=(st.st_atime_ns, st.st_mtime_ns))
     second = prepare_book(cfg, log=lambda m: None)
@@ -214,7 +210,7 @@ def test_partition_file_replaced_in_place_gets_a_new_book(tmp_path):
     st = a.stat()
     cfg = _cfg(synthetic=SYN, partition={"method": "given", "parts": 2, "file": str(a)})
     first = prepare_book(cfg, log=lambda m: None)
-    buf = __import__("io").BytesIO()
+    buf = io.BytesIO()
     np.save(buf, (np.arange(n) // (n // 2)).clip(0, 1))
     with open(a, "r+b") as fh:
         fh.write(buf.getvalue())
