@@ -100,7 +100,9 @@ class RunSpec:
                "--dataset", self.dataset, "--parts", str(self.parts), "--model", self.model,
                "--seed", str(self.seed), "--threads", "1",
                "--out", str(run_dir.parent), "--run-name", run_dir.name,
-               "--summary-json", str(summary), "--runtime.progress", "false"]
+               "--summary-json", str(summary), "--runtime.progress", "false",
+               # a cell is rerun only when it has no result: replace its half-written run
+               "--runtime.overwrite", "true"]
         if self.root:
             cmd += ["--root", str(self.root)]
         for k, v in self.overrides.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -79,20 +80,26 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
+    if s.get("attempts", 1) > 1:
+        print(f"  attempts        {s['attempts']} ({s['wall_seconds_total']:.1f} s since the "
+              f"first started; the time above is the last attempt's)")
     print(f"  run directory   {s['run_dir']}")
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .runtime.launcher import launch, prepare_book
+    from .runtime.rundir import check_writable_dir, check_writable_file, claim_run_dir
     cfg = _config(args, rest)
     name = cfg.runtime.run_name
+    # Every output is proven writable before the run, not found unwritable after it.
+    check_writable_dir(cfg.runtime.out_dir, "--out")
+    if cfg.runtime.summary_json:
+        check_writable_file(cfg.runtime.summary_json, "--summary-json")
     if _under_torchrun():
-        from .runtime.worker import run_worker
         rid = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
         run_dir = Path(cfg.runtime.out_dir) / (name or f"{rid}-{cfg.strategy}-"
                                                        f"{Path(cfg.dataset.name).name}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        summary = run_worker(cfg, run_dir)
+        summary = _torchrun_worker(cfg, run_dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         suffix = f"-{cfg.strategy}-{Path(cfg.dataset.name).name}-p{cfg.num_parts}"
@@ -102,6 +109,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
         elif not name:
             run_dir = _claim_dir(run_dir)
+        claim_run_dir(cfg, run_dir)
         book = prepare_book(cfg, log)
         summary = launch(cfg, run_dir, book)
     if summary is not None:
@@ -111,6 +119,25 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def _torchrun_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
+    """One rank under torchrun: the same checks as the launcher's, then the worker, with its
+    stderr copied to ``logs/rank-<k>.log`` and a failure to ``logs/rank-<k>.error``."""
+    from .runtime.rundir import claim_run_dir, tee_stderr
+    from .runtime.worker import _report_failure, run_worker, watch_parent, worker_env
+    rank = worker_env()[0]
+    watch_parent(rank)
+    # Before Communicator.init: no rank can have written results yet (they all wait there),
+    # so every rank sees the directory as the previous invocation left it.
+    claim_run_dir(cfg, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tee_stderr(run_dir, rank)
+    try:
+        return run_worker(cfg, run_dir, write_config=True)
+    except Exception:
+        _report_failure(run_dir, rank)
+        raise
 
 
 def _claim_dir(run_dir: Path) -> Path:
@@ -185,6 +212,14 @@ def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the launcher waits so that it stops its workers on the way out."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def _extra_commands() -> dict[str, Any]:
     """Commands contributed by optional modules (bench, report) when present."""
     out = {}
@@ -223,14 +258,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             "strategies": cmd_strategies}
     if args.cmd is None:
         args, rest = ap.parse_known_args(["train"] + argv)
+    if not _under_torchrun():
+        # What batch schedulers send: stop every worker as Ctrl-C does (torchrun's workers
+        # keep torch's own handling: the agent stops them with SIGTERM).
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return cmds[args.cmd](args, rest)
     except (ValueError, TypeError) as exc:
         print(f"quietgnn: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("quietgnn: terminated (SIGTERM); all workers stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("quietgnn: interrupted; all workers stopped", file=sys.stderr)
         return 130
+    except OSError as exc:   # a file the launcher writes (disk full, read-only): one line
+        print(f"quietgnn: error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # LaunchError, CommError: already say which rank and why
         from .runtime.launcher import LaunchError
         if isinstance(exc, LaunchError):

@@ -76,6 +76,7 @@ class RuntimeConfig:
     checkpoint_every: int = 0         # epochs between checkpoints (0: off)
     keep_checkpoints: int = 2
     resume: bool = False
+    overwrite: bool = False           # replace the results of an earlier run of this name
     deterministic: bool = False
 
     def __post_init__(self) -> None:
@@ -93,6 +94,11 @@ class RuntimeConfig:
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
             raise ValueError(f"runtime.keep_checkpoints = {self.keep_checkpoints!r}; expected an "
                              f"int >= 2 (a torn newest checkpoint must leave an older one)")
+        if self.run_name is not None and (not str(self.run_name).strip() or
+                                          Path(str(self.run_name)).name != str(self.run_name)
+                                          or str(self.run_name) in (".", "..")):
+            raise ValueError(f"runtime.run_name = {self.run_name!r}; expected a plain directory "
+                             f"name (no '/'), e.g. cora-halo-1; use --out for the parent directory")
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -161,7 +167,7 @@ SHORTCUTS = {"dataset": "dataset.name", "root": "dataset.root", "parts": "partit
              "hidden": "model.hidden", "layers": "model.layers", "threads": "runtime.threads",
              "timeout": "runtime.timeout_s", "out": "runtime.out_dir",
              "summary-json": "runtime.summary_json", "resume": "runtime.resume",
-             "run-name": "runtime.run_name"}
+             "run-name": "runtime.run_name", "overwrite": "runtime.overwrite"}
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:

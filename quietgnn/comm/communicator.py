@@ -138,6 +138,20 @@ def _split_rows(flat: Tensor, counts: Sequence[int], row_shape: tuple[int, ...])
     return list(torch.split(rows, list(counts), dim=0))
 
 
+def _generation(store: Any, world_size: int) -> int:
+    """Which start of the worker group this process belongs to, the same on every rank.
+
+    Not ``TORCHELASTIC_RESTART_COUNT``: with several agents (hosts) only the agent whose worker
+    failed counts a restart; the others restart their workers for the new rendezvous round
+    with their count unchanged, so the ranks of one round would disagree and half of them
+    would read the dead round's keys. Every worker of every round adds 1 to one counter in
+    the agents' shared store before anything else, so round ``g`` holds the values
+    ``g*W+1 .. (g+1)*W``. (A worker stopped before it reaches this line would shift the
+    count; the group then fails its rendezvous within the timeout instead of hanging.)"""
+    n = int(store.add("quietgnn/worker-starts", 1))
+    return (n - 1) // max(1, world_size)
+
+
 class Communicator:
     """Counted, time-limited collectives for one rank (see the module docstring)."""
 
@@ -171,7 +185,8 @@ class Communicator:
                 base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                      world_size, is_master=not agent and rank == 0,
                                      timeout=timeout, multi_tenant=not agent)
-                store = dist.PrefixStore(f"quietgnn/attempt-{attempt}", base)
+                store = dist.PrefixStore(f"quietgnn/generation-{_generation(base, world_size)}",
+                                         base)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
             else:

@@ -79,8 +79,9 @@ def _as_dict(cfg: Any) -> dict[str, Any]:
 def run_identity(cfg: Any) -> dict[str, Any]:
     """The config fields a checkpoint is only valid for, flattened to ``section.key``.
 
-    Left out on purpose: ``train.*`` (more epochs or a new learning rate are legitimate on a
-    resume), paths (``dataset.root``, ``partition.book`` / ``file``: data may move; the
+    ``train.*`` is in (a resume with another learning rate, seed or evaluation period would
+    report a curve no single setting produced), except ``train.epochs``: training a run further
+    is what a resume is for. Left out on purpose: paths (``dataset.root``, ``partition.book`` / ``file``: data may move; the
     partition-book identity checks the assignment itself) and ``runtime.*``."""
     d = _as_dict(cfg)
     parts = getattr(cfg, "num_parts", None)
@@ -108,6 +109,9 @@ def run_identity(cfg: Any) -> dict[str, Any]:
             ident[f"synthetic.{k}"] = v
     for k, v in sorted((d.get("model") or {}).items()):
         ident[f"model.{k}"] = v
+    for k, v in sorted((d.get("train") or {}).items()):
+        if k != "epochs":
+            ident[f"train.{k}"] = v
     for k, v in sorted((d.get("options") or {}).items()):
         ident[f"options.{k}"] = v
     return json.loads(json.dumps(ident, default=str))   # plain JSON values (tuples -> lists)

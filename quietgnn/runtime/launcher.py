@@ -30,7 +30,10 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
+
+from .supervise import (ErrorPipes, describe_failures, error_text, is_input_error, supervise,
+                        terminate)
 
 __all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book",
            "check_book_dataset"]
@@ -262,135 +265,6 @@ def _check_book_files(book: Any) -> None:
                              f"or re-run `quietgnn partition`")
 
 
-# ---------------------------------------------------------------------- process supervision
-def _supervise(procs: list[subprocess.Popen], grace_s: float,
-               stuck: Optional[list[int]] = None,
-               tolerate: bool = False) -> list[tuple[int, int, float]]:
-    """Wait for all processes; after the first failure give the rest ``grace_s`` then kill.
-    Returns ``[(rank, returncode, time_of_exit)]`` of failed ranks, in order of failure; the
-    ranks that were still running when the grace ran out are appended to ``stuck``.
-    ``tolerate``: the strategy survives dead ranks (``Strategy.tolerates_failures``): only a
-    failure of rank 0 (the one that writes the summary) starts the grace period."""
-    failed: list[tuple[int, int, float]] = []
-    done: set[int] = set()
-    first_fail: Optional[float] = None
-    while len(done) < len(procs):
-        for r, p in enumerate(procs):
-            if r in done:
-                continue
-            rc = p.poll()
-            if rc is None:
-                continue
-            done.add(r)
-            if rc != 0:
-                failed.append((r, rc, time.monotonic()))
-                if not tolerate or r == 0:
-                    first_fail = first_fail or time.monotonic()
-            elif tolerate and r == 0:
-                # rank 0 finished the run: survivors end with it; a rank still running after
-                # the grace (e.g. one the hub dropped as hung) is terminated
-                first_fail = first_fail or time.monotonic()
-        if first_fail is not None and time.monotonic() - first_fail > grace_s:
-            if stuck is not None:
-                stuck.extend(r for r, p in enumerate(procs) if r not in done and p.poll() is None)
-            _terminate(procs)
-        time.sleep(0.05)
-    return failed
-
-
-def _terminate(procs: Sequence[subprocess.Popen], wait_s: float = 3.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + wait_s
-    for p in procs:
-        while p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def _last_line(text: str) -> str:
-    lines = [x for x in text.strip().splitlines() if x.strip()]
-    return lines[-1].strip() if lines else ""
-
-
-def _last_epoch(run_dir: Path, rank: int) -> Optional[int]:
-    """The last epoch this rank finished (from its metrics file), None if none."""
-    f = run_dir / "metrics" / f"rank-{rank}.jsonl"
-    last = None
-    try:
-        for line in f.read_text().splitlines():
-            try:
-                last = json.loads(line).get("epoch", last)
-            except json.JSONDecodeError:
-                continue
-    except OSError:
-        return None
-    return last if isinstance(last, int) and last >= 0 else None
-
-
-def _describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
-                       stuck: Sequence[int], grace_s: float) -> str:
-    """One line per rank (how it ended, its error's last line: the rank, operation and epoch
-    for a CommError), then the first traceback. Stuck ranks are named first: a rank that
-    hangs is the cause, the timeouts of its peers are the symptom."""
-    lines = []
-    if stuck:
-        lines.append(f"rank(s) {sorted(stuck)} stopped responding: still running {grace_s:g}s "
-                     f"after the first failure, so they were terminated (stuck in a computation "
-                     f"or a collective)")
-    first_tb = ""
-    for r, rc, _ in failed:
-        if r in stuck:
-            continue
-        err = run_dir / "logs" / f"rank-{r}.error"
-        text = err.read_text() if err.is_file() else ""
-        if not _is_consequence(text):   # a CommError is the symptom; show the cause's trace
-            first_tb = first_tb or text
-        how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
-            f"exited with code {rc}"
-        ep = _last_epoch(run_dir, r)
-        where = f" (last finished epoch {ep})" if ep is not None else ""
-        if text:
-            lines.append(f"rank {r} {how}{where}: {_last_line(text)}")
-        else:
-            lines.append(f"rank {r} {how}{where} without a traceback (killed, out of memory, "
-                         f"or os._exit)")
-    for r in sorted(stuck):
-        ep = _last_epoch(run_dir, r)
-        lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
-                                              " before finishing an epoch"))
-    lines.append(f"Run directory: {run_dir}")
-    if first_tb and not _is_input_error(first_tb):
-        lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
-    return "\n".join(lines)
-
-
-def _is_consequence(traceback_text: str) -> bool:
-    """A rank that failed because a peer died or hung (or that stopped with every rank on a
-    NaN): its one line says it all."""
-    last = _last_line(traceback_text)
-    return any(k in last.split(":")[0] for k in ("CommError", "NonFiniteError"))
-
-
-def _is_input_error(traceback_text: str) -> bool:
-    return _last_line(traceback_text).startswith("ValueError")
-
-
-def _describe_failure(run_dir: Path, rank: int, rc: int) -> str:
-    err = run_dir / "logs" / f"rank-{rank}.error"
-    if rc < 0:
-        how = f"was killed by signal {signal.Signals(-rc).name}"
-    else:
-        how = f"exited with code {rc}"
-    text = err.read_text() if err.is_file() else ""
-    hint = "" if text else " (no traceback: the process died without raising — killed, out of " \
-                           "memory, or os._exit)"
-    return f"rank {rank} {how}{hint}. Run directory: {run_dir}\n{text}".rstrip()
-
-
 def launch(cfg: Any, run_dir: Path, book: Optional[Path],
            env_extra: Optional[dict[str, str]] = None) -> Optional[dict[str, Any]]:
     """Run ``cfg`` on ``cfg.num_parts`` local processes; returns the summary (rank 0's)."""
@@ -404,28 +278,35 @@ def launch(cfg: Any, run_dir: Path, book: Optional[Path],
         extra["QUIETGNN_BOOK"] = str(book)
     procs: list[subprocess.Popen] = []
     logs = []
+    pipes = ErrorPipes(world)
     try:
         for r in range(world):
             out = None
+            env = _worker_env(r, world, port, cfg.runtime.threads, extra)
+            env["QUIETGNN_ERROR_FD"] = str(pipes.write_fds[r])
             if r != 0:
                 f = open(run_dir / "logs" / f"rank-{r}.log", "w")
                 logs.append(f)
                 out = f
+            else:
+                env["QUIETGNN_TEE_LOG"] = "1"   # rank 0 talks to the terminal and to its log
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "quietgnn.runtime.worker", "--run-dir", str(run_dir)],
-                env=_worker_env(r, world, port, cfg.runtime.threads, extra),
-                stdout=out, stderr=out, preexec_fn=_die_with_parent))
+                env=env, stdout=out, stderr=out, preexec_fn=_die_with_parent,
+                pass_fds=(pipes.write_fds[r],)))
+            pipes.child_started(r)
         grace = min(float(cfg.runtime.timeout_s), 10.0)
         stuck: list[int] = []
         # Strategies that tolerate failures keep running when a rank other than 0 dies.
         tolerate = bool(getattr(cfg.strategy_cls, "tolerates_failures", False))
-        failed = _supervise(procs, grace_s=grace, stuck=stuck, tolerate=tolerate)
-    except KeyboardInterrupt:
-        _terminate(procs)
+        failed = supervise(procs, grace_s=grace, stuck=stuck, tolerate=tolerate, pipes=pipes)
+    except KeyboardInterrupt:   # Ctrl-C, and SIGTERM (the CLI turns it into one)
+        terminate(procs)
         raise
     finally:
         for f in logs:
             f.close()
+        pipes.close()
     summary_path = run_dir / "summary.json"
     if failed and tolerate and all(r != 0 for r, _, _ in failed) and summary_path.is_file():
         sys.stderr.write(f"note: rank(s) {[r for r, _, _ in failed]} failed during the run; "
@@ -433,13 +314,10 @@ def launch(cfg: Any, run_dir: Path, book: Optional[Path],
                          f"survivors (see summary.json). Run directory: {run_dir}\n")
         return json.loads(summary_path.read_text())
     if failed:
-        exc = LaunchError(_describe_failures(run_dir, failed, stuck, grace))
+        exc = LaunchError(describe_failures(run_dir, failed, stuck, grace, pipes))
         r0 = next((r for r, _, _ in failed if r not in stuck), None)
-        err = run_dir / "logs" / f"rank-{r0}.error"
-        exc.input_error = bool(r0 is not None and err.is_file() and
-                               _is_input_error(err.read_text()))
+        exc.input_error = bool(r0 is not None and is_input_error(error_text(run_dir, r0, pipes)))
         raise exc
-    summary_path = run_dir / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.is_file() else None
 
 

@@ -21,11 +21,13 @@ Lines are flushed as written, so a crash loses at most the epoch in progress.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from ..comm import OpRecord
 
@@ -58,19 +60,40 @@ def summarize_ops(records: Iterable[OpRecord]) -> dict[str, Any]:
 
 
 class MetricsWriter:
-    """Appends one JSON line per epoch to ``<run_dir>/metrics/rank-<rank>.jsonl``."""
+    """Appends one JSON line per epoch to ``<run_dir>/metrics/rank-<rank>.jsonl``.
+
+    Each record goes down in one ``write`` to an append-only descriptor; if the disk fills up
+    half-way, the file is cut back to the last whole record and the ``OSError`` names the path,
+    so a reader never meets a torn line."""
 
     def __init__(self, run_dir: Path, rank: int, append: bool = False) -> None:
         self.path = Path(run_dir) / "metrics" / f"rank-{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a" if append else "w", buffering=1)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._f.flush()
+        if self._fd is None:
+            raise RuntimeError(f"metrics writer of {str(self.path)!r} used after close()")
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            n = os.write(self._fd, data)
+            if n != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, size)   # back to the last whole record
+            except OSError:
+                pass
+            raise OSError(exc.errno, f"cannot write the metrics record of epoch "
+                                     f"{record.get('epoch')} ({exc.strerror})",
+                          str(self.path)) from exc
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:

@@ -203,7 +203,8 @@ class Trainer:
             "train_bytes": train_bytes,
             "epoch_equivalents": work,
             "train_bytes_per_epoch": train_bytes / per if per else 0.0,
-            "eval_bytes": eval_bytes, "wall_seconds": wall, "compute_seconds": compute,
+            "eval_bytes": eval_bytes, "wall_seconds": wall, **_attempts(self.run_dir, wall),
+            "compute_seconds": compute,
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
             "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],
         }
@@ -212,3 +213,14 @@ class Trainer:
             summary["strategy_report"] = report
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def _attempts(run_dir: Path, wall: float) -> dict[str, Any]:
+    """How many attempts the run took (torchrun restarts, ``--resume`` invocations) and the
+    wall seconds since the first one started (restarts, and any pause between a crash and the
+    resume, included); ``wall_seconds`` is the last attempt's alone."""
+    from .rundir import attempts
+    found = attempts(run_dir)
+    starts = [a["start"] for a in found if isinstance(a.get("start"), (int, float))]
+    total = max(wall, time.time() - min(starts)) if starts else wall
+    return {"attempts": max(1, len(found)), "wall_seconds_total": total}

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Optional
@@ -65,8 +66,10 @@ def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
     return build_partitions(graph, parts, ranks=[rank], book_id=book_id)[0]
 
 
-def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
-    """Train this rank's share; returns the run summary on rank 0 (None elsewhere)."""
+def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[dict[str, Any]]:
+    """Train this rank's share; returns the run summary on rank 0 (None elsewhere).
+    ``write_config``: rank 0 writes ``config.json`` (under torchrun; the local launcher writes
+    it itself) once every rank has joined, i.e. after every rank checked the directory."""
     from ..comm import Communicator
     from ..strategies.base import WorkerContext
     from .trainer import Trainer
@@ -85,8 +88,13 @@ def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
     if cfg.runtime.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    if rank == 0:
+        from .rundir import record_attempt
+        record_attempt(run_dir)
     comm = Communicator.init(rank, world, backend=cfg.runtime.resolved_backend(),
                              timeout_s=cfg.runtime.timeout_s, device=device)
+    if write_config and rank == 0:
+        (run_dir / "config.json").write_text(cfg.to_json())
     part = load_local_partition(cfg, rank, world)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     ctx = WorkerContext(rank=rank, world_size=world, comm=comm, part=part, model_cfg=cfg.model,
@@ -102,19 +110,57 @@ def run_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
 _EXPLAINED = ("CommError", "NonFiniteError", "ValueError", "CheckpointError")
 
 
-def _report_failure(run_dir: Path, rank: int) -> None:
+def _report_failure(run_dir: Path, rank: int) -> str:
+    """Write this rank's traceback to ``logs/rank-<k>.error`` and to the launcher's error pipe
+    (``QUIETGNN_ERROR_FD``): when the disk is full the file cannot be written, and the
+    launcher must still learn the reason rather than guess "killed"."""
     tb = traceback.format_exc()
     err = run_dir / "logs" / f"rank-{rank}.error"
     exc = sys.exc_info()[1]
+    where = f"traceback: {err}"
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         err.write_text(tb)
-    finally:
-        if exc is not None and type(exc).__name__ in _EXPLAINED:
-            sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc} (traceback: {err})\n")
-        else:
-            sys.stderr.write(f"[rank {rank}] {tb}")
-        sys.stderr.flush()
+    except OSError as werr:
+        where = f"{err} could not be written: {werr.strerror or werr}"
+        try:
+            err.unlink(missing_ok=True)   # never leave a torn half of it
+        except OSError:
+            pass
+    fd = os.environ.get("QUIETGNN_ERROR_FD")
+    if fd:
+        try:
+            # The tail fits a pipe's buffer, so this never blocks on a launcher not reading.
+            os.write(int(fd), tb.encode("utf-8", "replace")[-16000:])
+        except (OSError, ValueError):
+            pass
+    if exc is not None and type(exc).__name__ in _EXPLAINED:
+        sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc} ({where})\n")
+    else:
+        sys.stderr.write(f"[rank {rank}] {tb}" + ("" if where.startswith("traceback") else
+                                                  f"[rank {rank}] {where}\n"))
+    sys.stderr.flush()
+    return tb
+
+
+def watch_parent(rank: int, poll_s: float = 0.5) -> None:
+    """Stop this rank when the process that started it dies (torchrun's agent SIGKILLed, its
+    node lost): the rank would otherwise train to the end as an orphan, holding memory and a
+    port, with nobody to read its result. The local launcher uses PR_SET_PDEATHSIG instead;
+    under torchrun the agent starts the workers, so each one watches its parent."""
+    import threading
+    parent = os.getppid()
+
+    def run() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                sys.stderr.write(f"[rank {rank}] the process that started this worker (pid "
+                                 f"{parent}, the torchrun agent) is gone; stopping\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+    threading.Thread(target=run, name="quietgnn-parent-watch", daemon=True).start()
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -125,6 +171,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get("QUIETGNN_TEE_LOG"):
+        from .rundir import tee_stderr
+        tee_stderr(run_dir, rank)
     try:
         cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
         run_worker(cfg, run_dir)

@@ -1,0 +1,192 @@
+"""The run directory: checked before anything is written, never silently overwritten, resumed
+only when there is something to resume, and logged per rank.
+
+A run directory (``<out>/<run name>``) holds ``config.json``, ``summary.json``,
+``metrics/rank-<k>.jsonl``, ``checkpoints/`` and ``logs/`` (``rank-<k>.log``, and
+``rank-<k>.error`` for a rank that failed). Rules, the same under the local launcher and
+under ``torchrun``:
+
+* a fresh run (no ``--resume``) into a directory that already holds a run's results is refused
+  (``ValueError``: exit 2), unless ``--runtime.overwrite true`` asks to replace them; a restart
+  of the same job by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) is not a fresh run;
+* ``--resume`` of a run that already finished the epochs asked for is refused (it would train
+  nothing and report the old numbers as new); other training settings than the checkpoint's are
+  refused by :func:`~quietgnn.runtime.checkpoint.check_resume_compatible` (``train.*`` is part
+  of the run identity, ``train.epochs`` excepted);
+* every output path is checked writable before the (possibly long) run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+__all__ = ["claim_run_dir", "check_writable_dir", "check_writable_file", "record_attempt",
+           "attempts", "tee_stderr", "restart_count"]
+
+#: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
+_RESULTS = ("summary.json", "config.json", "metrics", "checkpoints")
+
+
+def restart_count() -> int:
+    """torchrun's restart number of this worker group (0: the first attempt, or no torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def _results_in(run_dir: Path) -> list[str]:
+    return [n for n in _RESULTS if (run_dir / n).exists()]
+
+
+def _clear(run_dir: Path) -> None:
+    """Remove an earlier run's results (``--runtime.overwrite``), nothing else of the user's."""
+    for n in _RESULTS:
+        p = run_dir / n
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink(missing_ok=True)
+    for p in list(run_dir.glob("checkpoints.stale-*")) + list(run_dir.glob("logs/*.error")) + \
+            [run_dir / "logs" / "attempts.jsonl"]:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def claim_run_dir(cfg: Any, run_dir: Path) -> None:
+    """Refuse (``ValueError``) what would overwrite a run or report old numbers as new; call it
+    before anything of this run is written (see the module docstring)."""
+    from .checkpoint import check_resume_compatible
+    rt = cfg.runtime
+    run_dir = Path(run_dir)
+    if rt.resume:
+        summary = run_dir / "summary.json"
+        if summary.is_file():
+            try:
+                s = json.loads(summary.read_text())
+            except (OSError, ValueError):
+                s = {}
+            done = s.get("epochs") if isinstance(s, dict) else None
+            if isinstance(done, int) and done >= cfg.train.epochs:
+                raise ValueError(
+                    f"--resume: the run in {str(run_dir)!r} already finished {done} of "
+                    f"{cfg.train.epochs} epoch(s) (test accuracy {s.get('test_acc')}); there is "
+                    f"nothing to resume. Raise --epochs to train it further, or start a new run "
+                    f"with another --run-name")
+        check_resume_compatible(cfg, run_dir / "checkpoints")
+        return
+    found = _results_in(run_dir)
+    if not found or restart_count() > 0:
+        return
+    if rt.overwrite:
+        _clear(run_dir)
+        return
+    raise ValueError(
+        f"run directory {str(run_dir)!r} already holds a run ({', '.join(found)}); pass "
+        f"--resume to continue it, another --run-name (or --out) for a new run, or "
+        f"--runtime.overwrite true to replace it")
+
+
+# ---------------------------------------------------------------------- writability
+def check_writable_dir(path: str | Path, what: str) -> Path:
+    """Create ``path`` if needed and prove a file can be written and synced there (a full or
+    read-only file system shows here, not after the run)."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".quietgnn-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{what} {str(p)!r} is not a writable directory ({_oserr(exc)}); "
+                         f"choose another path") from exc
+    return p
+
+
+def check_writable_file(path: str | Path, what: str) -> Path:
+    """``path`` will be written at the end of the run: it must be a regular file (or not exist)
+    in a writable directory."""
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{what} {str(p)!r} is not a regular file; give a file path such as "
+                         f"out/summary.json")
+    check_writable_dir(p.parent if str(p.parent) else Path("."), f"{what}'s directory")
+    return p
+
+
+def _oserr(exc: OSError) -> str:
+    return f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
+
+
+# ---------------------------------------------------------------------- attempts
+def record_attempt(run_dir: Path) -> None:
+    """Rank 0 notes the start of an attempt (a torchrun restart, a --resume) in
+    ``logs/attempts.jsonl``; the summary reports their number and the time since the first."""
+    f = Path(run_dir) / "logs" / "attempts.jsonl"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    with open(f, "a") as fh:
+        fh.write(json.dumps({"start": time.time(), "restart": restart_count()}) + "\n")
+
+
+def attempts(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        for line in (Path(run_dir) / "logs" / "attempts.jsonl").read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+# ---------------------------------------------------------------------- per-rank logs
+class _Tee:
+    """stderr that is also written to the rank's log file (best effort: a full disk must not
+    turn a message into a second failure)."""
+
+    def __init__(self, stream: TextIO, log: TextIO) -> None:
+        self._stream, self._log = stream, log
+
+    def write(self, s: str) -> int:
+        try:
+            self._log.write(s)
+            self._log.flush()
+        except (OSError, ValueError):
+            pass
+        return self._stream.write(s)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tee_stderr(run_dir: Path, rank: int) -> Optional[Path]:
+    """Copy this process's stderr (progress, messages, tracebacks) into
+    ``logs/rank-<rank>.log``; used where stderr is not already redirected there (rank 0 of the
+    local launcher, every rank under torchrun)."""
+    path = Path(run_dir) / "logs" / f"rank-{rank}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "a" if restart_count() > 0 else "w", buffering=1)
+    except OSError:
+        return None
+    sys.stderr = _Tee(sys.stderr, log)   # type: ignore[assignment]
+    return path

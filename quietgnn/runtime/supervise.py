@@ -1,0 +1,204 @@
+"""Watching the worker processes of a local run: wait for them, stop the rest after the first
+failure, and say what happened to each rank.
+
+Each worker gets the write end of a pipe (``QUIETGNN_ERROR_FD``) on which it sends its
+traceback when it fails (:func:`~quietgnn.runtime.worker._report_failure`); the launcher keeps
+what arrives in memory. ``logs/rank-<k>.error`` is the durable copy, but when the disk is full
+it cannot be written, and the reason must not turn into "killed, out of memory".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
+           "is_input_error"]
+
+
+class ErrorPipes:
+    """One pipe per rank; :meth:`drain` collects (the tail of) what each rank reported."""
+
+    _KEEP = 64_000
+
+    def __init__(self, world: int) -> None:
+        self.read_fds: list[int] = []
+        self.write_fds: list[int] = []
+        self.text: dict[int, bytearray] = {r: bytearray() for r in range(world)}
+        for _ in range(world):
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            self.read_fds.append(r)
+            self.write_fds.append(w)
+
+    def child_started(self, rank: int) -> None:
+        """Close the parent's copy of the write end (the child keeps its own)."""
+        os.close(self.write_fds[rank])
+        self.write_fds[rank] = -1
+
+    def drain(self) -> None:
+        for r, fd in enumerate(self.read_fds):
+            if fd < 0:
+                continue
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                buf = self.text[r]
+                buf += chunk
+                del buf[:-self._KEEP]
+
+    def get(self, rank: int) -> str:
+        return self.text[rank].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for fd in self.read_fds + self.write_fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.read_fds, self.write_fds = [], []
+
+
+def supervise(procs: list[subprocess.Popen], grace_s: float,
+              stuck: Optional[list[int]] = None, tolerate: bool = False,
+              pipes: Optional[ErrorPipes] = None) -> list[tuple[int, int, float]]:
+    """Wait for all processes; after the first failure give the rest ``grace_s`` then kill.
+    Returns ``[(rank, returncode, time_of_exit)]`` of failed ranks, in order of failure; the
+    ranks that were still running when the grace ran out are appended to ``stuck``.
+    ``tolerate``: the strategy survives dead ranks (``Strategy.tolerates_failures``): only a
+    failure of rank 0 (the one that writes the summary) starts the grace period."""
+    failed: list[tuple[int, int, float]] = []
+    done: set[int] = set()
+    first_fail: Optional[float] = None
+    while len(done) < len(procs):
+        if pipes is not None:
+            pipes.drain()
+        for r, p in enumerate(procs):
+            if r in done:
+                continue
+            rc = p.poll()
+            if rc is None:
+                continue
+            done.add(r)
+            if rc != 0:
+                failed.append((r, rc, time.monotonic()))
+                if not tolerate or r == 0:
+                    first_fail = first_fail or time.monotonic()
+            elif tolerate and r == 0:
+                # rank 0 finished the run: survivors end with it; a rank still running after
+                # the grace (e.g. one the hub dropped as hung) is terminated
+                first_fail = first_fail or time.monotonic()
+        if first_fail is not None and time.monotonic() - first_fail > grace_s:
+            if stuck is not None:
+                stuck.extend(r for r, p in enumerate(procs) if r not in done and p.poll() is None)
+            terminate(procs)
+        time.sleep(0.05)
+    if pipes is not None:
+        pipes.drain()
+    return failed
+
+
+def terminate(procs: Sequence[subprocess.Popen], wait_s: float = 3.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        while p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _last_epoch(run_dir: Path, rank: int) -> Optional[int]:
+    """The last epoch this rank finished (from its metrics file), None if none."""
+    f = run_dir / "metrics" / f"rank-{rank}.jsonl"
+    last = None
+    try:
+        for line in f.read_text().splitlines():
+            try:
+                last = json.loads(line).get("epoch", last)
+            except json.JSONDecodeError:
+                continue
+    except OSError:
+        return None
+    return last if isinstance(last, int) and last >= 0 else None
+
+
+def error_text(run_dir: Path, rank: int, pipes: Optional[ErrorPipes] = None) -> str:
+    """What rank ``rank`` reported when it failed: from its pipe, else its ``.error`` file."""
+    text = pipes.get(rank) if pipes is not None else ""
+    if text:
+        return text
+    err = run_dir / "logs" / f"rank-{rank}.error"
+    try:
+        return err.read_text() if err.is_file() else ""
+    except OSError:
+        return ""
+
+
+def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
+                      stuck: Sequence[int], grace_s: float,
+                      pipes: Optional[ErrorPipes] = None) -> str:
+    """One line per rank (how it ended, its error's last line: the rank, operation and epoch
+    for a CommError), then the first traceback. Stuck ranks are named first: a rank that
+    hangs is the cause, the timeouts of its peers are the symptom."""
+    lines = []
+    if stuck:
+        lines.append(f"rank(s) {sorted(stuck)} stopped responding: still running {grace_s:g}s "
+                     f"after the first failure, so they were terminated (stuck in a computation "
+                     f"or a collective)")
+    first_tb = ""
+    for r, rc, _ in failed:
+        if r in stuck:
+            continue
+        text = error_text(run_dir, r, pipes)
+        if not _is_consequence(text):   # a CommError is the symptom; show the cause's trace
+            first_tb = first_tb or text
+        how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
+            f"exited with code {rc}"
+        ep = _last_epoch(run_dir, r)
+        where = f" (last finished epoch {ep})" if ep is not None else ""
+        if text:
+            lines.append(f"rank {r} {how}{where}: {_last_line(text)}")
+        else:
+            lines.append(f"rank {r} {how}{where} without a traceback (killed, out of memory, "
+                         f"or os._exit)")
+    for r in sorted(stuck):
+        ep = _last_epoch(run_dir, r)
+        lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
+                                              " before finishing an epoch"))
+    lines.append(f"Run directory: {run_dir}")
+    if first_tb and not is_input_error(first_tb):
+        lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
+    return "\n".join(lines)
+
+
+def _is_consequence(traceback_text: str) -> bool:
+    """A rank that failed because a peer died or hung (or that stopped with every rank on a
+    NaN, or on a checkpoint that could not be written): its one line says it all."""
+    last = _last_line(traceback_text)
+    return any(k in last.split(":")[0] for k in ("CommError", "NonFiniteError",
+                                                 "CheckpointError"))
+
+
+def is_input_error(traceback_text: str) -> bool:
+    return _last_line(traceback_text).startswith("ValueError")

@@ -1,0 +1,262 @@
+"""The run directory and the processes around it (issue: safety): no run overwritten, no old
+numbers reported as new, outputs checked before the run, a full disk reported as such, SIGTERM
+and a dead torchrun agent stop every worker, per-rank logs and attempts under torchrun, and a
+two-host torchrun restart that comes back. Real `quietgnn train` / torchrun subprocesses on a
+tiny graph."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_failures import TINY, _alive, _assert_no_orphans, _cli, _start_training, _survivors
+
+from quietgnn.runtime.metrics import MetricsWriter
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.startswith("quietgnn: error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------------- overwrite / resume
+def test_a_named_run_is_not_overwritten_unless_asked(tmp_path):
+    first = _cli(["--epochs", "2", "--runtime.checkpoint_every", "1"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_dir = tmp_path / "r"
+    before = (run_dir / "summary.json").read_text()
+    again = _cli(["--epochs", "3"], tmp_path)
+    assert again.returncode == 2
+    line = _one_error_line(again.stderr)
+    assert "already holds a run" in line and "--resume" in line and "--runtime.overwrite" in line
+    assert (run_dir / "summary.json").read_text() == before       # untouched
+    # asked explicitly: replaced, and the old run's checkpoints do not stay mixed in
+    new = _cli(["--epochs", "3", "--runtime.overwrite", "true"], tmp_path)
+    assert new.returncode == 0, new.stderr
+    assert _summary(run_dir)["epochs"] == 3
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_resume_of_a_finished_run_or_with_other_training_settings_is_refused(tmp_path):
+    ck = ["--runtime.checkpoint_every", "1"]
+    assert _cli(["--epochs", "3", *ck], tmp_path).returncode == 0
+    run_dir = tmp_path / "r"
+    before = (run_dir / "summary.json").read_text()
+    # the same command again with --resume: nothing to train, must not report old numbers
+    r = _cli(["--epochs", "3", *ck, "--resume"], tmp_path)
+    assert r.returncode == 2
+    assert "already finished 3 of 3 epoch(s)" in _one_error_line(r.stderr)
+    # more epochs but another learning rate: the curve would belong to no single setting
+    r = _cli(["--epochs", "5", *ck, "--resume", "--lr", "0.05"], tmp_path)
+    assert r.returncode == 2
+    assert "train.lr: checkpoint 0.01, this run 0.05" in _one_error_line(r.stderr)
+    assert (run_dir / "summary.json").read_text() == before
+    # more epochs, same settings: continues, and the summary counts both attempts
+    r = _cli(["--epochs", "5", *ck, "--resume"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from checkpoint of epoch 2" in r.stderr
+    s = _summary(run_dir)
+    assert s["epochs"] == 5 and s["attempts"] == 2
+    assert s["wall_seconds_total"] > s["wall_seconds"]
+
+
+def test_run_name_must_be_a_plain_name(tmp_path):
+    r = _cli(["--run-name", "../elsewhere"], tmp_path)
+    assert r.returncode == 2 and "expected a plain directory name" in _one_error_line(r.stderr)
+
+
+# ---------------------------------------------------------------------- outputs writable
+@pytest.mark.parametrize("flag,value,message", [
+    ("--summary-json", "/dev/full", "is not a regular file"),
+    ("--out", "/dev/full", "is not a writable directory"),
+    ("--out", "/dev/null/runs", "is not a writable directory"),
+])
+def test_unwritable_outputs_are_refused_before_training(tmp_path, flag, value, message):
+    args = [flag, value] if flag == "--summary-json" else []
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "quietgnn", "train", *TINY, "--epochs", "2",
+           "--out", value if flag == "--out" else str(tmp_path), *args]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert message in _one_error_line(r.stderr) and value in r.stderr
+    assert "partitioned" not in r.stderr          # found before any work
+    assert not list(tmp_path.glob("*/metrics"))
+    assert time.monotonic() - t0 < 60
+
+
+# ---------------------------------------------------------------------- full disk
+def test_metrics_record_is_whole_or_absent(tmp_path, monkeypatch):
+    w = MetricsWriter(tmp_path, 0)
+    w.write({"epoch": 0, "loss": 1.0})
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError) as info:
+        w.write({"epoch": 1, "loss": 0.5, "pad": "x" * 200})
+    monkeypatch.setattr(os, "write", real_write)
+    assert info.value.errno == errno.ENOSPC and str(w.path) in str(info.value)
+    w.write({"epoch": 2, "loss": 0.25})
+    w.close()
+    lines = w.path.read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [0, 2]
+
+
+def test_unwritable_error_file_still_reports_the_reason(tmp_path):
+    # rank 1's .error cannot be written (a directory in its way, as a full disk would do):
+    # the launcher must show the real reason, not guess "killed, out of memory"
+    (tmp_path / "r" / "logs" / "rank-1.error").mkdir(parents=True)
+    r = _cli(["--epochs", "50", "--runtime.timeout_s", "20"], tmp_path,
+             fault="rank=1,epoch=1,action=raise")
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 exited with code 1 (last finished epoch 0): RuntimeError: injected fault " \
+           "on rank 1" in r.stderr
+    assert "without a traceback" not in r.stderr
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A small tmpfs (root only; skipped elsewhere), unmounted afterwards."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_disk_is_named_and_leaves_no_torn_files(tmp_path, tiny_fs):
+    r = _cli(["--epochs", "400", "--runtime.checkpoint_every", "1", "--runtime.timeout_s", "20"],
+             tiny_fs)
+    assert r.returncode != 0
+    assert "No space left on device" in r.stderr, r.stderr[-3000:]
+    assert "without a traceback" not in r.stderr and "Traceback" not in r.stderr
+    run_dir = tiny_fs / "r"
+    for f in (run_dir / "metrics").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            json.loads(line)                        # every line a whole record
+    leftovers = [p.name for p in run_dir.rglob("*") if ".tmp" in p.name]
+    assert leftovers == [], leftovers
+    _assert_no_orphans(run_dir)
+
+
+def test_read_only_out_is_refused_before_training(tmp_path, tiny_fs):
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    r = _cli(["--epochs", "2"], tiny_fs)
+    assert r.returncode == 2
+    assert "Read-only file system" in _one_error_line(r.stderr)
+
+
+# ---------------------------------------------------------------------- signals
+def test_sigterm_stops_every_worker(tmp_path):
+    p, run_dir, workers = _start_training(tmp_path)
+    try:
+        assert len(workers) == 2, workers
+        p.send_signal(signal.SIGTERM)               # what a batch scheduler sends
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 143, err
+    assert "terminated (SIGTERM); all workers stopped" in err
+    _assert_no_orphans(run_dir)
+    assert _alive(workers) == []
+
+
+def _torchrun(args, tmp, nproc=2, extra=(), fault=None, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("QUIETGNN_FAULT", None)
+    if fault:
+        env["QUIETGNN_FAULT"] = fault
+    cmd = [sys.executable, "-m", "torch.distributed.run", *extra, "--nproc-per-node",
+           str(nproc), "-m", "quietgnn", "train", *TINY, "--out", str(tmp),
+           "--runtime.progress", "false", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def test_workers_stop_when_the_torchrun_agent_is_killed(tmp_path):
+    agent = _torchrun(["--epochs", "100000", "--run-name", "r"], tmp_path,
+                      extra=["--standalone"], start_new_session=True)
+    run_dir = tmp_path / "r"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and agent.poll() is None:
+            f = run_dir / "metrics" / "rank-1.jsonl"
+            if f.is_file() and '"epoch":0' in f.read_text():
+                break
+            time.sleep(0.2)
+        workers = _survivors(tmp_path)              # workers carry --out tmp_path in argv
+        assert len(workers) == 3, (workers, agent.poll())   # the agent and its 2 workers
+        workers = [w for w in workers if w != agent.pid]
+        os.kill(agent.pid, signal.SIGKILL)          # the agent only, not its workers
+        agent.communicate(timeout=30)
+        deadline = time.monotonic() + 20
+        while _alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive(workers) == [], "workers kept training after their agent died"
+    finally:
+        for w in _alive(_survivors(tmp_path)):
+            os.kill(w, signal.SIGKILL)
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    assert "torchrun agent) is gone; stopping" in (run_dir / "logs" / "rank-0.log").read_text()
+
+
+def test_two_host_torchrun_restart_resumes_with_logs_and_attempts(tmp_path):
+    """Two torchrun agents on one machine emulate two hosts (c10d rendezvous, one worker
+    each). Rank 1 raises in epoch 3 of the first attempt; both agents restart their workers,
+    which must meet again (they used to read the dead attempt's gloo addresses: connection
+    refused) and resume from the newest checkpoint. Each rank's log and the failed rank's
+    .error land in the run directory; the summary counts the attempts."""
+    import socket
+    from test_determinism import GOLDEN, GOLDEN_ARGS, epoch_losses
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", QUIETGNN_FAULT="rank=1,epoch=3,action=raise")
+    agents = []
+    for _ in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               f"127.0.0.1:{port}", "--rdzv-id", f"job{port}", "--max-restarts", "2",
+               "-m", "quietgnn", "train", *GOLDEN_ARGS, "--out", str(tmp_path), "--run-name",
+               "r", "--runtime.checkpoint_every", "1", "--resume", "--runtime.timeout_s", "30"]
+        agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True))
+    outs = [a.communicate(timeout=400) for a in agents]
+    for a, (_, err) in zip(agents, outs):
+        assert a.returncode == 0, err[-4000:]
+    assert "connectFullMesh" not in outs[0][1] + outs[1][1]
+    run_dir = tmp_path / "r"
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    assert epoch_losses(run_dir, 0) == pytest.approx(golden, rel=1e-5, abs=1e-7)
+    assert "injected fault on rank 1" in (run_dir / "logs" / "rank-1.error").read_text()
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"rank-{rank}.log").stat().st_size > 0
+    s = _summary(run_dir)
+    # 2 unless ranks swapped agents on the restart and the fault fired once more
+    assert s["attempts"] >= 2 and s["epochs"] == 6
+    assert s["wall_seconds_total"] > s["wall_seconds"]
