@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,9 @@ def _refusal(exc: BaseException) -> str | None:
 
 def _torch_load(src: Any, what: str, fix: str) -> Any:
     try:
-        obj = torch.load(src, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():   # a foreign pickle's protocol: the error says enough
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         why = _refusal(exc)
         if why is not None:
