@@ -383,3 +383,19 @@ def test_cli_resume_from_a_planted_shard_exits_2_and_does_not_run_it(tmp_path):
     assert errs, r.stderr
     _one_line_refusal(errs[0].split("ValueError: ", 1)[1], newest / "rank-1.pt")
     assert "Traceback" not in r.stderr and "weights_only=False" not in r.stderr
+
+
+def test_servers_refuse_a_master_addr_that_is_not_this_host():
+    """Rank 0 listens on MASTER_ADDR only, so an address of another host is a clear error
+    (192.0.2.1: TEST-NET-1, never assigned to a host) rather than a silent wildcard bind."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from quietgnn.comm.rendezvous import _tcp_store
+    from quietgnn.comm.store import StarChannel
+    with pytest.raises(ValueError, match=r"MASTER_ADDR = '192\.0\.2\.1' .*not an address of "
+                                         r"this host"):
+        _tcp_store("192.0.2.1", 29999, 2, True, timedelta(seconds=5))
+    fake = SimpleNamespace(rank=0, world_size=2, timeout_s=5.0, epoch=0)
+    with pytest.raises(ValueError, match=r"averaging hub on MASTER_ADDR = '192\.0\.2\.1'.*must "
+                                         r"be an address of rank 0's host"):
+        StarChannel.open(fake, host="192.0.2.1")
