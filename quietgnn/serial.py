@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -153,15 +154,20 @@ def dumps(obj: Any, where: str = "value") -> bytes:
 
 
 def _refusal(exc: BaseException) -> str | None:
-    """The reason torch's weights-only unpickler gave, on one line (None: not a refusal)."""
+    """What torch's weights-only unpickler refused, in a few words (None: not a refusal).
+    Never torch's advice to retry with ``weights_only=False``, which would run the code."""
     msg = str(exc)
     if not isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" not in msg:
         return None
-    boiler = ("Weights only load failed", "Please file an issue", "Check the documentation",
-              "WeightsUnpickler error")
-    lines = [x.strip() for x in msg.splitlines() if x.strip()]
-    why = next((x for x in lines if not x.startswith(boiler)), "unsupported content")
-    return why[:200].rstrip(".")
+    for pat, fmt in ((r"unsupported global: GLOBAL ([\w.]+)", "unsupported global {}"),
+                     (r"unsupported GLOBAL ([\w.]+)", "unsupported global {}"),
+                     (r"Unsupported operand (\d+)", "unsupported pickle operation {}")):
+        m = re.search(pat, msg, flags=re.IGNORECASE)
+        if m:
+            return fmt.format(m.group(1))
+    m = re.search(r"WeightsUnpickler error:\s*([^\n]+)", msg)
+    why = m.group(1).split(" Please")[0].strip().rstrip(".") if m else ""
+    return why[:160] if why and "weights_only" not in why else "unsupported content"
 
 
 def _torch_load(src: Any, what: str, fix: str) -> Any:

@@ -69,7 +69,9 @@ __all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "ru
            "check_resume_compatible"]
 
 CKPT_FORMAT = "quietgnn-checkpoint"
-CKPT_VERSION = 1
+#: 2: shards hold tensors and plain data only (numpy tagged), loaded with weights_only=True;
+#: version-1 shards pickled numpy's RNG state, which that refuses: they are skipped by version
+CKPT_VERSION = 2
 MARKER = "COMMIT.json"
 
 
