@@ -16,6 +16,13 @@ Byte accounting (payload only; what a real network would carry at minimum):
   sends and receives ``2 (P-1)/P * nbytes`` in ``2 ceil(log2 P)`` hops.
 * ``broadcast``: binomial tree: a rank sends ``nbytes`` to each of its children and the
   non-roots receive ``nbytes`` once; ``ceil(log2 P)`` hops.
+* ``all_gather_object``: the objects travel as JSON or a weights-only torch archive
+  (:func:`quietgnn.serial.dumps`, never a pickle): an int64 length to each of the P-1 peers,
+  then every rank's buffer padded to the longest, ``(P-1) (8 + max len)`` bytes each way.
+
+Rendezvous. Outside torchrun, rank 0 creates the TCPStore itself on a socket bound to
+``MASTER_ADDR`` only (not every interface), and when that address is loopback gloo's own
+sockets are kept on the loopback interface too (``GLOO_SOCKET_IFNAME``).
 
 Failure handling. The process group is created with a finite timeout, so a collective waiting
 on a dead or stuck peer raises after ``timeout_s`` at the latest (a crashed peer usually makes
@@ -38,6 +45,9 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from ..serial import dumps, loads
+from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
 
 __all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange"]
 
@@ -138,20 +148,6 @@ def _split_rows(flat: Tensor, counts: Sequence[int], row_shape: tuple[int, ...])
     return list(torch.split(rows, list(counts), dim=0))
 
 
-def _generation(store: Any, world_size: int) -> int:
-    """Which start of the worker group this process belongs to, the same on every rank.
-
-    Not ``TORCHELASTIC_RESTART_COUNT``: with several agents (hosts) only the agent whose worker
-    failed counts a restart; the others restart their workers for the new rendezvous round
-    with their count unchanged, so the ranks of one round would disagree and half of them
-    would read the dead round's keys. Every worker of every round adds 1 to one counter in
-    the agents' shared store before anything else, so round ``g`` holds the values
-    ``g*W+1 .. (g+1)*W``. (A worker stopped before it reaches this line would shift the
-    count; the group then fails its rendezvous within the timeout instead of hanging.)"""
-    n = int(store.add("quietgnn/worker-starts", 1))
-    return (n - 1) // max(1, world_size)
-
-
 class Communicator:
     """Counted, time-limited collectives for one rank (see the module docstring)."""
 
@@ -180,13 +176,22 @@ class Communicator:
                 # torchrun keeps one store (same port) across restarts: the keys the previous
                 # attempt left behind (e.g. a dead rank's gloo address) could be read before
                 # they are overwritten, failing the restart with "connection refused". A key
-                # space per attempt avoids that.
+                # space per start of the group avoids that (one every agent agrees on).
                 agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-                base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                     world_size, is_master=not agent and rank == 0,
-                                     timeout=timeout, multi_tenant=not agent)
+                if backend == "gloo":
+                    _gloo_on_loopback(os.environ["MASTER_ADDR"])
+                base = _tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  world_size, not agent and rank == 0, timeout,
+                                  multi_tenant=not agent)
                 store = dist.PrefixStore(f"quietgnn/generation-{_generation(base, world_size)}",
                                          base)
+                dist.init_process_group(backend=backend, store=store, rank=rank,
+                                        world_size=world_size, timeout=timeout)
+            elif init_method == "env://":
+                addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+                if backend == "gloo":
+                    _gloo_on_loopback(addr)
+                store = _tcp_store(addr, port, world_size, rank == 0, timeout)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
             else:
@@ -397,15 +402,34 @@ class Communicator:
         return pending
 
     def all_gather_object(self, obj: Any, kind: str = "control") -> list[Any]:
-        """Gather a small picklable object from every rank (metadata, summaries)."""
+        """Gather a small object (tensors and plain data, see :mod:`quietgnn.serial`) from
+        every rank (metadata, summaries). Not ``dist.all_gather_object``: that unpickles
+        whatever a peer sends. Every rank gets the decoded objects, its own included."""
         if self.world_size == 1:
             return [obj]
+        data = dumps(obj, where=f"all_gather_object({kind})")   # TypeError before any traffic
+        P = self.world_size
         r, t0, c0 = self._begin()
-        out: list[Any] = [None] * self.world_size
-        self._guard(lambda: dist.all_gather_object(out, obj), "all_gather_object", kind)
-        n = len(repr(obj))
-        self._record("all_gather_object", kind, n * (self.world_size - 1),
-                     n * (self.world_size - 1), self.world_size - 1, 1, t0, c0, r)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty_like(size) for _ in range(P)]
+        self._guard(lambda: dist.all_gather(sizes, size), "all_gather_object.sizes", kind)
+        lens = [int(x) for x in sizes]
+        longest = max(lens)
+        buf = torch.zeros(longest, dtype=torch.uint8)
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        buf = buf.to(self.device)
+        bufs = [torch.empty_like(buf) for _ in range(P)]
+        self._guard(lambda: dist.all_gather(bufs, buf), "all_gather_object", kind)
+        vol = (P - 1) * (8 + longest)
+        self._record("all_gather_object", kind, vol, vol, 2 * (P - 1), 2, t0, c0, r)
+        out = []
+        for j in range(P):
+            raw = bufs[j][:lens[j]].cpu().numpy().tobytes()
+            try:
+                out.append(loads(raw, what=f"the object rank {j} sent"))
+            except ValueError as exc:
+                raise CommError(f"rank {self.rank}: all_gather_object ({kind}, round {r}): "
+                                f"{exc}") from None
         return out
 
     def barrier(self, kind: str = "barrier") -> None:

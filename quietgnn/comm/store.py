@@ -10,6 +10,12 @@ traffic goes through this channel instead:
 * **Topology.** Rank 0 (the *hub*) listens on a TCP port; ranks ``1..P-1`` (the *spokes*) each
   hold one persistent connection to it. The port is announced once with a gloo broadcast at
   setup (when all ranks are known to be alive); after that no gloo collective is needed.
+* **Who may join.** The hub listens only on the address the spokes connect to
+  (``MASTER_ADDR``; 127.0.0.1 under the local launcher), and only until every spoke has
+  joined. The same bootstrap broadcast carries a random 32-byte secret: the hub sends each
+  connection a fresh nonce and admits it only if it answers ``HMAC-SHA256(secret, rank |
+  nonce)``; anything else is closed and the hub keeps waiting for the real spokes. Messages
+  are JSON or weights-only torch archives (:mod:`quietgnn.serial`), never pickles.
 * **Failure detection.** A process that dies (crash, ``os._exit``, SIGKILL, OOM kill) has its
   socket closed by the kernel, so the hub sees EOF or a reset *at once* and drops that rank.
   A rank that is alive but silent (hung, or far slower than everyone else) is dropped when it
@@ -29,20 +35,25 @@ the Communicator's phase/epoch, so the trainer's metrics and the network model s
 
 * :meth:`reduce_sum` -- sum a float32 vector over the live ranks, everyone gets the sum and the
   list of ranks that contributed (2 hops: up to the hub, back down);
-* :meth:`gather_object` -- the hub gets one picklable object from every live rank (1 hop);
+* :meth:`gather_object` -- the hub gets one object (tensors, plain data) from every live rank
+  (1 hop);
 * :meth:`broadcast_object` -- the live spokes get one object from the hub (1 hop).
 
 Wire format: every message is a 20-byte header ``(tag: 4 bytes, round: int64, length: int64)``
 followed by ``length`` payload bytes; header bytes are counted as traffic. ``reduce_sum``
-replies carry the sum (``4 n`` bytes) plus one byte per rank (1 = contributed).
+replies carry the sum (``4 n`` bytes) plus one byte per rank (1 = contributed). Set-up: the
+bootstrap broadcast is 40 bytes (int64 port + 32-byte secret); joining costs each spoke one
+nonce message (header + 16) in and one hello (header + 32-byte MAC) out.
 
 World size 1: every operation is a local no-op that records nothing (like the Communicator).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
-import pickle
+import secrets
 import selectors
 import socket
 import struct
@@ -52,14 +63,22 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ..serial import dumps, loads
 from .communicator import CommError, Communicator
 from .qreduce import decode_flat, encode_flat, encoded_len
+from .rendezvous import _resolve
 
 __all__ = ["StarChannel", "HEADER_BYTES"]
 
 _HEADER = struct.Struct("!4sqq")
 #: bytes of the framing header of every message
 HEADER_BYTES = _HEADER.size
+#: bytes of the hub's secret, of its nonce per connection, and of a spoke's proof (HMAC-SHA256)
+SECRET_BYTES, NONCE_BYTES, MAC_BYTES = 32, 16, 32
+
+
+def _proof(secret: bytes, rank: int, nonce: bytes) -> bytes:
+    return hmac.new(secret, b"quietgnn-hub|%d|" % rank + nonce, hashlib.sha256).digest()
 
 
 class StarChannel:
@@ -87,62 +106,145 @@ class StarChannel:
     def open(cls, comm: Communicator, timeout_s: Optional[float] = None,
              host: Optional[str] = None) -> "StarChannel":
         """Connect all ranks (collective: call on every rank). The hub binds an ephemeral
-        port on all interfaces and announces it with one broadcast (kind ``ft_bootstrap``);
-        spokes connect to ``host`` (default ``MASTER_ADDR`` or 127.0.0.1)."""
+        port on ``host`` (default ``MASTER_ADDR`` or 127.0.0.1: where the spokes connect, not
+        every interface) and announces it and a fresh secret with one broadcast (kind
+        ``ft_bootstrap``); spokes connect to ``host`` and prove the secret."""
         ch = cls(comm, comm.timeout_s if timeout_s is None else timeout_s)
         if ch.world_size == 1:
             return ch
-        port = torch.zeros(1, dtype=torch.int64)
+        addr = host or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        # [port | secret as 4 int64]: one broadcast, while every rank is known to be alive
+        boot = torch.zeros(1 + SECRET_BYTES // 8, dtype=torch.int64)
         if ch.rank == 0:
-            lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lst.bind(("0.0.0.0", 0))
+            fam, ip = _resolve(addr)
+            lst = socket.socket(fam, socket.SOCK_STREAM)
+            try:
+                lst.bind((ip, 0))
+            except OSError as exc:
+                lst.close()
+                raise ValueError(f"rank 0 cannot open the averaging hub on MASTER_ADDR = "
+                                 f"{addr!r} ({ip}): {exc.strerror or exc}; MASTER_ADDR must be "
+                                 f"an address of rank 0's host") from None
             lst.listen(ch.world_size)
             ch._listener = lst
-            port[0] = lst.getsockname()[1]
-        comm.broadcast(port, 0, kind="ft_bootstrap")
+            boot[0] = lst.getsockname()[1]
+            boot[1:] = torch.frombuffer(bytearray(secrets.token_bytes(SECRET_BYTES)),
+                                        dtype=torch.int64)
+        comm.broadcast(boot, 0, kind="ft_bootstrap")
+        port, secret = int(boot[0]), boot[1:].numpy().tobytes()
         r, t0, c0 = comm._begin()
         if ch.rank == 0:
-            ch._accept_all(r)
-            n = HEADER_BYTES * (ch.world_size - 1)
-            comm._record("ft_connect", "ft_bootstrap", 0, n, 0, 1, t0, c0, r)
+            ch._accept_all(secret)
+            n = ch.world_size - 1
+            comm._record("ft_connect", "ft_bootstrap", n * (HEADER_BYTES + NONCE_BYTES),
+                         n * (HEADER_BYTES + MAC_BYTES), n, 2, t0, c0, r)
         else:
-            addr = host or os.environ.get("MASTER_ADDR", "127.0.0.1")
             deadline = time.monotonic() + ch.timeout_s
             while True:
                 try:
-                    s = socket.create_connection((addr, int(port[0])), timeout=ch.timeout_s)
+                    s = socket.create_connection((addr, port), timeout=ch.timeout_s)
                     break
                 except OSError as exc:
                     if time.monotonic() > deadline:
                         raise CommError(f"rank {ch.rank}: cannot reach the averaging hub at "
-                                        f"{addr}:{int(port[0])} ({exc}); check MASTER_ADDR "
+                                        f"{addr}:{port} ({exc}); check MASTER_ADDR "
                                         f"and firewalls") from exc
                     time.sleep(0.05)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(ch.timeout_s)
-            s.sendall(_HEADER.pack(b"HELO", ch.rank, 0))
             ch._hub = s
-            comm._record("ft_connect", "ft_bootstrap", HEADER_BYTES, 0, 1, 1, t0, c0, r)
+            try:
+                tag, _, n = _HEADER.unpack(_recv_exact(s, HEADER_BYTES))
+                nonce = _recv_exact(s, n) if tag == b"NONC" and n == NONCE_BYTES else b""
+                if not nonce:
+                    raise EOFError(f"expected a {NONCE_BYTES}-byte nonce, got {tag!r} of {n}")
+                s.sendall(_HEADER.pack(b"HELO", ch.rank, MAC_BYTES) +
+                          _proof(secret, ch.rank, nonce))
+            except (OSError, EOFError) as exc:
+                raise ch._hub_error(r, exc) from exc
+            comm._record("ft_connect", "ft_bootstrap", HEADER_BYTES + MAC_BYTES,
+                         HEADER_BYTES + NONCE_BYTES, 1, 2, t0, c0, r)
         return ch
 
-    def _accept_all(self, round_: int) -> None:
-        assert self._listener is not None
-        self._listener.settimeout(self.timeout_s)
-        while len(self._socks) < self.world_size - 1:
-            try:
-                s, _ = self._listener.accept()
-            except socket.timeout as exc:
-                missing = sorted(set(range(1, self.world_size)) - set(self._socks))
-                raise CommError(f"rank 0: rank(s) {missing} did not connect to the averaging "
-                                f"hub within {self.timeout_s:g}s") from exc
-            s.settimeout(self.timeout_s)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            tag, rank, _ = _HEADER.unpack(_recv_exact(s, HEADER_BYTES))
-            if tag != b"HELO" or not 0 < rank < self.world_size or rank in self._socks:
-                raise CommError(f"rank 0: bad hello on the averaging hub ({tag!r}, rank {rank})")
-            self._socks[rank] = s
-            self._inbuf[rank] = bytearray()
+    def _accept_all(self, secret: bytes) -> None:
+        """Admit one authenticated connection per spoke rank within ``timeout_s``. A
+        connection that does not prove the secret (a port scanner, a stranger, a replay) is
+        closed and does not stop the hub from waiting for the real spokes. The listener is
+        closed once all have joined: nobody can connect afterwards."""
+        lst = self._listener
+        assert lst is not None
+        lst.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(lst, selectors.EVENT_READ, None)
+        pending: dict[socket.socket, tuple[bytes, bytearray]] = {}   # conn -> (nonce, input)
+        rejected = 0
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while len(self._socks) < self.world_size - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(1, self.world_size)) - set(self._socks))
+                    raise CommError(f"rank 0: rank(s) {missing} did not join the averaging hub "
+                                    f"within {self.timeout_s:g}s ({rejected} connection(s) "
+                                    f"without the run's secret were refused)")
+                for key, _ in sel.select(min(left, 1.0)):
+                    if key.data is None:           # the listener: a new connection
+                        try:
+                            s, _ = lst.accept()
+                        except OSError:            # gone before accept, or would block
+                            continue
+                        nonce = secrets.token_bytes(NONCE_BYTES)
+                        try:
+                            s.settimeout(1.0)      # 36 bytes into an empty socket buffer
+                            s.sendall(_HEADER.pack(b"NONC", 0, NONCE_BYTES) + nonce)
+                            s.setblocking(False)
+                        except OSError:
+                            rejected += 1
+                            s.close()
+                            continue
+                        pending[s] = (nonce, bytearray())
+                        sel.register(s, selectors.EVENT_READ, "hello")
+                        continue
+                    s = key.fileobj
+                    nonce, buf = pending[s]
+                    try:
+                        chunk = s.recv(HEADER_BYTES + MAC_BYTES - len(buf))
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        chunk = b""
+                    buf += chunk
+                    if chunk and len(buf) < HEADER_BYTES + MAC_BYTES:
+                        continue
+                    sel.unregister(s)
+                    del pending[s]
+                    rank = self._check_hello(bytes(buf), nonce, secret)
+                    if rank is None:
+                        rejected += 1
+                        s.close()
+                        continue
+                    s.setblocking(True)
+                    s.settimeout(self.timeout_s)
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._socks[rank] = s
+                    self._inbuf[rank] = bytearray()
+        finally:
+            sel.close()
+            for s in pending:
+                s.close()
+            lst.close()
+            self._listener = None
+
+    def _check_hello(self, msg: bytes, nonce: bytes, secret: bytes) -> Optional[int]:
+        """The rank a hello proves (``None``: refuse it)."""
+        if len(msg) != HEADER_BYTES + MAC_BYTES:
+            return None
+        tag, rank, n = _HEADER.unpack(msg[:HEADER_BYTES])
+        if tag != b"HELO" or n != MAC_BYTES or not 0 < rank < self.world_size or \
+                rank in self._socks:
+            return None
+        ok = hmac.compare_digest(msg[HEADER_BYTES:], _proof(secret, rank, nonce))
+        return rank if ok else None
 
     def close(self) -> None:
         for s in list(self._socks.values()) + [self._hub, self._listener]:
@@ -338,9 +440,10 @@ class StarChannel:
             recv = sum(HEADER_BYTES + len(m) for m in got.values())
             self.comm._record("ft_gather", kind, 0, recv, 0, 1, t0, c0, r)
             out = {0: obj}
-            out.update({j: pickle.loads(m) for j, m in got.items()})
+            out.update({j: self._decode(m, f"the object rank {j} sent", r)
+                        for j, m in got.items()})
             return dict(sorted(out.items()))
-        sent = self._to_hub(b"GOBJ", r, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        sent = self._to_hub(b"GOBJ", r, dumps(obj, where=f"gather_object({kind})"))
         self.comm._record("ft_gather", kind, sent, 0, 1, 1, t0, c0, r)
         return None
 
@@ -351,12 +454,18 @@ class StarChannel:
         r, t0, c0 = self.comm._begin()
         if self.rank == 0:
             sent, msgs = self._send_spokes(b"BOBJ", r,
-                                           pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+                                           dumps(obj, where=f"broadcast_object({kind})"))
             self.comm._record("ft_broadcast", kind, sent, 0, msgs, 1, t0, c0, r)
             return obj
         payload = self._from_hub(b"BOBJ", r)
         self.comm._record("ft_broadcast", kind, 0, HEADER_BYTES + len(payload), 0, 1, t0, c0, r)
-        return pickle.loads(payload)
+        return self._decode(payload, "the object the hub sent", r)
+
+    def _decode(self, payload: bytes, what: str, round_: int) -> Any:
+        try:
+            return loads(payload, what)
+        except ValueError as exc:   # refused (not tensors / plain data): never unpickled
+            raise CommError(f"rank {self.rank}: averaging hub, round {round_}: {exc}") from None
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..graph import Graph
+from ..serial import load_file
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 
@@ -156,11 +157,9 @@ class PartitionBook:
         if not 0 <= rank < self.num_parts:
             raise ValueError(f"rank {rank} is outside the book's {self.num_parts} parts")
         f = self._checked_file(f"part-{rank}.pt")
-        try:
-            d = torch.load(f, weights_only=True)
-        except Exception as exc:
-            raise ValueError(f"could not read partition file {str(f)!r} ({type(exc).__name__}: "
-                             f"{exc}); re-run `quietgnn partition`") from exc
+        # one line on failure (a planted pickle, a damaged file): the launcher reports a
+        # worker's ValueError as an input error by its last line
+        d = load_file(f, "partition file", "re-run `quietgnn partition`")
         if not isinstance(d, dict):
             raise ValueError(f"partition file {str(f)!r} holds {type(d).__name__}, expected a "
                              f"dict of tensors; re-run `quietgnn partition`")

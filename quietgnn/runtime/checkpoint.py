@@ -4,7 +4,8 @@ checkpoint that is complete on *every* rank.
 Layout (``<run>/checkpoints``)::
 
     epoch-000012/
-        rank-0.pt ... rank-<P-1>.pt   one shard per rank (torch.save of a dict, see below)
+        rank-0.pt ... rank-<P-1>.pt   one shard per rank (torch.save of a dict of tensors and
+                                      plain data, see below)
         COMMIT.json                   written by rank 0 once every shard is durable: format,
                                       version, epoch, world size, the run identity (config
                                       fields that must not change across a resume) and the
@@ -38,14 +39,17 @@ number of parts, model shape, strategy or options, other partition assignment) f
 the abandoned attempt) are deleted so they can never be mixed with the new ones.
 
 The directory must be visible to every rank under the same path (one host, or a shared file
-system). Shards are pickles written by this run (``torch.load(weights_only=False)``): load
-checkpoints only from run directories you trust.
+system). Shards hold tensors and plain data only and are loaded with
+``torch.load(weights_only=True)`` (:mod:`quietgnn.serial`): numpy values (numpy's RNG state)
+are stored as tagged uint8 tensors and restored bit for bit, and a state that holds anything
+else fails when it is *saved*. A shard that holds code (a planted pickle, with its checksum
+updated in the marker) is refused with a one-line ``ValueError`` on every rank and never
+unpickled; the checksums detect damage, not tampering.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import random
@@ -58,12 +62,16 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from ..serial import load_file, save_bytes
+
 __all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "run_identity",
            "identity_differences", "capture_rng", "restore_rng", "committed_checkpoints",
            "check_resume_compatible"]
 
 CKPT_FORMAT = "quietgnn-checkpoint"
-CKPT_VERSION = 1
+#: 2: shards hold tensors and plain data only (numpy tagged), loaded with weights_only=True;
+#: version-1 shards pickled numpy's RNG state, which that refuses: they are skipped by version
+CKPT_VERSION = 2
 MARKER = "COMMIT.json"
 
 
@@ -167,13 +175,23 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """temp file in the same directory -> fsync -> rename -> fsync the directory."""
+    """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
+    write (disk full) removes its partial temp file and raises ``OSError`` naming ``path``:
+    a full disk must not be made fuller by every failed attempt."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise OSError(exc.errno, f"could not write {str(path)!r}: "
+                                 f"{exc.strerror or exc}") from exc
     _fsync_dir(path.parent)
 
 
@@ -289,9 +307,9 @@ class Checkpointer:
         info: dict[str, Any] = {"rank": self.rank, "ok": True}
         try:
             d.mkdir(parents=True, exist_ok=True)
-            buf = io.BytesIO()
-            torch.save(shard, buf)
-            data = buf.getvalue()
+            # tensors and plain data only (numpy values tagged): loadable with
+            # weights_only=True; anything else raises here, not when resuming
+            data = save_bytes(shard, where="checkpoint state")
             name = f"rank-{self.rank}.pt"
             _atomic_write(d / name, data)
             info.update(file=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
@@ -441,13 +459,19 @@ class Checkpointer:
         if diffs:
             raise _incompatible(d, diffs)
         f = d / meta["shards"][str(self.rank)]["file"]
+        state, error = None, None
         try:
-            state = torch.load(f, map_location="cpu", weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - a checksummed file that will not unpickle
-            raise ValueError(f"checkpoint shard {str(f)!r} could not be read "
-                             f"({type(exc).__name__}: {exc})") from exc
-        if not isinstance(state, dict) or state.get("epoch") != chosen:
-            raise ValueError(f"checkpoint shard {str(f)!r} does not hold epoch {chosen}")
+            state = load_file(f, "checkpoint shard",
+                              f"delete {str(d)!r} to resume from an older checkpoint, or "
+                              f"resume only from run directories you trust")
+            if not isinstance(state, dict) or state.get("epoch") != chosen:
+                raise ValueError(f"checkpoint shard {str(f)!r} does not hold epoch {chosen}")
+        except ValueError as exc:
+            error = str(exc)
+        # Every rank raises together (rather than the others waiting for a rank that stopped)
+        errors = [e for e in self._gather(error) if e]
+        if errors:
+            raise ValueError(errors[0] if error is None else error)
         # Anything newer belongs to the abandoned attempt: never mix it with what comes next.
         if self.rank == 0:
             for e in epochs:

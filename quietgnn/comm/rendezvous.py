@@ -1,0 +1,86 @@
+"""Rendezvous of the process group: the TCPStore bound to ``MASTER_ADDR`` only, and gloo kept
+on the loopback interface when every rank is on this host (see :class:`Communicator.init`)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import sys
+from typing import Any
+
+import torch.distributed as dist
+
+__all__: list[str] = []
+
+def _resolve(addr: str) -> tuple[int, str]:
+    """(address family, numeric address) of ``addr``; ValueError when it does not resolve."""
+    try:
+        fam, _, _, _, sa = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, IndexError) as exc:
+        raise ValueError(f"MASTER_ADDR = {addr!r} does not resolve ({exc}); set it to the "
+                         f"address of rank 0's host") from None
+    return fam, str(sa[0])
+
+
+def _tcp_store(addr: str, port: int, world_size: int, is_master: bool, timeout: Any,
+               multi_tenant: bool = False) -> Any:
+    """The rendezvous store. Rank 0 listens on ``addr`` only: torch's own TCPStore server
+    would listen on every interface, exposing an unauthenticated key-value store (which
+    every rank trusts) to the whole network although the workers may all be on 127.0.0.1."""
+    if not is_master:
+        return dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout,
+                             multi_tenant=multi_tenant)
+    fam, ip = _resolve(addr)
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((ip, port))
+        sock.listen(max(world_size, 128))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"MASTER_ADDR = {addr!r} ({ip}) is not an address of this host, "
+                             f"but rank 0 runs here and must listen on it; set MASTER_ADDR to "
+                             f"rank 0's address") from None
+        raise ValueError(f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {ip}:{port} "
+                         f"({exc.strerror or exc}); pick a free MASTER_PORT") from None
+    # the store takes the descriptor over (and closes it when it shuts down)
+    return dist.TCPStore(addr, port, world_size, is_master=True, timeout=timeout,
+                         multi_tenant=multi_tenant, master_listen_fd=sock.detach())
+
+
+def _gloo_on_loopback(addr: str) -> None:
+    """All ranks on this host (MASTER_ADDR loopback): keep gloo's pair sockets on the loopback
+    interface. Gloo otherwise listens on the address the host name resolves to (often a LAN
+    address). An explicit GLOO_SOCKET_IFNAME wins."""
+    if "GLOO_SOCKET_IFNAME" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        if not ipaddress.ip_address(_resolve(addr)[1]).is_loopback:
+            return
+    except ValueError:
+        return
+    for name in sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []:
+        try:
+            flags = int(open(f"/sys/class/net/{name}/flags").read(), 16)
+        except (OSError, ValueError):
+            continue
+        if flags & 0x8:   # IFF_LOOPBACK
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
+def _generation(store: Any, world_size: int) -> int:
+    """Which start of the worker group this process belongs to, the same on every rank.
+
+    Not ``TORCHELASTIC_RESTART_COUNT``: with several agents (hosts) only the agent whose worker
+    failed counts a restart; the others restart their workers for the new rendezvous round
+    with their count unchanged, so the ranks of one round would disagree and half of them
+    would read the dead round's keys. Every worker of every round adds 1 to one counter in
+    the agents' shared store before anything else, so round ``g`` holds the values
+    ``g*W+1 .. (g+1)*W``. (A worker stopped before it reaches this line would shift the
+    count; the group then fails its rendezvous within the timeout instead of hanging.)"""
+    n = int(store.add("quietgnn/worker-starts", 1))
+    return (n - 1) // max(1, world_size)

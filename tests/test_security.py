@@ -1,0 +1,408 @@
+"""Security (issue #19, items 1-4): nothing read from disk or a socket runs code, servers
+listen where they must and only admit the run's own ranks, and a planted payload is a clear
+one-line input error. Every payload here is real: unpickled, it would create a marker file."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn import serial
+from quietgnn.runtime import checkpoint as ckpt_mod
+from quietgnn.runtime.checkpoint import MARKER, CheckpointError, Checkpointer
+from quietgnn.runtime.launcher import spawn_function
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = {"strategy": "halo", "dataset": {"name": "synthetic", "root": None, "split_seed": 0},
+       "synthetic": {"nodes": 300, "feature_dim": 8},
+       "partition": {"method": "metis", "parts": 2, "seed": 0, "clusters": None},
+       "model": {"arch": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
+       "train": {"epochs": 10, "lr": 0.01}, "options": {}}
+
+
+class Payload:
+    """Unpickling this creates ``path`` (via os.system): the proof that code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _plant(path: Path, marker: Path, index: Path, key) -> None:
+    """Replace ``path`` by a torch.save'd payload and update its size + sha256 in the JSON
+    ``index`` at ``key`` (a list of keys), as an attacker with write access would."""
+    data = _torch_bytes({"x": Payload(str(marker))})
+    path.write_bytes(data)
+    meta = json.loads(index.read_text())
+    entry = meta
+    for k in key:
+        entry = entry[k]
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    index.write_text(json.dumps(meta))
+
+
+def _one_line_refusal(msg: str, path: Path) -> None:
+    assert "\n" not in msg, msg
+    assert str(path) in msg and "holds something other than tensors and plain data" in msg
+    assert "weights_only" not in msg and "Traceback" not in msg   # never "retry unsafely"
+
+
+# ---------------------------------------------------------------------- serial (unit)
+def test_plain_data_round_trips_exactly_and_code_is_refused(tmp_path):
+    np.random.seed(5)
+    np.random.rand(3)
+    sd = torch.nn.Linear(2, 3).state_dict()
+    obj = {"np_rng": np.random.get_state(), "f32": np.float32(0.1), "arr": np.arange(4.0),
+           "sd": sd, "key": {("f", 0): [torch.ones(2)]}}
+    back = serial.load_file(io.BytesIO(serial.save_bytes(obj)), "test file", "fix")
+    np.random.set_state(back["np_rng"])          # bit-identical numpy stream after a restore
+    want = np.random.get_state()
+    assert back["np_rng"][0] == want[0] and np.array_equal(back["np_rng"][1], want[1])
+    np.random.seed(5)
+    np.random.rand(3)
+    expect = np.random.rand(4)
+    np.random.set_state(back["np_rng"])
+    assert np.array_equal(np.random.rand(4), expect)
+    assert type(back["f32"]) is np.float32 and back["f32"] == np.float32(0.1)
+    assert np.array_equal(back["arr"], np.arange(4.0)) and back["arr"].dtype == np.float64
+    assert isinstance(back["sd"], OrderedDict) and back["sd"]._metadata == sd._metadata
+    assert torch.equal(back["key"][("f", 0)][0], torch.ones(2))
+    # what cannot be stored safely fails at save time, naming where it sits
+    with pytest.raises(TypeError, match=r"state\['opt'\]\[1\]: .*Payload cannot be stored"):
+        serial.save_bytes({"opt": [1, Payload("x")]}, where="state")
+    # wire format: JSON when exact, a weights-only archive otherwise
+    assert serial.dumps({"a": 0.5})[:1] == b"J" and serial.dumps({0: "a"})[:1] == b"T"
+    for o in ({"a": [1.5, None, True]}, {0: (1, "x")}, {"t": torch.arange(3)}):
+        got = serial.loads(serial.dumps(o))
+        assert repr(got) == repr(o)
+    # a pre-fix shard (numpy RNG state pickled): refused with what and why, one line
+    f = tmp_path / "old.pt"
+    torch.save({"rng": np.random.get_state()}, f)
+    with pytest.raises(ValueError) as ei:
+        serial.load_file(f, "checkpoint shard", "fix")
+    _one_line_refusal(str(ei.value), f)
+    assert "unsupported global numpy" in str(ei.value)
+    marker = tmp_path / "ran"
+    for raw in (b"T" + _torch_bytes(Payload(str(marker))), b"T" + __import__("pickle").dumps(
+            Payload(str(marker)))):
+        with pytest.raises(ValueError) as ei:
+            serial.loads(raw, "the message")
+        assert "\n" not in str(ei.value) and "weights_only" not in str(ei.value)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------- item 1: checkpoints
+def _state(epoch):
+    return {"epoch": epoch, "config": CFG, "book_id": "b", "strategy": {"w": torch.ones(2)}}
+
+
+def test_planted_checkpoint_shard_is_refused_and_does_not_run(tmp_path):
+    ck = Checkpointer(tmp_path, 0, 1, log=lambda m: None)
+    ck.save(0, _state(0))
+    d = tmp_path / "epoch-000000"
+    marker = tmp_path / "pwned"
+    _plant(d / "rank-0.pt", marker, d / MARKER, ["shards", "0"])
+    with pytest.raises(ValueError) as ei:
+        ck.load_latest(CFG, "b")
+    _one_line_refusal(str(ei.value), d / "rank-0.pt")
+    assert not marker.exists()
+
+
+def test_failed_shard_write_leaves_no_temp_file_and_names_the_path(tmp_path, monkeypatch):
+    real_open = open
+
+    class Full(io.RawIOBase):
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):   # half of it lands, then the disk is full
+            self.f.write(bytes(b)[: len(b) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return Full(f) if "w" in mode and ".tmp-" in str(path) else f
+
+    monkeypatch.setattr(ckpt_mod, "open", fake_open, raising=False)
+    ck = Checkpointer(tmp_path, 0, 1, log=lambda m: None)
+    with pytest.raises(CheckpointError) as ei:
+        ck.save(0, _state(0))
+    d = tmp_path / "epoch-000000"
+    assert str(d / "rank-0.pt") in str(ei.value) and "No space left" in str(ei.value)
+    assert [p.name for p in d.iterdir()] == []          # no partial .rank-0.pt.tmp-<pid>
+    monkeypatch.undo()
+    ck.save(0, _state(0))                                # and the next attempt works
+    assert ck.load_latest(CFG, "b")["epoch"] == 0
+
+
+# ---------------------------------------------------------------------- items 2, 3 (live)
+def _listening(pid: int) -> list[tuple[str, int]]:
+    import psutil
+    return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("inet")
+                  if c.status == psutil.CONN_LISTEN)
+
+
+def _rogues(port: int, marker: str, out: dict) -> None:
+    """Strangers on the hub's port, before the real spoke joins: a hello with a wrong proof,
+    a pickled payload instead of a hello, and a silent connection."""
+    from quietgnn.comm.store import _HEADER, HEADER_BYTES, MAC_BYTES
+
+    def read_all(s):
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return got, "closed"
+                got += chunk
+        except ConnectionResetError:
+            return got, "closed"
+        except socket.timeout:
+            return got, "open"
+
+    res = {}
+    silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+    for name, msg in (("bad_hello", _HEADER.pack(b"HELO", 1, MAC_BYTES) + b"\0" * MAC_BYTES),
+                      ("pickle", _HEADER.pack(b"GOBJ", 0, 200) + b"T" +
+                       _torch_bytes(Payload(marker)))):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        nonce = s.recv(HEADER_BYTES + 16)
+        s.sendall(msg)
+        got, state = read_all(s)
+        res[name] = (len(nonce), got, state)
+        s.close()
+    silent.settimeout(20)
+    res["silent"] = read_all(silent)[1]       # closed when the hub stops accepting
+    silent.close()
+    out.update(res)
+
+
+def _live(comm, marker):
+    """One process group for items 2 and 3 (process start-up dominates)."""
+    import quietgnn.comm.communicator as cm
+    from quietgnn.comm.store import StarChannel
+    out = {}
+    # --- item 2: all_gather_object is counted by its real buffers and never unpickles
+    objs = [{"rank": 0, "ok": True, "n": 7}, {"rank": 1, "status": {3: "", 2: "torn"},
+                                              "t": torch.arange(5)}]
+    comm.take_records()
+    got = comm.all_gather_object(objs[comm.rank], kind="control")
+    (rec,) = comm.take_records()
+    out["gather"] = got
+    out["gather_rec"] = (rec.bytes_sent, rec.bytes_recv)
+    out["gather_expect"] = (8 + max(len(serial.dumps(o)) for o in objs))   # times P-1 = 1
+    # rank 1 plays a hostile peer: its bytes on the wire are a pickle that runs code
+    real, evil = getattr(cm, "dumps", None), {"x": 1}
+    if comm.rank == 1:
+        if real is not None:
+            cm.dumps = lambda obj, where="": b"T" + _torch_bytes(Payload(marker))
+        else:   # the pre-fix code pickled whatever it was given
+            evil = Payload(marker)
+    try:
+        comm.all_gather_object(evil)
+        out["evil_gather"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["evil_gather"] = f"{type(exc).__name__}: {exc}"
+    if real is not None:
+        cm.dumps = real
+    # --- item 2: the hub
+    rogue: dict = {}
+    seen: dict = {}
+    if comm.rank == 0:
+        accept = StarChannel._accept_all
+
+        def watched(self, secret):
+            seen["listener"] = self._listener.getsockname()[:2]
+            seen["listening"] = _listening(os.getpid())
+            t = threading.Thread(target=_rogues, args=(seen["listener"][1], marker, rogue))
+            t.start()
+            try:
+                return accept(self, secret)
+            finally:
+                t.join()
+        StarChannel._accept_all = watched
+    else:   # the real spoke joins only after the strangers had their go
+        real_conn = socket.create_connection
+        socket.create_connection = lambda *a, **k: (time.sleep(1.5), real_conn(*a, **k))[1]
+    comm.take_records()
+    ch = StarChannel.open(comm, timeout_s=20)
+    if comm.rank == 1:
+        socket.create_connection = real_conn
+    out["boot_recs"] = [(r.op, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+    out["rogue"], out["seen"] = rogue, seen
+    out["listener_closed"] = ch._listener is None
+    out["listening_after"] = _listening(os.getpid())
+    # spokes' objects arrive; a spoke sending a pickled payload is refused, never unpickled
+    g = ch.gather_object({"rank": comm.rank, "arr": torch.full((2,), float(comm.rank))}, "t")
+    out["hub_gather"] = g
+    if comm.rank == 1:
+        r, _, _ = comm._begin()
+        ch._to_hub(b"GOBJ", r, b"T" + _torch_bytes(Payload(marker)))
+    else:
+        try:
+            ch.gather_object(None, "t")
+            out["evil_hub"] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out["evil_hub"] = f"{type(exc).__name__}: {exc}"
+    ch.close()
+    comm.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    marker = tmp_path_factory.mktemp("live") / "pwned"
+    res = spawn_function(_live, 2, args=(str(marker),), timeout_s=120, comm_timeout_s=30)
+    return res, marker
+
+
+def test_all_gather_object_counts_real_bytes_and_refuses_pickles(live):
+    res, marker = live
+    for r, out in enumerate(res):
+        assert out["gather"][0] == {"rank": 0, "ok": True, "n": 7}
+        assert out["gather"][1]["status"] == {3: "", 2: "torn"}
+        assert torch.equal(out["gather"][1]["t"], torch.arange(5))
+        assert out["gather_rec"] == (out["gather_expect"], out["gather_expect"])
+        assert out["evil_gather"].startswith("CommError") and "rank 1 sent" in \
+            out["evil_gather"] and "holds something other than tensors" in out["evil_gather"]
+    assert not marker.exists()
+
+
+def test_hub_binds_master_addr_admits_only_its_spokes_and_closes(live):
+    res, marker = live
+    hub = res[0]
+    ip, port = hub["seen"]["listener"]
+    assert ip == "127.0.0.1"                               # MASTER_ADDR, not 0.0.0.0
+    assert (ip, port) in hub["seen"]["listening"]
+    # strangers: got a nonce, were closed without a byte more; the silent one was dropped
+    for name in ("bad_hello", "pickle"):
+        n_nonce, got, state = hub["rogue"][name]
+        assert (n_nonce, got, state) == (36, b"", "closed"), name
+    assert hub["rogue"]["silent"] == "closed"
+    assert not marker.exists()
+    # the real spoke joined anyway; the listener is gone
+    assert hub["listener_closed"]
+    assert all(p != port for _, p in hub["listening_after"])
+    assert hub["hub_gather"][1]["rank"] == 1 and torch.equal(hub["hub_gather"][1]["arr"],
+                                                            torch.ones(2))
+    assert hub["evil_hub"].startswith("CommError") and "rank 1 sent" in hub["evil_hub"]
+    # bootstrap: port + 32-byte secret in one broadcast; nonce (20 + 16) down, proof (20 + 32)
+    # up
+    assert hub["boot_recs"] == [("broadcast", 40, 0), ("ft_connect", 36, 52)]
+    assert res[1]["boot_recs"] == [("broadcast", 0, 40), ("ft_connect", 52, 36)]
+
+
+def _probe(comm):
+    """What this rank's process listens on while the group is up (gloo pairs; on rank 0 the
+    rendezvous store)."""
+    comm.barrier()
+    out = {"listening": _listening(os.getpid()),
+           "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}
+    comm.barrier()
+    return out
+
+
+def test_nothing_listens_on_all_interfaces():
+    res = spawn_function(_probe, 2, timeout_s=120, comm_timeout_s=30)
+    for r, out in enumerate(res):
+        assert out["listening"], f"rank {r}: no listening socket seen (gloo, store)"
+        for ip, port in out["listening"]:
+            assert ip not in ("0.0.0.0", "::"), f"rank {r} listens on {ip}:{port}"
+            assert ip.startswith("127.") or ip == "::1", (r, ip, port)
+        assert out["gloo_ifname"] == "lo"
+    # rank 0 hosts the rendezvous store: its MASTER_PORT listener is on 127.0.0.1
+    assert len(res[0]["listening"]) > len(res[1]["listening"])
+
+
+# ---------------------------------------------------------------------- item 4 + CLI resume
+def _cli(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "quietgnn", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [x for x in stderr.splitlines() if "Error" in x or "error" in x]
+
+
+def test_planted_partition_part_exits_2_with_one_line(tmp_path):
+    from helpers import small_graph
+    from quietgnn.partition import make_book
+    book = tmp_path / "book"
+    make_book(book, small_graph(n=300, avg_deg=6, features=8, classes=3, seed=1), "random", 2)
+    marker = tmp_path / "pwned"
+    _plant(book / "part-1.pt", marker, book / "book.json", ["files", "part-1.pt"])
+    r = _cli("train", "--strategy", "halo", "--book", str(book), "--parts", "2",
+             "--epochs", "1", "--runtime.progress", "false", "--runtime.timeout_s", "30",
+             "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert not marker.exists()
+    errs = [x for x in _error_lines(r.stderr) if "holds something other" in x]
+    assert len(errs) == 1, r.stderr
+    _one_line_refusal(errs[0].split("ValueError: ", 1)[1], book / "part-1.pt")
+    assert "Traceback" not in r.stderr and "weights_only" not in r.stderr
+
+
+def test_cli_resume_from_a_planted_shard_exits_2_and_does_not_run_it(tmp_path):
+    common = ["train", "--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
+              "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "8",
+              "--runtime.progress", "false", "--runtime.timeout_s", "30",
+              "--runtime.checkpoint_every", "1", "--out", str(tmp_path / "runs"),
+              "--run-name", "r"]
+    first = _cli(*common, "--epochs", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ck = tmp_path / "runs" / "r" / "checkpoints"
+    newest = sorted(ck.iterdir())[-1]
+    marker = tmp_path / "pwned"
+    _plant(newest / "rank-1.pt", marker, newest / MARKER, ["shards", "1"])
+    r = _cli(*common, "--epochs", "3", "--resume", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert not marker.exists()
+    errs = [x for x in _error_lines(r.stderr) if "holds something other" in x]
+    assert errs, r.stderr
+    _one_line_refusal(errs[0].split("ValueError: ", 1)[1], newest / "rank-1.pt")
+    assert "Traceback" not in r.stderr and "weights_only" not in r.stderr
+
+
+def test_servers_refuse_a_master_addr_that_is_not_this_host():
+    """Rank 0 listens on MASTER_ADDR only, so an address of another host is a clear error
+    (192.0.2.1: TEST-NET-1, never assigned to a host) rather than a silent wildcard bind."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from quietgnn.comm.rendezvous import _tcp_store
+    from quietgnn.comm.store import StarChannel
+    with pytest.raises(ValueError, match=r"MASTER_ADDR = '192\.0\.2\.1' .*not an address of "
+                                         r"this host"):
+        _tcp_store("192.0.2.1", 29999, 2, True, timedelta(seconds=5))
+    fake = SimpleNamespace(rank=0, world_size=2, timeout_s=5.0, epoch=0)
+    with pytest.raises(ValueError, match=r"averaging hub on MASTER_ADDR = '192\.0\.2\.1'.*must "
+                                         r"be an address of rank 0's host"):
+        StarChannel.open(fake, host="192.0.2.1")
