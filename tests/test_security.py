@@ -354,14 +354,17 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 def test_planted_partition_part_exits_2_with_one_line(tmp_path):
-    from helpers import small_graph
+    from quietgnn.datasets import load_dataset
     from quietgnn.partition import make_book
     book = tmp_path / "book"
-    make_book(book, small_graph(n=300, avg_deg=6, features=8, classes=3, seed=1), "random", 2)
+    # the graph the run asks for (a book of another graph is refused before any load)
+    make_book(book, load_dataset("synthetic", synthetic={"nodes": 300, "feature_dim": 8}),
+              "random", 2)
     marker = tmp_path / "pwned"
     _plant(book / "part-1.pt", marker, book / "book.json", ["files", "part-1.pt"])
     r = _cli("train", "--strategy", "halo", "--book", str(book), "--parts", "2",
-             "--epochs", "1", "--runtime.progress", "false", "--runtime.timeout_s", "30",
+             "--dataset", "synthetic", "--synthetic.nodes", "300", "--synthetic.feature_dim",
+             "8", "--epochs", "1", "--runtime.progress", "false", "--runtime.timeout_s", "30",
              "--out", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
     assert not marker.exists()
