@@ -1,5 +1,6 @@
-"""`halo` equals `centralized` (logits and parameter gradients) and its bytes equal the
-analytic halo size: real gloo processes on 127.0.0.1."""
+"""`halo` equals `centralized` (logits and parameter gradients, dropout on) with its static
+inputs fetched once or re-sent every epoch, and its bytes equal the analytic halo size: real
+gloo processes on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,25 +13,28 @@ from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
-from quietgnn.strategies.halo import Halo
+from quietgnn.strategies.halo import Halo, HaloOptions
 
 from helpers import small_graph
 
 ARCHS = ("gcn", "sage", "gat", "gin")
 
 
-def _one_step(comm, graph, parts, arch, layers):
-    """Forward + backward + gradient sync of every architecture on this rank's partition."""
+def _one_step(comm, graph, parts, arch, layers, cache=True, dropout=0.5):
+    """Forward + backward + gradient sync of every architecture on this rank's partition
+    (training mode: dropout on)."""
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
-    out = {"owned": part.owned, "send": [int(t.numel()) for t in part.send_idx]}
+    out = {"owned": part.owned, "send": [int(t.numel()) for t in part.send_idx],
+           "send_nnz": [int((part.x[t] != 0).sum()) for t in part.send_idx]}
     for a in arch:
         ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                            model_cfg=ModelConfig(arch=a, hidden=8, layers=layers, dropout=0.0,
-                                                  heads=2, norm="layer"),
+                            model_cfg=ModelConfig(arch=a, hidden=8, layers=layers,
+                                                  dropout=dropout, heads=2, norm="layer"),
                             train_cfg=TrainConfig(seed=7))
-        s = Halo(ctx)
+        s = Halo(ctx, HaloOptions(cache_inputs=cache))
         s.setup()
-        comm.take_records()
+        out.setdefault("setup", [(r.kind, r.op, r.bytes_sent, r.bytes_recv)
+                                 for r in comm.take_records()])
         s.model.train()
         logits = s.forward()
         loss = masked_loss(logits, s.y, s.train_mask, part.num_train_global)
@@ -54,11 +58,11 @@ def reference(graph):
     return _one_step(Communicator(0, 1), graph, parts, ARCHS, 2)
 
 
-@pytest.mark.parametrize("P", [1, 2, 4])
-def test_halo_equals_centralized(graph, reference, P):
+@pytest.mark.parametrize("P,cache", [(1, True), (2, True), (4, True), (2, False), (4, False)])
+def test_halo_equals_centralized(graph, reference, P, cache):
     parts = partition_nodes(graph, "metis" if P > 1 else "random", P, seed=0)
     results = [_one_step(Communicator(0, 1), graph, parts, ARCHS, 2)] if P == 1 else \
-        spawn_function(_one_step, P, args=(graph, parts, ARCHS, 2))
+        spawn_function(_one_step, P, args=(graph, parts, ARCHS, 2, cache))
     for a in ARCHS:
         logits = torch.empty_like(reference[a]["logits"])
         for res in results:
@@ -70,10 +74,11 @@ def test_halo_equals_centralized(graph, reference, P):
                 assert torch.allclose(res[a]["grads"][name], g, atol=1e-5), (a, name)
 
 
-def test_halo_bytes_match_analytic_size(graph):
+@pytest.mark.parametrize("cache", [True, False])
+def test_halo_bytes_match_analytic_size(graph, cache):
     P, layers, hidden = 4, 3, 8
     parts = partition_nodes(graph, "random", P, seed=3)
-    results = spawn_function(_one_step, P, args=(graph, parts, ("gcn",), layers))
+    results = spawn_function(_one_step, P, args=(graph, parts, ("gcn",), layers, cache))
     F = graph.num_features
     for res in results:
         rows = sum(res["send"])
@@ -81,13 +86,56 @@ def test_halo_bytes_match_analytic_size(graph):
         fwd = [r for r in recs if r[0] == "halo_fwd"]
         bwd = [r for r in recs if r[0] == "halo_bwd"]
         ar = [r for r in recs if r[0] == "grad_allreduce"]
-        # forward: one exchange per layer of its input width; backward: all but layer 0
-        assert [r[2] for r in fwd] == [rows * 4 * d for d in (F, hidden, hidden)]
+        # forward: one exchange per layer of its input width (layer 0's rows only when they
+        # are not cached); backward: all but layer 0
+        widths = (hidden, hidden) if cache else (F, hidden, hidden)
+        assert [r[2] for r in fwd] == [rows * 4 * d for d in widths]
         assert [r[3] for r in bwd] == [rows * 4 * d for d in (hidden, hidden)]
         nfloat = res["gcn"]["nparams"] + 1 + P
         assert [r[2] for r in ar] == [2 * (P - 1) * nfloat * 4 // P]
         assert len(recs) == len(fwd) + len(bwd) + len(ar)
+        # setup: the input rows, once: nnz counts (8 bytes a peer), then each block dense or
+        # sparse, whichever is smaller
+        data = [r for r in res["setup"] if r[0] == "data"]
+        if cache:
+            blocks = [(r, z) for j, (r, z) in enumerate(zip(res["send"], res["send_nnz"]))
+                      if r]
+            assert [r[2] for r in data] == [8 * (P - 1), sum(min(4 * r * F, 4 * r + 8 * z)
+                                                             for r, z in blocks)]
+        else:
+            assert data == []
     # what one rank sends is what the others receive
     sent = sum(r[2] for res in results for r in res["gcn"]["records"] if r[0] == "halo_fwd")
     recv = sum(r[3] for res in results for r in res["gcn"]["records"] if r[0] == "halo_fwd")
     assert sent == recv > 0
+
+
+def _fetch(comm, x, parts):
+    from quietgnn.comm import fetch_static_rows
+    from quietgnn.graph import Graph
+    g = Graph.from_edge_index(EDGES, x, torch.zeros(x.shape[0], dtype=torch.int64),
+                              num_classes=2, undirected=True)
+    part = build_partitions(g, parts, ranks=[comm.rank])[0]
+    rows = fetch_static_rows(comm, part, part.x)
+    sent = [r.bytes_sent for r in comm.take_records()]
+    return {"rows": rows, "want": x[part.halo], "sent": sent}
+
+
+EDGES = torch.stack([torch.arange(60), (torch.arange(60) * 7 + 3) % 60])
+
+
+@pytest.mark.parametrize("density", [0.02, 0.9])
+def test_static_rows_arrive_exactly_sparse_when_smaller(density):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 50, generator=gen) * (torch.rand(60, 50, generator=gen) < density)
+    parts = np.arange(60) // 20
+    res = spawn_function(_fetch, 3, args=(x, parts))
+    for r in res:
+        assert r["want"].shape[0] > 0
+        assert torch.equal(r["rows"], r["want"])      # bit-exact, whatever the encoding
+    sent = sum(r["sent"][1] for r in res)
+    dense = sum(4 * r["want"].numel() for r in res)
+    if density < 0.5:
+        assert sent < dense / 3                        # sparse: 4 r + 8 nnz, not 4 r F
+    else:
+        assert sent == dense

@@ -1,6 +1,7 @@
 """Counted communication: the communicator, halo exchange, (later) codecs and network model."""
 
 from .communicator import CommError, Communicator, OpRecord, PendingExchange
-from .halo import HaloExchanger
+from .halo import HaloExchanger, fetch_static_rows
 
-__all__ = ["CommError", "Communicator", "OpRecord", "PendingExchange", "HaloExchanger"]
+__all__ = ["CommError", "Communicator", "OpRecord", "PendingExchange", "HaloExchanger",
+           "fetch_static_rows"]

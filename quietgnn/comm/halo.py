@@ -15,7 +15,7 @@ from torch import Tensor
 from ..partition.local import LocalPartition
 from .communicator import Communicator
 
-__all__ = ["HaloExchanger"]
+__all__ = ["HaloExchanger", "fetch_static_rows", "sparse_is_smaller"]
 
 
 class _HaloFn(torch.autograd.Function):
@@ -67,3 +67,53 @@ class HaloExchanger:
     def bytes_per_call(self, width: int, element_size: int = 4) -> int:
         """Analytic bytes this rank sends in one forward exchange of ``width`` columns."""
         return sum(self.send_counts) * width * element_size
+
+
+# ---------------------------------------------------------------------- static rows, once
+def sparse_is_smaller(rows: int, nnz: int, width: int) -> bool:
+    """Whether a block of ``rows`` x ``width`` fp32 values with ``nnz`` non-zeros is smaller as
+    (int32 non-zeros per row, int32 column, fp32 value) than dense: ``4 rows + 8 nnz <
+    4 rows width``. Sender and receiver decide alike from the exchanged ``nnz``."""
+    return 4 * rows + 8 * nnz < 4 * rows * width
+
+
+def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor,
+                      kind: str = "data") -> Tensor:
+    """This rank's halo rows of a static matrix ``x [n_own, F]`` (fp32; input features), in
+    halo order, fetched once: one all-to-all of the non-zero counts (8 bytes per peer), then
+    one of the rows, each peer's block sent sparse when :func:`sparse_is_smaller` says so.
+    Bytes sent to peer j: ``8 + min(4 r F, 4 r + 8 nnz)`` (r rows, nnz non-zeros, F columns)."""
+    P, me = comm.world_size, comm.rank
+    width = int(x.shape[1])
+    if x.dtype != torch.float32:
+        raise TypeError(f"fetch_static_rows: expected float32 rows, got {x.dtype}")
+    blocks = [x.index_select(0, idx.to(x.device)) for idx in part.send_idx]
+    nnz = [torch.tensor([int((b != 0).sum())], dtype=torch.int64) if j != me else
+           torch.zeros(0, dtype=torch.int64) for j, b in enumerate(blocks)]
+    got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)])
+    peer_nnz = [int(g[0]) if g.numel() else 0 for g in got]
+    recv_rows = [int(c) for c in part.recv_counts]
+    send = []
+    for j, b in enumerate(blocks):
+        r, z = int(b.shape[0]), int(nnz[j][0]) if j != me else 0
+        if j != me and r and sparse_is_smaller(r, z, width):
+            nzmask = b != 0
+            counts = nzmask.sum(1).to(torch.int32)
+            cols = nzmask.nonzero()[:, 1].to(torch.int32)
+            send.append(torch.cat([counts, cols, b[nzmask].view(torch.int32)]))
+        else:
+            send.append(b.reshape(-1).view(torch.int32))
+    sizes = [(r + 2 * z) if r and sparse_is_smaller(r, z, width) else r * width
+             for r, z in zip(recv_rows, peer_nnz)]
+    flat = comm.all_to_all(send, kind, sizes)
+    out = x.new_zeros((sum(recv_rows), width))
+    at = 0
+    for r, z, blk in zip(recv_rows, peer_nnz, flat):
+        if r and sparse_is_smaller(r, z, width):
+            counts, cols = blk[:r].to(torch.int64), blk[r:r + z].to(torch.int64)
+            rows = torch.repeat_interleave(torch.arange(r), counts) + at
+            out[rows, cols] = blk[r + z:].view(torch.float32)
+        elif r:
+            out[at:at + r] = blk.view(torch.float32).reshape(r, width)
+        at += r
+    return out

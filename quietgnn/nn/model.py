@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adj import SparseAdj
+from .keyed import keyed_dropout, mix_key
 from .layers import CONVS, GATConv
 from .sparse import SparseFeatures
 
@@ -91,19 +92,37 @@ class GNN(nn.Module):
         return h
 
     def forward(self, x: Union[Tensor, SparseFeatures], adjs: Union[SparseAdj, Sequence[SparseAdj]],
-                exchange: Optional[Exchange] = None) -> Tensor:
+                exchange: Optional[Exchange] = None, *, dropout_key: Optional[int] = None,
+                ids: Optional[Tensor] = None, ids_in: Optional[Tensor] = None,
+                inputs_have_halo: bool = False) -> Tensor:
+        """``dropout_key`` (with ``ids``, the global ids of the owned rows): masks keyed by
+        (key, layer, node, column) instead of drawn (:mod:`quietgnn.nn.keyed`), identical on
+        every rank. ``inputs_have_halo``: ``x`` already holds ``[owned ; halo]`` rows (static
+        inputs fetched once; their ids are ``ids_in``), so layer 0 exchanges nothing."""
         h = x
-        if isinstance(h, SparseFeatures) and exchange is not None:
+        if isinstance(h, SparseFeatures) and exchange is not None and not inputs_have_halo:
             raise TypeError("sparse input features need the whole graph (no exchange): "
                             "exchange dense rows, or pass x as a dense tensor")
         for i in range(self.num_layers):
             adj = adjs if isinstance(adjs, SparseAdj) else adjs[i]
-            h = h.dropout(self.dropout, self.training) if isinstance(h, SparseFeatures) else \
-                F.dropout(h, self.dropout, self.training)
-            if exchange is not None:
+            h = self._dropout(h, i, dropout_key, ids_in if i == 0 and ids_in is not None
+                              else ids)
+            if exchange is not None and not (i == 0 and inputs_have_halo):
                 h = exchange(h, i)
             h = self.block(i, h, adj)
         return h
+
+    def _dropout(self, h: Union[Tensor, SparseFeatures], layer: int, key: Optional[int],
+                 ids: Optional[Tensor]) -> Union[Tensor, SparseFeatures]:
+        if not self.training or self.dropout == 0.0:
+            return h
+        if key is not None and ids is not None:
+            k = mix_key(key, layer)
+            if isinstance(h, SparseFeatures):
+                return h.dropout(self.dropout, True, key=k, ids=ids)
+            return keyed_dropout(h, self.dropout, k, ids)
+        return h.dropout(self.dropout, True) if isinstance(h, SparseFeatures) else \
+            F.dropout(h, self.dropout, True)
 
 
 def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, seed: int) -> GNN:

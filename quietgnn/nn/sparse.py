@@ -82,20 +82,32 @@ class SparseFeatures:
         return torch.sparse_csr_tensor(self.indptr, self.indices,
                                        self.values if values is None else values, self.shape)
 
-    def dropout(self, p: float, training: bool = True) -> "SparseFeatures":
+    def dropout(self, p: float, training: bool = True, key: Optional[int] = None,
+                ids: Optional[Tensor] = None) -> "SparseFeatures":
         """Inverted dropout of the non-zeros (zeros stay zero whatever their mask).
 
         The mask is drawn in the transposed order, where the weight gradient reads it, and
         gathered (as bytes) into the row order of the forward product: cheaper than
-        gathering the dropped-out float values for the backward pass."""
+        gathering the dropped-out float values for the backward pass. With ``key`` and the
+        rows' global ``ids`` the mask is the keyed one of :mod:`quietgnn.nn.keyed` (the same
+        entries as :func:`~quietgnn.nn.keyed.keyed_dropout` of the dense matrix keeps)."""
         if not training or p == 0.0:
             return self
         t = self._structure()
-        key = ("scaled", float(p), self.values.data_ptr())
-        if key not in t:   # the kept values, scaled by 1 / (1 - p): one select per epoch
+        skey = ("scaled", float(p), self.values.data_ptr())
+        if skey not in t:   # the kept values, scaled by 1 / (1 - p): one select per epoch
             scale = 1.0 / (1.0 - p)
-            t[key] = (self.values * scale, self.transposed_values() * scale)
-        scaled, scaled_t = t[key]
+            t[skey] = (self.values * scale, self.transposed_values() * scale)
+        scaled, scaled_t = t[skey]
+        if key is not None and ids is not None:
+            from .keyed import keep_mask
+            rows = t["indices"].new_empty(self.nnz)
+            rows[t["perm"]] = t["indices"]            # the row of every non-zero, row order
+            keep = keep_mask(ids.to(torch.int64)[rows] * self.num_cols + self.indices, p, key)
+            values = scaled * keep
+            values_t = scaled_t * keep[t["perm"]]
+            return SparseFeatures(self.indptr, self.indices, values, self.num_cols,
+                                  self._transpose, values_t)
         keep_t = torch.rand(self.nnz, device=self.device) >= p
         values_t = scaled_t * keep_t          # (a product: ~3x faster than torch.where)
         values = scaled * keep_t[t["inv"]]

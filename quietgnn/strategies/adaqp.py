@@ -28,8 +28,9 @@ GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three c
    part of it this rank sat waiting (``exch_wait_s``), per exchange the CPU computed while it
    flew (``inflight``), and the rows sent per width (``bits_hist``, ``bits_by_key``).
 
-Dropout masks are drawn in the partition's own row order, exactly as ``halo`` draws them, so
-from the same seed the two strategies differ by quantization alone.
+Dropout masks are ``halo``'s keyed ones (:mod:`quietgnn.nn.keyed`), so from the same seed the
+two strategies differ by quantization alone. Unlike ``halo``, ``adaqp`` still sends layer 0's
+(static) input rows every epoch, quantized: fetching them once is not done here yet.
 
 Traffic per epoch: the halo rows at ``ceil(b D / 8) + 4`` bytes instead of ``4 D``
 (``adaqp_fwd``/``adaqp_bwd``), the fp32 gradient all-reduce, and once per cycle the assignment
@@ -51,6 +52,7 @@ import torch.nn.functional as F
 
 from ..comm.bitassign import AssignProblem, solve
 from ..nn import SparseAdj
+from ..nn.keyed import keyed_dropout, mix_key
 from ..partition.local import gather_rows
 from ._adaqp_exchange import QuantizedHalo
 from ._adaqp_split import SplitConv
@@ -126,6 +128,7 @@ class AdaQP(Strategy):
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
         self.L = self.model.num_layers
+        self._epoch = 0
         central = p.central_mask()
         self.perm = torch.cat([torch.nonzero(central).flatten(), torch.nonzero(~central).flatten()])
         self.inv = torch.empty_like(self.perm)
@@ -310,11 +313,12 @@ class AdaQP(Strategy):
         h = self.x
         for i in range(self.L):
             if m.training and m.dropout > 0:
-                # dropout in the partition's own row order, then permuted: adaqp and halo draw
-                # the same masks from the same seed, so at 32 bits the two train identically
-                # and otherwise they differ by quantization alone
+                # the masks halo uses (keyed by seed, epoch, layer, global node, column; in the
+                # partition's own row order, then permuted): at 32 bits the two train
+                # identically and otherwise they differ by quantization alone
                 h_own = self.ctx.part.x if i == 0 else h[self.inv]
-                h = F.dropout(h_own, m.dropout, True)[self.perm]
+                key = mix_key(mix_key(self.ctx.train_cfg.seed, self._epoch), i)
+                h = keyed_dropout(h_own, m.dropout, key, self.ctx.part.owned)[self.perm]
             if SplitConv.supports(m.convs[i]):   # narrowing: transform the owned rows once
                 sp = SplitConv(m.convs[i], self.adj_c, self.adj_m)
                 if self.options.overlap:
@@ -339,6 +343,7 @@ class AdaQP(Strategy):
         return self._forward(train)[self.inv]
 
     def train_epoch(self, epoch: int) -> EpochResult:
+        self._epoch = epoch
         o, ex = self.options, self.ex
         solve_s = 0.0
         if (o.bits == "adaptive" and self.ctx.world_size > 1 and epoch > 0

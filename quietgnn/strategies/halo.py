@@ -1,23 +1,48 @@
-"""``halo``: vanilla distributed full-graph training (the exact distributed baseline).
+"""``halo``: distributed full-graph training (the exact distributed baseline).
 
-Each rank owns a partition (METIS by default) and its 1-hop halo. Per layer the owners send
-the boundary rows ``H^l[B_{i->j}]`` to every peer, each rank aggregates over ``[owned | halo]``
+Each rank owns a partition (METIS by default) and its 1-hop halo. The halo's *input* rows never
+change, so each rank fetches them once at setup (``cache_inputs``, the default; sent sparse
+when that is smaller) and keeps ``[owned ; halo]`` inputs. Per hidden layer the owners send the
+boundary rows ``H^l[B_{i->j}]`` to every peer, each rank aggregates over ``[owned | halo]``
 with global degrees, and in backward the halo-row gradients go back to their owners. Parameter
-gradients (and the loss) are summed in one all-reduce. Result: exactly the ``centralized``
-forward and gradients, for any number of partitions.
+gradients (and the loss) are summed in one all-reduce. Dropout masks are keyed by (seed, epoch,
+layer, global node, column) (:mod:`quietgnn.nn.keyed`), so a halo input row is dropped exactly
+as its owner would drop it. Result: exactly the ``centralized`` forward and gradients, dropout
+on, for any number of partitions.
 
-Traffic per epoch: ``4 sum|B| (sum_{l<L} d_l + sum_{1<=l<L} d_l)`` bytes of halo rows (layer 0
-features need no backward) + one all-reduce of ``|theta| + 1 + P`` floats.
+Traffic per epoch (``sum|B|`` boundary rows, ``d_l`` layer widths, L layers):
+``4 sum|B| (sum_{1<=l<L} d_l) * 2`` bytes of halo rows and their gradients + one all-reduce of
+``|theta| + 1 + P`` floats; once at setup, the halo's input rows (``data``). With
+``cache_inputs false`` (the literature's vanilla baseline, kept for comparison) layer 0's rows
+are sent every epoch and at every evaluation too: ``+ 4 sum|B| d_0``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
-from ..comm import HaloExchanger
+import torch
+
+from ..comm import HaloExchanger, fetch_static_rows
 from ..nn import maybe_sparse
+from ..nn.keyed import mix_key
 from .base import (EpochResult, Strategy, global_evaluate, masked_loss, partition_adj, register,
                    sync_gradients)
+
+
+@dataclass
+class HaloOptions:
+    """``options.*`` of ``halo`` (and ``centralized``)."""
+
+    #: fetch the halo's static input rows once at setup instead of every epoch (false: the
+    #: vanilla baseline of the papers, which re-sends them in every forward pass)
+    cache_inputs: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache_inputs, bool):
+            raise ValueError(f"options.cache_inputs = {self.cache_inputs!r}; expected true or "
+                             f"false")
 
 
 @register
@@ -26,15 +51,25 @@ class Halo(Strategy):
     description = "full-graph training with a halo exchange per layer (exact)"
     default_partitioner = "metis"
     exact = True
+    Options = HaloOptions
 
     def setup(self) -> None:
         ctx, p = self.ctx, self.ctx.part
         dev = ctx.device
         self.adj = partition_adj(p, dev)
         self.x, self.y = p.x.to(dev), p.y.to(dev)
+        self.ids = p.owned.to(dev)          # global ids: the dropout masks' keys
+        self.ids_in: Optional[torch.Tensor] = None
+        self.inputs_have_halo = False
+        self._epoch = 0
         if ctx.world_size == 1:
             # the whole graph: mostly-zero features stay sparse (nothing to exchange)
             self.x = maybe_sparse(self.x)
+        elif self.options.cache_inputs:
+            halo_x = fetch_static_rows(ctx.comm, p, p.x.float(), kind="data").to(dev)
+            self.x = maybe_sparse(torch.cat([self.x, halo_x.to(self.x.dtype)]))
+            self.ids_in = p.local_ids().to(dev)
+            self.inputs_have_halo = True
         self.train_mask = p.train_mask.to(dev)
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
@@ -44,9 +79,13 @@ class Halo(Strategy):
 
     def forward(self):
         """Logits of every owned node (full neighbourhood through the halo)."""
-        return self.model(self.x, self.adj, exchange=self.exchanger)
+        key = mix_key(self.ctx.train_cfg.seed, self._epoch) if self.model.training else None
+        return self.model(self.x, self.adj, exchange=self.exchanger, dropout_key=key,
+                          ids=self.ids, ids_in=self.ids_in,
+                          inputs_have_halo=self.inputs_have_halo)
 
     def train_epoch(self, epoch: int) -> EpochResult:
+        self._epoch = epoch
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         loss = masked_loss(self.forward(), self.y, self.train_mask, self.ctx.part.num_train_global)

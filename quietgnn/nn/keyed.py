@@ -1,0 +1,59 @@
+"""Dropout masks keyed by (seed, epoch, layer, global node id, column): counter-based, not drawn.
+
+Why. In distributed full-graph training a node's dropout mask must be the one its owner would
+draw, wherever the row is used. When a rank keeps its halo's *input* rows (fetched once at
+setup, ``halo``'s ``cache_inputs``) it applies dropout to rows it does not own; with masks from
+each rank's RNG stream those would differ from the owner's (and from ``centralized``). A mask
+that is a pure function of (key, layer, global row id, column) is the same on every rank and in
+the single-process reference, so ``halo`` equals ``centralized`` with dropout on, at any P.
+
+The generator is a SplitMix64 finaliser over the 64-bit counter
+``key(seed, epoch, layer) ^ (node_id * num_cols + column)`` (Steele, Lea & Flood, "Fast
+splittable pseudorandom number generators", OOPSLA 2014): a bijective mix whose low 24 bits are
+used as a uniform draw. Arithmetic is in torch int64 (products wrap modulo 2^64; right shifts
+are arithmetic, which keeps the function deterministic, if not bit-identical to the paper's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["mix_key", "keep_mask", "keyed_dropout"]
+
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)     # the SplitMix64 constants as signed int64
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_BITS = 24
+
+
+def _mix(x: Tensor) -> Tensor:
+    x = x ^ (x >> 30)
+    x = x * _M1
+    x = x ^ (x >> 27)
+    x = x * _M2
+    return x ^ (x >> 31)
+
+
+def mix_key(*parts: int) -> int:
+    """One signed 64-bit key from small integers (seed, epoch, layer), order-sensitive."""
+    k = torch.zeros((), dtype=torch.int64)
+    for p in parts:
+        k = _mix(k + _GOLDEN + int(p))
+    return int(k)
+
+
+def keep_mask(counters: Tensor, p: float, key: int) -> Tensor:
+    """bool mask, True with probability ``1 - p`` for every int64 counter, a pure function of
+    (counter, key)."""
+    u = _mix(counters ^ key) & ((1 << _BITS) - 1)
+    return u >= int(round(p * (1 << _BITS)))
+
+
+def keyed_dropout(h: Tensor, p: float, key: int, ids: Tensor) -> Tensor:
+    """Inverted dropout of the dense rows ``h [n, C]`` whose global ids are ``ids [n]``."""
+    if p == 0.0:
+        return h
+    c = h.shape[1]
+    counters = ids.to(torch.int64).unsqueeze(1) * c + torch.arange(c, device=h.device)
+    return h * (keep_mask(counters, p, key).to(h.dtype) * (1.0 / (1.0 - p)))
