@@ -54,12 +54,12 @@ def _vs_halo(comm, graph, parts):
         h = Halo(_ctx(comm, part, a, hidden=hid, dropout=0.5))
         h.setup()
         ref = _grads(h, h.forward, part, comm)
-        for overlap in (True, False):
+        for overlap, cache in ((True, True), (False, True), (True, False)):
             s = AdaQP(_ctx(comm, part, a, hidden=hid, dropout=0.5),
-                      AdaQPOptions(bits=32, overlap=overlap))
+                      AdaQPOptions(bits=32, overlap=overlap, cache_inputs=cache))
             s.setup()
             got = _grads(s, lambda: s.forward(train=True), part, comm)
-            out[(a, hid, overlap)] = (ref, got)
+            out[(a, hid, overlap, cache)] = (ref, got)
         q = []
         for overlap in (True, False):
             s = AdaQP(_ctx(comm, part, a, hidden=hid, dropout=0.5),
@@ -92,13 +92,14 @@ def graph():
 def _bytes_run(comm, graph, parts):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {"send": [int(t.numel()) for t in part.send_idx], "halo": part.n_halo}
-    for bits in (2, 4, 8):
-        s = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=20), AdaQPOptions(bits=bits))
+    for bits, cache in ((2, True), (4, True), (8, True), (4, False)):
+        s = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=20),
+                  AdaQPOptions(bits=bits, cache_inputs=cache))
         s.setup()
         comm.take_records()
         res = s.train_epoch(0)
         recs = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
-        out[bits] = {"recs": recs, "extra": res.extra}
+        out[(bits, cache)] = {"recs": recs, "extra": res.extra}
     return out
 
 
@@ -145,23 +146,27 @@ def test_adaqp_without_quantization_equals_halo_p4(p4):
     _check_vs_halo([r["halo"] for r in p4])
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
-def test_wire_bytes_match_formula(graph, p4, bits):
+@pytest.mark.parametrize("bits,cache", [(2, True), (4, True), (8, True), (4, False)])
+def test_wire_bytes_match_formula(graph, p4, bits, cache):
     results = [r["bytes"] for r in p4]
     F = graph.num_features
+    key = (bits, cache)
     for res in results:
-        rows, recs = sum(res["send"]), res[bits]["recs"]
+        rows, recs = sum(res["send"]), res[key]["recs"]
         fwd = [r for r in recs if r[0] == "adaqp_fwd"]
         bwd = [r for r in recs if r[0] == "adaqp_bwd"]
-        # forward: layer inputs of width F, 20, 20; backward: layers 1 and 2 (width 20)
-        assert [r[1] for r in fwd] == [rows * ((bits * d + 7) // 8 + 4) for d in (F, 20, 20)]
+        # forward: layer inputs of width F (unless cached: fetched once at setup), 20, 20;
+        # backward: layers 1 and 2 (width 20)
+        widths = (20, 20) if cache else (F, 20, 20)
+        assert [r[1] for r in fwd] == [rows * ((bits * d + 7) // 8 + 4) for d in widths]
         assert [r[2] for r in bwd] == [rows * row_bytes(bits, 20)] * 2
         assert [r[1] for r in bwd] == [res["halo"] * row_bytes(bits, 20)] * 2
-        assert res[bits]["extra"]["bits_hist"] == {str(bits): 3 * rows + 2 * res["halo"]}
-        assert res[bits]["extra"]["halo_bytes"] == sum(r[1] for r in fwd + bwd)
+        assert res[key]["extra"]["bits_hist"] == {str(bits): len(widths) * rows +
+                                                  2 * res["halo"]}
+        assert res[key]["extra"]["halo_bytes"] == sum(r[1] for r in fwd + bwd)
         assert {r[0] for r in recs} == {"adaqp_fwd", "adaqp_bwd", "grad_allreduce"}
-    assert sum(r[1] for res in results for r in res[bits]["recs"] if r[0] == "adaqp_bwd") == \
-        sum(r[2] for res in results for r in res[bits]["recs"] if r[0] == "adaqp_bwd") > 0
+    assert sum(r[1] for res in results for r in res[key]["recs"] if r[0] == "adaqp_bwd") == \
+        sum(r[2] for res in results for r in res[key]["recs"] if r[0] == "adaqp_bwd") > 0
 
 
 def _adaptive_run(comm, graph, parts, epochs):
@@ -183,7 +188,8 @@ def _adaptive_run(comm, graph, parts, epochs):
     last = comm.take_records()
     kinds = sorted({(r.kind, r.phase) for r in recs + last})
     # mixed widths on the wire: every exchange of that epoch sends what the formula says
-    keys = s.ex.keys(s.L)
+    # the cached input rows (layer 0 forward) are never sent, so have no width on the wire
+    keys = [k for k in s.ex.keys(s.L) if not (k == ("f", 0) and s.halo_x is not None)]
     wire = {"sent": [r.bytes_sent for r in last if r.kind in ("adaqp_fwd", "adaqp_bwd")],
             "recv": [r.bytes_recv for r in last if r.kind in ("adaqp_fwd", "adaqp_bwd")],
             "formula_sent": [sum(payload_bytes(w, s.model.dims[k[1]])

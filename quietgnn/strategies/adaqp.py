@@ -29,8 +29,10 @@ GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three c
    flew (``inflight``), and the rows sent per width (``bits_hist``, ``bits_by_key``).
 
 Dropout masks are ``halo``'s keyed ones (:mod:`quietgnn.nn.keyed`), so from the same seed the
-two strategies differ by quantization alone. Unlike ``halo``, ``adaqp`` still sends layer 0's
-(static) input rows every epoch, quantized: fetching them once is not done here yet.
+two strategies differ by quantization alone. Layer 0's input rows never change: like
+``halo``, ``adaqp`` fetches them once at setup, exact (``cache_inputs``, the default), so only
+hidden activations and their gradients travel quantized; ``cache_inputs false`` is the paper's
+data flow (every layer's rows quantized every epoch).
 
 Traffic per epoch: the halo rows at ``ceil(b D / 8) + 4`` bytes instead of ``4 D``
 (``adaqp_fwd``/``adaqp_bwd``), the fp32 gradient all-reduce, and once per cycle the assignment
@@ -50,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..comm import fetch_static_rows
 from ..comm.bitassign import AssignProblem, solve
 from ..nn import SparseAdj
 from ..nn.keyed import keyed_dropout, mix_key
@@ -83,8 +86,14 @@ class AdaQPOptions:
     solver: str = "fast"
     time_model: str = "profile"
     profile_reps: int = 3
+    #: fetch the halo's static input rows once at setup (exact fp32, sparse when smaller)
+    #: instead of quantizing and sending them every epoch (false: the paper's data flow)
+    cache_inputs: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cache_inputs, bool):
+            raise ValueError(f"options.cache_inputs = {self.cache_inputs!r}; expected true or "
+                             f"false")
         if str(self.bits).lower() == "adaptive":
             self.bits = "adaptive"
         else:
@@ -141,6 +150,9 @@ class AdaQP(Strategy):
         self.ex = QuantizedHalo(comm, [self.inv[t] for t in p.send_idx],
                                 [int(c) for c in p.recv_counts], p.n_own, self.n_c,
                                 self.model.dims, self.gen)
+        # layer 0's input rows never change: fetched once, layer 0 then exchanges nothing
+        self.halo_x = fetch_static_rows(comm, p, p.x.float(), kind="data").to(p.x.dtype) \
+            if o.cache_inputs and comm.world_size > 1 else None
         start = 8 if o.bits == "adaptive" else int(o.bits)
         self.ex.set_uniform(start if start != 32 else 8, self.L)
         self.ex.reset_trace(self.L)
@@ -221,6 +233,8 @@ class AdaQP(Strategy):
         self.layout: list[tuple[Any, int, int, int, int]] = []   # key, src, dst, offset, groups
         off = 0
         for key in self.ex.keys(self.L):
+            if key == ("f", 0) and self.halo_x is not None:
+                continue   # the cached input rows are never sent, so never given a width
             for dst in range(P):
                 for src in range(P):
                     n = int(self.recv_all[dst, src] if key[0] == "f" else self.recv_all[src, dst])
@@ -319,9 +333,17 @@ class AdaQP(Strategy):
                 h_own = self.ctx.part.x if i == 0 else h[self.inv]
                 key = mix_key(mix_key(self.ctx.train_cfg.seed, self._epoch), i)
                 h = keyed_dropout(h_own, m.dropout, key, self.ctx.part.owned)[self.perm]
+            halo_in = None
+            if i == 0 and self.halo_x is not None:   # cached inputs: the owners' masks
+                halo_in = self.halo_x
+                if m.training and m.dropout > 0:
+                    key = mix_key(mix_key(self.ctx.train_cfg.seed, self._epoch), 0)
+                    halo_in = keyed_dropout(halo_in, m.dropout, key, self.ctx.part.halo)
             if SplitConv.supports(m.convs[i]):   # narrowing: transform the owned rows once
                 sp = SplitConv(m.convs[i], self.adj_c, self.adj_m)
-                if self.options.overlap:
+                if halo_in is not None:
+                    out_c, halo = sp.central(h), halo_in
+                elif self.options.overlap:
                     out_c, halo = ex(h, i, sp.central, halo_only=True)
                 else:
                     _, halo = ex(h, i, None, halo_only=True)
@@ -330,7 +352,10 @@ class AdaQP(Strategy):
                 if i < self.L - 1:    # what GNN.block does after the conv
                     h = F.relu(m.norms[i](h))
                 continue
-            if self.options.overlap:
+            if halo_in is not None:
+                src = torch.cat([h[self.n_c:], h[:self.n_c], halo_in])
+                out_c = m.block(i, h, self.adj_c)
+            elif self.options.overlap:
                 out_c, src = ex(h, i, lambda hh, i=i: m.block(i, hh, self.adj_c))
             else:
                 _, src = ex(h, i, None)
@@ -347,7 +372,7 @@ class AdaQP(Strategy):
         o, ex = self.options, self.ex
         solve_s = 0.0
         if (o.bits == "adaptive" and self.ctx.world_size > 1 and epoch > 0
-                and epoch % o.assign_cycle == 0 and ex.traced_n.get(("f", 0), 0) > 0):
+                and epoch % o.assign_cycle == 0 and any(ex.traced_n.values())):
             n_log = len(self.assign_log)
             self._assign()
             # rank 0's solver runs while the others wait (CBC in a subprocess: wall seconds)

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..comm import Communicator, HaloExchanger
+from ..comm import Communicator, HaloExchanger, fetch_static_rows
 from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
-from ..nn import GNN, ModelConfig, SparseAdj, build_model
+from ..nn import GNN, ModelConfig, SparseAdj, build_model, maybe_sparse
 from ..partition import LocalPartition
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
@@ -319,9 +319,14 @@ def global_evaluate(model: nn.Module, part: LocalPartition, comm: Communicator,
 
 
 def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: SparseAdj,
-                 kind: str = "halo") -> Callable[[], Tensor]:
+                 kind: str = "halo", cache_inputs: bool = True) -> Callable[[], Tensor]:
     """A closure running the full-neighbourhood forward pass with halo exchange (for
-    :func:`global_evaluate`)."""
+    :func:`global_evaluate`). ``cache_inputs``: the halo's input rows are fetched here, once
+    (collective: call on every rank), and layer 0 exchanges nothing at each evaluation."""
     ex = HaloExchanger(comm, part, kind=kind)
     x = part.x.to(adj.device)
+    if cache_inputs and comm.world_size > 1:
+        halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data").to(adj.device)
+        x_in = maybe_sparse(torch.cat([x, halo_x.to(x.dtype)]))
+        return lambda: model(x_in, adj, exchange=ex, inputs_have_halo=True)
     return lambda: model(x, adj, exchange=ex)
