@@ -57,11 +57,10 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from ..comm import HaloExchanger
 from ..comm.lowrank import LowRankReducer
 from ..nn import SparseFeatures, maybe_sparse
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
-from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
+from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
 
 __all__ = ["Grappa", "GrappaOptions", "DEFAULT_FANOUTS"]
@@ -157,8 +156,8 @@ class Grappa(Strategy):
         # equal step counts without communication: every rank splits its seeds into S batches
         per_rank = math.ceil(p.num_train_global / ctx.world_size)
         self.steps = 1 if o.mode == "full" else max(1, math.ceil(per_rank / o.batch_size))
-        self.eval_adj = partition_adj(p)
-        self.exchanger = HaloExchanger(ctx.comm, p, kind="halo")
+        # exact global evaluation: halo's forward, its static input rows fetched once here
+        self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p))
         self.lg: Optional[LocalGraph] = None
         self._reload(0)
 
@@ -252,8 +251,7 @@ class Grappa(Strategy):
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         p = self.ctx.part
-        return global_evaluate(self.model, p, self.ctx.comm,
-                               lambda: self.model(p.x, self.eval_adj, exchange=self.exchanger))
+        return global_evaluate(self.model, p, self.ctx.comm, self.eval_forward)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
