@@ -4,7 +4,8 @@ the vanilla one (inputs re-sent every epoch), per headline cell.
 Reads the headline runs (`benchmarks/results/headline`, `headline-tma`, `headline-big`: the
 later file wins for a cell, as in the README) and the halo-baseline runs
 (`quietgnn bench --matrix benchmarks/halo_baseline.yaml`), writes
-`benchmarks/results/halo-baseline/ratios.{json,md}`. Only training bytes are compared: the
+`benchmarks/results/halo-baseline/ratios.{json,md}` and, through `quietgnn report`, the time to
+accuracy of every strategy against the strong `halo` (`halo-baseline/report/report.md`). Only training bytes are compared: the
 other strategies' training traffic does not depend on the halo change. Setup bytes (the once-
 only fetch) are read from the runs' setup records.
 
@@ -14,6 +15,7 @@ only fetch) are read from the runs' setup records.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,6 +90,16 @@ def main() -> int:
             "is in `ratios.json` (`setup_bytes`).", ""]
     (OUT / "ratios.md").write_text("\n".join(head + md) + "\n")
     print("\n".join(md))
+    # time to accuracy against the strong halo: one report over the new halo / vanilla halo /
+    # centralized runs and the headline runs of every other strategy
+    files = sorted(str(p) for p in (OUT / "results").glob("*.json"))
+    for (ds, model, strat), c in sorted(cells.items()):
+        if strat not in ("halo", "centralized") and (ds, model, "halo") in base:
+            f = Path(c["run_dir"]).parent.parent / "results" / f"{c['id']}.json"
+            if f.is_file():
+                files.append(str(f))
+    subprocess.run([sys.executable, "-m", "quietgnn", "report", *files, "--out",
+                    str(OUT / "report")], check=True)
     return 0
 
 

@@ -167,7 +167,12 @@ def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
             st.update(strategy=label, strategy_name=runs[0].get("strategy_name", label),
                       parts=parts, run_ids=[r.get("id") for r in runs])
             stats[(label, parts)] = st
-        halos = {p: s for (lbl, p), s in stats.items() if s["strategy_name"] == BASELINE}
+        # the baseline is the run labelled `halo`; a variant of it (e.g. `halo-vanilla`) only
+        # where no plain one ran at that P
+        halos: dict[int, dict] = {}
+        for (lbl, p), s in stats.items():
+            if s["strategy_name"] == BASELINE and (p not in halos or lbl == BASELINE):
+                halos[p] = s
         for (label, parts), st in stats.items():
             base = halos.get(parts) or (next(iter(halos.values())) if len(halos) == 1 else None)
             st["delta_acc"] = None if ref_acc is None or st["test_acc"] is None else \
