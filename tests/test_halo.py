@@ -44,6 +44,8 @@ def _one_step(comm, graph, parts, arch, layers, cache=True, dropout=0.5):
                   "grads": {n: p.grad.clone() for n, p in s.model.named_parameters()},
                   "records": [(r.kind, r.op, r.bytes_sent, r.bytes_recv) for r in comm.take_records()],
                   "nparams": sum(p.numel() for p in s.params)}
+        s.evaluate()
+        out[a]["eval"] = [(r.kind, r.op, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
     return out
 
 
@@ -90,6 +92,9 @@ def test_halo_bytes_match_analytic_size(graph, cache):
         # are not cached); backward: all but layer 0
         widths = (hidden, hidden) if cache else (F, hidden, hidden)
         assert [r[2] for r in fwd] == [rows * 4 * d for d in widths]
+        # evaluation too: the hidden layers' rows only, unless the inputs are not cached
+        ev = [r for r in res["gcn"]["eval"] if r[0] == "halo_fwd"]
+        assert [r[2] for r in ev] == [rows * 4 * d for d in widths]
         assert [r[3] for r in bwd] == [rows * 4 * d for d in (hidden, hidden)]
         nfloat = res["gcn"]["nparams"] + 1 + P
         assert [r[2] for r in ar] == [2 * (P - 1) * nfloat * 4 // P]

@@ -8,7 +8,10 @@
 input features: dropout and the first transform touch only the non-zeros).
 ``exchange`` is how distribution enters the model: ``None`` on a whole graph; a
 :class:`~quietgnn.comm.HaloExchanger` that appends the halo rows in ``halo``. Dropout is
-applied *before* the exchange, so a node's dropout mask is drawn once, by its owner.
+applied *before* the exchange, so a hidden row's mask is applied once, by its owner; with a
+``dropout_key`` the masks are keyed by (key, layer, global node, column)
+(:mod:`~quietgnn.nn.keyed`), so input rows a rank holds for its halo (fetched once, layer 0
+then exchanges nothing) are dropped exactly as their owner would drop them.
 Layers are reachable one by one (``model.convs[l]``, :meth:`GNN.block`) for strategies that
 train them separately (RETEXO).
 """
