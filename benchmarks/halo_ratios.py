@@ -24,12 +24,16 @@ HEADLINE = ["headline", "headline-tma", "headline-big"]
 OUT = ROOT / "halo-baseline"
 
 
-def _cells(study: str) -> dict[tuple[str, str, str], dict]:
-    """Every finished run of a study, from its per-run result files (``results/<id>.json``:
-    also those of an invocation that was stopped before it rewrote ``results.jsonl``)."""
+def _cells(study: str, per_run: bool = False) -> dict[tuple[str, str, str], dict]:
+    """Every finished run of a study's matrix (``results.jsonl``), or with ``per_run`` of its
+    per-run result files (``results/<id>.json``: also those of an invocation stopped before it
+    rewrote ``results.jsonl``; only for a study whose folder holds no superseded runs)."""
     out = {}
-    for f in sorted((ROOT / study / "results").glob("*.json")):
-        r = json.loads(f.read_text())
+    if per_run:
+        recs = [json.loads(f.read_text()) for f in sorted((ROOT / study / "results").glob("*.json"))]
+    else:
+        recs = [json.loads(x) for x in (ROOT / study / "results.jsonl").read_text().splitlines()]
+    for r in recs:
         if r.get("status") == "ok" and r.get("summary"):
             out[(r["dataset"], r["model"], r["strategy"])] = r
     return out
@@ -49,7 +53,7 @@ def main() -> int:
     cells: dict = {}
     for study in HEADLINE:
         cells.update(_cells(study))
-    base = _cells("halo-baseline")
+    base = _cells("halo-baseline", per_run=True)
     # a strategy re-run here (adaqp, whose data flow changed) replaces its headline cell
     cells.update({k: v for k, v in base.items() if k[2] not in ("halo", "halo-vanilla")})
     rows, md = [], []
