@@ -32,8 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .supervise import (ErrorPipes, describe_failures, error_text, is_input_error, supervise,
-                        terminate)
+from .supervise import (ErrorPipes, describe_failures, error_text, is_consequence,
+                        is_input_error, supervise, terminate)
 
 __all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book",
            "check_book_dataset"]
@@ -315,8 +315,11 @@ def launch(cfg: Any, run_dir: Path, book: Optional[Path],
         return json.loads(summary_path.read_text())
     if failed:
         exc = LaunchError(describe_failures(run_dir, failed, stuck, grace, pipes))
-        r0 = next((r for r, _, _ in failed if r not in stuck), None)
-        exc.input_error = bool(r0 is not None and is_input_error(error_text(run_dir, r0, pipes)))
+        # the cause decides the exit code, not the first rank to fall: a peer that saw the
+        # broken connection (a CommError) may exit before the rank whose input was bad
+        texts = [error_text(run_dir, r, pipes) for r, _, _ in failed if r not in stuck]
+        cause = next((t for t in texts if not is_consequence(t)), texts[0] if texts else "")
+        exc.input_error = is_input_error(cause)
         raise exc
     return json.loads(summary_path.read_text()) if summary_path.is_file() else None
 

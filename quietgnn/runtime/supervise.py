@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 __all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
-           "is_input_error"]
+           "is_consequence", "is_input_error"]
 
 
 class ErrorPipes:
@@ -171,7 +171,7 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
         if r in stuck:
             continue
         text = error_text(run_dir, r, pipes)
-        if not _is_consequence(text):   # a CommError is the symptom; show the cause's trace
+        if not is_consequence(text):   # a CommError is the symptom; show the cause's trace
             first_tb = first_tb or text
         how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
             f"exited with code {rc}"
@@ -192,7 +192,7 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
     return "\n".join(lines)
 
 
-def _is_consequence(traceback_text: str) -> bool:
+def is_consequence(traceback_text: str) -> bool:
     """A rank that failed because a peer died or hung (or that stopped with every rank on a
     NaN, or on a checkpoint that could not be written): its one line says it all."""
     last = _last_line(traceback_text)
