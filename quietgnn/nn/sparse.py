@@ -101,9 +101,11 @@ class SparseFeatures:
         scaled, scaled_t = t[skey]
         if key is not None and ids is not None:
             from .keyed import keep_mask
-            rows = t["indices"].new_empty(self.nnz)
-            rows[t["perm"]] = t["indices"]            # the row of every non-zero, row order
-            keep = keep_mask(ids.to(torch.int64)[rows] * self.num_cols + self.indices, p, key)
+            if "rows" not in t:   # the row of every non-zero, row order (once per structure)
+                t["rows"] = t["indices"].new_empty(self.nnz)
+                t["rows"][t["perm"]] = t["indices"]
+            keep = keep_mask(ids.to(torch.int64)[t["rows"]] * self.num_cols + self.indices, p,
+                             key)
             values = scaled * keep
             values_t = scaled_t * keep[t["perm"]]
             return SparseFeatures(self.indptr, self.indices, values, self.num_cols,

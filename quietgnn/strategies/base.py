@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..comm import Communicator, HaloExchanger, fetch_static_rows
 from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
-from ..nn import GNN, ModelConfig, SparseAdj, build_model, maybe_sparse
+from ..nn import GNN, ModelConfig, SparseAdj, SparseFeatures, build_model, maybe_sparse
 from ..partition import LocalPartition
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
@@ -326,7 +326,14 @@ def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: Spar
     ex = HaloExchanger(comm, part, kind=kind)
     x = part.x.to(adj.device)
     if cache_inputs and comm.world_size > 1:
-        halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data").to(adj.device)
-        x_in = maybe_sparse(torch.cat([x, halo_x.to(x.dtype)]))
+        x_in = inputs_with_halo(comm, part, adj.device)
         return lambda: model(x_in, adj, exchange=ex, inputs_have_halo=True)
     return lambda: model(x, adj, exchange=ex)
+
+
+def inputs_with_halo(comm: Communicator, part: LocalPartition,
+                     device: torch.device) -> Tensor | SparseFeatures:
+    """``[owned ; halo]`` input rows, the halo's fetched once (collective; kind ``data``),
+    sparse when mostly zero: layer 0 then needs no exchange."""
+    halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data").to(device)
+    return maybe_sparse(torch.cat([part.x.to(device), halo_x.to(part.x.dtype)]))

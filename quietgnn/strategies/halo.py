@@ -24,11 +24,11 @@ from typing import Any, Optional
 
 import torch
 
-from ..comm import HaloExchanger, fetch_static_rows
+from ..comm import HaloExchanger
 from ..nn import maybe_sparse
 from ..nn.keyed import mix_key
-from .base import (EpochResult, Strategy, global_evaluate, masked_loss, partition_adj, register,
-                   sync_gradients)
+from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
+                   partition_adj, register, sync_gradients)
 
 
 @dataclass
@@ -66,8 +66,7 @@ class Halo(Strategy):
             # the whole graph: mostly-zero features stay sparse (nothing to exchange)
             self.x = maybe_sparse(self.x)
         elif self.options.cache_inputs:
-            halo_x = fetch_static_rows(ctx.comm, p, p.x.float(), kind="data").to(dev)
-            self.x = maybe_sparse(torch.cat([self.x, halo_x.to(self.x.dtype)]))
+            self.x = inputs_with_halo(ctx.comm, p, dev)
             self.ids_in = p.local_ids().to(dev)
             self.inputs_have_halo = True
         self.train_mask = p.train_mask.to(dev)
