@@ -10,6 +10,7 @@ import torch
 
 from quietgnn.comm import Communicator
 from quietgnn.nn import ModelConfig
+from quietgnn.nn.keyed import mix_key, row_keep_mask
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
@@ -20,18 +21,19 @@ from helpers import small_graph
 ARCHS = ("gcn", "sage", "gat", "gin")
 
 
-def _one_step(comm, graph, parts, arch, layers, cache=True, dropout=0.5):
+def _one_step(comm, graph, parts, arch, layers, cache=True, skip=True, dropout=0.5):
     """Forward + backward + gradient sync of every architecture on this rank's partition
     (training mode: dropout on)."""
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {"owned": part.owned, "send": [int(t.numel()) for t in part.send_idx],
+           "send_ids": part.owned[torch.cat(part.send_idx)] if part.send_idx else None,
            "send_nnz": [int((part.x[t] != 0).sum()) for t in part.send_idx]}
     for a in arch:
         ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
                             model_cfg=ModelConfig(arch=a, hidden=8, layers=layers,
                                                   dropout=dropout, heads=2, norm="layer"),
                             train_cfg=TrainConfig(seed=7))
-        s = Halo(ctx, HaloOptions(cache_inputs=cache))
+        s = Halo(ctx, HaloOptions(cache_inputs=cache, skip_dropped=skip))
         s.setup()
         out.setdefault("setup", [(r.kind, r.op, r.bytes_sent, r.bytes_recv)
                                  for r in comm.take_records()])
@@ -60,11 +62,13 @@ def reference(graph):
     return _one_step(Communicator(0, 1), graph, parts, ARCHS, 2)
 
 
-@pytest.mark.parametrize("P,cache", [(1, True), (2, True), (4, True), (2, False), (4, False)])
-def test_halo_equals_centralized(graph, reference, P, cache):
+@pytest.mark.parametrize("P,cache,skip", [(1, True, True), (2, True, True), (4, True, True),
+                                          (2, False, False), (4, False, False),
+                                          (4, True, False)])
+def test_halo_equals_centralized(graph, reference, P, cache, skip):
     parts = partition_nodes(graph, "metis" if P > 1 else "random", P, seed=0)
     results = [_one_step(Communicator(0, 1), graph, parts, ARCHS, 2)] if P == 1 else \
-        spawn_function(_one_step, P, args=(graph, parts, ARCHS, 2, cache))
+        spawn_function(_one_step, P, args=(graph, parts, ARCHS, 2, cache, skip))
     for a in ARCHS:
         logits = torch.empty_like(reference[a]["logits"])
         for res in results:
@@ -76,11 +80,11 @@ def test_halo_equals_centralized(graph, reference, P, cache):
                 assert torch.allclose(res[a]["grads"][name], g, atol=1e-5), (a, name)
 
 
-@pytest.mark.parametrize("cache", [True, False])
-def test_halo_bytes_match_analytic_size(graph, cache):
-    P, layers, hidden = 4, 3, 8
+@pytest.mark.parametrize("cache,skip", [(True, True), (False, False), (True, False)])
+def test_halo_bytes_match_analytic_size(graph, cache, skip):
+    P, layers, hidden, p = 4, 3, 8, 0.5
     parts = partition_nodes(graph, "random", P, seed=3)
-    results = spawn_function(_one_step, P, args=(graph, parts, ("gcn",), layers, cache))
+    results = spawn_function(_one_step, P, args=(graph, parts, ("gcn",), layers, cache, skip))
     F = graph.num_features
     for res in results:
         rows = sum(res["send"])
@@ -88,14 +92,21 @@ def test_halo_bytes_match_analytic_size(graph, cache):
         fwd = [r for r in recs if r[0] == "halo_fwd"]
         bwd = [r for r in recs if r[0] == "halo_bwd"]
         ar = [r for r in recs if r[0] == "grad_allreduce"]
-        # forward: one exchange per layer of its input width (layer 0's rows only when they
-        # are not cached); backward: all but layer 0
-        widths = (hidden, hidden) if cache else (F, hidden, hidden)
-        assert [r[2] for r in fwd] == [rows * 4 * d for d in widths]
-        # evaluation too: the hidden layers' rows only, unless the inputs are not cached
+        # a hidden layer's rows: only the entries keyed dropout kept (seed 7, epoch 0), or
+        # whole rows
+        key = mix_key(7, 0)
+        hid = [4 * int(row_keep_mask(res["send_ids"], hidden, p, mix_key(key, layer)).sum())
+               if skip else rows * 4 * hidden for layer in (1, 2)]
+        if skip:
+            assert all(0.3 * rows * 4 * hidden < b < 0.7 * rows * 4 * hidden for b in hid)
+        # forward: one exchange per layer (layer 0's rows, whole, only when they are not
+        # cached); backward: all but layer 0, the same entries as forward
+        assert [r[2] for r in fwd] == ([] if cache else [rows * 4 * F]) + hid
+        assert [r[3] for r in bwd] == hid[::-1]  # backward runs the layers in reverse
+        # evaluation: whole hidden rows (no dropout), and layer 0's unless cached
         ev = [r for r in res["gcn"]["eval"] if r[0] == "halo_fwd"]
+        widths = (hidden, hidden) if cache else (F, hidden, hidden)
         assert [r[2] for r in ev] == [rows * 4 * d for d in widths]
-        assert [r[3] for r in bwd] == [rows * 4 * d for d in (hidden, hidden)]
         nfloat = res["gcn"]["nparams"] + 1 + P
         assert [r[2] for r in ar] == [2 * (P - 1) * nfloat * 4 // P]
         assert len(recs) == len(fwd) + len(bwd) + len(ar)

@@ -5,13 +5,24 @@ a ``[n_own, d]`` input becomes ``[n_own + n_halo, d]`` in the partition's local 
 Backward: the gradient w.r.t. the halo rows goes back to their owners, who add it to the
 gradient of the rows they sent. Both directions use the static plans, so no size handshake
 is needed: traffic per call is exactly ``4 * d * sum_j |B_{i->j}|`` bytes (fp32).
+
+Rows that have just been through keyed dropout travel without their dropped entries (both
+ends recompute the mask from the rows' global ids): ``4 * kept`` bytes each way, about
+``(1 - p)`` of the dense size, still without a handshake. The remaining zeros (ReLU's) are
+not worth an index: at ReLU's typical half density, (index, value) pairs cost as much as the
+dense values, and learning which encoding the peer chose would cost a round trip per layer.
+Static rows (input features) are another matter: :func:`fetch_static_rows` sends them sparse,
+once.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
+from ..nn.keyed import row_keep_mask
 from ..partition.local import LocalPartition
 from .communicator import Communicator
 
@@ -44,10 +55,53 @@ class _HaloFn(torch.autograd.Function):
         return grad[:n_own].index_add(0, ex.send_all, back), None, None, None
 
 
-class HaloExchanger:
-    """``exchanger(h, layer)`` -> ``[h ; halo rows]`` with gradients routed back to owners."""
+class _KeptFn(torch.autograd.Function):
+    # The exchange of rows that just went through keyed dropout (p, key): both ends know which
+    # entries dropout zeroed (the masks are a function of the global id), so only the kept
+    # values travel, in row-major order per peer block, and the receiver puts them back. In
+    # backward the gradients of the dropped entries are not sent either: dropout's own backward
+    # multiplies them by zero on the owner, so the result is exact.
+    @staticmethod
+    def forward(ctx, h: Tensor, ex: "HaloExchanger", kind_bwd: str, kind_fwd: str,
+                p: float, key: int) -> Tensor:
+        width = int(h.shape[1])
+        m_send = row_keep_mask(ex.send_ids, width, p, key)
+        m_recv = row_keep_mask(ex.halo_ids, width, p, key)
+        n_send = [int(c.sum()) for c in m_send.sum(1).split(ex.send_counts)]
+        n_recv = [int(c.sum()) for c in m_recv.sum(1).split(ex.recv_counts)]
+        ctx.ex, ctx.kind_bwd, ctx.masks, ctx.counts = ex, kind_bwd, (m_send, m_recv), \
+            (n_send, n_recv)
+        sel = h.index_select(0, ex.send_all)
+        send = torch.split(sel[m_send], n_send)
+        got = ex.comm.all_to_all(list(send), kind_fwd, n_recv)
+        out = h.new_zeros((ex.n_own + ex.n_halo, width))
+        out[: ex.n_own] = h
+        out[ex.n_own:][m_recv] = torch.cat(got) if got else h.new_zeros(0)
+        return out
 
-    def __init__(self, comm: Communicator, part: LocalPartition, kind: str = "halo") -> None:
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        ex = ctx.ex
+        m_send, m_recv = ctx.masks
+        n_send, n_recv = ctx.counts
+        send = torch.split(grad[ex.n_own:][m_recv], n_recv)
+        got = ex.comm.all_to_all(list(send), ctx.kind_bwd, n_send)
+        back = grad.new_zeros((ex.send_all.numel(), grad.shape[1]))
+        back[m_send] = torch.cat(got) if got else grad.new_zeros(0)
+        return grad[:ex.n_own].index_add(0, ex.send_all, back), None, None, None, None, None
+
+
+class HaloExchanger:
+    """``exchanger(h, layer)`` -> ``[h ; halo rows]`` with gradients routed back to owners.
+
+    ``exchanger(h, layer, keep=(p, key))``: ``h`` has just been through keyed dropout with
+    that rate and key (:func:`quietgnn.nn.keyed.keyed_dropout`), so only the kept entries are
+    sent, both ways: ``4 * kept`` bytes instead of ``4 * rows * d``, no size handshake."""
+
+    def __init__(self, comm: Communicator, part: LocalPartition, kind: str = "halo",
+                 skip_dropped: bool = True) -> None:
+        #: the model may pass ``keep`` (only what dropout kept is then sent)
+        self.skips_dropped = skip_dropped
         self.comm = comm
         self.kind = kind
         self.n_own = part.n_own
@@ -58,10 +112,16 @@ class HaloExchanger:
         self.recv_counts = [int(c) for c in part.recv_counts]
         self.send_counts = [int(t.numel()) for t in part.send_idx]
         self.recv_counts_no_self = [c for j, c in enumerate(self.recv_counts) if j != comm.rank]
+        # global ids of the rows sent and received: the keys of their dropout masks
+        self.send_ids = part.owned.to(comm.device).index_select(0, self.send_all)
+        self.halo_ids = part.halo.to(comm.device)
 
-    def __call__(self, h: Tensor, layer: int = 0) -> Tensor:
+    def __call__(self, h: Tensor, layer: int = 0,
+                 keep: Optional[tuple[float, int]] = None) -> Tensor:
         if self.comm.world_size == 1:
             return h
+        if keep is not None and h.dim() == 2:
+            return _KeptFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", *keep)
         return _HaloFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd")
 
     def bytes_per_call(self, width: int, element_size: int = 4) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["mix_key", "keep_mask", "keyed_dropout"]
+__all__ = ["mix_key", "keep_mask", "row_keep_mask", "keyed_dropout"]
 
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)     # the SplitMix64 constants as signed int64
 _M2 = 0x94D049BB133111EB - (1 << 64)
@@ -50,10 +50,15 @@ def keep_mask(counters: Tensor, p: float, key: int) -> Tensor:
     return u >= int(round(p * (1 << _BITS)))
 
 
+def row_keep_mask(ids: Tensor, width: int, p: float, key: int) -> Tensor:
+    """bool ``[n, width]``: which entries of the rows with global ids ``ids [n]`` dropout keeps
+    (the same on every rank that holds such a row)."""
+    counters = ids.to(torch.int64).unsqueeze(1) * width + torch.arange(width, device=ids.device)
+    return keep_mask(counters, p, key)
+
+
 def keyed_dropout(h: Tensor, p: float, key: int, ids: Tensor) -> Tensor:
     """Inverted dropout of the dense rows ``h [n, C]`` whose global ids are ``ids [n]``."""
     if p == 0.0:
         return h
-    c = h.shape[1]
-    counters = ids.to(torch.int64).unsqueeze(1) * c + torch.arange(c, device=h.device)
-    return h * (keep_mask(counters, p, key).to(h.dtype) * (1.0 / (1.0 - p)))
+    return h * (row_keep_mask(ids, h.shape[1], p, key).to(h.dtype) * (1.0 / (1.0 - p)))

@@ -12,6 +12,8 @@ applied *before* the exchange, so a hidden row's mask is applied once, by its ow
 ``dropout_key`` the masks are keyed by (key, layer, global node, column)
 (:mod:`~quietgnn.nn.keyed`), so input rows a rank holds for its halo (fetched once, layer 0
 then exchanges nothing) are dropped exactly as their owner would drop them.
+An exchanger that declares ``skips_dropped`` is then told the rate and key and sends only
+the kept entries (both ends can recompute the mask).
 Layers are reachable one by one (``model.convs[l]``, :meth:`GNN.block`) for strategies that
 train them separately (RETEXO).
 """
@@ -111,9 +113,20 @@ class GNN(nn.Module):
             h = self._dropout(h, i, dropout_key, ids_in if i == 0 and ids_in is not None
                               else ids)
             if exchange is not None and not (i == 0 and inputs_have_halo):
-                h = exchange(h, i)
+                keep = self._known_zeros(h, i, dropout_key, ids) \
+                    if getattr(exchange, "skips_dropped", False) else None
+                h = exchange(h, i, keep=keep) if keep is not None else exchange(h, i)
             h = self.block(i, h, adj)
         return h
+
+    def _known_zeros(self, h: Union[Tensor, SparseFeatures], layer: int, key: Optional[int],
+                     ids: Optional[Tensor]) -> Optional[tuple[float, int]]:
+        """(rate, key) of the keyed dropout just applied to ``h`` when the receiving ranks can
+        recompute its mask, so the exchange need not send the dropped entries."""
+        if not (self.training and self.dropout > 0.0 and key is not None and ids is not None
+                and isinstance(h, Tensor)):
+            return None
+        return self.dropout, mix_key(key, layer)
 
     def _dropout(self, h: Union[Tensor, SparseFeatures], layer: int, key: Optional[int],
                  ids: Optional[Tensor]) -> Union[Tensor, SparseFeatures]:

@@ -10,11 +10,13 @@ layer, global node, column) (:mod:`quietgnn.nn.keyed`), so a halo input row is d
 as its owner would drop it. Result: exactly the ``centralized`` forward and gradients, dropout
 on, for any number of partitions.
 
-Traffic per epoch (``sum|B|`` boundary rows, ``d_l`` layer widths, L layers):
-``4 sum|B| (sum_{1<=l<L} d_l) * 2`` bytes of halo rows and their gradients + one all-reduce of
-``|theta| + 1 + P`` floats; once at setup, the halo's input rows (``data``). With
-``cache_inputs false`` (the literature's vanilla baseline, kept for comparison) layer 0's rows
-are sent every epoch and at every evaluation too: ``+ 4 sum|B| d_0``.
+Traffic per epoch (``sum|B|`` boundary rows, ``d_l`` layer widths, L layers, dropout p):
+about ``(1 - p) 4 sum|B| (sum_{1<=l<L} d_l) * 2`` bytes of halo rows and their gradients (only
+the entries dropout kept travel, ``skip_dropped``; evaluation sends whole rows) + one
+all-reduce of ``|theta| + 1 + P`` floats; once at setup, the halo's input rows (``data``).
+The literature's vanilla baseline, kept for comparison (``cache_inputs false``,
+``skip_dropped false``), sends layer 0's rows every epoch and at every evaluation too
+(``+ 4 sum|B| d_0``) and whole hidden rows.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ class HaloOptions:
     #: fetch the halo's static input rows once at setup instead of every epoch (false: the
     #: vanilla baseline of the papers, which re-sends them in every forward pass)
     cache_inputs: bool = True
+    #: send only the entries of a hidden row that dropout kept (the receiver recomputes the
+    #: keyed mask); false: send the dropped zeros too, as the papers' vanilla baseline does
+    skip_dropped: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cache_inputs, bool):
-            raise ValueError(f"options.cache_inputs = {self.cache_inputs!r}; expected true or "
-                             f"false")
+        for key in ("cache_inputs", "skip_dropped"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"options.{key} = {getattr(self, key)!r}; expected true or "
+                                 f"false")
 
 
 @register
@@ -74,7 +80,8 @@ class Halo(Strategy):
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
         # one rank holds the whole graph: nothing to exchange
-        self.exchanger = HaloExchanger(ctx.comm, p, kind="halo") if ctx.world_size > 1 else None
+        self.exchanger = None if ctx.world_size == 1 else \
+            HaloExchanger(ctx.comm, p, kind="halo", skip_dropped=self.options.skip_dropped)
 
     def forward(self):
         """Logits of every owned node (full neighbourhood through the halo)."""
