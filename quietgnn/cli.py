@@ -1,12 +1,13 @@
-"""Command line: ``quietgnn train | partition | datasets | strategies`` (+ ``bench``, ``report``).
+"""Command line: ``quietgnn train | prepare | datasets | strategies`` (+ ``bench``, ``report``).
 
 Examples::
 
     quietgnn train                                   # halo, synthetic graph, 4 local workers
     quietgnn train --strategy centralized --dataset cora --root ../shared/data
     quietgnn train --config configs/cora-halo.yaml --model.hidden 128 --parts 2
-    torchrun --nnodes 2 --nproc-per-node 2 ... -m quietgnn train --book /shared/book-p4 ...
-    quietgnn partition --dataset cora --root ../shared/data --parts 4 --out books/cora-p4
+    quietgnn prepare --dataset cora --root ../shared/data --parts 4 --out data/cora-p4
+    quietgnn train --data data/cora-p4 --strategy grappa
+    torchrun --nnodes 2 --nproc-per-node 2 ... -m quietgnn train --data /shared/cora-p4 ...
 
 Any config key can be set as ``--section.key value`` (see ``quietgnn.config``); unknown keys
 are rejected with the valid ones listed.
@@ -176,20 +177,25 @@ def _resume_dir(cfg: Any, run_dir: Path, suffix: str, named: bool, log: Any) -> 
     return run_dir
 
 
-def cmd_partition(args: argparse.Namespace, rest: list[str]) -> int:
+def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
+    """Write a prepared directory (partition book, one memory-mappable part per rank) from a
+    dataset quietgnn loads (``--dataset``)."""
     from .datasets import load_dataset
     from .partition import make_book
     cfg = _config(args, rest)
     if not args.out:
-        raise ValueError("quietgnn partition needs --out DIR (where the partition book goes)")
+        raise ValueError(f"quietgnn {args.cmd} needs --out DIR (where the prepared graph goes)")
+    if args.x_dtype not in ("float32", "float16"):
+        raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
+                         f"disk and page cache; the workers compute in float32)")
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed)
     t0 = time.perf_counter()
     book = make_book(args.out, graph, cfg.partition_method, cfg.num_parts,
                      seed=cfg.partition.seed, clusters=cfg.partition.clusters,
-                     file=cfg.partition.file)
+                     file=cfg.partition.file, x_dtype=args.x_dtype)
     st = book.stats
-    print(f"{graph!r}\npartition book {book.path} ({cfg.partition_method}, {book.num_parts} "
+    print(f"{graph!r}\nprepared {book.path} ({cfg.partition_method}, {book.num_parts} "
           f"parts, {time.perf_counter() - t0:.1f}s)")
     print(f"  nodes per part {st['nodes']}  balance {st['balance']:.3f}")
     print(f"  edge cut {st['edge_cut']} ({100 * st['edge_cut_fraction']:.1f}% of edges)  halo "
@@ -241,20 +247,25 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     for name, help_ in (("train", "train a GNN with a communication strategy"),
-                        ("partition", "partition a dataset and write a partition book"),
+                        ("prepare", "partition a graph and write it as memory-mapped parts "
+                                    "(train on it with --data DIR)"),
+                        ("partition", "the same as prepare"),
                         ("datasets", "list the built-in datasets"),
                         ("strategies", "list the registered strategies")):
         p = sub.add_parser(name, help=help_,
                            epilog="Any config key: --section.key value (e.g. --model.hidden 128)")
-        if name in ("train", "partition"):
+        if name in ("train", "partition", "prepare"):
             p.add_argument("--config", help="YAML recipe (see configs/)")
             p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
-        if name == "partition":
-            p.add_argument("--out", help="output directory of the partition book")
+        if name in ("partition", "prepare"):
+            p.add_argument("--out", help="output directory of the prepared graph")
+            p.add_argument("--x-dtype", default="float32",
+                           help="feature storage: float32 (default) or float16")
     for name in extra:
         sub.add_parser(name, help=f"see `quietgnn {name} --help`")
     args, rest = ap.parse_known_args(argv or ["train"])
-    cmds = {"train": cmd_train, "partition": cmd_partition, "datasets": cmd_datasets,
+    cmds = {"train": cmd_train, "partition": cmd_prepare, "prepare": cmd_prepare,
+            "datasets": cmd_datasets,
             "strategies": cmd_strategies}
     if args.cmd is None:
         args, rest = ap.parse_known_args(["train"] + argv)

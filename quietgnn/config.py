@@ -37,6 +37,9 @@ class DataConfig:
     name: str = "synthetic"
     root: Optional[str] = None
     split_seed: int = 0
+    #: a directory written by ``quietgnn prepare``: the graph (name, parts, book) comes from
+    #: it, and no process loads the whole graph
+    prepared: Optional[str] = None
 
 
 @dataclass
@@ -163,6 +166,7 @@ SECTIONS = {"dataset": DataConfig, "partition": PartitionConfig, "model": ModelC
 #: short flags accepted by ``quietgnn train`` besides ``--section.key``
 SHORTCUTS = {"dataset": "dataset.name", "root": "dataset.root", "parts": "partition.parts",
              "partitioner": "partition.method", "book": "partition.book", "model": "model.arch",
+             "data": "dataset.prepared",
              "epochs": "train.epochs", "lr": "train.lr", "seed": "train.seed",
              "hidden": "model.hidden", "layers": "model.layers", "threads": "runtime.threads",
              "timeout": "runtime.timeout_s", "out": "runtime.out_dir",
@@ -275,7 +279,30 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         kwargs[name] = _build(cls, raw.get(name, {}) or {}, name)
     kwargs["synthetic"] = _synthetic_spec(raw.get("synthetic", {}) or {})
     kwargs["options"] = raw.get("options", {}) or {}
+    if kwargs["dataset"].prepared:
+        _from_prepared(kwargs, "parts" in (raw.get("partition") or {}))
     return RunConfig(**kwargs)
+
+
+def _from_prepared(kwargs: dict[str, Any], parts_given: bool) -> None:
+    """``dataset.prepared``: the run's graph, parts and partition book are the directory's
+    (its manifest is read; no array is)."""
+    from .partition import PartitionBook
+    data, part = kwargs["dataset"], kwargs["partition"]
+    book = PartitionBook.open(data.prepared)
+    if part.book and Path(part.book).resolve() != Path(data.prepared).resolve():
+        raise ValueError(f"dataset.prepared = {data.prepared!r} and partition.book = "
+                         f"{part.book!r} name two different directories; pass one of them")
+    if parts_given and part.parts != book.num_parts:
+        raise ValueError(f"--parts {part.parts} does not match {data.prepared!r}, which was "
+                         f"prepared with {book.num_parts} parts; leave out --parts or run "
+                         f"`quietgnn prepare ... --parts {part.parts}`")
+    if part.method and part.method != book.method:
+        raise ValueError(f"--partitioner {part.method} does not match {data.prepared!r}, "
+                         f"which was partitioned with {book.method}; leave out --partitioner "
+                         f"or prepare the graph again with it")
+    part.parts, part.book, part.method = book.num_parts, str(data.prepared), book.method
+    data.name = str(book.graph.get("name", data.name))
 
 
 def config_from_dict(d: dict[str, Any]) -> RunConfig:

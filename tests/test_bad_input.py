@@ -92,7 +92,7 @@ def _broken_copy(book, tmp_path, how):
 
 
 def _truncate(d):
-    f = d / "part-1.pt"
+    f = d / "part-1" / "indices.npy"
     f.write_bytes(f.read_bytes()[:-50])
 
 
@@ -104,9 +104,10 @@ def _version(d):
 
 @pytest.mark.parametrize("how, message", [
     (lambda d: (d / "book.json").unlink(), "no partition book at"),
-    (lambda d: (d / "part-0.pt").unlink(), "part-0.pt' is missing (listed in book.json)"),
-    (_truncate, "part-1.pt' has"),
-    (_version, "has version 99, this quietgnn reads version 1"),
+    (lambda d: (d / "part-0" / "x.npy").unlink(), "part-0/x.npy' is missing (listed in "
+                                                    "book.json)"),
+    (_truncate, "part-1/indices.npy' has"),
+    (_version, "has version 99, this quietgnn reads version 2"),
     (lambda d: (d / "book.json").write_text("{not json"), "book.json' is not valid JSON"),
 ])
 def test_damaged_partition_book(capsys, tmp_path, book, how, message):
@@ -126,7 +127,7 @@ def test_corrupted_part_found_by_the_worker(tmp_path, book):
     """Same size, other bytes: only the worker's checksum sees it; still exit 2 and one clear
     line, no traceback, no hang."""
     def flip(d):
-        f = d / "part-1.pt"
+        f = d / "part-1" / "x.npy"
         b = bytearray(f.read_bytes())
         b[len(b) // 2] ^= 0xFF
         f.write_bytes(bytes(b))
@@ -134,7 +135,7 @@ def test_corrupted_part_found_by_the_worker(tmp_path, book):
     r = _subprocess(TINY + ["--out", str(tmp_path), "--run-name", "r", "--book", str(d),
                             "--runtime.timeout_s", "20"])
     assert r.returncode == 2, r.stderr
-    assert "part-1.pt' does not match the checksum" in r.stderr
+    assert "part-1/x.npy' does not match the checksum" in r.stderr
     assert "rank 1 exited with code 1" in r.stderr
     assert "Traceback" not in r.stderr
 

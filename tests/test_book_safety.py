@@ -249,7 +249,7 @@ def test_edited_num_parts_is_named(capsys, tmp_path, syn_book, n):
         PartitionBook.open(book)
     msg = str(exc.value)
     assert str(book / "book.json") in msg and f"says num_parts = {n}" in msg
-    assert "lists 2 part file(s) (part-0.pt, part-1.pt)" in msg and "quietgnn partition" in msg
+    assert "lists 2 part(s) (part-0/, part-1/)" in msg and "quietgnn prepare" in msg
     out = tmp_path / "runs"
     argv = list(TINY)
     argv[argv.index("--parts") + 1] = str(n)       # even a run asking for the edited count

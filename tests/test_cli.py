@@ -48,7 +48,7 @@ def test_train_prints_accuracy_and_bytes_and_writes_summary(tmp_path):
 def test_partition_command_writes_a_book(tmp_path):
     r = quietgnn("partition", "--parts", "3", *TINY[:4], "--out", str(tmp_path / "book"))
     assert r.returncode == 0, r.stderr
-    assert "edge cut" in r.stdout and (tmp_path / "book" / "part-2.pt").is_file()
+    assert "edge cut" in r.stdout and (tmp_path / "book" / "part-2" / "x.npy").is_file()
     r = quietgnn("train", "--book", str(tmp_path / "book"), "--parts", "3", "--epochs", "2",
                  *TINY, "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr

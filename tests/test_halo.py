@@ -24,7 +24,11 @@ ARCHS = ("gcn", "sage", "gat", "gin")
 def _one_step(comm, graph, parts, arch, layers, cache=True, skip=True, dropout=0.5):
     """Forward + backward + gradient sync of every architecture on this rank's partition
     (training mode: dropout on)."""
-    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    if isinstance(parts, str):      # a prepared directory: this rank's memory-mapped part
+        from quietgnn.partition import PartitionBook
+        part = PartitionBook.open(parts).load_part(comm.rank, comm.world_size)
+    else:
+        part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {"owned": part.owned, "send": [int(t.numel()) for t in part.send_idx],
            "send_ids": part.owned[torch.cat(part.send_idx)] if part.send_idx else None,
            "send_nnz": [int((part.x[t] != 0).sum()) for t in part.send_idx]}

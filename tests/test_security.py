@@ -361,16 +361,22 @@ def test_planted_partition_part_exits_2_with_one_line(tmp_path):
     make_book(book, load_dataset("synthetic", synthetic={"nodes": 300, "feature_dim": 8}),
               "random", 2)
     marker = tmp_path / "pwned"
-    _plant(book / "part-1.pt", marker, book / "book.json", ["files", "part-1.pt"])
+    # an object array in a .npy is a pickle: plant one with its size and checksum updated
+    f = book / "part-1" / "x.npy"
+    np.save(f, np.array([Payload(str(marker))], dtype=object), allow_pickle=True)
+    meta = json.loads((book / "book.json").read_text())
+    meta["files"]["part-1/x.npy"].update(bytes=f.stat().st_size, sha256=hashlib.sha256(
+        f.read_bytes()).hexdigest())
+    (book / "book.json").write_text(json.dumps(meta))
     r = _cli("train", "--strategy", "halo", "--book", str(book), "--parts", "2",
              "--dataset", "synthetic", "--synthetic.nodes", "300", "--synthetic.feature_dim",
              "8", "--epochs", "1", "--runtime.progress", "false", "--runtime.timeout_s", "30",
              "--out", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
     assert not marker.exists()
-    errs = [x for x in _error_lines(r.stderr) if "holds something other" in x]
+    errs = [x for x in _error_lines(r.stderr) if "holds pickled Python objects" in x]
     assert len(errs) == 1, r.stderr
-    _one_line_refusal(errs[0].split("ValueError: ", 1)[1], book / "part-1.pt")
+    assert str(f) in errs[0] and "never loads" in errs[0]
     assert "Traceback" not in r.stderr and "weights_only" not in r.stderr
 
 

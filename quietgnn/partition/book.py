@@ -5,11 +5,13 @@ Layout of a book directory (written atomically: a temp directory renamed into pl
     book.json        format, version, num_parts, method, seed, graph identity, stats, and the
                      size + sha256 of every file below
     assignment.npy   int64 [N] part of every node
-    part-<k>.pt      rank k's LocalPartition (tensors only; loaded with weights_only=True)
+    part-<k>/        rank k's LocalPartition as plain .npy arrays + part.json
+                     (:mod:`~quietgnn.partition.shards`; memory-mapped by the worker)
 
-A multi-host run loads ``book.json`` and its own ``part-<rank>.pt`` only. Every way a book can
-be unusable (missing, truncated, edited, other version, other world size) gives a
-``ValueError`` naming the file, what was found and what to do.
+A multi-host run reads ``book.json`` and maps its own ``part-<rank>/`` only. Every way a book
+can be unusable (missing, truncated, edited, other version, other world size) gives a
+``ValueError`` naming the file, what was found and what to do. Version 1 books (one pickled
+torch archive per part) are refused with the command that rewrites them.
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..graph import Graph
-from ..serial import load_file
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
+from .shards import read_part, write_part
 
 __all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book"]
 
 BOOK_FORMAT = "quietgnn-partition-book"
-BOOK_VERSION = 1
+BOOK_VERSION = 2
 
 
 def _sha256(path: Path) -> str:
@@ -63,7 +64,8 @@ class PartitionBook:
     # ------------------------------------------------------------------ writing
     @staticmethod
     def write(path: str | Path, graph: Graph, parts: np.ndarray, method: str, seed: int,
-              options: dict[str, Any] | None = None) -> "PartitionBook":
+              options: dict[str, Any] | None = None,
+              x_dtype: str = "float32") -> "PartitionBook":
         path = Path(path)
         parts = np.asarray(parts, dtype=np.int64)
         num_parts = int(parts.max()) + 1
@@ -75,10 +77,11 @@ class PartitionBook:
             np.save(tmp / "assignment.npy", parts)
             # one part at a time: saved, then dropped (the graph + one part in memory, not P)
             for lp in iter_partitions(graph, parts, book_id=book_id, fingerprint=fingerprint):
-                torch.save(lp.to_dict(), tmp / f"part-{lp.rank}.pt")
+                write_part(tmp / f"part-{lp.rank}", lp, x_dtype=x_dtype)
                 del lp
-            files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-                     for f in sorted(tmp.iterdir())}
+            files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size,
+                                                     "sha256": _sha256(f)}
+                     for f in sorted(tmp.rglob("*")) if f.is_file()}
             meta = {
                 "format": BOOK_FORMAT, "version": BOOK_VERSION, "book_id": book_id,
                 "num_parts": num_parts, "method": method, "seed": seed,
@@ -103,24 +106,31 @@ class PartitionBook:
         meta_path = path / "book.json"
         if not meta_path.is_file():
             raise ValueError(f"no partition book at {str(path)!r}: {meta_path.name} is missing; "
-                             f"create one with `quietgnn partition --out {path} ...`")
+                             f"create one with `quietgnn prepare --out {path} ...`")
         try:
             meta = json.loads(meta_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"partition book {str(meta_path)!r} is not valid JSON ({exc}); the "
-                             f"file is damaged: re-create the book with `quietgnn partition`") from exc
+                             f"file is damaged: re-create the book with `quietgnn prepare`") from exc
         if not isinstance(meta, dict) or meta.get("format") != BOOK_FORMAT:
             raise ValueError(f"{str(meta_path)!r} is not a quietgnn partition book (format "
                              f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected "
                              f"{BOOK_FORMAT!r})")
+        if meta.get("version") == 1:
+            name = (meta.get("graph") or {}).get("name", "NAME")
+            raise ValueError(f"partition book {str(path)!r} has version 1 (a pickled archive "
+                             f"per part), this quietgnn reads version {BOOK_VERSION} "
+                             f"(memory-mapped arrays); rewrite it with `quietgnn prepare "
+                             f"--dataset {name} --parts {meta.get('num_parts', 'P')} "
+                             f"--partitioner {meta.get('method', 'metis')} --out {path}`")
         if meta.get("version") != BOOK_VERSION:
             raise ValueError(f"partition book {str(path)!r} has version {meta.get('version')!r}, "
                              f"this quietgnn reads version {BOOK_VERSION}; re-create it with "
-                             f"`quietgnn partition`")
+                             f"`quietgnn prepare`")
         for key in ("num_parts", "method", "seed", "graph", "stats", "files", "book_id"):
             if key not in meta:
                 raise ValueError(f"partition book {str(meta_path)!r} lacks field {key!r}; "
-                                 f"re-create it with `quietgnn partition`")
+                                 f"re-create it with `quietgnn prepare`")
         _check_manifest(meta_path, meta)
         return PartitionBook(path=path, num_parts=int(meta["num_parts"]), method=meta["method"],
                              seed=int(meta["seed"]), graph=meta["graph"], stats=meta["stats"],
@@ -133,15 +143,15 @@ class PartitionBook:
             raise ValueError(f"partition book {str(self.path)!r} does not list {name!r}")
         if not f.is_file():
             raise ValueError(f"partition file {str(f)!r} is missing; copy it from where the book "
-                             f"was created or re-run `quietgnn partition`")
+                             f"was created or re-run `quietgnn prepare`")
         size = f.stat().st_size
         if size != info["bytes"]:
             raise ValueError(f"partition file {str(f)!r} has {size} bytes, the book records "
                              f"{info['bytes']}: it is truncated or was replaced; re-copy it or "
-                             f"re-run `quietgnn partition`")
+                             f"re-run `quietgnn prepare`")
         if _sha256(f) != info["sha256"]:
             raise ValueError(f"partition file {str(f)!r} does not match the checksum in "
-                             f"book.json: it was modified or damaged; re-run `quietgnn partition`")
+                             f"book.json: it was modified or damaged; re-run `quietgnn prepare`")
         return f
 
     def assignment(self) -> np.ndarray:
@@ -156,14 +166,16 @@ class PartitionBook:
                              f"{world_size}")
         if not 0 <= rank < self.num_parts:
             raise ValueError(f"rank {rank} is outside the book's {self.num_parts} parts")
-        f = self._checked_file(f"part-{rank}.pt")
-        # one line on failure (a planted pickle, a damaged file): the launcher reports a
-        # worker's ValueError as an input error by its last line
-        d = load_file(f, "partition file", "re-run `quietgnn partition`")
-        if not isinstance(d, dict):
-            raise ValueError(f"partition file {str(f)!r} holds {type(d).__name__}, expected a "
-                             f"dict of tensors; re-run `quietgnn partition`")
-        return LocalPartition.from_dict(d)
+        # every file of this part against the manifest (size, then sha256) before it is mapped;
+        # one line on failure: the launcher reports a worker's ValueError as an input error
+        prefix = f"part-{rank}/"
+        names = [n for n in self.files if n.startswith(prefix)]
+        if f"{prefix}part.json" not in names:
+            raise ValueError(f"partition book {str(self.path)!r} lists no {prefix}part.json; "
+                             f"re-run `quietgnn prepare`")
+        for name in names:
+            self._checked_file(name)
+        return read_part(self.path / prefix)
 
 
 def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
@@ -180,11 +192,11 @@ def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
 
 
 def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
-    """``num_parts`` against what the rest of ``book.json`` describes: the part files it lists
-    (exactly ``part-0.pt`` .. ``part-<P-1>.pt``) and the per-part statistics. An edited or
+    """``num_parts`` against what the rest of ``book.json`` describes: the parts it lists
+    (exactly ``part-0/`` .. ``part-<P-1>/``) and the per-part statistics. An edited or
     mixed-up manifest is named here instead of failing inside a collective with P ranks."""
     fix = ("book.json was edited or mixed up with another book's: restore it, or re-create "
-           "the book with `quietgnn partition`")
+           "the book with `quietgnn prepare`")
     n = meta["num_parts"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"partition book {str(meta_path)!r} has num_parts = {n!r}, expected an "
@@ -193,13 +205,13 @@ def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
     if not isinstance(files, dict):
         raise ValueError(f"partition book {str(meta_path)!r}: 'files' is "
                          f"{type(files).__name__}, expected a mapping of file names; {fix}")
-    listed = sorted(int(m.group(1)) for m in (re.fullmatch(r"part-(\d+)\.pt", f) for f in files)
-                    if m)
+    listed = sorted(int(m.group(1)) for m in
+                    (re.fullmatch(r"part-(\d+)/part\.json", f) for f in files) if m)
     if listed != list(range(n)):
-        shown = ", ".join(f"part-{k}.pt" for k in listed[:6]) + (", ..." if len(listed) > 6 else "")
+        shown = ", ".join(f"part-{k}/" for k in listed[:6]) + (", ..." if len(listed) > 6 else "")
         raise ValueError(f"partition book {str(meta_path)!r} says num_parts = {n} but lists "
-                         f"{len(listed)} part file(s) ({shown or 'none'}), expected part-0.pt .. "
-                         f"part-{n - 1}.pt; {fix}")
+                         f"{len(listed)} part(s) ({shown or 'none'}), expected part-0/ .. "
+                         f"part-{n - 1}/; {fix}")
     stats = meta["stats"]
     if isinstance(stats, dict):
         if "num_parts" in stats and stats["num_parts"] != n:
@@ -220,8 +232,8 @@ def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
 
 
 def make_book(path: str | Path, graph: Graph, method: str, num_parts: int, seed: int = 0,
-              **options: Any) -> PartitionBook:
+              x_dtype: str = "float32", **options: Any) -> PartitionBook:
     """Partition ``graph`` and write the book (convenience for CLI and launcher)."""
     parts = partition_nodes(graph, method, num_parts, seed=seed, **options)
     clean = {k: v for k, v in options.items() if v is not None and k != "assignment"}
-    return PartitionBook.write(path, graph, parts, method, seed, options=clean)
+    return PartitionBook.write(path, graph, parts, method, seed, options=clean, x_dtype=x_dtype)

@@ -1,7 +1,7 @@
 """``LocalPartition``: everything one rank holds of a partitioned graph.
 
 Built once by :func:`build_partitions` (from the full graph, in the launcher or in
-``quietgnn partition``), saved in the partition book, then read-only on the rank.
+``quietgnn prepare``), saved in the partition book, then read-only on the rank.
 
 Local numbering. Rank ``i`` numbers its nodes ``[owned | halo]``:
 
@@ -169,7 +169,7 @@ class LocalPartition:
                    "graph_name", "graph_fingerprint", "book_id")]
         if missing:
             raise ValueError(f"partition data lacks field(s) {missing}; the file was written by "
-                             f"another version or is damaged: re-run `quietgnn partition`")
+                             f"another version or is damaged: re-run `quietgnn prepare`")
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 

@@ -86,7 +86,8 @@ def prepare_book(cfg: Any, log: Callable[[str], None] = print) -> Path:
                              f"but the run asks for {cfg.num_parts}; pass --parts "
                              f"{book.num_parts} or re-partition")
         _check_book_files(book)
-        check_book_dataset(book, cfg, load=True)
+        if not cfg.dataset.prepared:   # prepared: the book *is* the dataset
+            check_book_dataset(book, cfg, load=True)
         return Path(cfg.partition.book)
     from ..datasets import dataset_files
     key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
@@ -257,12 +258,12 @@ def _check_book_files(book: Any) -> None:
         f = Path(book.path) / name
         if not f.is_file():
             raise ValueError(f"partition file {str(f)!r} is missing (listed in book.json); copy "
-                             f"it from where the book was created or re-run `quietgnn partition`")
+                             f"it from where the book was created or re-run `quietgnn prepare`")
         size = f.stat().st_size
         if size != info.get("bytes"):
             raise ValueError(f"partition file {str(f)!r} has {size} bytes, book.json records "
                              f"{info.get('bytes')}: it is truncated or was replaced; re-copy it "
-                             f"or re-run `quietgnn partition`")
+                             f"or re-run `quietgnn prepare`")
 
 
 def launch(cfg: Any, run_dir: Path, book: Optional[Path],

@@ -46,7 +46,7 @@ def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
     book = os.environ.get("QUIETGNN_BOOK") or cfg.partition.book
     if book:
         opened = PartitionBook.open(book)
-        if not os.environ.get("QUIETGNN_BOOK"):
+        if not os.environ.get("QUIETGNN_BOOK") and not cfg.dataset.prepared:
             # torchrun (no launcher, whose prepare_book checked the book against the dataset
             # before setting QUIETGNN_BOOK): check what is known without loading the graph
             from .launcher import check_book_dataset
