@@ -188,6 +188,8 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     if args.x_dtype not in ("float32", "float16"):
         raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
                          f"disk and page cache; the workers compute in float32)")
+    if args.source is not None or args.edges is not None:
+        return _prepare_streamed(args, cfg, rest)
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed)
     t0 = time.perf_counter()
@@ -201,6 +203,52 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     print(f"  edge cut {st['edge_cut']} ({100 * st['edge_cut_fraction']:.1f}% of edges)  halo "
           f"sizes {st['halo']}  replication {st['replication_factor']:.3f}")
     return 0
+
+
+def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> int:
+    """``prepare synthetic --edges N`` or ``prepare EDGES --nodes NODES``: out of core."""
+    from .prepare import _positive_int, human, parse_size, prepare_tables
+    from .prepare.synthetic import prepare_synthetic
+    explicit = {a.split("=")[0] for a in rest}
+    if explicit & {"--partitioner", "--partition.method"} and cfg.partition.method != "hash":
+        raise ValueError(f"--partitioner {cfg.partition.method}: the out-of-core path "
+                         f"partitions by hash (streaming); metis, random and supernode need the "
+                         f"graph in memory (`quietgnn prepare --dataset ...`)")
+    budget = parse_size(args.memory_budget)
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    common = dict(parts=cfg.num_parts, seed=cfg.partition.seed, memory_budget=budget,
+                  x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed, progress=progress)
+    if args.source == "synthetic":
+        if args.edges is None:
+            raise ValueError("quietgnn prepare synthetic needs --edges N (undirected edges, "
+                             "e.g. 1e9)")
+        book = prepare_synthetic(args.out, edges=_positive_int(args.edges, "--edges"),
+                                 spec=cfg.synthetic, **common)
+    else:
+        if args.source is None or args.nodes is None:
+            raise ValueError("quietgnn prepare EDGES needs an edge table and --nodes NODES "
+                             "(Parquet or CSV), or `prepare synthetic --edges N`")
+        book = prepare_tables(args.source, args.nodes, args.out, directed=args.directed,
+                              **common)
+    g, st = book.graph, book.stats
+    secs = time.perf_counter() - t0
+    print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
+          f"{human(g['num_edges'] / 2)} undirected edges ({human(g['num_edges'])} stored), "
+          f"{g['num_features']} features, {g['num_classes']} classes")
+    print(f"  {book.num_parts} parts (hash), nodes per part {st['nodes']}, edge cut "
+          f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
+    print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
+          f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
@@ -258,6 +306,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--config", help="YAML recipe (see configs/)")
             p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
         if name in ("partition", "prepare"):
+            p.add_argument("source", nargs="?", help="out of core: `synthetic`, or an edge "
+                           "table (Parquet/CSV; columns src, dst); leave out for --dataset")
+            p.add_argument("--edges", help="synthetic: undirected edges to draw (e.g. 1e9)")
+            p.add_argument("--nodes", help="the node table for an edge table (columns id, y, "
+                           "split, features)")
+            p.add_argument("--directed", action="store_true",
+                           help="take the edge table's edges one way only")
+            p.add_argument("--memory-budget", default="4GiB",
+                           help="peak memory of the out-of-core prepare (default 4GiB)")
             p.add_argument("--out", help="output directory of the prepared graph")
             p.add_argument("--x-dtype", default="float32",
                            help="feature storage: float32 (default) or float16")

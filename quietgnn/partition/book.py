@@ -34,7 +34,8 @@ from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 from .shards import read_part, write_part
 
-__all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book"]
+__all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book", "new_book_dir",
+           "finish_book"]
 
 BOOK_FORMAT = "quietgnn-partition-book"
 BOOK_VERSION = 2
@@ -71,29 +72,17 @@ class PartitionBook:
         num_parts = int(parts.max()) + 1
         fingerprint = graph.fingerprint()
         book_id = hashlib.sha256(fingerprint.encode() + parts.tobytes()).hexdigest()[:16]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp = new_book_dir(path)
         try:
             np.save(tmp / "assignment.npy", parts)
             # one part at a time: saved, then dropped (the graph + one part in memory, not P)
             for lp in iter_partitions(graph, parts, book_id=book_id, fingerprint=fingerprint):
                 write_part(tmp / f"part-{lp.rank}", lp, x_dtype=x_dtype)
                 del lp
-            files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size,
-                                                     "sha256": _sha256(f)}
-                     for f in sorted(tmp.rglob("*")) if f.is_file()}
-            meta = {
-                "format": BOOK_FORMAT, "version": BOOK_VERSION, "book_id": book_id,
-                "num_parts": num_parts, "method": method, "seed": seed,
-                "options": options or {},
-                "graph": _graph_identity(graph, fingerprint),
-                "stats": partition_stats(graph, parts), "files": files,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            }
-            (tmp / "book.json").write_text(json.dumps(meta, indent=1))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
+            finish_book(tmp, path, {
+                "book_id": book_id, "num_parts": num_parts, "method": method, "seed": seed,
+                "options": options or {}, "graph": _graph_identity(graph, fingerprint),
+                "stats": partition_stats(graph, parts)})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -176,6 +165,26 @@ class PartitionBook:
         for name in names:
             self._checked_file(name)
         return read_part(self.path / prefix)
+
+
+def new_book_dir(path: Path) -> Path:
+    """A temporary directory beside ``path`` for a book being written (renamed into place by
+    :func:`finish_book`, so a reader never sees half a book)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+
+
+def finish_book(tmp: Path, path: Path, meta: dict[str, Any]) -> None:
+    """Write ``book.json`` (``meta`` + format, version, the size and sha256 of every file in
+    ``tmp``, the date) and move ``tmp`` to ``path``, replacing what was there."""
+    files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(tmp.rglob("*")) if f.is_file()}
+    meta = {"format": BOOK_FORMAT, "version": BOOK_VERSION, **meta, "files": files,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (tmp / "book.json").write_text(json.dumps(meta, indent=1))
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
 
 
 def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:

@@ -9,6 +9,9 @@ Every partitioner returns an ``int64`` array ``parts`` of shape ``[N]`` with val
 * ``supernode`` -- METIS into ``K >> P`` small clusters, clusters dealt randomly and evenly
                    (SuperTMA): keeps dense local structure while every part is a
                    representative sample of the graph.
+* ``hash``      -- part = a multiplicative hash of the node id (:func:`hash_part_of`): needs
+                   nothing but the id, so out-of-core ``quietgnn prepare`` computes it on the fly
+                   (balanced to within a few sqrt(N / P) nodes, not exactly).
 * ``given``     -- an array or a file (``.npy``, ``.pt`` or text, one part id per line) for data
                    that must stay where it is.
 """
@@ -24,7 +27,7 @@ import torch
 from ..graph import Graph
 
 __all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
-           "given_parts"]
+           "given_parts", "hash_parts", "hash_part_of", "hash_part_sql"]
 
 
 def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +76,35 @@ def random_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
     parts = np.arange(graph.num_nodes, dtype=np.int64) % num_parts
     rng.shuffle(parts)
     return parts
+
+
+#: Knuth's multiplicative constant (2^32 / golden ratio): consecutive ids land far apart
+_HASH_MUL = 2654435761
+_HASH_SEED = 40503
+
+
+def hash_part_of(ids: np.ndarray, num_parts: int, seed: int = 0) -> np.ndarray:
+    """``h P div 2^32`` with ``h = (id * 2654435761 + 40503 seed) mod 2^32``, for ids in
+    ``[0, 2^32)``: the part of every id. The high bits of ``h`` decide (its low bits would
+    make the part ``id mod P`` up to relabelling when P is a power of two).
+    :func:`hash_part_sql` is the same function in SQL (DuckDB)."""
+    v = ids.astype(np.uint64) * np.uint64(_HASH_MUL) + np.uint64(_HASH_SEED * seed)
+    return ((v % np.uint64(1 << 32)) * np.uint64(num_parts) >> np.uint64(32)).astype(np.int64)
+
+
+def hash_part_sql(column: str, num_parts: int, seed: int = 0) -> str:
+    """:func:`hash_part_of` as a SQL expression over an integer column (no overflow: both
+    factors are below 2^32, so the product fits an unsigned 64-bit integer)."""
+    return (f"(((({column})::UBIGINT * {_HASH_MUL} + {_HASH_SEED * seed}) % 4294967296) "
+            f"* {num_parts}) // 4294967296")
+
+
+def hash_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
+    """Every node to part :func:`hash_part_of` (the in-memory twin of the streaming one)."""
+    if graph.num_nodes >= 1 << 32:
+        raise ValueError(f"the hash partitioner takes node ids below 2^32; {graph.name!r} has "
+                         f"{graph.num_nodes} nodes")
+    return _fill_empty(hash_part_of(np.arange(graph.num_nodes), num_parts, seed), num_parts)
 
 
 def supernode_parts(graph: Graph, num_parts: int, seed: int = 0,
@@ -137,6 +169,7 @@ PARTITIONERS: dict[str, Callable[..., np.ndarray]] = {
     "metis": metis_parts,
     "random": random_parts,
     "supernode": supernode_parts,
+    "hash": hash_parts,
     "given": given_parts,
 }
 

@@ -1,0 +1,179 @@
+"""``quietgnn prepare``: a graph of any size -> a prepared directory, in bounded memory.
+
+Three sources, one format (:mod:`quietgnn.partition.shards`):
+
+* ``quietgnn prepare --dataset NAME`` - a dataset quietgnn loads (in memory; any partitioner);
+* ``quietgnn prepare EDGES.parquet|EDGES.csv --nodes NODES.parquet|NODES.csv`` - a user's
+  tables, out of core through DuckDB (:mod:`.tables`);
+* ``quietgnn prepare synthetic --edges 1e9`` - the streaming generator (:mod:`.synthetic`),
+  never whole in memory.
+
+Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
+``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops and duplicates are
+dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``) and optionally
+``split`` (``train`` / ``val`` / ``test``, anything else: none; without it a seeded random
+60/20/20 split); features are a list column ``x`` or every other numeric column, in order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from ..partition.book import PartitionBook
+from .tables import TEST, TRAIN, VAL, NodeBlock, write_prepared
+
+__all__ = ["prepare_tables", "parse_size", "TableNodes"]
+
+
+def parse_size(text: str) -> int:
+    """``"4GiB"``, ``"512MiB"``, ``"2e9"`` (bytes) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]i?B|[KMGT]|B)?\s*", str(text))
+    if not m:
+        raise ValueError(f"--memory-budget {text!r}; expected a size like 4GiB, 512MiB or "
+                         f"a number of bytes")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    try:
+        value = float(m.group(1))
+    except ValueError:
+        raise ValueError(f"--memory-budget {text!r}; expected a size like 4GiB") from None
+    return int(value * 1024 ** " KMGT".index(unit or " ")) if unit else int(value)
+
+
+def _sql_path(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _reader(path: Path) -> str:
+    """The DuckDB table function that reads ``path`` (Parquet or CSV)."""
+    if not path.exists():
+        raise ValueError(f"{str(path)!r} does not exist; expected a Parquet or CSV table")
+    suffix = path.suffix.lower() if path.is_file() else ".parquet"
+    if suffix in (".parquet", ".pq"):
+        return f"read_parquet({_sql_path(path if path.is_file() else path / '*.parquet')})"
+    if suffix in (".csv", ".tsv", ".txt"):
+        return f"read_csv({_sql_path(path)}, header = true)"
+    raise ValueError(f"{str(path)!r}: expected a .parquet or .csv file (or a directory of "
+                     f".parquet files)")
+
+
+def _columns(con: Any, reader: str) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM {reader}").fetchall()]
+
+
+def _edge_sql(con: Any, path: Path) -> str:
+    reader = _reader(path)
+    cols = [c for c, _ in _columns(con, reader)]
+    if {"src", "dst"} <= set(cols):
+        return f"SELECT src, dst FROM {reader}"
+    if len(cols) < 2:
+        raise ValueError(f"edge table {str(path)!r} has columns {cols}; expected src and dst")
+    return f'SELECT "{cols[0]}" AS src, "{cols[1]}" AS dst FROM {reader}'
+
+
+class TableNodes:
+    """A node table read through DuckDB in id order (see the module docstring)."""
+
+    def __init__(self, con: Any, path: Path, split_seed: int = 0) -> None:
+        self.path, self.reader = path, _reader(path)
+        cols = _columns(con, self.reader)
+        names = [c for c, _ in cols]
+        if "id" not in names:
+            raise ValueError(f"node table {str(path)!r} has columns {names}; it needs an id "
+                             f"column (0 .. N-1)")
+        self.y_col = "y" if "y" in names else "label" if "label" in names else None
+        if self.y_col is None:
+            raise ValueError(f"node table {str(path)!r} has columns {names}; it needs a label "
+                             f"column y (or label)")
+        self.split_col = "split" if "split" in names else None
+        rest = [(c, t) for c, t in cols if c not in ("id", self.y_col, "split")]
+        if [c for c, _ in rest] == ["x"] and "[]" in rest[0][1]:
+            self.x_list = True
+            self.x_cols = ["x"]
+        else:
+            bad = [c for c, t in rest if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|FLOAT|"
+                                                       r"DOUBLE|DECIMAL|HUGEINT|U)", t)]
+            if bad:
+                raise ValueError(f"node table {str(path)!r}: column(s) {bad} are neither id, "
+                                 f"y, split nor numeric features")
+            self.x_list, self.x_cols = False, [c for c, _ in rest]
+        n, lo, hi, ymax = con.sql(f"SELECT count(*), min(id), max(id), max({self.y_col}) "
+                                      f"FROM {self.reader}").fetchall()[0]
+        if n == 0 or lo != 0 or hi != n - 1:
+            raise ValueError(f"node table {str(path)!r} has {n} rows with ids {lo} .. {hi}; "
+                             f"expected ids 0 .. N-1, one row each")
+        self.num_nodes, self.num_classes = int(n), int(ymax) + 1
+        if self.x_list:
+            self.num_features = int(con.sql(f"SELECT len(x) FROM {self.reader} LIMIT 1")
+                                    .fetchall()[0][0])
+        else:
+            self.num_features = len(self.x_cols)
+        if self.num_features < 1:
+            raise ValueError(f"node table {str(path)!r} has no feature columns")
+        self.split_seed = split_seed
+
+    def blocks(self, con: Any) -> Iterator[NodeBlock]:
+        from ..graph import random_split
+        codes = None
+        if self.split_col is None:     # the in-memory loaders' rule: seeded random 60/20/20
+            tr, va, te = random_split(self.num_nodes, seed=self.split_seed)
+            codes = (tr.numpy() * TRAIN + va.numpy() * VAL + te.numpy() * TEST).astype(np.uint8)
+        xs = "x" if self.x_list else ", ".join(f'"{c}"' for c in self.x_cols)
+        split = ", split" if self.split_col else ""
+        reader = con.sql(f'SELECT id, "{self.y_col}" AS y{split}, {xs} FROM {self.reader} '
+                         f"ORDER BY id").to_arrow_reader(1 << 16)
+        for batch in reader:
+            ids = batch.column("id").to_numpy().astype(np.int64)
+            y = batch.column("y").to_numpy().astype(np.int64)
+            if self.x_list:
+                flat = batch.column("x").flatten().to_numpy(zero_copy_only=False)
+                x = np.asarray(flat, dtype=np.float32).reshape(ids.size, self.num_features)
+            else:
+                x = np.stack([batch.column(c).to_numpy(zero_copy_only=False)
+                              for c in self.x_cols], axis=1).astype(np.float32)
+            if self.split_col:
+                s = np.array(batch.column("split").to_pylist(), dtype=object)
+                sp = np.zeros(ids.size, dtype=np.uint8)
+                sp[s == "train"], sp[s == "val"], sp[s == "test"] = TRAIN, VAL, TEST
+            else:
+                sp = codes[ids]
+            yield NodeBlock(ids=ids, x=x, y=y, split=sp)
+
+
+def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,
+                   seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
+                   x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
+                   progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
+    """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``."""
+    import duckdb
+    edges, nodes = Path(edges), Path(nodes)
+    con = duckdb.connect()      # only to read the tables' schemas and sizes
+    node_src = TableNodes(con, nodes, split_seed)
+    edge_sql = _edge_sql(con, edges)
+    con.close()
+    return write_prepared(out, edge_sql, node_src, num_parts=parts, seed=seed,
+                          undirected=not directed, memory_budget=memory_budget,
+                          x_dtype=x_dtype, name=name or edges.stem, progress=progress,
+                          identity={"source": str(edges), "split_seed": split_seed})
+
+
+def human(n: float) -> str:
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1000:
+            return f"{n:.3g}{unit}"
+        n /= 1000
+    return f"{n:.3g}P"
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {text!r}; expected a number like 1e9") from None
+    if not math.isfinite(v) or v < 1 or v != int(v):
+        raise ValueError(f"{what} {text!r}; expected a whole number >= 1")
+    return int(v)

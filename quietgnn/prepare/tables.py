@@ -1,0 +1,326 @@
+"""Out of core: an edge table of any size + a node source -> a prepared directory.
+
+The work that needs the whole edge list at once (drop self-loops, symmetrise, de-duplicate,
+sort by destination, count degrees, find each part's halo) is SQL run by DuckDB, which spills
+to its own temporary directory when the data outgrows its memory limit. Python only streams
+DuckDB's sorted output, in record batches, into each part's memory-mapped ``.npy`` arrays
+(:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors (8 bytes
+a node), one part's owned and halo ids, and a batch.
+
+The parts are exactly what :func:`quietgnn.partition.build_partitions` builds from the same
+graph in memory with the ``hash`` partitioner, and the graph fingerprint is the one
+:meth:`quietgnn.graph.Graph.fingerprint` computes, so the two paths can be compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Protocol
+
+import numpy as np
+
+from ..partition.book import PartitionBook, finish_book, new_book_dir
+from ..partition.partitioners import hash_part_of, hash_part_sql
+from ..partition.shards import PART_ARRAYS
+
+__all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
+
+#: rows per record batch streamed out of DuckDB (bounds Python's per-batch temporaries)
+BATCH_ROWS = 1 << 20
+#: what the Python process needs besides DuckDB and the degree vectors (interpreter, numpy,
+#: torch's import, one batch's temporaries)
+_PYTHON_BASE = 512 << 20
+#: split codes of the node sources
+TRAIN, VAL, TEST = 1, 2, 3
+
+
+@dataclass
+class NodeBlock:
+    """Rows ``ids`` (ascending, consecutive across blocks, covering ``[0, N)``) of the node
+    table: features ``x [n, F]``, labels ``y [n]``, split codes ``split [n]`` (0 none)."""
+
+    ids: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    split: np.ndarray
+
+
+class NodeSource(Protocol):
+    num_nodes: int
+    num_features: int
+    num_classes: int
+
+    def blocks(self, con: Any) -> Iterator[NodeBlock]: ...
+
+
+def _connect(work: Path, duck_bytes: int, threads: int):
+    import duckdb
+    con = duckdb.connect(str(work / "prepare.duckdb"))
+    con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 64)}MB'")
+    con.execute(f"SET temp_directory = '{work / 'spill'}'")
+    con.execute(f"SET threads = {threads}")
+    # scans of the sorted edge table come back in its order (the CSR order)
+    con.execute("SET preserve_insertion_order = true")
+    return con
+
+
+def _batches(con, sql: str) -> Iterator[dict[str, np.ndarray]]:
+    reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+    for batch in reader:
+        yield {name: batch.column(i).to_numpy(zero_copy_only=False)
+               for i, name in enumerate(batch.schema.names)}
+
+
+def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_parts: int,
+                   seed: int = 0, undirected: bool = True, memory_budget: int = 4 << 30,
+                   x_dtype: str = "float32", name: str = "graph",
+                   identity: Optional[dict[str, Any]] = None, threads: int = 2,
+                   progress: Callable[[str], None] = lambda s: None,
+                   con_hook: Optional[Callable[[Any], None]] = None,
+                   extra_held: int = 0) -> PartitionBook:
+    """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
+    ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``hash`` partitioner.
+    ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads);
+    ``extra_held``: bytes the caller holds besides (taken from DuckDB's share of the budget)."""
+    out = Path(out)
+    n, P = nodes.num_nodes, num_parts
+    if not 1 <= P <= n:
+        raise ValueError(f"--parts {P}: expected between 1 and the {n} nodes")
+    if n >= 1 << 32:
+        raise ValueError(f"{n} nodes: the streaming path takes node ids below 2^32")
+    # degrees + one part's ids and keys + what the caller holds
+    held = 8 * n + 24 * ((n + P - 1) // P) + extra_held
+    duck = memory_budget - held - _PYTHON_BASE
+    if duck < 128 << 20:
+        raise ValueError(
+            f"--memory-budget {memory_budget >> 20} MiB is too small for {n} nodes: this "
+            f"prepare holds {held >> 20} MiB of its own arrays plus ~{_PYTHON_BASE >> 20} MiB "
+            f"for Python, and DuckDB needs at least 128 MiB; pass --memory-budget "
+            f"{(held + _PYTHON_BASE + (256 << 20)) >> 20}MiB or more")
+    tmp = new_book_dir(out)
+    work = tmp / ".work"
+    work.mkdir()
+    try:
+        con = _connect(work, duck, threads)
+        if con_hook is not None:
+            con_hook(con)
+        book = _prepare(con, tmp, out, edges_sql, nodes, P, seed, undirected, x_dtype, name,
+                        identity or {}, progress)
+        con.close()
+        shutil.rmtree(work)
+        finish_book(tmp, out, book)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PartitionBook.open(out)
+
+
+def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int, seed: int,
+             undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
+             progress: Callable[[str], None]) -> dict[str, Any]:
+    n = nodes.num_nodes
+    lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
+                              f"FROM ({edges_sql})").fetchall()[0]
+    if raw and (lo < 0 or hi >= n):
+        raise ValueError(f"the edge table holds node id {lo if lo < 0 else hi}, outside [0, {n}) "
+                         f"where {n} is the number of nodes in the node table; renumber nodes "
+                         f"from 0 or add their rows")
+    progress(f"edges: {raw} rows read; symmetrising, de-duplicating, sorting (DuckDB)")
+    both = (f"SELECT src, dst FROM ({edges_sql}) UNION ALL SELECT dst, src FROM ({edges_sql})"
+            if undirected else edges_sql)
+    con.execute(f"CREATE TABLE e AS SELECT src::BIGINT AS src, dst::BIGINT AS dst, "
+                f"({hash_part_sql('src', P, seed)})::USMALLINT AS ps, "
+                f"({hash_part_sql('dst', P, seed)})::USMALLINT AS pd "
+                f"FROM (SELECT DISTINCT src, dst FROM ({both}) WHERE src <> dst) "
+                f"ORDER BY dst, src")
+    m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
+    in_deg = np.zeros(n, dtype=np.int32)
+    out_deg = np.zeros(n, dtype=np.int32)
+    for b in _batches(con, "SELECT dst, count(*)::INTEGER AS c FROM e GROUP BY dst"):
+        in_deg[b["dst"]] = b["c"]
+    for b in _batches(con, "SELECT src, count(*)::INTEGER AS c FROM e GROUP BY src"):
+        out_deg[b["src"]] = b["c"]
+
+    # the nodes, one pass in id order, into every part's arrays at once
+    progress(f"nodes: {n} rows into {P} parts")
+    part_dirs = [tmp / f"part-{k}" for k in range(P)]
+    owned_n = np.zeros(P, dtype=np.int64)
+    for lo_ in range(0, n, BATCH_ROWS):
+        owned_n += np.bincount(hash_part_of(np.arange(lo_, min(lo_ + BATCH_ROWS, n)), P, seed),
+                               minlength=P)
+    if (owned_n == 0).any():
+        raise ValueError(f"the hash partitioner leaves part(s) {np.nonzero(owned_n == 0)[0]} of "
+                         f"{P} empty on {n} nodes; use fewer parts")
+    counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, seed, x_dtype)
+    fingerprint = _fingerprint(con, tmp, in_deg, nodes)
+
+    # halos: remote in-neighbours of each part's nodes, ordered by (owner, id)
+    halos = []
+    for k in range(P):
+        progress(f"part {k}: halo")
+        hb = list(_batches(con, f"SELECT ps, src FROM (SELECT DISTINCT ps, src FROM e WHERE "
+                                f"pd = {k} AND ps <> {k}) ORDER BY ps, src"))
+        halo = np.concatenate([b["src"] for b in hb]).astype(np.int64) if hb else \
+            np.zeros(0, np.int64)
+        owner = np.concatenate([b["ps"] for b in hb]).astype(np.int64) if hb else \
+            np.zeros(0, np.int64)
+        np.save(part_dirs[k] / "halo.npy", halo)
+        np.save(part_dirs[k] / "halo_owner.npy", owner)
+        halos.append(len(halo))
+    book_id = hashlib.sha256(f"{fingerprint}:hash:{P}:{seed}".encode()).hexdigest()[:16]
+    edges_per_part = []
+    for k in range(P):
+        progress(f"part {k}: edges")
+        edges_per_part.append(_write_edges(con, part_dirs, k, P, in_deg, out_deg))
+        scalars = {"rank": k, "num_parts": P, "num_nodes_global": n, "num_edges_global": m,
+                   "num_classes": nodes.num_classes, "num_train_global": counts[TRAIN],
+                   "num_val_global": counts[VAL], "num_test_global": counts[TEST],
+                   "graph_name": name, "graph_fingerprint": fingerprint, "book_id": book_id,
+                   "meta": {"evaluator": None}}
+        (part_dirs[k] / "part.json").write_text(json.dumps(scalars, indent=1))
+    for k in range(P):
+        missing = set(PART_ARRAYS) - {f.stem for f in part_dirs[k].glob("*.npy")}
+        if missing:
+            raise RuntimeError(f"part {k} lacks {sorted(missing)} (a bug in the prepare path)")
+    cut = con.sql("SELECT count(*) FROM e WHERE ps <> pd").fetchall()[0][0]
+    stats = {"num_parts": P, "nodes": owned_n.tolist(), "edges": edges_per_part,
+             "halo": halos, "edge_cut": int(cut),
+             "edge_cut_fraction": float(np.float32(cut / m)) if m else 0.0,
+             "balance": float(owned_n.max() / owned_n.mean()), "halo_total": int(sum(halos)),
+             "replication_factor": float((n + sum(halos)) / n)}
+    ident = {"name": name, "num_nodes": n, "num_edges": int(m),
+             "num_features": nodes.num_features, "num_classes": nodes.num_classes,
+             "fingerprint": fingerprint, **identity}
+    return {"book_id": book_id, "num_parts": P, "method": "hash", "seed": seed,
+            "options": {"streamed": True}, "graph": ident, "stats": stats}
+
+
+def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
+                 owned_n: np.ndarray, P: int, seed: int, x_dtype: str) -> dict[int, int]:
+    """Every part's owned ids, x, y and masks, and the whole graph's y and split codes (temporary
+    files, for the fingerprint), from one pass over the node source."""
+    from numpy.lib.format import open_memmap
+    n, F = nodes.num_nodes, nodes.num_features
+    for d in part_dirs:
+        d.mkdir()
+    arr = [{"owned": open_memmap(d / "owned.npy", "w+", np.int64, (int(c),)),
+            "x": open_memmap(d / "x.npy", "w+", np.dtype(x_dtype), (int(c), F)),
+            "y": open_memmap(d / "y.npy", "w+", np.int64, (int(c),)),
+            "split": np.zeros(int(c), dtype=np.uint8)} for d, c in zip(part_dirs, owned_n)]
+    gy = open_memmap(tmp / ".work" / "y.npy", "w+", np.int64, (n,))
+    gs = open_memmap(tmp / ".work" / "split.npy", "w+", np.uint8, (n,))
+    at = np.zeros(P, dtype=np.int64)
+    nxt = 0
+    assignment = open_memmap(tmp / "assignment.npy", "w+", np.int64, (n,))
+    for blk in nodes.blocks(con):
+        ids = np.asarray(blk.ids, dtype=np.int64)
+        if ids.size == 0:
+            continue
+        if ids[0] != nxt or (ids.size > 1 and not (np.diff(ids) == 1).all()):
+            raise ValueError(f"the node table must list ids 0 .. N-1 once each, in order; "
+                             f"found id {int(ids[0])} where {nxt} was expected")
+        nxt = int(ids[-1]) + 1
+        gy[ids[0]:nxt] = blk.y
+        gs[ids[0]:nxt] = blk.split
+        part = hash_part_of(ids, P, seed)
+        assignment[ids[0]:nxt] = part
+        for k in range(P):
+            sel = part == k
+            c = int(sel.sum())
+            if not c:
+                continue
+            a, s = arr[k], slice(int(at[k]), int(at[k]) + c)
+            a["owned"][s] = ids[sel]
+            a["x"][s] = blk.x[sel]
+            a["y"][s] = blk.y[sel]
+            a["split"][s] = blk.split[sel]
+            at[k] += c
+    if nxt != n:
+        raise ValueError(f"the node table has {nxt} rows, expected {n}")
+    for d, a in zip(part_dirs, arr):
+        for key in ("owned", "x", "y"):
+            a[key].flush()
+        for code, mask in ((TRAIN, "train_mask"), (VAL, "val_mask"), (TEST, "test_mask")):
+            np.save(d / f"{mask}.npy", a["split"] == code)
+    gy.flush()
+    gs.flush()
+    assignment.flush()
+    codes = np.bincount(np.asarray(gs), minlength=4)
+    return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
+
+
+def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
+    """:meth:`Graph.fingerprint` of the whole graph, streamed: indptr from the degrees, the
+    sources in CSR order from the sorted table, then labels and masks."""
+    h = hashlib.sha256()
+    n = in_deg.size
+    h.update(np.zeros(1, dtype=np.int64).tobytes())
+    total = 0
+    for lo in range(0, n, BATCH_ROWS):
+        c = np.cumsum(in_deg[lo:lo + BATCH_ROWS], dtype=np.int64) + total
+        h.update(c.tobytes())
+        total = int(c[-1])
+    for b in _batches(con, "SELECT src FROM e"):
+        h.update(np.ascontiguousarray(b["src"], dtype=np.int64).tobytes())
+    gy = np.load(tmp / ".work" / "y.npy", mmap_mode="r")
+    gs = np.load(tmp / ".work" / "split.npy", mmap_mode="r")
+    for lo in range(0, n, BATCH_ROWS):
+        h.update(np.ascontiguousarray(gy[lo:lo + BATCH_ROWS]).tobytes())
+    for code in (TRAIN, VAL, TEST):
+        for lo in range(0, n, BATCH_ROWS):
+            h.update((gs[lo:lo + BATCH_ROWS] == code).tobytes())
+    h.update(str((n, nodes.num_features)).encode())
+    return h.hexdigest()[:16]
+
+
+def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
+                 out_deg: np.ndarray) -> int:
+    """Part ``k``'s CSR (local ids), degrees and send plans; returns its edge count."""
+    from numpy.lib.format import open_memmap
+    d = part_dirs[k]
+    owned = np.load(d / "owned.npy")
+    halo = np.load(d / "halo.npy")
+    halo_owner = np.load(d / "halo_owner.npy")
+    n_own, n_halo = owned.size, halo.size
+    n = in_deg.size
+    rows = in_deg[owned].astype(np.int64)
+    indptr = np.zeros(n_own + 1, dtype=np.int64)
+    np.cumsum(rows, out=indptr[1:])
+    e_loc = int(indptr[-1])
+    wide = n_own + n_halo >= 2 ** 31
+    idx = open_memmap(d / "indices.npy", "w+", np.int64 if wide else np.int32, (e_loc,))
+    halo_key = halo_owner * n + halo                    # ascending: ordered by (owner, id)
+    at = 0
+    for b in _batches(con, f"SELECT src, ps FROM e WHERE pd = {k}"):
+        src, ps = b["src"].astype(np.int64), b["ps"].astype(np.int64)
+        loc = np.empty(src.size, dtype=np.int64)
+        mine = ps == k
+        loc[mine] = np.searchsorted(owned, src[mine])
+        loc[~mine] = n_own + np.searchsorted(halo_key, ps[~mine] * n + src[~mine])
+        idx[at:at + src.size] = loc
+        at += src.size
+    if at != e_loc:
+        raise RuntimeError(f"part {k}: streamed {at} edges, the degrees say {e_loc}")
+    idx.flush()
+    del idx
+    ids = np.concatenate([owned, halo])
+    np.save(d / "indptr.npy", indptr)
+    np.save(d / "in_degree.npy", in_deg[ids].astype(np.int64))
+    np.save(d / "out_degree.npy", out_deg[ids].astype(np.int64))
+    np.save(d / "recv_counts.npy", np.bincount(halo_owner, minlength=P).astype(np.int64))
+    sends = []
+    for j in range(P):
+        if j == k:
+            sends.append(np.zeros(0, dtype=np.int64))
+            continue
+        hj = np.load(part_dirs[j] / "halo.npy", mmap_mode="r")
+        oj = np.load(part_dirs[j] / "halo_owner.npy", mmap_mode="r")
+        lo, hi = np.searchsorted(oj, k), np.searchsorted(oj, k, side="right")
+        sends.append(np.searchsorted(owned, np.asarray(hj[lo:hi])))
+    np.save(d / "send_idx.npy", np.concatenate(sends).astype(np.int64))
+    np.save(d / "send_counts.npy", np.array([s.size for s in sends], dtype=np.int64))
+    return e_loc

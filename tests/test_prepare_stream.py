@@ -1,0 +1,186 @@
+"""Out-of-core prepare (DuckDB): a user's edge and node tables, at the smallest memory budget,
+give bit for bit the parts, assignment and fingerprint the in-memory path gives for the same
+graph (`hash` partitioner); the streamed synthetic generator gives a well-formed, seeded graph;
+bad tables are refused with the value, what was expected and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pa = pytest.importorskip("pyarrow", reason="pyarrow is a dependency (pip install -e .)")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is a dependency")
+pytest.importorskip("duckdb", reason="duckdb is a dependency (pip install -e .)")
+
+from quietgnn.datasets.synthetic import SyntheticSpec  # noqa: E402
+from quietgnn.graph import Graph  # noqa: E402
+from quietgnn.partition import make_book  # noqa: E402
+from quietgnn.prepare import parse_size, prepare_tables  # noqa: E402
+from quietgnn.prepare.synthetic import prepare_synthetic  # noqa: E402
+
+from helpers import small_graph  # noqa: E402
+from test_prepared import _same_part  # noqa: E402
+
+#: the smallest budget the path accepts for these graphs (DuckDB gets its 128 MiB floor)
+TINY_BUDGET = 700 << 20
+
+
+def _tables(tmp_path, g, fmt="parquet", split=True, x_list=True, dup=True):
+    """``g`` as an edge table (each undirected edge once, plus duplicates and a self-loop
+    that the loader must drop) and a node table."""
+    dst, src = g.edge_dst().numpy(), g.indices.numpy()
+    keep = src < dst
+    s, d = src[keep], dst[keep]
+    if dup:
+        s, d = np.concatenate([s, d[:5], [3]]), np.concatenate([d, s[:5], [3]])
+    cols = {"id": np.arange(g.num_nodes), "y": g.y.numpy()}
+    if split:
+        cols["split"] = np.where(g.train_mask.numpy(), "train", np.where(
+            g.val_mask.numpy(), "val", np.where(g.test_mask.numpy(), "test", "none")))
+    if x_list:
+        cols["x"] = list(g.x.numpy())
+    else:
+        cols.update({f"f{i}": g.x[:, i].numpy() for i in range(g.num_features)})
+    e, n = tmp_path / f"edges.{fmt}", tmp_path / f"nodes.{fmt}"
+    order = np.random.default_rng(0).permutation(g.num_nodes)       # any row order
+    nodes = pa.table({k: (np.asarray(v)[order] if k != "x" else [v[i] for i in order])
+                      for k, v in cols.items()})
+    edges = pa.table({"src": s, "dst": d})
+    if fmt == "parquet":
+        pq.write_table(edges, e)
+        pq.write_table(nodes, n)
+    else:
+        import pyarrow.csv as pcsv
+        pcsv.write_csv(edges, e)
+        pcsv.write_csv(nodes, n)
+    return e, n, np.stack([s, d])
+
+
+@pytest.mark.parametrize("P,fmt,split,x_list", [(2, "parquet", True, True),
+                                               (4, "parquet", True, True),
+                                               (3, "csv", False, False)])
+def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list):
+    g0 = small_graph(n=200, seed=2)
+    e, n, ei = _tables(tmp_path, g0, fmt, split, x_list)
+    masks = dict(train_mask=g0.train_mask, val_mask=g0.val_mask, test_mask=g0.test_mask) \
+        if split else {}
+    g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, name="edges",
+                              split_seed=5, **masks)
+    book = prepare_tables(e, n, tmp_path / "out", parts=P, memory_budget=TINY_BUDGET,
+                          split_seed=5)
+    ref = make_book(tmp_path / "ref", g, "hash", P)
+    assert book.graph["fingerprint"] == ref.graph["fingerprint"] == g.fingerprint()
+    assert book.graph["num_edges"] == g.num_edges
+    assert (book.assignment() == ref.assignment()).all()
+    assert book.stats["halo"] == ref.stats["halo"] and book.stats["edge_cut"] == \
+        ref.stats["edge_cut"]
+    for k in range(P):
+        _same_part(book.load_part(k, P), ref.load_part(k, P))
+
+
+def test_directed_tables(tmp_path):
+    g0 = small_graph(n=150, seed=4, directed=True)
+    e, n, ei = _tables(tmp_path, g0, dup=False)
+    g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, undirected=False,
+                              name="edges", train_mask=g0.train_mask, val_mask=g0.val_mask,
+                              test_mask=g0.test_mask)
+    book = prepare_tables(e, n, tmp_path / "out", parts=2, directed=True,
+                          memory_budget=TINY_BUDGET)
+    ref = make_book(tmp_path / "ref", g, "hash", 2)
+    assert book.graph["fingerprint"] == g.fingerprint()
+    for k in range(2):
+        _same_part(book.load_part(k, 2), ref.load_part(k, 2))
+
+
+def _bad_nodes(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 3], "y": [0, 1, 0], "f0": [1.0, 2.0, 3.0]}),
+                   tmp_path / "n.parquet")
+    pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+
+
+def _bad_edges(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 2], "y": [0, 1, 0], "f0": [1.0, 2.0, 3.0]}),
+                   tmp_path / "n.parquet")
+    pq.write_table(pa.table({"src": [0, 1], "dst": [1, 7]}), tmp_path / "e.parquet")
+
+
+def _no_label(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 2], "f0": [1.0, 2.0, 3.0]}), tmp_path / "n.parquet")
+    pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+
+
+@pytest.mark.parametrize("make, message", [
+    (_bad_nodes, "has 3 rows with ids 0 .. 3; expected ids 0 .. N-1, one row each"),
+    (_bad_edges, "holds node id 7, outside [0, 3)"),
+    (_no_label, "it needs a label column y (or label)"),
+])
+def test_bad_tables_are_named(tmp_path, make, message):
+    make(tmp_path)
+    with pytest.raises(ValueError) as ei:
+        prepare_tables(tmp_path / "e.parquet", tmp_path / "n.parquet", tmp_path / "out",
+                       parts=2, memory_budget=TINY_BUDGET)
+    assert message in str(ei.value)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_budget_too_small_names_the_size(tmp_path):
+    with pytest.raises(ValueError, match=r"--memory-budget 100 MiB is too small .* pass "
+                                         r"--memory-budget \d+MiB"):
+        prepare_synthetic(tmp_path / "o", edges=1000, parts=2, memory_budget=100 << 20)
+
+
+def test_parse_size():
+    assert parse_size("4GiB") == 4 << 30 and parse_size("512MiB") == 512 << 20
+    assert parse_size("2e9") == 2 * 10 ** 9 and parse_size("3G") == 3 << 30
+    with pytest.raises(ValueError, match="expected a size like 4GiB"):
+        parse_size("lots")
+
+
+def test_streamed_synthetic_is_seeded_and_well_formed(tmp_path):
+    spec = SyntheticSpec(feature_dim=8, avg_degree=8.0, homophily=0.7)
+    a = prepare_synthetic(tmp_path / "a", edges=4000, parts=3, spec=spec,
+                          memory_budget=TINY_BUDGET)
+    b = prepare_synthetic(tmp_path / "b", edges=4000, parts=3, spec=spec,
+                          memory_budget=TINY_BUDGET)
+    assert a.graph["fingerprint"] == b.graph["fingerprint"]
+    n = a.graph["num_nodes"]
+    # repeated pairs and self-loops dropped, not topped up (at 10^3 nodes, hubs repeat most)
+    assert n == 1000 and 0.85 * 8000 <= a.graph["num_edges"] <= 8000
+    # the parts put back together: a symmetric, loop-free, duplicate-free graph with the
+    # requested homophily, every node owned once, degrees as stored
+    src, dst, owned, y = [], [], [], torch.empty(n, dtype=torch.int64)
+    for k in range(3):
+        p = a.load_part(k, 3)
+        ids = p.local_ids()
+        src.append(ids[p.indices])
+        dst.append(p.owned[p.edge_dst()])
+        owned.append(p.owned)
+        y[p.owned] = p.y
+        assert torch.equal(p.in_degree[: p.n_own], p.indptr[1:] - p.indptr[:-1])
+    src, dst = torch.cat(src), torch.cat(dst)
+    assert torch.equal(torch.sort(torch.cat(owned)).values, torch.arange(n))
+    key = dst * n + src
+    assert torch.unique(key).numel() == key.numel() and not (src == dst).any()
+    assert torch.equal(torch.sort(key).values, torch.sort(src * n + dst).values)
+    assert abs(float((y[src] == y[dst]).double().mean()) - 0.7) < 0.05
+
+
+def test_cli_prepare_synthetic_then_train(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "quietgnn", *args], capture_output=True,
+                              text=True, timeout=300)
+    r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--synthetic."
+            "feature_dim", "8", "--memory-budget", "1GiB", "--out", str(tmp_path / "d"))
+    assert r.returncode == 0, r.stderr
+    assert "prepared" in r.stdout and "2 parts (hash)" in r.stdout and "peak memory" in r.stdout
+    r = cli("train", "--data", str(tmp_path / "d"), "--epochs", "2", "--hidden", "8",
+            "--runtime.progress", "false", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--partitioner",
+            "metis", "--out", str(tmp_path / "d2"))
+    assert r.returncode == 2 and "partitions by hash" in r.stderr
