@@ -53,8 +53,18 @@ def _work(comm, graph, parts):
     recs = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
     remote = torch.unique(want)
     remote = remote[owner[remote] != comm.rank]
+    # the cache: the 40 highest-degree of the first 100 nodes that this rank does not own,
+    # fetched once; then the same request served partly from it
+    cached = FeatureFetcher(comm, part, owner)
+    cand = torch.arange(100)
+    cached.fill_cache(cand, graph.in_degree()[cand], 40)
+    fill = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+    many = torch.randint(0, 150, (300,), generator=torch.Generator().manual_seed(comm.rank))
+    plain, with_cache = ff.fetch(many), cached.fetch(many)
+    comm.take_records()
     return {"bulks": out, "topology": (owner, ip, ix), "x": x, "want": want, "records": recs,
-            "remote": int(remote.numel())}
+            "remote": int(remote.numel()), "cache": (plain, with_cache, cached.cache_ids, fill,
+                                                     cached.hits, cached.requests, many, owner)}
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +115,27 @@ def test_replicated_topology_and_features(graph, results):
         owner, ip, ix = res["topology"]
         assert torch.equal(ip, graph.indptr) and torch.equal(ix, graph.indices)
         assert torch.equal(res["x"], graph.x[res["want"]])
+
+
+def test_feature_cache_returns_exactly_the_fetched_rows(graph, results):
+    F = graph.num_features
+    deg = graph.in_degree()
+    for rank, res in enumerate(results):
+        plain, cached, ids, fill, hits, requests, many, owner = res["cache"]
+        assert torch.equal(plain, cached) and torch.equal(cached, graph.x[many])
+        # the cache holds the 40 remote candidates of highest degree, once, counted as data
+        remote = torch.arange(100)[owner[:100] != rank]
+        assert ids.numel() == min(40, remote.numel())
+        left = remote[~torch.isin(remote, ids)]
+        assert left.numel() == 0 or deg[ids].min() >= deg[left].max()
+        assert [k for k, _, _ in fill] == ["data", "data"]
+        # ids out (8 bytes each + the size handshake), rows back (known sizes)
+        assert fill[0][1] == 8 * ids.numel() + 8 * (P - 1)
+        assert fill[1][2] == 4 * F * ids.numel()
+        # hit rate: the remote unique rows asked for that the cache holds
+        u = torch.unique(many)
+        u = u[owner[u] != rank]
+        assert requests == u.numel() and hits == int(torch.isin(u, ids).sum()) > 0
 
 
 def test_feature_fetch_bytes_are_analytic(graph, results):

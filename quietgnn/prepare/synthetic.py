@@ -72,8 +72,13 @@ def _insert_edges(con: Any, spec: SyntheticSpec, target: int,
     """Draw ``target`` (source, destination) pairs chunk by chunk into DuckDB table ``raw``."""
     import pyarrow as pa
     y = _labels(spec)
-    order = np.argsort(y, kind="stable")                       # position -> node
-    cum = np.cumsum(_theta(spec)[order])
+    # position -> node (int32 while ids fit: 4 bytes a node less), and the cumulative weights
+    # in that order, built in place (peak: y, theta, the int64 argsort, then 22 bytes a node)
+    order = np.argsort(y, kind="stable")
+    if spec.nodes < 2 ** 31:
+        order = order.astype(np.int32)
+    cum = _theta(spec)[order]
+    np.cumsum(cum, out=cum)
     total = float(cum[-1])
     ends = np.cumsum(np.bincount(y, minlength=spec.classes))
     cum0 = np.concatenate([[0.0], cum])
@@ -81,14 +86,26 @@ def _insert_edges(con: Any, spec: SyntheticSpec, target: int,
     class_w = cum0[ends] - lo_w
     con.execute("CREATE TABLE raw (src BIGINT, dst BIGINT)")
 
-    def pick(u: np.ndarray) -> np.ndarray:
-        return order[np.minimum(np.searchsorted(cum, u, side="right"), cum.size - 1)]
+    def pick(u: np.ndarray, presorted: bool = False) -> np.ndarray:
+        """Node whose cumulative-weight range holds u. Sorted queries walk ``cum`` in order
+        and stay in cache: ~8x faster than random ones at 2e7 nodes, even with the sort."""
+        if presorted:
+            pos = np.searchsorted(cum, u, side="right")
+        else:
+            perm = np.argsort(u)
+            pos = np.empty(u.size, dtype=np.int64)
+            pos[perm] = np.searchsorted(cum, u[perm], side="right")
+        return order[np.minimum(pos, cum.size - 1)]
 
     chunks = (target + _CHUNK - 1) // _CHUNK
     for c in range(chunks):
         m = min(_CHUNK, target - c * _CHUNK)
         rng = _rng(spec.seed, _EDGES, c)
-        src = pick(rng.random(m) * total)
+        # sources: m sorted uniforms directly (normalised cumsum of exponential spacings is the
+        # order statistic of iid uniforms); each destination depends on its source only
+        spacings = np.cumsum(rng.standard_exponential(m + 1))
+        src = pick(spacings[:m] * (total / spacings[-1]), presorted=True)
+        del spacings
         cls = y[src]
         r = rng.random(m)
         u_same = lo_w[cls] + r * class_w[cls]
@@ -100,7 +117,7 @@ def _insert_edges(con: Any, spec: SyntheticSpec, target: int,
         con.register("chunk", chunk)
         con.execute("INSERT INTO raw SELECT src, dst FROM chunk")
         con.unregister("chunk")
-        if c % 64 == 0 or c == chunks - 1:
+        if c % 16 == 0 or c == chunks - 1:
             progress(f"edges: drew {min((c + 1) * _CHUNK, target):,} of {target:,} pairs")
 
 
@@ -138,13 +155,13 @@ def prepare_synthetic(out: str | Path, *, edges: int, parts: int, spec: Syntheti
     spec = spec or SyntheticSpec()
     nodes = max(2 * spec.classes, int(round(2 * edges / spec.avg_degree)))
     spec = replace(spec, nodes=nodes)
-    # while edges are drawn: label (<= 2 B), weight + cumulative weight (16 B), order (8 B),
-    # and one chunk's ~12 temporaries of 8 B
+    # while edges are drawn: label (<= 2 B), weights (8 B) and their argsort (8 B) at the peak,
+    # then cumulative weights (8 B) and the int32 order; one chunk's ~12 temporaries of 8 B
     gen_bytes = 26 * nodes + 12 * 8 * min(_CHUNK, edges)
     return write_prepared(
         out, "SELECT src, dst FROM raw", SyntheticNodes(spec, split_seed), num_parts=parts,
         seed=seed, undirected=True, memory_budget=memory_budget, x_dtype=x_dtype,
-        name="synthetic-stream", progress=progress, extra_held=gen_bytes,
+        name="synthetic-stream", progress=progress, hook_held=gen_bytes, drop=("raw",),
         identity={"synthetic": {**asdict(spec), "edges": edges, "stream": True},
                   "split_seed": split_seed},
         con_hook=lambda con: _insert_edges(con, spec, edges, progress))

@@ -60,7 +60,7 @@ class NodeSource(Protocol):
 def _connect(work: Path, duck_bytes: int, threads: int):
     import duckdb
     con = duckdb.connect(str(work / "prepare.duckdb"))
-    con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 64)}MB'")
+    con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 128)}MB'")
     con.execute(f"SET temp_directory = '{work / 'spill'}'")
     con.execute(f"SET threads = {threads}")
     # scans of the sorted edge table come back in its order (the CSR order)
@@ -81,19 +81,20 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                    identity: Optional[dict[str, Any]] = None, threads: int = 2,
                    progress: Callable[[str], None] = lambda s: None,
                    con_hook: Optional[Callable[[Any], None]] = None,
-                   extra_held: int = 0) -> PartitionBook:
+                   hook_held: int = 0, drop: tuple[str, ...] = ()) -> PartitionBook:
     """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
     ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``hash`` partitioner.
-    ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads);
-    ``extra_held``: bytes the caller holds besides (taken from DuckDB's share of the budget)."""
+    ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads),
+    holding ``hook_held`` bytes of its own meanwhile (DuckDB's share is smaller while it runs);
+    the tables in ``drop`` are dropped once the edges are sorted."""
     out = Path(out)
     n, P = nodes.num_nodes, num_parts
     if not 1 <= P <= n:
         raise ValueError(f"--parts {P}: expected between 1 and the {n} nodes")
     if n >= 1 << 32:
         raise ValueError(f"{n} nodes: the streaming path takes node ids below 2^32")
-    # degrees + one part's ids and keys + what the caller holds
-    held = 8 * n + 24 * ((n + P - 1) // P) + extra_held
+    # after the hook: degrees + one part's ids and keys; while it runs: what it holds
+    held = max(8 * n + 24 * ((n + P - 1) // P), hook_held)
     duck = memory_budget - held - _PYTHON_BASE
     if duck < 128 << 20:
         raise ValueError(
@@ -105,11 +106,12 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     work = tmp / ".work"
     work.mkdir()
     try:
-        con = _connect(work, duck, threads)
+        con = _connect(work, memory_budget - hook_held - _PYTHON_BASE, threads)
         if con_hook is not None:
             con_hook(con)
+        con.execute(f"SET memory_limit = '{duck >> 20}MB'")
         book = _prepare(con, tmp, out, edges_sql, nodes, P, seed, undirected, x_dtype, name,
-                        identity or {}, progress)
+                        identity or {}, progress, drop)
         con.close()
         shutil.rmtree(work)
         finish_book(tmp, out, book)
@@ -121,7 +123,7 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
 
 def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int, seed: int,
              undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
-             progress: Callable[[str], None]) -> dict[str, Any]:
+             progress: Callable[[str], None], drop: tuple[str, ...]) -> dict[str, Any]:
     n = nodes.num_nodes
     lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
                               f"FROM ({edges_sql})").fetchall()[0]
@@ -137,6 +139,9 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
                 f"({hash_part_sql('dst', P, seed)})::USMALLINT AS pd "
                 f"FROM (SELECT DISTINCT src, dst FROM ({both}) WHERE src <> dst) "
                 f"ORDER BY dst, src")
+    for table in drop:
+        con.execute(f"DROP TABLE {table}")
+    con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
     in_deg = np.zeros(n, dtype=np.int32)
     out_deg = np.zeros(n, dtype=np.int32)
@@ -277,6 +282,16 @@ def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
     return h.hexdigest()[:16]
 
 
+def _lookup(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``searchsorted(table, queries)`` with the queries sorted first: sorted queries walk the
+    table in order and stay in cache (several times faster than random ones on tables of
+    10^7 entries, sort included)."""
+    perm = np.argsort(queries, kind="stable")
+    out = np.empty(queries.size, dtype=np.int64)
+    out[perm] = np.searchsorted(table, queries[perm])
+    return out
+
+
 def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
                  out_deg: np.ndarray) -> int:
     """Part ``k``'s CSR (local ids), degrees and send plans; returns its edge count."""
@@ -299,8 +314,8 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
         src, ps = b["src"].astype(np.int64), b["ps"].astype(np.int64)
         loc = np.empty(src.size, dtype=np.int64)
         mine = ps == k
-        loc[mine] = np.searchsorted(owned, src[mine])
-        loc[~mine] = n_own + np.searchsorted(halo_key, ps[~mine] * n + src[~mine])
+        loc[mine] = _lookup(owned, src[mine])
+        loc[~mine] = n_own + _lookup(halo_key, ps[~mine] * n + src[~mine])
         idx[at:at + src.size] = loc
         at += src.size
     if at != e_loc:

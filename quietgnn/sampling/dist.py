@@ -99,26 +99,63 @@ class FeatureFetcher:
     One call = one all-to-all of requested ids (int64, with size handshake) and one of rows
     (known sizes), traffic kind ``feature_fetch``. A bulk fetches the union of its k
     minibatches' input nodes at once, so the latency is paid once per bulk.
+
+    Cache (:meth:`fill_cache`): remote rows this rank will need most, fetched once at setup
+    (kind ``data``) and kept; a call then asks the network only for rows neither owned nor
+    cached. ``hits`` / ``requests`` count remote rows served from the cache / asked for.
     """
 
     def __init__(self, comm: Communicator, part: LocalPartition, owner: Tensor,
                  kind: str = "feature_fetch") -> None:
         self.comm, self.part, self.owner, self.kind = comm, part, owner, kind
         self.x = part.x
+        self.cache_ids = torch.zeros(0, dtype=torch.int64)       # sorted global ids
+        self.cache_x = self.x.new_zeros((0, self.x.shape[1]))
+        self.hits = self.requests = 0
+
+    def fill_cache(self, candidates: Tensor, priority: Tensor, max_rows: int) -> None:
+        """Keep the ``max_rows`` remote ``candidates`` (global ids) of highest ``priority``
+        (one value per candidate; ties broken by id). Collective: every rank calls it."""
+        cand = candidates[self.owner[candidates] != self.comm.rank]
+        pri = priority[self.owner[candidates] != self.comm.rank]
+        if cand.numel() > max_rows:
+            order = torch.argsort(pri, descending=True, stable=True)
+            cand = cand[order[:max_rows]]
+        ids = torch.sort(cand).values
+        self.cache_x = self._remote(ids, "data")
+        self.cache_ids = ids
+
+    def _remote(self, ids: Tensor, kind: str) -> Tensor:
+        """Rows of ``ids`` (unique, global, not owned here) from their owners."""
+        P = self.comm.world_size
+        own = self.owner[ids]
+        order = torch.argsort(own, stable=True)
+        counts = torch.bincount(own, minlength=P).tolist()
+        req = list(torch.split(ids[order], counts))
+        got = self.comm.all_to_all(req, kind + "_ids" if kind == self.kind else kind)
+        rows = [self.x[torch.searchsorted(self.part.owned, g)] for g in got]
+        back = self.comm.all_to_all(rows, kind, recv_counts=counts)
+        out = torch.empty(ids.numel(), self.x.shape[1], dtype=self.x.dtype)
+        out[order] = torch.cat(back)
+        return out
 
     def fetch(self, ids: Tensor) -> Tensor:
         """``x[ids]`` for global ``ids`` (any order, duplicates allowed) -> ``[len(ids), F]``."""
-        P = self.comm.world_size
         uniq, inv = torch.unique(ids, return_inverse=True)
-        own = self.owner[uniq]
-        order = torch.argsort(own, stable=True)
-        counts = torch.bincount(own, minlength=P).tolist()
-        req = list(torch.split(uniq[order], counts))
-        got = self.comm.all_to_all(req, self.kind + "_ids")
-        rows = [self.x[torch.searchsorted(self.part.owned, g)] for g in got]
-        back = self.comm.all_to_all(rows, self.kind, recv_counts=counts)
         out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.x.dtype)
-        out[order] = torch.cat(back)
+        mine = self.owner[uniq] == self.comm.rank
+        out[mine] = self.x[torch.searchsorted(self.part.owned, uniq[mine])]
+        remote = torch.nonzero(~mine).flatten()
+        rid = uniq[remote]
+        pos = torch.searchsorted(self.cache_ids, rid).clamp_(max=max(self.cache_ids.numel() - 1,
+                                                                     0))
+        hit = self.cache_ids[pos] == rid if self.cache_ids.numel() else \
+            torch.zeros(rid.numel(), dtype=torch.bool)
+        out[remote[hit]] = self.cache_x[pos[hit]]
+        self.hits += int(hit.sum())
+        self.requests += int(rid.numel())
+        # every rank joins the exchange, even with nothing missing (it is collective)
+        out[remote[~hit]] = self._remote(rid[~hit], self.kind)
         return out[inv]
 
 

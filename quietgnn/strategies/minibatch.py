@@ -20,7 +20,11 @@ Options (``--options.KEY VALUE``):
 * ``topology``: ``replicated`` (every rank gets the whole CSR once at setup, sampling needs no
   communication) or ``1.5d`` (block-rows replicated ``replication`` = c times; rows fetched
   while sampling);
-* ``replication``: c for ``1.5d`` (must divide the number of ranks).
+* ``replication``: c for ``1.5d`` (must divide the number of ranks);
+* ``cache_mb``: per rank, MiB of remote feature rows kept after one fetch at setup (kind
+  ``data``): the rows within ``L`` hops of the rank's seeds (with ``replicated`` topology;
+  with ``1.5d`` any remote row) of highest degree; a bulk then fetches only rows neither owned
+  nor cached. The hit rate is reported per epoch (``cache_hit_rate``). 0 turns it off.
 
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
 ``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
@@ -74,9 +78,14 @@ class MiniBatch(Strategy):
         sampler: str = "sage"
         topology: str = "replicated"
         replication: int = 1
+        cache_mb: float = 256.0
 
         def __post_init__(self) -> None:
             self.fanouts = _fanouts(self.fanouts)
+            if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, (int, float)) \
+                    or not self.cache_mb >= 0:
+                raise ValueError(f"options.cache_mb = {self.cache_mb!r}; expected MiB >= 0 "
+                                 f"(0: no feature cache)")
             if any(f == 0 or f < -1 for f in self.fanouts):
                 raise ValueError(f"options.fanouts = {self.fanouts}; expected positive ints "
                                  f"(or -1 = all neighbours)")
@@ -133,11 +142,26 @@ class MiniBatch(Strategy):
         counts = comm.all_gather_object(int(mine.shape[0]), "control")
         self.group_sizes = [sum(counts[g * self.c:(g + 1) * self.c]) for g in range(P // self.c)]
         self.fetcher = FeatureFetcher(comm, part, owner)
+        if o.cache_mb > 0:
+            row = part.x.shape[1] * part.x.element_size()
+            cand = self._reachable() if o.topology == "replicated" else torch.arange(N)
+            self.fetcher.fill_cache(cand, self.in_degree[cand], int(o.cache_mb * 2 ** 20) // row)
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
         self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
         self.epochs_done = 0
+
+    def _reachable(self) -> torch.Tensor:
+        """Global ids within ``L`` hops (in-neighbours) of this rank's seeds: every row a
+        sample of them can ask for."""
+        from ..sampling.bulk import expand_rows
+        ip, ix = self.sampler.indptr, self.sampler.indices
+        seen = frontier = self.seeds
+        for _ in range(len(self.options.fanouts)):
+            frontier = torch.unique(ix[expand_rows(ip, frontier)[1]])
+            seen = torch.unique(torch.cat([seen, frontier]))
+        return seen
 
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int) -> EpochResult:
@@ -147,6 +171,7 @@ class MiniBatch(Strategy):
                           self.ctx.seed, epoch)
         totals = step_totals(self.group_sizes, self.c, o.batch_size)
         losses, edges, inputs = [], 0, 0
+        self.fetcher.hits = self.fetcher.requests = 0
         t0 = time.perf_counter()
         batches = iterate_bulks(plan, self.sampler, o.bulk, self.c, self.replica,
                                 self.fetcher.fetch)
@@ -169,7 +194,9 @@ class MiniBatch(Strategy):
         self.epochs_done = epoch + 1
         return EpochResult(loss=sum(losses) / len(losses), steps=len(losses),
                            extra={"sampled_edges": edges, "input_nodes": inputs,
-                                  "train_loop_s": time.perf_counter() - t0})
+                                  "train_loop_s": time.perf_counter() - t0,
+                                  "cache_hit_rate": self.fetcher.hits /
+                                  max(self.fetcher.requests, 1)})
 
     def evaluate(self) -> dict[str, float]:
         return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)

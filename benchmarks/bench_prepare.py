@@ -1,0 +1,163 @@
+"""Out-of-core prepare at scale: `quietgnn prepare synthetic` from 10^6 to 10^9 undirected edges.
+
+    .venv/bin/python benchmarks/bench_prepare.py                       # 1e6 .. 1e9 edges
+    .venv/bin/python benchmarks/bench_prepare.py --edges 1e6,1e7 --out /tmp/prep
+
+Each size is one `quietgnn prepare synthetic --edges E --parts 4` process (16 features stored
+as float16, average degree 20, hash partitioner) under a memory budget (default 4 GiB).
+Per size: stored edges, nodes, wall seconds and stored edges per second, the process's peak
+resident memory (``wait4``'s ``ru_maxrss``: DuckDB runs inside it) against the budget, the
+prepared directory's size on disk, the edge cut and halo sizes; and the log-log slopes of time
+and memory against edges. A size is skipped when the disk would not hold it (estimated from
+the previous size: prepared directory + DuckDB's table and spill).
+
+Writes ``benchmarks/results/prepare-scale/prepare.{json,md}``. The prepared directories stay
+under ``--work`` (large; delete them when done) so `quietgnn train --data` can use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def run_one(edges: float, args: argparse.Namespace, work: Path) -> dict:
+    out = work / f"syn-{edges:.0e}".replace("+", "")
+    cmd = [sys.executable, "-m", "quietgnn", "prepare", "synthetic", "--edges", f"{edges:.0f}",
+           "--parts", str(args.parts), "--synthetic.avg_degree", str(args.degree),
+           "--synthetic.feature_dim", str(args.features), "--x-dtype", "float16",
+           "--memory-budget", args.budget, "--out", str(out)]
+    print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    log = (work / f"{out.name}.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    secs = time.perf_counter() - t0
+    log.close()
+    text = (work / f"{out.name}.log").read_text(errors="replace")
+    row = {"target_edges": edges, "seconds": secs, "peak_rss_mb": usage.ru_maxrss / 1024.0,
+           "budget_mb": _mib(args.budget), "status": "ok" if status == 0 else "failed"}
+    if status != 0:
+        row["error"] = text.strip().splitlines()[-1] if text.strip() else f"status {status}"
+        return row
+    book = json.loads((out / "book.json").read_text())
+    g, st = book["graph"], book["stats"]
+    row.update(edges=g["num_edges"] // 2, stored_edges=g["num_edges"], nodes=g["num_nodes"],
+               stored_edges_per_s=g["num_edges"] / secs, disk_bytes=du(out),
+               edge_cut_fraction=st["edge_cut_fraction"], halo=st["halo"],
+               within_budget=usage.ru_maxrss / 1024.0 <= _mib(args.budget),
+               stages=[ln for ln in text.splitlines() if ln.startswith("[")])
+    return row
+
+
+def _mib(size: str) -> float:
+    from quietgnn.prepare import parse_size
+    return parse_size(size) / 2 ** 20
+
+
+def render(data: dict) -> list[str]:
+    meta, rows = data["meta"], data["rows"]
+    md = ["# Out-of-core prepare: `quietgnn prepare synthetic`, P = 4", "",
+          f"Streamed synthetic graph (average degree {meta['degree']}, {meta['features']} "
+          f"features stored as float16), hash partitioner, memory budget {meta['budget']}, "
+          f"on a shared 2-core machine (DuckDB with 2 threads). Peak memory is the prepare "
+          f"process's maximum resident set (DuckDB runs inside it).", "",
+          "| undirected edges | stored | nodes | seconds | stored edges/s | peak memory | "
+          "within budget | on disk | edge cut |", "|" + "---|" * 9]
+    for r in rows:
+        if r["status"] != "ok":
+            md.append(f"| {r['target_edges']:.2g} | {r['status']}: {r.get('error', '')} "
+                      f"| | | | | | | |")
+            continue
+        md.append(f"| {r['edges']:,} | {r['stored_edges']:,} | {r['nodes']:,} | "
+                  f"{r['seconds']:.1f} | {r['stored_edges_per_s'] / 1e6:.2f} M | "
+                  f"{r['peak_rss_mb']:.0f} MiB | {'yes' if r['within_budget'] else 'NO'} | "
+                  f"{r['disk_bytes'] / 2 ** 30:.2f} GiB | "
+                  f"{100 * r['edge_cut_fraction']:.1f} % |")
+    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    md += ["", "Log-log slope against stored edges: " +
+           ", ".join(f"{k} {fmt(v)}" for k, v in data["slopes"].items()), "",
+           f"Command: `{meta['command']}` ({meta['when']}, commit {meta['commit']})", ""]
+    return md
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--edges", default="1e6,1e7,1e8,3e8,1e9",
+                    help="undirected edge counts to prepare")
+    ap.add_argument("--degree", type=float, default=20.0)
+    ap.add_argument("--features", type=int, default=16)
+    ap.add_argument("--parts", type=int, default=4)
+    ap.add_argument("--budget", default="4GiB")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prepare-scale"))
+    ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "prepare"))
+    ap.add_argument("--render-only", action="store_true")
+    args = ap.parse_args(argv)
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.render_only:
+        md = render(json.loads((out / "prepare.json").read_text()))
+        (out / "prepare.md").write_text("\n".join(md))
+        print("\n".join(md))
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for e in [float(x) for x in args.edges.split(",")]:
+        done = [r for r in rows if r["status"] == "ok"]
+        if done:
+            # the prepared directory, DuckDB's sorted table (~8 B an edge) and its spill
+            need = done[-1]["disk_bytes"] * e / done[-1]["edges"] + 24 * 2 * e
+            free = shutil.disk_usage(work).free
+            if need > 0.8 * free:
+                rows.append({"target_edges": e, "status": "skipped",
+                             "error": f"needs ~{need / 2 ** 30:.0f} GiB of disk, "
+                                      f"{free / 2 ** 30:.0f} GiB free"})
+                continue
+        rows.append(run_one(e, args, work))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "stages"}),
+              file=sys.stderr, flush=True)
+    ok = [r for r in rows if r["status"] == "ok"]
+    xs = [r["stored_edges"] for r in ok]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    data = {"meta": {"degree": args.degree, "features": args.features, "parts": args.parts,
+                     "budget": args.budget, "when": time.strftime("%Y-%m-%d %H:%M"),
+                     "commit": commit,
+                     "command": "python benchmarks/bench_prepare.py " + " ".join(argv or
+                                                                                 sys.argv[1:])},
+            "rows": rows,
+            "slopes": {"seconds": slope(xs, [r["seconds"] for r in ok]),
+                       "peak memory": slope(xs, [r["peak_rss_mb"] for r in ok]),
+                       "disk": slope(xs, [r["disk_bytes"] for r in ok])}}
+    (out / "prepare.json").write_text(json.dumps(data, indent=1))
+    md = render(data)
+    (out / "prepare.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
