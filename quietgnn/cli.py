@@ -306,8 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--config", help="YAML recipe (see configs/)")
             p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
         if name in ("partition", "prepare"):
-            p.add_argument("source", nargs="?", help="out of core: `synthetic`, or an edge "
-                           "table (Parquet/CSV; columns src, dst); leave out for --dataset")
+            p.description = ("quietgnn prepare [SOURCE] ...: SOURCE (out of core) is "
+                             "`synthetic` (with --edges N) or an edge table (Parquet/CSV, "
+                             "columns src, dst; with --nodes); without SOURCE, --dataset NAME")
             p.add_argument("--edges", help="synthetic: undirected edges to draw (e.g. 1e9)")
             p.add_argument("--nodes", help="the node table for an edge table (columns id, y, "
                            "split, features)")
@@ -320,7 +321,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                            help="feature storage: float32 (default) or float16")
     for name in extra:
         sub.add_parser(name, help=f"see `quietgnn {name} --help`")
+    # prepare's optional SOURCE is taken by hand: as an argparse positional it would swallow
+    # the value of an option argparse does not know (`prepare --dataset cora` -> "cora")
+    source = None
+    if len(argv) > 1 and argv[0] in ("prepare", "partition") and not argv[1].startswith("-"):
+        source = argv.pop(1)
     args, rest = ap.parse_known_args(argv or ["train"])
+    args.source = source
     cmds = {"train": cmd_train, "partition": cmd_prepare, "prepare": cmd_prepare,
             "datasets": cmd_datasets,
             "strategies": cmd_strategies}

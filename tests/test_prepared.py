@@ -114,3 +114,22 @@ def test_version_1_book_names_the_command_that_rewrites_it(tmp_path):
     assert "has version 1" in line and "reads version 2" in line
     assert f"quietgnn prepare --dataset synthetic --parts 2 --partitioner random --out " \
            f"{book.path}" in line
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prep") / "d"
+    r = _cli("prepare", *SYN, "--parts", "2", "--out", str(d))
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+@pytest.mark.parametrize("strategy", ["halo", "adaqp", "grappa", "tma", "retexo", "minibatch"])
+def test_every_strategy_trains_from_a_prepared_directory(tmp_path, prepared, strategy):
+    r = _cli("train", "--data", str(prepared), "--strategy", strategy, "--epochs", "2",
+             "--hidden", "8", "--runtime.progress", "false", "--out", str(tmp_path),
+             "--run-name", "r", "--summary-json", str(tmp_path / "s.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["strategy"] == strategy and s["parts"] == 2 and s["dataset"] == "synthetic"
+    assert 0 <= s["test_acc"] <= 1 and s["train_bytes"] > 0
