@@ -210,17 +210,16 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     from .prepare import _positive_int, human, parse_size, prepare_tables
     from .prepare.synthetic import prepare_synthetic
     explicit = {a.split("=")[0] for a in rest}
-    if explicit & {"--partitioner", "--partition.method"} and cfg.partition.method != "hash":
-        raise ValueError(f"--partitioner {cfg.partition.method}: the out-of-core path "
-                         f"partitions by hash (streaming); metis, random and supernode need the "
-                         f"graph in memory (`quietgnn prepare --dataset ...`)")
+    method = cfg.partition.method if explicit & {"--partitioner", "--partition.method"} \
+        else "ldg"
     budget = parse_size(args.memory_budget)
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    common = dict(parts=cfg.num_parts, seed=cfg.partition.seed, memory_budget=budget,
+    common = dict(parts=cfg.num_parts, method=method, seed=cfg.partition.seed,
+                  memory_budget=budget,
                   x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed, progress=progress)
     if args.source == "synthetic":
         if args.edges is None:
@@ -239,7 +238,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
           f"{human(g['num_edges'] / 2)} undirected edges ({human(g['num_edges'])} stored), "
           f"{g['num_features']} features, {g['num_classes']} classes")
-    print(f"  {book.num_parts} parts (hash), nodes per part {st['nodes']}, edge cut "
+    print(f"  {book.num_parts} parts ({book.method}), nodes per part {st['nodes']}, edge cut "
           f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
     print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
           f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")

@@ -60,10 +60,12 @@ def _tables(tmp_path, g, fmt="parquet", split=True, x_list=True, dup=True):
     return e, n, np.stack([s, d])
 
 
-@pytest.mark.parametrize("P,fmt,split,x_list", [(2, "parquet", True, True),
-                                               (4, "parquet", True, True),
-                                               (3, "csv", False, False)])
-def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list):
+@pytest.mark.parametrize("P,fmt,split,x_list,method", [(2, "parquet", True, True, "hash"),
+                                                      (4, "parquet", True, True, "hash"),
+                                                      (3, "csv", False, False, "hash"),
+                                                      (2, "parquet", True, True, "ldg"),
+                                                      (4, "csv", True, False, "ldg")])
+def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list, method):
     g0 = small_graph(n=200, seed=2)
     e, n, ei = _tables(tmp_path, g0, fmt, split, x_list)
     masks = dict(train_mask=g0.train_mask, val_mask=g0.val_mask, test_mask=g0.test_mask) \
@@ -71,8 +73,9 @@ def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list):
     g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, name="edges",
                               split_seed=5, **masks)
     book = prepare_tables(e, n, tmp_path / "out", parts=P, memory_budget=TINY_BUDGET,
-                          split_seed=5)
-    ref = make_book(tmp_path / "ref", g, "hash", P)
+                          split_seed=5, method=method)
+    ref = make_book(tmp_path / "ref", g, method, P)
+    assert book.method == method
     assert book.graph["fingerprint"] == ref.graph["fingerprint"] == g.fingerprint()
     assert book.graph["num_edges"] == g.num_edges
     assert (book.assignment() == ref.assignment()).all()
@@ -89,7 +92,7 @@ def test_directed_tables(tmp_path):
                               name="edges", train_mask=g0.train_mask, val_mask=g0.val_mask,
                               test_mask=g0.test_mask)
     book = prepare_tables(e, n, tmp_path / "out", parts=2, directed=True,
-                          memory_budget=TINY_BUDGET)
+                          memory_budget=TINY_BUDGET, method="hash")
     ref = make_book(tmp_path / "ref", g, "hash", 2)
     assert book.graph["fingerprint"] == g.fingerprint()
     for k in range(2):
@@ -177,10 +180,10 @@ def test_cli_prepare_synthetic_then_train(tmp_path):
     r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--synthetic."
             "feature_dim", "8", "--memory-budget", "1GiB", "--out", str(tmp_path / "d"))
     assert r.returncode == 0, r.stderr
-    assert "prepared" in r.stdout and "2 parts (hash)" in r.stdout and "peak memory" in r.stdout
+    assert "prepared" in r.stdout and "2 parts (ldg)" in r.stdout and "peak memory" in r.stdout
     r = cli("train", "--data", str(tmp_path / "d"), "--epochs", "2", "--hidden", "8",
             "--runtime.progress", "false", "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--partitioner",
             "metis", "--out", str(tmp_path / "d2"))
-    assert r.returncode == 2 and "partitions by hash" in r.stderr
+    assert r.returncode == 2 and "out of core, quietgnn partitions with ldg" in r.stderr

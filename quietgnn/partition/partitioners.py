@@ -12,6 +12,10 @@ Every partitioner returns an ``int64`` array ``parts`` of shape ``[N]`` with val
 * ``hash``      -- part = a multiplicative hash of the node id (:func:`hash_part_of`): needs
                    nothing but the id, so out-of-core ``quietgnn prepare`` computes it on the fly
                    (balanced to within a few sqrt(N / P) nodes, not exactly).
+* ``ldg``       -- one-pass streaming Linear Deterministic Greedy (Stanton & Kliot, KDD 2012)
+                   in id order, a batch of nodes at a time (:func:`ldg_assign`): min edge cut
+                   without the graph in memory; out-of-core ``quietgnn prepare`` runs the same
+                   function over DuckDB's sorted edges.
 * ``given``     -- an array or a file (``.npy``, ``.pt`` or text, one part id per line) for data
                    that must stay where it is.
 """
@@ -27,7 +31,7 @@ import torch
 from ..graph import Graph
 
 __all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
-           "given_parts", "hash_parts", "hash_part_of", "hash_part_sql"]
+           "given_parts", "hash_parts", "hash_part_of", "hash_part_sql", "ldg_parts", "LDG"]
 
 
 def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -107,6 +111,70 @@ def hash_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
     return _fill_empty(hash_part_of(np.arange(graph.num_nodes), num_parts, seed), num_parts)
 
 
+def ldg_batch(num_nodes: int) -> int:
+    """Nodes placed per LDG step: small enough that a step moves a part's size by well under
+    1 % (so the balance term still steers), large enough for few Python steps."""
+    return int(min(max(num_nodes // 1024, 16), 1 << 16))
+
+
+class LDG:
+    """Streaming Linear Deterministic Greedy, batched: nodes arrive in id order in batches of
+    ``batch``; each goes to the part holding most of its already-placed neighbours, weighted by
+    ``1 - size / capacity`` (capacity ``(1 + LDG_SLACK) N / P``: a full part stops attracting); nodes
+    with no placed neighbour go to the lightest parts in turn. Within a batch the nodes see the
+    placements of earlier batches only, which makes a batch one vectorised step (a batch of
+    size 1 is the sequential algorithm)."""
+
+    def __init__(self, num_nodes: int, num_parts: int, batch: int | None = None) -> None:
+        self.n, self.P = num_nodes, num_parts
+        self.batch = batch or ldg_batch(num_nodes)
+        self.parts = np.full(num_nodes, -1, dtype=np.int64 if num_parts > 32767 else np.int16)
+        self.sizes = np.zeros(num_parts, dtype=np.int64)
+        self.capacity = (1.0 + LDG_SLACK) * num_nodes / num_parts
+
+    def place(self, lo: int, hi: int, dst: np.ndarray, src: np.ndarray) -> None:
+        """Place nodes ``[lo, hi)`` given their edges ``(dst, src)`` (dst in ``[lo, hi)``)."""
+        P, b = self.P, hi - lo
+        old = self.parts[lo:hi]
+        if old[0] >= 0:     # a later pass: the batch leaves its parts before being placed again
+            self.sizes -= np.bincount(old, minlength=P)
+        ps = self.parts[src].astype(np.int64)
+        ok = ps >= 0
+        counts = np.bincount((dst[ok] - lo) * P + ps[ok], minlength=b * P).reshape(b, P)
+        score = counts * np.maximum(1.0 - self.sizes / self.capacity, 0.0)
+        best = score.argmax(1)
+        lonely = score.max(1) <= 0
+        k = int(lonely.sum())
+        if k:   # no placed neighbour (or every such part full): deal to the lightest parts
+            order = np.argsort(self.sizes, kind="stable")
+            best[lonely] = order[np.arange(k) % P]
+        self.parts[lo:hi] = best
+        self.sizes += np.bincount(best, minlength=P)
+
+
+#: parts may exceed N / P by this fraction (the capacity of LDG's balance term)
+LDG_SLACK = 0.05
+#: streaming passes of LDG: the first places every node, each later one re-places them seeing
+#: every neighbour's part (restreaming LDG, Nishimura & Ugander, KDD 2013)
+LDG_PASSES = 5
+
+
+def ldg_parts(graph: Graph, num_parts: int, seed: int = 0,
+              passes: int = LDG_PASSES) -> np.ndarray:
+    """:class:`LDG` over the graph's in-edges in id order, ``passes`` times (``seed`` is not
+    used: LDG is deterministic)."""
+    n = graph.num_nodes
+    ldg = LDG(n, num_parts)
+    indptr, indices = graph.indptr.numpy(), graph.indices.numpy()
+    for _ in range(passes):
+        for lo in range(0, n, ldg.batch):
+            hi = min(lo + ldg.batch, n)
+            e0, e1 = int(indptr[lo]), int(indptr[hi])
+            dst = np.repeat(np.arange(lo, hi), np.diff(indptr[lo:hi + 1]))
+            ldg.place(lo, hi, dst, indices[e0:e1])
+    return _fill_empty(ldg.parts.astype(np.int64), num_parts)
+
+
 def supernode_parts(graph: Graph, num_parts: int, seed: int = 0,
                     clusters: int | None = None) -> np.ndarray:
     """SuperTMA: METIS into ``clusters`` (default ``max(16 P, N / 50)``, capped at N / 2)
@@ -170,6 +238,7 @@ PARTITIONERS: dict[str, Callable[..., np.ndarray]] = {
     "random": random_parts,
     "supernode": supernode_parts,
     "hash": hash_parts,
+    "ldg": ldg_parts,
     "given": given_parts,
 }
 

@@ -145,7 +145,7 @@ class TableNodes:
 
 
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,
-                   seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
+                   method: str = "ldg", seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
                    progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
     """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``."""
@@ -155,7 +155,7 @@ def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, par
     node_src = TableNodes(con, nodes, split_seed)
     edge_sql = _edge_sql(con, edges)
     con.close()
-    return write_prepared(out, edge_sql, node_src, num_parts=parts, seed=seed,
+    return write_prepared(out, edge_sql, node_src, num_parts=parts, method=method, seed=seed,
                           undirected=not directed, memory_budget=memory_budget,
                           x_dtype=x_dtype, name=name or edges.stem, progress=progress,
                           identity={"source": str(edges), "split_seed": split_seed})

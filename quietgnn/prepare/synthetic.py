@@ -147,7 +147,7 @@ class SyntheticNodes:
 
 
 def prepare_synthetic(out: str | Path, *, edges: int, parts: int, spec: SyntheticSpec | None
-                      = None, seed: int = 0, memory_budget: int = 4 << 30,
+                      = None, method: str = "ldg", seed: int = 0, memory_budget: int = 4 << 30,
                       x_dtype: str = "float32", split_seed: int = 0,
                       progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
     """A synthetic graph of about ``edges`` undirected edges (``nodes = 2 edges /
@@ -160,7 +160,7 @@ def prepare_synthetic(out: str | Path, *, edges: int, parts: int, spec: Syntheti
     gen_bytes = 26 * nodes + 12 * 8 * min(_CHUNK, edges)
     return write_prepared(
         out, "SELECT src, dst FROM raw", SyntheticNodes(spec, split_seed), num_parts=parts,
-        seed=seed, undirected=True, memory_budget=memory_budget, x_dtype=x_dtype,
+        method=method, seed=seed, undirected=True, memory_budget=memory_budget, x_dtype=x_dtype,
         name="synthetic-stream", progress=progress, hook_held=gen_bytes, drop=("raw",),
         identity={"synthetic": {**asdict(spec), "edges": edges, "stream": True},
                   "split_seed": split_seed},

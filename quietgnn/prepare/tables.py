@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..partition.book import PartitionBook, finish_book, new_book_dir
-from ..partition.partitioners import hash_part_of, hash_part_sql
+from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of, hash_part_sql
 from ..partition.shards import PART_ARRAYS
 
 __all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
@@ -76,14 +76,15 @@ def _batches(con, sql: str) -> Iterator[dict[str, np.ndarray]]:
 
 
 def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_parts: int,
-                   seed: int = 0, undirected: bool = True, memory_budget: int = 4 << 30,
+                   method: str = "ldg", seed: int = 0, undirected: bool = True, memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", name: str = "graph",
                    identity: Optional[dict[str, Any]] = None, threads: int = 2,
                    progress: Callable[[str], None] = lambda s: None,
                    con_hook: Optional[Callable[[Any], None]] = None,
                    hook_held: int = 0, drop: tuple[str, ...] = ()) -> PartitionBook:
     """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
-    ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``hash`` partitioner.
+    ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``method`` partitioner
+    (``ldg``: streamed LDG, some passes over the sorted edges; ``hash``: from the id alone).
     ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads),
     holding ``hook_held`` bytes of its own meanwhile (DuckDB's share is smaller while it runs);
     the tables in ``drop`` are dropped once the edges are sorted."""
@@ -93,8 +94,12 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         raise ValueError(f"--parts {P}: expected between 1 and the {n} nodes")
     if n >= 1 << 32:
         raise ValueError(f"{n} nodes: the streaming path takes node ids below 2^32")
-    # after the hook: degrees + one part's ids and keys; while it runs: what it holds
-    held = max(8 * n + 24 * ((n + P - 1) // P), hook_held)
+    if method not in ("ldg", "hash"):
+        raise ValueError(f"--partitioner {method}: out of core, quietgnn partitions with ldg "
+                         f"(streamed, min edge cut; the default) or hash; metis, random and "
+                         f"supernode need the graph in memory (`quietgnn prepare --dataset`)")
+    # after the hook: degrees, the assignment, one part's ids and keys; while it runs: its own
+    held = max(10 * n + 24 * ((n + P - 1) // P), hook_held)
     duck = memory_budget - held - _PYTHON_BASE
     if duck < 128 << 20:
         raise ValueError(
@@ -110,8 +115,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         if con_hook is not None:
             con_hook(con)
         con.execute(f"SET memory_limit = '{duck >> 20}MB'")
-        book = _prepare(con, tmp, out, edges_sql, nodes, P, seed, undirected, x_dtype, name,
-                        identity or {}, progress, drop)
+        book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected, x_dtype,
+                        name, identity or {}, progress, drop)
         con.close()
         shutil.rmtree(work)
         finish_book(tmp, out, book)
@@ -121,8 +126,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     return PartitionBook.open(out)
 
 
-def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int, seed: int,
-             undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
+def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int,
+             method: str, seed: int, undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
              progress: Callable[[str], None], drop: tuple[str, ...]) -> dict[str, Any]:
     n = nodes.num_nodes
     lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
@@ -134,13 +139,32 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     progress(f"edges: {raw} rows read; symmetrising, de-duplicating, sorting (DuckDB)")
     both = (f"SELECT src, dst FROM ({edges_sql}) UNION ALL SELECT dst, src FROM ({edges_sql})"
             if undirected else edges_sql)
-    con.execute(f"CREATE TABLE e AS SELECT src::BIGINT AS src, dst::BIGINT AS dst, "
-                f"({hash_part_sql('src', P, seed)})::USMALLINT AS ps, "
-                f"({hash_part_sql('dst', P, seed)})::USMALLINT AS pd "
-                f"FROM (SELECT DISTINCT src, dst FROM ({both}) WHERE src <> dst) "
-                f"ORDER BY dst, src")
+    con.execute(f"CREATE TABLE e0 AS SELECT DISTINCT src::BIGINT AS src, dst::BIGINT AS dst "
+                f"FROM ({both}) WHERE src <> dst ORDER BY dst, src")
     for table in drop:
         con.execute(f"DROP TABLE {table}")
+    if method == "hash":
+        # scans of a table keep its order: e is e0 (sorted by dst, src) with the parts
+        con.execute(f"CREATE TABLE e AS SELECT src, dst, "
+                    f"({hash_part_sql('src', P, seed)})::USMALLINT AS ps, "
+                    f"({hash_part_sql('dst', P, seed)})::USMALLINT AS pd FROM e0")
+
+        def part_of(ids: np.ndarray) -> np.ndarray:
+            return hash_part_of(ids, P, seed)
+    else:
+        assignment = _stream_ldg(con, n, P, progress)
+        con.register("asg_parts", _arrow_parts(assignment))
+        con.execute(f"CREATE TABLE asg AS SELECT range AS id, part FROM range({n}) "
+                    f"POSITIONAL JOIN asg_parts")
+        con.unregister("asg_parts")
+        con.execute("CREATE TABLE e AS SELECT e0.src, e0.dst, a.part AS ps, b.part AS pd "
+                    "FROM e0 JOIN asg a ON a.id = e0.src JOIN asg b ON b.id = e0.dst "
+                    "ORDER BY e0.dst, e0.src")
+        con.execute("DROP TABLE asg")
+
+        def part_of(ids: np.ndarray) -> np.ndarray:
+            return assignment[ids].astype(np.int64)
+    con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
     in_deg = np.zeros(n, dtype=np.int32)
@@ -155,12 +179,12 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     part_dirs = [tmp / f"part-{k}" for k in range(P)]
     owned_n = np.zeros(P, dtype=np.int64)
     for lo_ in range(0, n, BATCH_ROWS):
-        owned_n += np.bincount(hash_part_of(np.arange(lo_, min(lo_ + BATCH_ROWS, n)), P, seed),
-                               minlength=P)
+        owned_n += np.bincount(part_of(np.arange(lo_, min(lo_ + BATCH_ROWS, n))), minlength=P)
     if (owned_n == 0).any():
-        raise ValueError(f"the hash partitioner leaves part(s) {np.nonzero(owned_n == 0)[0]} of "
-                         f"{P} empty on {n} nodes; use fewer parts")
-    counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, seed, x_dtype)
+        raise ValueError(f"the {method} partitioner leaves part(s) "
+                         f"{np.nonzero(owned_n == 0)[0].tolist()} of {P} empty on {n} nodes; "
+                         f"use fewer parts")
+    counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of, x_dtype)
     fingerprint = _fingerprint(con, tmp, in_deg, nodes)
 
     # halos: remote in-neighbours of each part's nodes, ordered by (owner, id)
@@ -176,7 +200,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         np.save(part_dirs[k] / "halo.npy", halo)
         np.save(part_dirs[k] / "halo_owner.npy", owner)
         halos.append(len(halo))
-    book_id = hashlib.sha256(f"{fingerprint}:hash:{P}:{seed}".encode()).hexdigest()[:16]
+    book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
     edges_per_part = []
     for k in range(P):
         progress(f"part {k}: edges")
@@ -200,12 +224,13 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     ident = {"name": name, "num_nodes": n, "num_edges": int(m),
              "num_features": nodes.num_features, "num_classes": nodes.num_classes,
              "fingerprint": fingerprint, **identity}
-    return {"book_id": book_id, "num_parts": P, "method": "hash", "seed": seed,
+    return {"book_id": book_id, "num_parts": P, "method": method, "seed": seed,
             "options": {"streamed": True}, "graph": ident, "stats": stats}
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
-                 owned_n: np.ndarray, P: int, seed: int, x_dtype: str) -> dict[int, int]:
+                 owned_n: np.ndarray, P: int, part_of: Callable[[np.ndarray], np.ndarray],
+                 x_dtype: str) -> dict[int, int]:
     """Every part's owned ids, x, y and masks, and the whole graph's y and split codes (temporary
     files, for the fingerprint), from one pass over the node source."""
     from numpy.lib.format import open_memmap
@@ -231,7 +256,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
         nxt = int(ids[-1]) + 1
         gy[ids[0]:nxt] = blk.y
         gs[ids[0]:nxt] = blk.split
-        part = hash_part_of(ids, P, seed)
+        part = part_of(ids)
         assignment[ids[0]:nxt] = part
         for k in range(P):
             sel = part == k
@@ -256,6 +281,35 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     assignment.flush()
     codes = np.bincount(np.asarray(gs), minlength=4)
     return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
+
+
+def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndarray:
+    """:class:`~quietgnn.partition.partitioners.LDG` over the sorted edge table ``e0``, streamed
+    in record batches, ``LDG_PASSES`` times: the same assignment as ``ldg_parts`` in memory
+    (the same node batches see the same edges)."""
+    ldg = LDG(n, P)
+    for p in range(LDG_PASSES):
+        progress(f"ldg partitioning: pass {p + 1} of {LDG_PASSES}")
+        lo, D, S = 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        for b in _batches(con, "SELECT dst, src FROM e0"):
+            D, S = np.concatenate([D, b["dst"]]), np.concatenate([S, b["src"]])
+            done = int(D[-1])            # rows are sorted by dst: nodes below it are complete
+            while lo + ldg.batch <= done:
+                hi = lo + ldg.batch
+                cut = int(np.searchsorted(D, hi))
+                ldg.place(lo, hi, D[:cut], S[:cut])
+                D, S, lo = D[cut:], S[cut:], hi
+        while lo < n:
+            hi = min(lo + ldg.batch, n)
+            cut = int(np.searchsorted(D, hi))
+            ldg.place(lo, hi, D[:cut], S[:cut])
+            D, S, lo = D[cut:], S[cut:], hi
+    return ldg.parts
+
+
+def _arrow_parts(parts: np.ndarray) -> Any:
+    import pyarrow as pa
+    return pa.table({"part": parts.astype(np.uint16)})
 
 
 def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
