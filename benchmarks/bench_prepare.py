@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_prepare.py --edges 1e6,1e7 --out /tmp/prep
 
 Each size is one `quietgnn prepare synthetic --edges E --parts 4` process (16 features stored
-as float16, average degree 20, hash partitioner) under a memory budget (default 4 GiB).
+as float16, average degree 20, the ldg partitioner unless ``--partitioner hash``) under a memory budget (default 4 GiB).
 Per size: stored edges, nodes, wall seconds and stored edges per second, the process's peak
 resident memory (``wait4``'s ``ru_maxrss``: DuckDB runs inside it) against the budget, the
 prepared directory's size on disk, the edge cut and halo sizes; and the log-log slopes of time
@@ -49,7 +49,7 @@ def run_one(edges: float, args: argparse.Namespace, work: Path) -> dict:
     cmd = [sys.executable, "-m", "quietgnn", "prepare", "synthetic", "--edges", f"{edges:.0f}",
            "--parts", str(args.parts), "--synthetic.avg_degree", str(args.degree),
            "--synthetic.feature_dim", str(args.features), "--x-dtype", "float16",
-           "--memory-budget", args.budget, "--out", str(out)]
+           "--memory-budget", args.budget, "--partitioner", args.partitioner, "--out", str(out)]
     print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     log = (work / f"{out.name}.log").open("w")
@@ -82,7 +82,7 @@ def render(data: dict) -> list[str]:
     meta, rows = data["meta"], data["rows"]
     md = ["# Out-of-core prepare: `quietgnn prepare synthetic`, P = 4", "",
           f"Streamed synthetic graph (average degree {meta['degree']}, {meta['features']} "
-          f"features stored as float16), hash partitioner, memory budget {meta['budget']}, "
+          f"features stored as float16), {meta['partitioner']} partitioner, memory budget {meta['budget']}, "
           f"on a shared 2-core machine (DuckDB with 2 threads). Peak memory is the prepare "
           f"process's maximum resident set (DuckDB runs inside it).", "",
           "| undirected edges | stored | nodes | seconds | stored edges/s | peak memory | "
@@ -112,6 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--features", type=int, default=16)
     ap.add_argument("--parts", type=int, default=4)
     ap.add_argument("--budget", default="4GiB")
+    ap.add_argument("--partitioner", default="ldg", choices=["ldg", "hash"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prepare-scale"))
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "prepare"))
     ap.add_argument("--render-only", action="store_true")
@@ -128,8 +129,9 @@ def main(argv=None) -> int:
     for e in [float(x) for x in args.edges.split(",")]:
         done = [r for r in rows if r["status"] == "ok"]
         if done:
-            # the prepared directory, DuckDB's sorted table (~8 B an edge) and its spill
-            need = done[-1]["disk_bytes"] * e / done[-1]["edges"] + 24 * 2 * e
+            # the prepared directory, plus DuckDB's two sorted edge tables and the sort's spill
+            # (~32 bytes a stored edge, 2 e stored edges)
+            need = done[-1]["disk_bytes"] * e / done[-1]["edges"] + 32 * 2 * e
             free = shutil.disk_usage(work).free
             if need > 0.8 * free:
                 rows.append({"target_edges": e, "status": "skipped",
@@ -144,6 +146,7 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
     data = {"meta": {"degree": args.degree, "features": args.features, "parts": args.parts,
+                     "partitioner": args.partitioner,
                      "budget": args.budget, "when": time.strftime("%Y-%m-%d %H:%M"),
                      "commit": commit,
                      "command": "python benchmarks/bench_prepare.py " + " ".join(argv or

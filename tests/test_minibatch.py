@@ -104,3 +104,45 @@ def test_option_errors():
                   MiniBatch.Options(fanouts="10,5"))
     with pytest.raises(ValueError, match="one fanout per layer"):
         s.setup()
+
+
+def _evaluate_both(comm, graph, parts):
+    """One trained model evaluated two ways: sampled, with full fanouts over every node (small
+    batches, so ranks run different numbers of real minibatches), and exactly (full graph
+    through the halo)."""
+    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = MiniBatch(_ctx(comm, part, "sage"), MiniBatch.Options(
+        fanouts="-1,-1", batch_size=13, eval_nodes=10_000))
+    s.setup()
+    s.train_epoch(0)
+    comm.take_records()
+    out = {"sampled": s.evaluate(), "sampled_kinds": sorted({r.kind for r in
+                                                             comm.take_records()})}
+    fwd = halo_forward(s.model, part, comm, partition_adj(part))
+    out["exact"] = global_evaluate(s.model, part, comm, fwd)
+    out["exact_kinds"] = sorted({r.kind for r in comm.take_records()})
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_sampled_evaluation_with_full_fanouts_is_exact(graph, P):
+    parts = partition_nodes(graph, "metis", P, seed=0) if P > 1 else \
+        np.zeros(graph.num_nodes, dtype=np.int64)
+    res = [_evaluate_both(Communicator(0, 1), graph, parts)] if P == 1 else \
+        spawn_function(_evaluate_both, P, args=(graph, parts))
+    for r in res:
+        for split in ("train", "val", "test"):
+            assert r["sampled"][split] == pytest.approx(r["exact"][split], abs=1e-12), split
+        if P > 1:   # no halo exchange: only the sample's feature rows and the counts
+            assert r["sampled_kinds"] == ["eval_metrics", "feature_fetch", "feature_fetch_ids"]
+            assert "halo_fwd" in r["exact_kinds"]
+
+
+def test_sampled_evaluation_options():
+    with pytest.raises(ValueError, match="eval_nodes"):
+        MiniBatch.Options(eval_nodes=-1)
+    with pytest.raises(ValueError, match="needs topology 'replicated'"):
+        MiniBatch.Options(eval_nodes=100, topology="1.5d", replication=2)
+    with pytest.raises(ValueError, match="cache_mb"):
+        MiniBatch.Options(cache_mb=-1)

@@ -24,7 +24,12 @@ Options (``--options.KEY VALUE``):
 * ``cache_mb``: per rank, MiB of remote feature rows kept after one fetch at setup (kind
   ``data``): the rows within ``L`` hops of the rank's seeds (with ``replicated`` topology;
   with ``1.5d`` any remote row) of highest degree; a bulk then fetches only rows neither owned
-  nor cached. The hit rate is reported per epoch (``cache_hit_rate``). 0 turns it off.
+  nor cached. The hit rate is reported per epoch (``cache_hit_rate``). 0 turns it off;
+* ``eval_nodes``: 0 (default) evaluates exactly, on the full graph through the halo; ``k > 0``
+  evaluates on a fixed sample of at most ``k`` nodes per split (each rank an equal share of
+  its own), mini-batched through the sampler with the training fanouts, the same sampled
+  neighbourhoods at every evaluation: an estimate that never builds full-graph activations
+  (for graphs where those do not fit) and sends only the sample's feature rows.
 
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
 ``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
@@ -44,9 +49,11 @@ import torch
 import torch.nn.functional as F
 
 from ..sampling import NeighborSampler
+from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 from ..sampling.ladies import LadiesSampler
 from ..sampling.loader import iterate_bulks, plan_epoch, step_totals
+from ..sampling.rng import hash_keys
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
 
@@ -79,6 +86,7 @@ class MiniBatch(Strategy):
         topology: str = "replicated"
         replication: int = 1
         cache_mb: float = 256.0
+        eval_nodes: int = 0
 
         def __post_init__(self) -> None:
             self.fanouts = _fanouts(self.fanouts)
@@ -93,6 +101,13 @@ class MiniBatch(Strategy):
                 v = getattr(self, key)
                 if not isinstance(v, int) or v < 1:
                     raise ValueError(f"options.{key} = {v!r}; expected an int >= 1")
+            if isinstance(self.eval_nodes, bool) or not isinstance(self.eval_nodes, int) or \
+                    self.eval_nodes < 0:
+                raise ValueError(f"options.eval_nodes = {self.eval_nodes!r}; expected an int "
+                                 f">= 0 (0: exact full-graph evaluation)")
+            if self.eval_nodes and self.topology != "replicated":
+                raise ValueError("options.eval_nodes > 0 (sampled evaluation) needs topology "
+                                 "'replicated'; use eval_nodes 0 with '1.5d'")
             if self.sampler not in ("sage", "ladies"):
                 raise ValueError(f"options.sampler = {self.sampler!r}; expected 'sage' or 'ladies'")
             if self.topology not in ("replicated", "1.5d"):
@@ -149,13 +164,15 @@ class MiniBatch(Strategy):
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
-        self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
+        if o.eval_nodes:
+            self._eval_sample()
+        else:
+            self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
         self.epochs_done = 0
 
     def _reachable(self) -> torch.Tensor:
         """Global ids within ``L`` hops (in-neighbours) of this rank's seeds: every row a
         sample of them can ask for."""
-        from ..sampling.bulk import expand_rows
         ip, ix = self.sampler.indptr, self.sampler.indices
         seen = frontier = self.seeds
         for _ in range(len(self.options.fanouts)):
@@ -199,7 +216,56 @@ class MiniBatch(Strategy):
                                   max(self.fetcher.requests, 1)})
 
     def evaluate(self) -> dict[str, float]:
-        return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)
+        if not self.options.eval_nodes:
+            return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)
+        return self._sampled_evaluate()
+
+    def _eval_sample(self) -> None:
+        """The fixed evaluation sample: per split, ``ceil(eval_nodes / P)`` of this rank's own
+        nodes (a seeded choice), their labels, and how many minibatches every rank runs (the
+        feature fetch is collective, so all ranks take the same number of steps)."""
+        part, P, o = self.ctx.part, self.ctx.world_size, self.options
+        share = -(-o.eval_nodes // P)
+        gen = torch.Generator().manual_seed(self.ctx.seed + 7919 * self.ctx.rank)
+        picks, splits = [], []
+        for s, mask in enumerate((part.train_mask, part.val_mask, part.test_mask)):
+            idx = torch.nonzero(mask).flatten()
+            idx = idx[torch.randperm(idx.numel(), generator=gen)[:share]]
+            picks.append(idx)
+            splits.append(torch.full((idx.numel(),), s, dtype=torch.int64))
+        local = torch.cat(picks)
+        self.eval_targets, self.eval_split = part.owned[local], torch.cat(splits)
+        self.eval_y = part.y[local]
+        sizes = self.ctx.comm.all_gather_object(int(local.numel()), "control")
+        self.eval_steps = -(-max(sizes) // o.batch_size)
+
+    @torch.no_grad()
+    def _sampled_evaluate(self) -> dict[str, float]:
+        o, bs = self.options, self.options.batch_size
+        was = self.model.training
+        self.model.eval()
+        counts = torch.zeros(6, dtype=torch.float64)
+        try:
+            for b in range(self.eval_steps):
+                t = self.eval_targets[b * bs:(b + 1) * bs]
+                # fixed minibatch ids: the same neighbourhoods at every evaluation, other than
+                # any training draw's
+                ids = hash_keys(self.ctx.seed, -1, self.ctx.rank, torch.tensor([b]))
+                bulk = self.sampler.sample(t, torch.tensor([0, t.numel()]), ids)
+                mb = bulk.minibatch(0)
+                x = self.fetcher.fetch(mb.input_nodes)
+                if not t.numel():
+                    continue
+                pred = self.model(x, mb.adjs(self.in_degree, o.fanouts)).argmax(-1)
+                split = self.eval_split[b * bs:(b + 1) * bs]
+                ok = (pred == self.eval_y[b * bs:(b + 1) * bs]).double()
+                counts[0::2] += torch.zeros(3, dtype=torch.float64).index_add_(0, split, ok)
+                counts[1::2] += torch.bincount(split, minlength=3).double()
+        finally:
+            self.model.train(was)
+        self.ctx.comm.all_reduce(counts, "eval_metrics")
+        return {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] > 0
+                else float("nan") for i, name in enumerate(("train", "val", "test"))}
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
