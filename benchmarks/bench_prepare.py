@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,11 +55,27 @@ def run_one(edges: float, args: argparse.Namespace, work: Path) -> dict:
     t0 = time.perf_counter()
     log = (work / f"{out.name}.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # the largest the work in progress got on disk (DuckDB's tables and spill + the parts)
+    disk_peak = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(2.0):
+            for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+                try:
+                    disk_peak[0] = max(disk_peak[0], du(tmp))
+                except OSError:     # a file went away while being counted
+                    pass
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
     _, status, usage = os.wait4(proc.pid, 0)
+    stop.set()
+    watcher.join()
     secs = time.perf_counter() - t0
     log.close()
     text = (work / f"{out.name}.log").read_text(errors="replace")
     row = {"target_edges": edges, "seconds": secs, "peak_rss_mb": usage.ru_maxrss / 1024.0,
+           "work_disk_peak_bytes": disk_peak[0],
            "budget_mb": _mib(args.budget), "status": "ok" if status == 0 else "failed"}
     if status != 0:
         row["error"] = text.strip().splitlines()[-1] if text.strip() else f"status {status}"
@@ -86,16 +103,17 @@ def render(data: dict) -> list[str]:
           f"on a shared 2-core machine (DuckDB with 2 threads). Peak memory is the prepare "
           f"process's maximum resident set (DuckDB runs inside it).", "",
           "| undirected edges | stored | nodes | seconds | stored edges/s | peak memory | "
-          "within budget | on disk | edge cut |", "|" + "---|" * 9]
+          "within budget | on disk | peak disk while preparing | edge cut |", "|" + "---|" * 10]
     for r in rows:
         if r["status"] != "ok":
             md.append(f"| {r['target_edges']:.2g} | {r['status']}: {r.get('error', '')} "
-                      f"| | | | | | | |")
+                      f"| | | | | | | | |")
             continue
         md.append(f"| {r['edges']:,} | {r['stored_edges']:,} | {r['nodes']:,} | "
                   f"{r['seconds']:.1f} | {r['stored_edges_per_s'] / 1e6:.2f} M | "
                   f"{r['peak_rss_mb']:.0f} MiB | {'yes' if r['within_budget'] else 'NO'} | "
                   f"{r['disk_bytes'] / 2 ** 30:.2f} GiB | "
+                  f"{r.get('work_disk_peak_bytes', 0) / 2 ** 30:.2f} GiB | "
                   f"{100 * r['edge_cut_fraction']:.1f} % |")
     fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     md += ["", "Log-log slope against stored edges: " +
@@ -129,9 +147,11 @@ def main(argv=None) -> int:
     for e in [float(x) for x in args.edges.split(",")]:
         done = [r for r in rows if r["status"] == "ok"]
         if done:
-            # the prepared directory, plus DuckDB's two sorted edge tables and the sort's spill
-            # (~32 bytes a stored edge, 2 e stored edges)
-            need = done[-1]["disk_bytes"] * e / done[-1]["edges"] + 32 * 2 * e
+            # the work's peak on disk (DuckDB's tables and spill, the parts), linear in edges
+            # from the previous size (older rows without it: ~32 bytes a stored edge more)
+            prev = done[-1].get("work_disk_peak_bytes") or \
+                done[-1]["disk_bytes"] + 64 * done[-1]["edges"]
+            need = prev * e / done[-1]["edges"]
             free = shutil.disk_usage(work).free
             if need > 0.8 * free:
                 rows.append({"target_edges": e, "status": "skipped",

@@ -209,9 +209,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     """``prepare synthetic --edges N`` or ``prepare EDGES --nodes NODES``: out of core."""
     from .prepare import _positive_int, human, parse_size, prepare_tables
     from .prepare.synthetic import prepare_synthetic
-    explicit = {a.split("=")[0] for a in rest}
-    method = cfg.partition.method if explicit & {"--partitioner", "--partition.method"} \
-        else "ldg"
+    method = cfg.partition.method or "ldg"     # None unless the command line or recipe set it
     budget = parse_size(args.memory_budget)
     t0 = time.perf_counter()
 

@@ -70,7 +70,7 @@ def test_cora_book_with_citeseer_is_refused_before_any_worker(capsys, tmp_path):
     assert rc == 2, err
     line = err.strip().splitlines()[-1]
     assert str(book) in line and "'cora'" in line and "'citeseer'" in line
-    assert "name: book 'cora', dataset 'citeseer'" in line and "quietgnn partition" in line
+    assert "name: book 'cora', dataset 'citeseer'" in line and "quietgnn prepare" in line
     assert "Traceback" not in err and _no_worker_started(out)
     # the book's own dataset passes (the check is not a blanket refusal)
     cfg = _cfg(dataset={"name": "cora", "root": str(PLANETOID)},

@@ -95,11 +95,13 @@ class HaloExchanger:
     """``exchanger(h, layer)`` -> ``[h ; halo rows]`` with gradients routed back to owners.
 
     ``exchanger(h, layer, keep=(p, key))``: ``h`` has just been through keyed dropout with
-    that rate and key (:func:`quietgnn.nn.keyed.keyed_dropout`), so only the kept entries are
-    sent, both ways: ``4 * kept`` bytes instead of ``4 * rows * d``, no size handshake."""
+    that rate and key (:func:`quietgnn.nn.keyed.keyed_dropout`) *keyed by the partition's own
+    global ids* (``part.owned``), so only the kept entries are sent, both ways: ``4 * kept``
+    bytes instead of ``4 * rows * d``, no size handshake. Off unless ``skip_dropped``: a caller
+    whose dropout keys differ would send the wrong entries."""
 
     def __init__(self, comm: Communicator, part: LocalPartition, kind: str = "halo",
-                 skip_dropped: bool = True) -> None:
+                 skip_dropped: bool = False) -> None:
         #: the model may pass ``keep`` (only what dropout kept is then sent)
         self.skips_dropped = skip_dropped
         self.comm = comm

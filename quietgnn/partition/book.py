@@ -32,7 +32,7 @@ import numpy as np
 from ..graph import Graph
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
-from .shards import read_part, write_part
+from .shards import PART_ARRAYS, read_part, write_part
 
 __all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book", "new_book_dir",
            "finish_book"]
@@ -157,12 +157,13 @@ class PartitionBook:
             raise ValueError(f"rank {rank} is outside the book's {self.num_parts} parts")
         # every file of this part against the manifest (size, then sha256) before it is mapped;
         # one line on failure: the launcher reports a worker's ValueError as an input error
+        # (every file the part is read from must be listed: an unlisted one is never mapped)
         prefix = f"part-{rank}/"
-        names = [n for n in self.files if n.startswith(prefix)]
-        if f"{prefix}part.json" not in names:
-            raise ValueError(f"partition book {str(self.path)!r} lists no {prefix}part.json; "
-                             f"re-run `quietgnn prepare`")
-        for name in names:
+        for name in [f"{prefix}part.json"] + [f"{prefix}{a}.npy" for a in PART_ARRAYS]:
+            if name not in self.files:
+                raise ValueError(f"partition book {str(self.path)!r} does not list {name}; "
+                                 f"book.json was edited or is from another version: re-run "
+                                 f"`quietgnn prepare`")
             self._checked_file(name)
         return read_part(self.path / prefix)
 

@@ -12,8 +12,8 @@ Every partitioner returns an ``int64`` array ``parts`` of shape ``[N]`` with val
 * ``hash``      -- part = a multiplicative hash of the node id (:func:`hash_part_of`): needs
                    nothing but the id, so out-of-core ``quietgnn prepare`` computes it on the fly
                    (balanced to within a few sqrt(N / P) nodes, not exactly).
-* ``ldg``       -- one-pass streaming Linear Deterministic Greedy (Stanton & Kliot, KDD 2012)
-                   in id order, a batch of nodes at a time (:func:`ldg_assign`): min edge cut
+* ``ldg``       -- streaming Linear Deterministic Greedy (Stanton & Kliot, KDD 2012) in id
+                   order, a batch of nodes at a time, restreamed (:class:`LDG`): min edge cut
                    without the graph in memory; out-of-core ``quietgnn prepare`` runs the same
                    function over DuckDB's sorted edges.
 * ``given``     -- an array or a file (``.npy``, ``.pt`` or text, one part id per line) for data
@@ -111,10 +111,11 @@ def hash_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
     return _fill_empty(hash_part_of(np.arange(graph.num_nodes), num_parts, seed), num_parts)
 
 
-def ldg_batch(num_nodes: int) -> int:
+def ldg_batch(num_nodes: int, num_parts: int) -> int:
     """Nodes placed per LDG step: small enough that a step moves a part's size by well under
-    1 % (so the balance term still steers), large enough for few Python steps."""
-    return int(min(max(num_nodes // 1024, 16), 1 << 16))
+    1 % (so the balance term still steers) and that its ``batch x P`` scores stay small (2^22
+    entries), large enough for few Python steps."""
+    return int(max(min(num_nodes // 1024, 1 << 16, (1 << 22) // num_parts), 16))
 
 
 class LDG:
@@ -127,7 +128,7 @@ class LDG:
 
     def __init__(self, num_nodes: int, num_parts: int, batch: int | None = None) -> None:
         self.n, self.P = num_nodes, num_parts
-        self.batch = batch or ldg_batch(num_nodes)
+        self.batch = batch or ldg_batch(num_nodes, num_parts)
         self.parts = np.full(num_nodes, -1, dtype=np.int64 if num_parts > 32767 else np.int16)
         self.sizes = np.zeros(num_parts, dtype=np.int64)
         self.capacity = (1.0 + LDG_SLACK) * num_nodes / num_parts

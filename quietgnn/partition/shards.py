@@ -12,10 +12,13 @@ A part directory (``part-<k>/`` in a partition book) holds one file per array of
     send_idx.npy send_counts.npy            every peer's send plan, concatenated, and its sizes
     recv_counts.npy                         int64 [P]
 
-Why plain arrays: ``np.load(mmap_mode="c")`` maps them without reading or copying (pages come
-in as the worker touches rows; copy-on-write, so nothing a worker does writes back), no file
-can hold code (``allow_pickle=False``), and any tool that reads ``.npy`` can inspect a part.
-The book's manifest holds every file's size and sha256; this module only reads and writes.
+Why plain arrays: ``np.load(mmap_mode="c")`` maps them without copying (copy-on-write, so
+nothing a worker does writes back), no file can hold code (``allow_pickle=False``), and any tool
+that reads ``.npy`` can inspect a part. The book's manifest holds every file's size and sha256,
+which :meth:`PartitionBook.load_part` checks (one sequential read of the part, which also warms
+the page cache) before this module maps it. The worker then widens the edges to int64 and
+float16 features to float32 (the strategies index and compute in those): those two arrays are
+copies in its memory; the rest stays mapped.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ _SCALARS = ("rank", "num_parts", "num_nodes_global", "num_edges_global", "num_cl
 
 def write_part(path: Path, lp: LocalPartition, x_dtype: str = "float32") -> None:
     """Write ``lp`` as ``path/part.json`` + one ``.npy`` per array."""
+    if x_dtype not in ("float32", "float16"):
+        raise ValueError(f"x_dtype = {x_dtype!r}; expected float32 or float16")
     path.mkdir(parents=True, exist_ok=True)
     wide = lp.n_local >= 2 ** 31
     send_counts = torch.tensor([t.numel() for t in lp.send_idx], dtype=torch.int64)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from ..partition.book import PartitionBook
-from .tables import TEST, TRAIN, VAL, NodeBlock, write_prepared
+from .tables import TEST, TRAIN, VAL, NodeBlock, sql_name, sql_str, write_prepared
 
 __all__ = ["prepare_tables", "parse_size", "TableNodes"]
 
@@ -41,11 +41,9 @@ def parse_size(text: str) -> int:
         value = float(m.group(1))
     except ValueError:
         raise ValueError(f"--memory-budget {text!r}; expected a size like 4GiB") from None
+    if not math.isfinite(value) or value <= 0 or value > 2 ** 60:
+        raise ValueError(f"--memory-budget {text!r}; expected a positive size like 4GiB")
     return int(value * 1024 ** " KMGT".index(unit or " ")) if unit else int(value)
-
-
-def _sql_path(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
 
 
 def _reader(path: Path) -> str:
@@ -54,9 +52,9 @@ def _reader(path: Path) -> str:
         raise ValueError(f"{str(path)!r} does not exist; expected a Parquet or CSV table")
     suffix = path.suffix.lower() if path.is_file() else ".parquet"
     if suffix in (".parquet", ".pq"):
-        return f"read_parquet({_sql_path(path if path.is_file() else path / '*.parquet')})"
+        return f"read_parquet({sql_str(path if path.is_file() else path / '*.parquet')})"
     if suffix in (".csv", ".tsv", ".txt"):
-        return f"read_csv({_sql_path(path)}, header = true)"
+        return f"read_csv({sql_str(path)}, header = true)"
     raise ValueError(f"{str(path)!r}: expected a .parquet or .csv file (or a directory of "
                      f".parquet files)")
 
@@ -72,7 +70,7 @@ def _edge_sql(con: Any, path: Path) -> str:
         return f"SELECT src, dst FROM {reader}"
     if len(cols) < 2:
         raise ValueError(f"edge table {str(path)!r} has columns {cols}; expected src and dst")
-    return f'SELECT "{cols[0]}" AS src, "{cols[1]}" AS dst FROM {reader}'
+    return f"SELECT {sql_name(cols[0])} AS src, {sql_name(cols[1])} AS dst FROM {reader}"
 
 
 class TableNodes:
@@ -91,7 +89,7 @@ class TableNodes:
                              f"column y (or label)")
         self.split_col = "split" if "split" in names else None
         rest = [(c, t) for c, t in cols if c not in ("id", self.y_col, "split")]
-        if [c for c, _ in rest] == ["x"] and "[]" in rest[0][1]:
+        if [c for c, _ in rest] == ["x"] and "[" in rest[0][1]:     # FLOAT[] or FLOAT[128]
             self.x_list = True
             self.x_cols = ["x"]
         else:
@@ -101,20 +99,37 @@ class TableNodes:
                 raise ValueError(f"node table {str(path)!r}: column(s) {bad} are neither id, "
                                  f"y, split nor numeric features")
             self.x_list, self.x_cols = False, [c for c, _ in rest]
-        n, lo, hi, ymax = con.sql(f"SELECT count(*), min(id), max(id), max({self.y_col}) "
-                                      f"FROM {self.reader}").fetchall()[0]
+        types = dict(cols)
+        for col in ("id", self.y_col):
+            if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|U)", types[col]):
+                raise ValueError(f"node table {str(path)!r}: column {col} has type "
+                                 f"{types[col]}, expected integers")
+        y = sql_name(self.y_col)
+        n, lo, hi, ymin, ymax, nully = con.sql(
+            f"SELECT count(*), min(id), max(id), min({y}), max({y}), count(*) - count({y}) "
+            f"FROM {self.reader}").fetchall()[0]
         if n == 0 or lo != 0 or hi != n - 1:
             raise ValueError(f"node table {str(path)!r} has {n} rows with ids {lo} .. {hi}; "
                              f"expected ids 0 .. N-1, one row each")
+        if nully or ymin < 0:
+            raise ValueError(f"node table {str(path)!r}: labels {self.y_col} hold "
+                             f"{'nulls' if nully else f'{ymin}'}; expected class ids >= 0 on "
+                             f"every row")
         self.num_nodes, self.num_classes = int(n), int(ymax) + 1
         if self.x_list:
-            self.num_features = int(con.sql(f"SELECT len(x) FROM {self.reader} LIMIT 1")
-                                    .fetchall()[0][0])
+            fmin, fmax = con.sql(f"SELECT min(len(x)), max(len(x)) FROM {self.reader}"
+                                 ).fetchall()[0]
+            if fmin != fmax:
+                raise ValueError(f"node table {str(path)!r}: feature lists x have lengths "
+                                 f"{fmin} .. {fmax}; expected the same length on every row")
+            self.num_features = int(fmin or 0)
         else:
             self.num_features = len(self.x_cols)
         if self.num_features < 1:
             raise ValueError(f"node table {str(path)!r} has no feature columns")
         self.split_seed = split_seed
+        # a random split is drawn whole (the in-memory loaders' rule): randperm + codes
+        self.held_bytes = 0 if self.split_col else 11 * self.num_nodes
 
     def blocks(self, con: Any) -> Iterator[NodeBlock]:
         from ..graph import random_split
@@ -122,10 +137,10 @@ class TableNodes:
         if self.split_col is None:     # the in-memory loaders' rule: seeded random 60/20/20
             tr, va, te = random_split(self.num_nodes, seed=self.split_seed)
             codes = (tr.numpy() * TRAIN + va.numpy() * VAL + te.numpy() * TEST).astype(np.uint8)
-        xs = "x" if self.x_list else ", ".join(f'"{c}"' for c in self.x_cols)
+        xs = "x" if self.x_list else ", ".join(sql_name(c) for c in self.x_cols)
         split = ", split" if self.split_col else ""
-        reader = con.sql(f'SELECT id, "{self.y_col}" AS y{split}, {xs} FROM {self.reader} '
-                         f"ORDER BY id").to_arrow_reader(1 << 16)
+        reader = con.sql(f"SELECT id, {sql_name(self.y_col)} AS y{split}, {xs} FROM "
+                         f"{self.reader} ORDER BY id").to_arrow_reader(1 << 16)
         for batch in reader:
             ids = batch.column("id").to_numpy().astype(np.int64)
             y = batch.column("y").to_numpy().astype(np.int64)

@@ -4,12 +4,15 @@ The work that needs the whole edge list at once (drop self-loops, symmetrise, de
 sort by destination, count degrees, find each part's halo) is SQL run by DuckDB, which spills
 to its own temporary directory when the data outgrows its memory limit. Python only streams
 DuckDB's sorted output, in record batches, into each part's memory-mapped ``.npy`` arrays
-(:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors (8 bytes
-a node), one part's owned and halo ids, and a batch.
+(:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors and the
+assignment (10 bytes a node), what the node source needs (e.g. a random split, 11 bytes a
+node), one part's owned and halo ids, and a batch.
 
 The parts are exactly what :func:`quietgnn.partition.build_partitions` builds from the same
-graph in memory with the ``hash`` partitioner, and the graph fingerprint is the one
-:meth:`quietgnn.graph.Graph.fingerprint` computes, so the two paths can be compared bit for bit.
+graph in memory with the same partitioner (``ldg`` or ``hash``), and the graph fingerprint is
+the one :meth:`quietgnn.graph.Graph.fingerprint` computes, so the two paths can be compared bit
+for bit. Everything relies on DuckDB returning a table's rows in insertion order (set, and
+checked while streaming: rows out of order are an error, not a wrong graph).
 """
 
 from __future__ import annotations
@@ -57,11 +60,21 @@ class NodeSource(Protocol):
     def blocks(self, con: Any) -> Iterator[NodeBlock]: ...
 
 
+def sql_str(text: str | Path) -> str:
+    """A SQL string literal (single quotes doubled)."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def sql_name(name: str) -> str:
+    """A SQL identifier (double quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _connect(work: Path, duck_bytes: int, threads: int):
     import duckdb
     con = duckdb.connect(str(work / "prepare.duckdb"))
     con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 128)}MB'")
-    con.execute(f"SET temp_directory = '{work / 'spill'}'")
+    con.execute(f"SET temp_directory = {sql_str(work / 'spill')}")
     con.execute(f"SET threads = {threads}")
     # scans of the sorted edge table come back in its order (the CSR order)
     con.execute("SET preserve_insertion_order = true")
@@ -94,12 +107,22 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         raise ValueError(f"--parts {P}: expected between 1 and the {n} nodes")
     if n >= 1 << 32:
         raise ValueError(f"{n} nodes: the streaming path takes node ids below 2^32")
+    if not 1 <= P <= 65535:
+        raise ValueError(f"--parts {P}: the prepared format stores part ids in 16 bits; expected "
+                         f"1 .. 65535")
+    if x_dtype not in ("float32", "float16"):
+        raise ValueError(f"x_dtype = {x_dtype!r}; expected float32 or float16")
+    if out.exists() and not (out / "book.json").is_file():
+        raise ValueError(f"--out {str(out)!r} exists and is not a prepared directory; choose "
+                         f"another --out or remove it (a prepared one is replaced)")
     if method not in ("ldg", "hash"):
         raise ValueError(f"--partitioner {method}: out of core, quietgnn partitions with ldg "
                          f"(streamed, min edge cut; the default) or hash; metis, random and "
                          f"supernode need the graph in memory (`quietgnn prepare --dataset`)")
-    # after the hook: degrees, the assignment, one part's ids and keys; while it runs: its own
-    held = max(10 * n + 24 * ((n + P - 1) // P), hook_held)
+    # after the hook: degrees, the assignment, the node source's, one part's ids and keys (a
+    # halo taken as twice the part: an estimate; the benchmark measures the real peak); while
+    # the hook runs: its own
+    held = max(10 * n + getattr(nodes, "held_bytes", 0) + 56 * ((n + P - 1) // P), hook_held)
     duck = memory_budget - held - _PYTHON_BASE
     if duck < 128 << 20:
         raise ValueError(
@@ -290,8 +313,9 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
     ldg = LDG(n, P)
     for p in range(LDG_PASSES):
         progress(f"ldg partitioning: pass {p + 1} of {LDG_PASSES}")
-        lo, D, S = 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        lo, D, S, last = 0, np.zeros(0, np.int64), np.zeros(0, np.int64), -1
         for b in _batches(con, "SELECT dst, src FROM e0"):
+            last = _check_sorted(b["dst"], last)
             D, S = np.concatenate([D, b["dst"]]), np.concatenate([S, b["src"]])
             done = int(D[-1])            # rows are sorted by dst: nodes below it are complete
             while lo + ldg.batch <= done:
@@ -305,6 +329,15 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
             ldg.place(lo, hi, D[:cut], S[:cut])
             D, S, lo = D[cut:], S[cut:], hi
     return ldg.parts
+
+
+def _check_sorted(dst: np.ndarray, last: int) -> int:
+    """Rows must come in destination order (DuckDB's insertion order of the sorted table);
+    returns the batch's last destination."""
+    if dst.size and (int(dst[0]) < last or (dst.size > 1 and bool((np.diff(dst) < 0).any()))):
+        raise RuntimeError("DuckDB returned the sorted edge table out of order (is "
+                           "preserve_insertion_order off?); the prepared graph would be wrong")
+    return int(dst[-1]) if dst.size else last
 
 
 def _arrow_parts(parts: np.ndarray) -> Any:
@@ -363,8 +396,9 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
     wide = n_own + n_halo >= 2 ** 31
     idx = open_memmap(d / "indices.npy", "w+", np.int64 if wide else np.int32, (e_loc,))
     halo_key = halo_owner * n + halo                    # ascending: ordered by (owner, id)
-    at = 0
-    for b in _batches(con, f"SELECT src, ps FROM e WHERE pd = {k}"):
+    at, last = 0, -1
+    for b in _batches(con, f"SELECT dst, src, ps FROM e WHERE pd = {k}"):
+        last = _check_sorted(b["dst"], last)
         src, ps = b["src"].astype(np.int64), b["ps"].astype(np.int64)
         loc = np.empty(src.size, dtype=np.int64)
         mine = ps == k

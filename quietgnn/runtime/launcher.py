@@ -196,7 +196,7 @@ def check_book_dataset(book: Any, cfg: Any, load: bool) -> None:
             f"for dataset {cfg.dataset.name!r}: {'; '.join(diffs)}. Pass the dataset the book "
             f"was made from ({have.get('name')!r}, with the options it was partitioned with), "
             f"or partition "
-            f"{cfg.dataset.name!r} for this run (`quietgnn partition ... --out DIR`, or leave "
+            f"{cfg.dataset.name!r} for this run (`quietgnn prepare ... --out DIR`, or leave "
             f"out --book and the launcher partitions it)")
 
 

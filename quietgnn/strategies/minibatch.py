@@ -26,7 +26,7 @@ Options (``--options.KEY VALUE``):
   with ``1.5d`` any remote row) of highest degree; a bulk then fetches only rows neither owned
   nor cached. The hit rate is reported per epoch (``cache_hit_rate``). 0 turns it off;
 * ``eval_nodes``: 0 (default) evaluates exactly, on the full graph through the halo; ``k > 0``
-  evaluates on a fixed sample of at most ``k`` nodes per split (each rank an equal share of
+  evaluates on a fixed sample of about ``k`` nodes per split (each rank ``ceil(k / P)`` of
   its own), mini-batched through the sampler with the training fanouts, the same sampled
   neighbourhoods at every evaluation: an estimate that never builds full-graph activations
   (for graphs where those do not fit) and sends only the sample's feature rows.
@@ -174,11 +174,14 @@ class MiniBatch(Strategy):
         """Global ids within ``L`` hops (in-neighbours) of this rank's seeds: every row a
         sample of them can ask for."""
         ip, ix = self.sampler.indptr, self.sampler.indices
-        seen = frontier = self.seeds
-        for _ in range(len(self.options.fanouts)):
-            frontier = torch.unique(ix[expand_rows(ip, frontier)[1]])
-            seen = torch.unique(torch.cat([seen, frontier]))
-        return seen
+        seen = torch.zeros(ip.numel() - 1, dtype=torch.bool)
+        seen[self.seeds] = True
+        frontier = self.seeds
+        for _ in range(len(self.options.fanouts)):   # expand only what is new at each hop
+            nb = torch.unique(ix[expand_rows(ip, frontier)[1]])
+            frontier = nb[~seen[nb]]
+            seen[frontier] = True
+        return torch.nonzero(seen).flatten()
 
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int) -> EpochResult:
