@@ -83,9 +83,12 @@ def _connect(work: Path, duck_bytes: int, threads: int):
 
 def _batches(con, sql: str) -> Iterator[dict[str, np.ndarray]]:
     reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
-    for batch in reader:
-        yield {name: batch.column(i).to_numpy(zero_copy_only=False)
-               for i, name in enumerate(batch.schema.names)}
+    try:
+        for batch in reader:
+            yield {name: batch.column(i).to_numpy(zero_copy_only=False)
+                   for i, name in enumerate(batch.schema.names)}
+    finally:
+        reader.close()      # hand the query's buffers back now, not when collected
 
 
 def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_parts: int,
