@@ -187,3 +187,21 @@ def test_cli_prepare_synthetic_then_train(tmp_path):
     r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--partitioner",
             "metis", "--out", str(tmp_path / "d2"))
     assert r.returncode == 2 and "out of core, quietgnn partitions with ldg" in r.stderr
+
+
+def test_out_that_is_not_a_prepared_directory_is_left_alone(tmp_path):
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("precious")
+    with pytest.raises(ValueError, match="exists and is not a prepared directory"):
+        prepare_synthetic(keep, edges=500, parts=2, memory_budget=TINY_BUDGET)
+    assert (keep / "notes.txt").read_text() == "precious"
+    # a prepared one is replaced
+    a = prepare_synthetic(tmp_path / "p", edges=500, parts=2, memory_budget=TINY_BUDGET)
+    b = prepare_synthetic(tmp_path / "p", edges=600, parts=2, memory_budget=TINY_BUDGET)
+    assert a.graph["num_edges"] != b.graph["num_edges"] == _book_edges(tmp_path / "p")
+
+
+def _book_edges(path):
+    from quietgnn.partition import PartitionBook
+    return PartitionBook.open(path).graph["num_edges"]
