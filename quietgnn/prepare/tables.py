@@ -122,10 +122,11 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         raise ValueError(f"--partitioner {method}: out of core, quietgnn partitions with ldg "
                          f"(streamed, min edge cut; the default) or hash; metis, random and "
                          f"supernode need the graph in memory (`quietgnn prepare --dataset`)")
-    # after the hook: degrees, the assignment, the node source's, one part's ids and keys (a
-    # halo taken as twice the part: an estimate; the benchmark measures the real peak); while
-    # the hook runs: its own
-    held = max(10 * n + getattr(nodes, "held_bytes", 0) + 56 * ((n + P - 1) // P), hook_held)
+    # after the hook: degrees, the assignment, the node source's, the halo marks (P bytes a
+    # node), one part's ids and keys (a halo taken as twice the part: an estimate; the
+    # benchmark measures the real peak); while the hook runs: its own
+    held = max((10 + P) * n + getattr(nodes, "held_bytes", 0) + 56 * ((n + P - 1) // P),
+               hook_held)
     duck = memory_budget - held - _PYTHON_BASE
     if duck < 128 << 20:
         raise ValueError(
@@ -193,12 +194,20 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
+    # degrees by streaming, not by GROUP BY: a hash aggregate over N groups is what runs
+    # DuckDB out of memory first (10^7+ nodes in a few GiB); the table is sorted by dst
+    progress("degrees")
     in_deg = np.zeros(n, dtype=np.int32)
-    out_deg = np.zeros(n, dtype=np.int32)
-    for b in _batches(con, "SELECT dst, count(*)::INTEGER AS c FROM e GROUP BY dst"):
-        in_deg[b["dst"]] = b["c"]
-    for b in _batches(con, "SELECT src, count(*)::INTEGER AS c FROM e GROUP BY src"):
-        out_deg[b["src"]] = b["c"]
+    last = -1
+    for b in _batches(con, "SELECT dst FROM e"):
+        last = _check_sorted(b["dst"], last)
+        _add_counts(in_deg, b["dst"])
+    if undirected:          # every edge is stored both ways
+        out_deg = in_deg
+    else:
+        out_deg = np.zeros(n, dtype=np.int32)
+        for b in _batches(con, "SELECT src FROM e"):
+            _add_counts(out_deg, np.sort(b["src"]))
 
     # the nodes, one pass in id order, into every part's arrays at once
     progress(f"nodes: {n} rows into {P} parts")
@@ -213,19 +222,23 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of, x_dtype)
     fingerprint = _fingerprint(con, tmp, in_deg, nodes)
 
-    # halos: remote in-neighbours of each part's nodes, ordered by (owner, id)
+    # halos: remote in-neighbours of each part's nodes, ordered by (owner, id); one streamed
+    # pass marking them (P x N bits' worth of bools), no DISTINCT in DuckDB
+    progress("halos")
+    marks = np.zeros((P, n), dtype=bool)
+    cut = 0
+    for b in _batches(con, "SELECT src, pd FROM e WHERE ps <> pd"):
+        marks[b["pd"].astype(np.int64), b["src"]] = True
+        cut += b["src"].size
     halos = []
     for k in range(P):
-        progress(f"part {k}: halo")
-        hb = list(_batches(con, f"SELECT ps, src FROM (SELECT DISTINCT ps, src FROM e WHERE "
-                                f"pd = {k} AND ps <> {k}) ORDER BY ps, src"))
-        halo = np.concatenate([b["src"] for b in hb]).astype(np.int64) if hb else \
-            np.zeros(0, np.int64)
-        owner = np.concatenate([b["ps"] for b in hb]).astype(np.int64) if hb else \
-            np.zeros(0, np.int64)
-        np.save(part_dirs[k] / "halo.npy", halo)
-        np.save(part_dirs[k] / "halo_owner.npy", owner)
-        halos.append(len(halo))
+        halo = np.flatnonzero(marks[k])
+        owner = part_of(halo)
+        order = np.argsort(owner, kind="stable")        # ids ascend within an owner
+        np.save(part_dirs[k] / "halo.npy", halo[order].astype(np.int64))
+        np.save(part_dirs[k] / "halo_owner.npy", owner[order].astype(np.int64))
+        halos.append(int(halo.size))
+    del marks
     book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
     edges_per_part = []
     for k in range(P):
@@ -241,7 +254,6 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         missing = set(PART_ARRAYS) - {f.stem for f in part_dirs[k].glob("*.npy")}
         if missing:
             raise RuntimeError(f"part {k} lacks {sorted(missing)} (a bug in the prepare path)")
-    cut = con.sql("SELECT count(*) FROM e WHERE ps <> pd").fetchall()[0][0]
     stats = {"num_parts": P, "nodes": owned_n.tolist(), "edges": edges_per_part,
              "halo": halos, "edge_cut": int(cut),
              "edge_cut_fraction": float(np.float32(cut / m)) if m else 0.0,
@@ -332,6 +344,15 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
             ldg.place(lo, hi, D[:cut], S[:cut])
             D, S, lo = D[cut:], S[cut:], hi
     return ldg.parts
+
+
+def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:
+    """``deg[i] += occurrences of i`` for a sorted batch of ids (runs, no scatter-add)."""
+    if ids_sorted.size:
+        starts = np.flatnonzero(np.diff(ids_sorted)) + 1
+        first = np.concatenate([[0], starts])
+        deg[ids_sorted[first]] += np.diff(np.concatenate([first, [ids_sorted.size]])).astype(
+            deg.dtype)
 
 
 def _check_sorted(dst: np.ndarray, last: int) -> int:
