@@ -8,6 +8,11 @@ Three sources, one format (:mod:`quietgnn.partition.shards`):
 * ``quietgnn prepare synthetic --edges 1e9`` - the streaming generator (:mod:`.synthetic`),
   never whole in memory.
 
+Out of core the graph is partitioned while streaming: ``ldg`` (the default; restreamed Linear
+Deterministic Greedy) or ``hash``; both give the parts the in-memory path gives with the same
+partitioner. Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
+prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
+
 Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
 ``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops and duplicates are
 dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``) and optionally
