@@ -205,3 +205,17 @@ def test_out_that_is_not_a_prepared_directory_is_left_alone(tmp_path):
 def _book_edges(path):
     from quietgnn.partition import PartitionBook
     return PartitionBook.open(path).graph["num_edges"]
+
+
+def test_streamed_degree_counts_and_order_guard():
+    from quietgnn.prepare.tables import _add_counts, _check_sorted
+    deg = np.zeros(6, dtype=np.int32)
+    ids = np.array([0, 0, 2, 2, 2, 5])
+    _add_counts(deg, ids[:4])       # a run split across two batches still adds up
+    _add_counts(deg, ids[4:])
+    assert deg.tolist() == np.bincount(ids, minlength=6).tolist()
+    assert _check_sorted(ids[:4], -1) == 2 and _check_sorted(ids[4:], 2) == 5
+    with pytest.raises(RuntimeError, match="out of order"):
+        _check_sorted(np.array([3, 4]), 5)          # a batch that starts below the last one
+    with pytest.raises(RuntimeError, match="out of order"):
+        _check_sorted(np.array([1, 0]), -1)
