@@ -69,7 +69,13 @@ def run_one(edges: float, args: argparse.Namespace, work: Path) -> dict:
            "work_disk_peak_bytes": disk_peak[0],
            "budget_mb": _mib(args.budget), "status": "ok" if status == 0 else "failed"}
     if status != 0:
-        row["error"] = text.strip().splitlines()[-1] if text.strip() else f"status {status}"
+        lines = text.strip().splitlines()
+        if os.WIFSIGNALED(status):
+            stages = [ln for ln in lines if ln.startswith("[")]
+            row["error"] = (f"stopped by signal {os.WTERMSIG(status)} after {secs:.0f} s"
+                            + (f" (last: {stages[-1].strip()})" if stages else ""))
+        else:
+            row["error"] = lines[-1] if lines else f"exit status {os.WEXITSTATUS(status)}"
         return row
     book = json.loads((out / "book.json").read_text())
     g, st = book["graph"], book["stats"]
@@ -125,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prepare-scale"))
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "prepare"))
     ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of other sizes already in prepare.json")
     args = ap.parse_args(argv)
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,15 +142,19 @@ def main(argv=None) -> int:
         print("\n".join(md))
         return 0
     work.mkdir(parents=True, exist_ok=True)
+    sizes = [float(x) for x in args.edges.split(",")]
     rows: list[dict] = []
-    for e in [float(x) for x in args.edges.split(",")]:
-        done = [r for r in rows if r["status"] == "ok"]
+    if args.append and (out / "prepare.json").is_file():   # keep the other sizes' rows
+        rows = [r for r in json.loads((out / "prepare.json").read_text())["rows"]
+                if r["target_edges"] not in sizes]
+    for e in sizes:
+        done = [r for r in rows if r["status"] == "ok" and r["target_edges"] < e]
         if done:
             # the work's peak on disk (DuckDB's tables and spill, the parts), linear in edges
             # from the previous size (older rows without it: ~32 bytes a stored edge more)
-            prev = done[-1].get("work_disk_peak_bytes") or \
-                done[-1]["disk_bytes"] + 64 * done[-1]["edges"]
-            need = prev * e / done[-1]["edges"]
+            prev = max(done, key=lambda r: r["target_edges"])
+            peak = prev.get("work_disk_peak_bytes") or prev["disk_bytes"] + 64 * prev["edges"]
+            need = peak * e / prev["edges"]
             free = shutil.disk_usage(work).free
             if need > 0.8 * free:
                 rows.append({"target_edges": e, "status": "skipped",
@@ -152,6 +164,14 @@ def main(argv=None) -> int:
         rows.append(run_one(e, args, work))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "stages"}),
               file=sys.stderr, flush=True)
+        write(out, rows, args, argv)        # after every size: a stopped run keeps what it did
+    md = write(out, rows, args, argv)
+    print("\n".join(md))
+    return 0
+
+
+def write(out: Path, rows: list[dict], args: argparse.Namespace, argv) -> list[str]:
+    rows = sorted(rows, key=lambda r: r["target_edges"])
     ok = [r for r in rows if r["status"] == "ok"]
     xs = [r["stored_edges"] for r in ok]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -169,8 +189,7 @@ def main(argv=None) -> int:
     (out / "prepare.json").write_text(json.dumps(data, indent=1))
     md = render(data)
     (out / "prepare.md").write_text("\n".join(md))
-    print("\n".join(md))
-    return 0
+    return md
 
 
 if __name__ == "__main__":
