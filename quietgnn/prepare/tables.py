@@ -271,19 +271,19 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
                  x_dtype: str) -> dict[int, int]:
     """Every part's owned ids, x, y and masks, and the whole graph's y and split codes (temporary
     files, for the fingerprint), from one pass over the node source."""
-    from numpy.lib.format import open_memmap
     n, F = nodes.num_nodes, nodes.num_features
     for d in part_dirs:
         d.mkdir()
-    arr = [{"owned": open_memmap(d / "owned.npy", "w+", np.int64, (int(c),)),
-            "x": open_memmap(d / "x.npy", "w+", np.dtype(x_dtype), (int(c), F)),
-            "y": open_memmap(d / "y.npy", "w+", np.int64, (int(c),)),
+    arr = [{"owned": NpyWriter(d / "owned.npy", np.int64, (int(c),)),
+            "x": NpyWriter(d / "x.npy", x_dtype, (int(c), F)),
+            "y": NpyWriter(d / "y.npy", np.int64, (int(c),)),
             "split": np.zeros(int(c), dtype=np.uint8)} for d, c in zip(part_dirs, owned_n)]
-    gy = open_memmap(tmp / ".work" / "y.npy", "w+", np.int64, (n,))
-    gs = open_memmap(tmp / ".work" / "split.npy", "w+", np.uint8, (n,))
+    gy = NpyWriter(tmp / ".work" / "y.npy", np.int64, (n,))
+    gs = NpyWriter(tmp / ".work" / "split.npy", np.uint8, (n,))
+    codes = np.zeros(4, dtype=np.int64)
     at = np.zeros(P, dtype=np.int64)
     nxt = 0
-    assignment = open_memmap(tmp / "assignment.npy", "w+", np.int64, (n,))
+    assignment = NpyWriter(tmp / "assignment.npy", np.int64, (n,))
     for blk in nodes.blocks(con):
         ids = np.asarray(blk.ids, dtype=np.int64)
         if ids.size == 0:
@@ -292,33 +292,56 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
             raise ValueError(f"the node table must list ids 0 .. N-1 once each, in order; "
                              f"found id {int(ids[0])} where {nxt} was expected")
         nxt = int(ids[-1]) + 1
-        gy[ids[0]:nxt] = blk.y
-        gs[ids[0]:nxt] = blk.split
+        gy.write(blk.y)
+        gs.write(blk.split)
+        codes += np.bincount(blk.split, minlength=4)
         part = part_of(ids)
-        assignment[ids[0]:nxt] = part
-        for k in range(P):
+        assignment.write(part)
+        for k in range(P):      # ids ascend, so every part's rows are appended in order
             sel = part == k
             c = int(sel.sum())
             if not c:
                 continue
-            a, s = arr[k], slice(int(at[k]), int(at[k]) + c)
-            a["owned"][s] = ids[sel]
-            a["x"][s] = blk.x[sel]
-            a["y"][s] = blk.y[sel]
-            a["split"][s] = blk.split[sel]
+            a = arr[k]
+            a["owned"].write(ids[sel])
+            a["x"].write(blk.x[sel])
+            a["y"].write(blk.y[sel])
+            a["split"][int(at[k]):int(at[k]) + c] = blk.split[sel]
             at[k] += c
     if nxt != n:
         raise ValueError(f"the node table has {nxt} rows, expected {n}")
     for d, a in zip(part_dirs, arr):
         for key in ("owned", "x", "y"):
-            a[key].flush()
+            a[key].close()
         for code, mask in ((TRAIN, "train_mask"), (VAL, "val_mask"), (TEST, "test_mask")):
             np.save(d / f"{mask}.npy", a["split"] == code)
-    gy.flush()
-    gs.flush()
-    assignment.flush()
-    codes = np.bincount(np.asarray(gs), minlength=4)
+    for w in (gy, gs, assignment):
+        w.close()
     return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
+
+
+class NpyWriter:
+    """A ``.npy`` file of known dtype and shape written front to back with plain writes, not
+    through a writable memory map: mapped pages being written count as the process's resident
+    memory (GiBs of features at 10^8 nodes), appended bytes go to the page cache only."""
+
+    def __init__(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
+        self.dtype, self.path = np.dtype(dtype), path
+        self.left = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+        self.f = open(path, "wb")
+        np.lib.format.write_array_header_1_0(self.f, {
+            "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+            "shape": tuple(int(v) for v in shape)})
+
+    def write(self, a: np.ndarray) -> None:
+        b = np.ascontiguousarray(a, dtype=self.dtype)
+        self.left -= b.nbytes
+        self.f.write(memoryview(b).cast("B"))
+
+    def close(self) -> None:
+        self.f.close()
+        if self.left != 0:
+            raise RuntimeError(f"{self.path}: {self.left} bytes short of its declared shape")
 
 
 def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndarray:
@@ -382,13 +405,11 @@ def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
         total = int(c[-1])
     for b in _batches(con, "SELECT src FROM e"):
         h.update(np.ascontiguousarray(b["src"], dtype=np.int64).tobytes())
-    gy = np.load(tmp / ".work" / "y.npy", mmap_mode="r")
-    gs = np.load(tmp / ".work" / "split.npy", mmap_mode="r")
-    for lo in range(0, n, BATCH_ROWS):
-        h.update(np.ascontiguousarray(gy[lo:lo + BATCH_ROWS]).tobytes())
+    for chunk in _npy_chunks(tmp / ".work" / "y.npy"):
+        h.update(chunk.tobytes())
     for code in (TRAIN, VAL, TEST):
-        for lo in range(0, n, BATCH_ROWS):
-            h.update((gs[lo:lo + BATCH_ROWS] == code).tobytes())
+        for chunk in _npy_chunks(tmp / ".work" / "split.npy"):
+            h.update((chunk == code).tobytes())
     h.update(str((n, nodes.num_features)).encode())
     return h.hexdigest()[:16]
 
@@ -403,10 +424,23 @@ def _lookup(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return out
 
 
+def _npy_chunks(path: Path) -> Iterator[np.ndarray]:
+    """A 1-d ``.npy`` file in chunks of ``BATCH_ROWS``, read (not mapped)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                       np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(f)
+        left = int(np.prod(shape))
+        while left:
+            chunk = np.fromfile(f, dtype=dtype, count=min(left, BATCH_ROWS))
+            left -= chunk.size
+            yield chunk
+
+
 def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
                  out_deg: np.ndarray) -> int:
     """Part ``k``'s CSR (local ids), degrees and send plans; returns its edge count."""
-    from numpy.lib.format import open_memmap
     d = part_dirs[k]
     owned = np.load(d / "owned.npy")
     halo = np.load(d / "halo.npy")
@@ -418,7 +452,7 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
     np.cumsum(rows, out=indptr[1:])
     e_loc = int(indptr[-1])
     wide = n_own + n_halo >= 2 ** 31
-    idx = open_memmap(d / "indices.npy", "w+", np.int64 if wide else np.int32, (e_loc,))
+    idx = NpyWriter(d / "indices.npy", np.int64 if wide else np.int32, (e_loc,))
     halo_key = halo_owner * n + halo                    # ascending: ordered by (owner, id)
     at, last = 0, -1
     for b in _batches(con, f"SELECT dst, src, ps FROM e WHERE pd = {k}"):
@@ -428,12 +462,11 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
         mine = ps == k
         loc[mine] = _lookup(owned, src[mine])
         loc[~mine] = n_own + _lookup(halo_key, ps[~mine] * n + src[~mine])
-        idx[at:at + src.size] = loc
+        idx.write(loc)
         at += src.size
     if at != e_loc:
         raise RuntimeError(f"part {k}: streamed {at} edges, the degrees say {e_loc}")
-    idx.flush()
-    del idx
+    idx.close()
     ids = np.concatenate([owned, halo])
     np.save(d / "indptr.npy", indptr)
     np.save(d / "in_degree.npy", in_deg[ids].astype(np.int64))
@@ -444,10 +477,10 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
         if j == k:
             sends.append(np.zeros(0, dtype=np.int64))
             continue
-        hj = np.load(part_dirs[j] / "halo.npy", mmap_mode="r")
-        oj = np.load(part_dirs[j] / "halo_owner.npy", mmap_mode="r")
+        oj = np.load(part_dirs[j] / "halo_owner.npy")
         lo, hi = np.searchsorted(oj, k), np.searchsorted(oj, k, side="right")
-        sends.append(np.searchsorted(owned, np.asarray(hj[lo:hi])))
+        del oj
+        sends.append(np.searchsorted(owned, np.load(part_dirs[j] / "halo.npy")[lo:hi]))
     np.save(d / "send_idx.npy", np.concatenate(sends).astype(np.int64))
     np.save(d / "send_counts.npy", np.array([s.size for s in sends], dtype=np.int64))
     return e_loc
