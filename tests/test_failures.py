@@ -99,6 +99,12 @@ def test_nan_on_one_rank_stops_all_before_the_step(tmp_path):
     _assert_no_orphans(tmp_path / "r")
 
 
+def _default_sigint() -> None:
+    # As in a terminal's foreground job. A test run started in the background by a
+    # non-interactive shell (`pytest &`) inherits SIGINT ignored, and so would the run.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_training(tmp_path):
     """A long run in its own process group (like a terminal's), returned once both workers
     have finished an epoch, with the workers' PIDs."""
@@ -108,7 +114,7 @@ def _start_training(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "quietgnn", "train", *TINY, "--epochs", "100000",
                           "--out", str(tmp_path), "--run-name", "r"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_default_sigint)
     metrics = run_dir / "metrics" / "rank-1.jsonl"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and p.poll() is None:
