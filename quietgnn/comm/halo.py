@@ -76,7 +76,7 @@ class _KeptFn(torch.autograd.Function):
         got = ex.comm.all_to_all(list(send), kind_fwd, n_recv)
         out = h.new_zeros((ex.n_own + ex.n_halo, width))
         out[: ex.n_own] = h
-        out[ex.n_own:][m_recv] = torch.cat(got) if got else h.new_zeros(0)
+        out[ex.n_own:][m_recv] = torch.cat(got)      # one block per rank, own one empty
         return out
 
     @staticmethod
@@ -87,7 +87,7 @@ class _KeptFn(torch.autograd.Function):
         send = torch.split(grad[ex.n_own:][m_recv], n_recv)
         got = ex.comm.all_to_all(list(send), ctx.kind_bwd, n_send)
         back = grad.new_zeros((ex.send_all.numel(), grad.shape[1]))
-        back[m_send] = torch.cat(got) if got else grad.new_zeros(0)
+        back[m_send] = torch.cat(got)
         return grad[:ex.n_own].index_add(0, ex.send_all, back), None, None, None, None, None
 
 
