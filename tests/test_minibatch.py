@@ -106,14 +106,14 @@ def test_option_errors():
         s.setup()
 
 
-def _evaluate_both(comm, graph, parts):
+def _evaluate_both(comm, graph, parts, topo=None):
     """One trained model evaluated two ways: sampled, with full fanouts over every node (small
     batches, so ranks run different numbers of real minibatches), and exactly (full graph
     through the halo)."""
     from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     s = MiniBatch(_ctx(comm, part, "sage"), MiniBatch.Options(
-        fanouts="-1,-1", batch_size=13, eval_nodes=10_000))
+        fanouts="-1,-1", batch_size=13, eval_nodes=10_000, **(topo or {})))
     s.setup()
     s.train_epoch(0)
     comm.take_records()
@@ -125,24 +125,51 @@ def _evaluate_both(comm, graph, parts):
     return out
 
 
-@pytest.mark.parametrize("P", [1, 3])
-def test_sampled_evaluation_with_full_fanouts_is_exact(graph, P):
+@pytest.mark.parametrize("P,topo", [(1, None), (3, None),
+                                    (4, {"topology": "1.5d", "replication": 2}),
+                                    (2, {"topology": "1.5d", "replication": 1})])
+def test_sampled_evaluation_with_full_fanouts_is_exact(graph, P, topo):
     parts = partition_nodes(graph, "metis", P, seed=0) if P > 1 else \
         np.zeros(graph.num_nodes, dtype=np.int64)
     res = [_evaluate_both(Communicator(0, 1), graph, parts)] if P == 1 else \
-        spawn_function(_evaluate_both, P, args=(graph, parts))
+        spawn_function(_evaluate_both, P, args=(graph, parts, topo))
     for r in res:
         for split in ("train", "val", "test"):
             assert r["sampled"][split] == pytest.approx(r["exact"][split], abs=1e-12), split
         if P > 1:   # no halo exchange: only the sample's feature rows and the counts
-            assert r["sampled_kinds"] == ["eval_metrics", "feature_fetch", "feature_fetch_ids"]
+            extra = {"sample_rows", "sample_rows_ids"} if topo else set()
+            if topo and topo["replication"] > 1:   # the replicas' partial samples
+                extra.add("sample_allreduce")
+            assert set(r["sampled_kinds"]) - {"control"} == \
+                {"eval_metrics", "feature_fetch", "feature_fetch_ids"} | extra
             assert "halo_fwd" in r["exact_kinds"]
+
+
+def _capped(comm, graph, parts, cap):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = MiniBatch(_ctx(comm, part, "sage"), MiniBatch.Options(
+        fanouts="5,5", batch_size=16, steps_per_epoch=cap, cache_mb=0))
+    s.setup()
+    comm.take_records()
+    r = s.train_epoch(0)
+    fetched = sum(x.bytes_recv for x in comm.take_records() if x.kind == "feature_fetch")
+    return r.steps, r.work, fetched
+
+
+def test_steps_per_epoch_cuts_the_pass_short_on_every_rank(graph):
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    full = spawn_function(_capped, 2, args=(graph, parts, 0))
+    cut = spawn_function(_capped, 2, args=(graph, parts, 3))
+    T = full[0][0]
+    assert T > 3 and all(f[0] == T and f[1] == 1.0 for f in full)
+    assert all(c[0] == 3 and c[1] == pytest.approx(3 / T) for c in cut)
+    assert 0 < cut[0][2] < full[0][2]   # fewer bulks fetched
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        MiniBatch.Options(steps_per_epoch=-1)
 
 
 def test_sampled_evaluation_options():
     with pytest.raises(ValueError, match="eval_nodes"):
         MiniBatch.Options(eval_nodes=-1)
-    with pytest.raises(ValueError, match="needs topology 'replicated'"):
-        MiniBatch.Options(eval_nodes=100, topology="1.5d", replication=2)
     with pytest.raises(ValueError, match="cache_mb"):
         MiniBatch.Options(cache_mb=-1)

@@ -28,7 +28,7 @@ from torch import Tensor
 from .bulk import Bulk, MiniBatch
 from .rng import hash_keys
 
-__all__ = ["BulkSampler", "EpochPlan", "plan_epoch", "step_totals", "iterate_bulks"]
+__all__ = ["BulkSampler", "EpochPlan", "plan_epoch", "step_totals", "truncate_plan", "iterate_bulks"]
 
 
 class BulkSampler(Protocol):
@@ -73,6 +73,13 @@ def plan_epoch(seeds: Tensor, group: int, group_sizes: list[int], c: int, batch_
     torch.cumsum(_split_sizes(seeds.numel(), M), 0, out=offsets[1:])
     ids = hash_keys(seed, epoch, group, torch.arange(M))
     return EpochPlan(perm, offsets, ids, T)
+
+
+def truncate_plan(plan: EpochPlan, steps: int, c: int) -> EpochPlan:
+    """The first ``steps`` steps of ``plan`` (``c`` minibatches a step): an epoch cut short
+    on every group alike, so all ranks still take the same number of steps."""
+    m = c * steps
+    return EpochPlan(plan.targets, plan.offsets[:m + 1], plan.batch_ids[:m], steps)
 
 
 def iterate_bulks(plan: EpochPlan, sampler: BulkSampler, k: int, c: int, replica: int,

@@ -29,7 +29,12 @@ Options (``--options.KEY VALUE``):
   evaluates on a fixed sample of about ``k`` nodes per split (each rank ``ceil(k / P)`` of
   its own), mini-batched through the sampler with the training fanouts, the same sampled
   neighbourhoods at every evaluation: an estimate that never builds full-graph activations
-  (for graphs where those do not fit) and sends only the sample's feature rows.
+  (for graphs where those do not fit) and sends only the sample's feature rows (with ``1.5d``
+  also the sampled CSR rows; the replicas of a group evaluate their group's sample together);
+* ``steps_per_epoch``: 0 (default) makes an epoch one pass over the training nodes; ``s > 0``
+  ends it after ``s`` steps of that pass (a fresh shuffle every epoch), for graphs where a
+  pass takes hours. The epoch then counts as ``s / steps_of_a_pass`` epoch-equivalents, so
+  bytes per epoch-equivalent stay comparable.
 
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
 ``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
@@ -52,7 +57,7 @@ from ..sampling import NeighborSampler
 from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 from ..sampling.ladies import LadiesSampler
-from ..sampling.loader import iterate_bulks, plan_epoch, step_totals
+from ..sampling.loader import iterate_bulks, plan_epoch, step_totals, truncate_plan
 from ..sampling.rng import hash_keys
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
@@ -87,6 +92,7 @@ class MiniBatch(Strategy):
         replication: int = 1
         cache_mb: float = 256.0
         eval_nodes: int = 0
+        steps_per_epoch: int = 0
 
         def __post_init__(self) -> None:
             self.fanouts = _fanouts(self.fanouts)
@@ -105,9 +111,10 @@ class MiniBatch(Strategy):
                     self.eval_nodes < 0:
                 raise ValueError(f"options.eval_nodes = {self.eval_nodes!r}; expected an int "
                                  f">= 0 (0: exact full-graph evaluation)")
-            if self.eval_nodes and self.topology != "replicated":
-                raise ValueError("options.eval_nodes > 0 (sampled evaluation) needs topology "
-                                 "'replicated'; use eval_nodes 0 with '1.5d'")
+            if isinstance(self.steps_per_epoch, bool) or \
+                    not isinstance(self.steps_per_epoch, int) or self.steps_per_epoch < 0:
+                raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch!r}; expected "
+                                 f"an int >= 0 (0: one full pass over the training nodes)")
             if self.sampler not in ("sage", "ladies"):
                 raise ValueError(f"options.sampler = {self.sampler!r}; expected 'sage' or 'ladies'")
             if self.topology not in ("replicated", "1.5d"):
@@ -190,6 +197,9 @@ class MiniBatch(Strategy):
         plan = plan_epoch(self.seeds, self.group, self.group_sizes, self.c, o.batch_size,
                           self.ctx.seed, epoch)
         totals = step_totals(self.group_sizes, self.c, o.batch_size)
+        full = plan.steps
+        if o.steps_per_epoch and o.steps_per_epoch < full:
+            plan = truncate_plan(plan, o.steps_per_epoch, self.c)
         losses, edges, inputs = [], 0, 0
         self.fetcher.hits = self.fetcher.requests = 0
         t0 = time.perf_counter()
@@ -213,7 +223,7 @@ class MiniBatch(Strategy):
                                f"{plan.steps} (schedule out of step)")
         self.epochs_done = epoch + 1
         return EpochResult(loss=sum(losses) / len(losses), steps=len(losses),
-                           extra={"sampled_edges": edges, "input_nodes": inputs,
+                           work=plan.steps / full, extra={"sampled_edges": edges, "input_nodes": inputs,
                                   "train_loop_s": time.perf_counter() - t0,
                                   "cache_hit_rate": self.fetcher.hits /
                                   max(self.fetcher.requests, 1)})
@@ -226,7 +236,9 @@ class MiniBatch(Strategy):
     def _eval_sample(self) -> None:
         """The fixed evaluation sample: per split, ``ceil(eval_nodes / P)`` of this rank's own
         nodes (a seeded choice), their labels, and how many minibatches every rank runs (the
-        feature fetch is collective, so all ranks take the same number of steps)."""
+        feature fetch is collective, so all ranks take the same number of steps). With ``1.5d``
+        the replicas of a group must sample the same targets: each evaluates its group's whole
+        sample and only replica 0 counts it."""
         part, P, o = self.ctx.part, self.ctx.world_size, self.options
         share = -(-o.eval_nodes // P)
         gen = torch.Generator().manual_seed(self.ctx.seed + 7919 * self.ctx.rank)
@@ -237,9 +249,13 @@ class MiniBatch(Strategy):
             picks.append(idx)
             splits.append(torch.full((idx.numel(),), s, dtype=torch.int64))
         local = torch.cat(picks)
-        self.eval_targets, self.eval_split = part.owned[local], torch.cat(splits)
-        self.eval_y = part.y[local]
-        sizes = self.ctx.comm.all_gather_object(int(local.numel()), "control")
+        mine = torch.stack([part.owned[local], torch.cat(splits), part.y[local]], 1)
+        if self.c > 1:   # the group's sample, in member order, on every replica
+            got = self.ctx.comm.all_gather_object(mine, "control")
+            mine = torch.cat(got[self.group * self.c:(self.group + 1) * self.c])
+        self.eval_targets, self.eval_split, self.eval_y = mine[:, 0], mine[:, 1], mine[:, 2]
+        self.eval_counts = self.replica == 0
+        sizes = self.ctx.comm.all_gather_object(int(mine.shape[0]), "control")
         self.eval_steps = -(-max(sizes) // o.batch_size)
 
     @torch.no_grad()
@@ -253,11 +269,11 @@ class MiniBatch(Strategy):
                 t = self.eval_targets[b * bs:(b + 1) * bs]
                 # fixed minibatch ids: the same neighbourhoods at every evaluation, other than
                 # any training draw's
-                ids = hash_keys(self.ctx.seed, -1, self.ctx.rank, torch.tensor([b]))
+                ids = hash_keys(self.ctx.seed, -1, self.group, torch.tensor([b]))
                 bulk = self.sampler.sample(t, torch.tensor([0, t.numel()]), ids)
                 mb = bulk.minibatch(0)
                 x = self.fetcher.fetch(mb.input_nodes)
-                if not t.numel():
+                if not t.numel() or not self.eval_counts:
                     continue
                 pred = self.model(x, mb.adjs(self.in_degree, o.fanouts)).argmax(-1)
                 split = self.eval_split[b * bs:(b + 1) * bs]
