@@ -1,31 +1,25 @@
-"""Scale: ``halo`` at P = 4 on synthetic graphs from 1e5 to 5e7 edges.
+"""Scale: every strategy at P = 4 on prepared synthetic graphs, the largest each one trains.
 
-    .venv/bin/python benchmarks/bench_scale.py                  # 1e5 .. 1e8 edges (memory allowing)
-    .venv/bin/python benchmarks/bench_scale.py --edges 1e5,1e6 --out /tmp/scale
+    python benchmarks/bench_prepare.py --edges 1e6,1e7,1e8     # the prepared graphs
+    python benchmarks/bench_scale.py                            # benchmarks/scale.yaml
+    python benchmarks/bench_scale.py --render                   # tables from the results only
 
-Each size is one isolated ``quietgnn train --strategy halo --dataset synthetic`` run (through
-``quietgnn bench``, so finished sizes are skipped on a rerun), GCN 2 x 64, one compute
-thread per worker, few epochs (the per-epoch cost is what is measured). Per size:
+The runs are the matrix of ``benchmarks/scale.yaml`` through :func:`quietgnn.bench.run_matrix`
+(the trainer, one isolated ``quietgnn train --data DIR`` per run; finished runs are skipped on
+a rerun), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
+peak, extrapolated linearly in edges from the strategy's two previous sizes, times P exceeds
+``--mem-frac`` of the memory available now; it is recorded as skipped with that estimate,
+which is where the limit is.
 
-* seconds/epoch: measured wall seconds of an epoch (max over ranks; loopback network, so
-  this is compute plus local copies) and the slowest rank's compute seconds;
-* bytes/epoch: training bytes sent per epoch, all ranks;
-* peak resident memory per rank (max over ranks), of the launcher while it generates and
-  partitions the graph (before any worker starts; it then hands that memory back and idles
-  at the size logged as "after"), and of the whole run's largest process;
-* the log-log slope of each against the number of edges (1.0 = linear).
+Per run: edges (undirected), nodes, the prepare's time and peak memory (from
+``benchmarks/results/prepare-scale/prepare.json``), the prepared data on disk (what the
+workers map, shared through the page cache), per-rank peak RSS (max over ranks), training
+seconds per epoch or per 1,000 steps (``minibatch``, whose epochs are capped), training bytes
+per epoch-equivalent, test accuracy and the majority-class accuracy of the same test nodes;
+per strategy the log-log slopes of time and memory against edges.
 
-Every size builds its partition book afresh (a cache under the work folder), so the
-launcher's partitioning peak is measured, not skipped.
-
-Memory guard: the two phases of a run do not overlap - first the launcher alone (generate,
-METIS, write the book), then the P workers plus the idle launcher - so a size needs
-``max(launcher peak, P x rank peak + launcher after)``, each extrapolated linearly in edges
-from the two previous sizes. A size is skipped, not attempted, if that exceeds ``--mem-frac``
-of the memory available now (the machine is shared). The largest size that trained is
-reported.
-
-Writes ``benchmarks/results/scale.json`` and ``benchmarks/results/scale.md``.
+Writes ``benchmarks/results/scale.json`` (one record per run) and
+``benchmarks/results/scale/scale.md``.
 """
 
 from __future__ import annotations
@@ -33,29 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import re
-import resource
 import sys
-import time
 from pathlib import Path
 
+import numpy as np
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-FLOOR_MB = 300.0   # resident memory of a worker with torch imported, before any graph
-
-
-def mem_info_mb(field: str = "MemAvailable:") -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) / 1024.0
-    return float("inf")
-
-
-def mem_available_mb() -> float:
-    return mem_info_mb("MemAvailable:")
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log y against log x (1.0 = linear); None below two points."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
     if len(pts) < 2:
         return None
@@ -65,200 +47,187 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
-def launcher_log(log_path: Path) -> dict:
-    """Edge count and the launcher's memory as it logged them when partitioning
-    ('... (N nodes, E edges) ... (peak memory X MiB, Y MiB after)'); {} when the book came
-    from a cache."""
-    if log_path.is_file():
-        text = log_path.read_text(errors="replace")
-        m = re.search(r"\((\d+) nodes, (\d+) edges\)", text)
-        out = {"edges": int(m.group(2))} if m else {}
-        m = re.search(r"peak memory ([\d.]+) MiB, ([\d.]+) MiB after", text)
-        if m:
-            out.update(launcher_peak_mb=float(m.group(1)), launcher_after_mb=float(m.group(2)))
-        return out
-    return {}
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024.0
+    return float("inf")
 
 
-def _extrapolate(done: list[dict], key: str, edges: float) -> float:
-    """Linear in edges through the two largest sizes that recorded ``key`` (with one size:
-    through the fixed floor of an interpreter with torch loaded)."""
-    pts = sorted((r for r in done if r.get(key)), key=lambda r: r["edges"])[-2:]
-    if not pts:
-        return FLOOR_MB
-    if len(pts) == 1 or pts[1]["edges"] == pts[0]["edges"]:
-        m, e = pts[-1][key], pts[-1]["edges"]
-        return FLOOR_MB + max(0.0, m - FLOOR_MB) * edges / e
-    (e0, m0), (e1, m1) = [(r["edges"], r[key]) for r in pts]
-    return m1 + max(0.0, (m1 - m0) / (e1 - e0)) * (edges - e1)
+def graph_facts(prepared: Path) -> dict:
+    """Edges, nodes, bytes on disk and the majority-class accuracy on the test nodes, read
+    from the prepared directory (its labels and masks are small, memory-mapped arrays)."""
+    book = json.loads((prepared / "book.json").read_text())
+    g = book["graph"]
+    counts = np.zeros(int(g["num_classes"]), dtype=np.int64)
+    for part in sorted(prepared.glob("part-*")):
+        y = np.load(part / "y.npy", mmap_mode="r")
+        test = np.load(part / "test_mask.npy", mmap_mode="r")
+        counts += np.bincount(np.asarray(y[np.asarray(test)]), minlength=counts.size)
+    disk = sum(f.stat().st_size for f in prepared.rglob("*.npy"))
+    return {"edges": int(g["num_edges"]) // 2, "stored_edges": int(g["num_edges"]),
+            "nodes": int(g["num_nodes"]), "data_on_disk_mb": disk / 2 ** 20,
+            "majority_acc": float(counts.max() / max(counts.sum(), 1))}
 
 
-def estimate_mb(done: list[dict], edges: float, parts: int) -> float:
-    """Memory a run needs at ``edges``: the larger of its two phases, which do not overlap -
-    the launcher alone generating and partitioning, then ``parts`` ranks at their peak plus
-    the launcher idling (it handed the graph back before starting them). Older results
-    without the launcher's log fall back to adding the largest process on top (pessimistic)."""
-    if any(r.get("launcher_peak_mb") for r in done):
-        return max(_extrapolate(done, "launcher_peak_mb", edges),
-                   parts * _extrapolate(done, "peak_rss_rank_mb", edges) +
-                   _extrapolate(done, "launcher_after_mb", edges))
-    return parts * _extrapolate(done, "peak_rss_rank_mb", edges) + \
-        _extrapolate(done, "peak_run_mb", edges)
+def prepare_facts() -> dict[int, dict]:
+    path = ROOT / "benchmarks/results/prepare-scale/prepare.json"
+    if not path.is_file():
+        return {}
+    rows = json.loads(path.read_text())["rows"]
+    return {int(r["nodes"]): r for r in rows if r.get("status") == "ok"}
 
 
-def epochs_for(edges: float) -> int:
-    return 10 if edges <= 2e6 else 5 if edges <= 2e7 else 3
+def epoch_figures(run_dir: Path) -> dict:
+    """Training seconds (wall minus evaluation, rank 0; the ranks step together) per epoch and
+    per 1,000 steps, from the run's metrics."""
+    recs = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()
+            if x.strip()]
+    eps = [r for r in recs if r.get("epoch", -1) >= 0]
+    train_s = [r["wall_s"] - r.get("eval_s", 0.0) for r in eps]
+    steps = sum(int(r.get("steps") or 0) for r in eps)
+    return {"seconds_per_epoch": sum(train_s) / len(eps) if eps else None,
+            "seconds_per_1000_steps": 1000 * sum(train_s) / steps if steps else None,
+            "steps_per_epoch": steps / len(eps) if eps else None}
 
 
-def render(data: dict) -> list[str]:
-    """The markdown report of a ``scale.json`` (``--render-only`` redraws it)."""
-    meta, rows, largest = data["meta"], data["rows"], data["largest"]
-    slopes, marginal = data["slopes"], data["marginal_slopes"]
-    md = ["# Scale: `halo`, P = 4, synthetic graphs", "",
-          f"GCN 2 x 64, {meta['features']} features, average degree {meta['degree']}, "
-          f"{meta['partitioner']} partitions, 1 compute thread per worker; seconds/epoch exclude "
-          "epoch 0. Wall seconds include the loopback exchange of all ranks on a shared "
-          "2-core machine; compute is the slowest rank's thread CPU time.", "",
-          "| edges | nodes | epochs | s/epoch (wall) | compute s/epoch (slowest rank) | "
-          "training bytes/epoch | peak RSS/rank | launcher peak (partitioning) | "
-          "training phase (P ranks + launcher) |",
-          "|" + "---|" * 9]
-    for r in rows:
-        if r["status"] != "ok":
-            why = (r.get("why") or r.get("error") or "").strip().splitlines()
-            md.append(f"| {r['target_edges']:.2g} | — | — | {r['status']}: "
-                      f"{why[-1] if why else ''} | | | | | |")
+def estimate_mb(done: list[dict], edges: int) -> float | None:
+    """Per-rank peak at ``edges``, linear in edges through the two largest earlier sizes."""
+    pts = sorted((r["edges"], r["peak_rss_rank_mb"]) for r in done if r.get("ok"))
+    if len(pts) < 2:
+        return None
+    (e0, m0), (e1, m1) = pts[-2], pts[-1]
+    b = (m1 - m0) / (e1 - e0) if e1 != e0 else 0.0
+    return m1 + b * (edges - e1)
+
+
+def record(spec, res: dict, facts: dict, prep: dict) -> dict:
+    s = res.get("summary") or {}
+    p = prep.get(facts["nodes"], {})
+    rec = {"strategy": spec.label or spec.strategy, "edges": facts["edges"],
+           "stored_edges": facts["stored_edges"], "nodes": facts["nodes"],
+           "parts": spec.parts, "ok": res.get("status") == "ok",
+           "status": res.get("status"), "prepare_seconds": p.get("seconds"),
+           "prepare_peak_rss_mb": p.get("peak_rss_mb"), "data_on_disk_mb": facts["data_on_disk_mb"],
+           "peak_rss_rank_mb": s.get("peak_rss_mb"),
+           "bytes_per_epoch": s.get("train_bytes_per_epoch"), "eval_bytes": s.get("eval_bytes"),
+           "test_acc": s.get("test_acc"), "majority_acc": facts["majority_acc"],
+           "options": spec.options, "run": spec.id}
+    if rec["ok"]:
+        rec.update(epoch_figures(ROOT / res["run_dir"]) if not Path(res["run_dir"]).is_absolute()
+                   else epoch_figures(Path(res["run_dir"])))
+    else:
+        rec["error"] = (res.get("error") or "")[-400:]
+    return rec
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    from quietgnn.bench import build_matrix, run_matrix
+    matrix = yaml.safe_load((ROOT / args.matrix).read_text())
+    specs = build_matrix(matrix)
+    out = ROOT / matrix["out"]
+    prep = prepare_facts()
+    records: list[dict] = []
+    by_strategy: dict[str, list[dict]] = {}
+    for spec in specs:
+        prepared = ROOT / spec.overrides["dataset.prepared"]
+        if not (prepared / "book.json").is_file():
+            print(f"{spec.id}: {prepared} is missing; run benchmarks/bench_prepare.py first",
+                  file=sys.stderr)
             continue
-        lp, la = r.get("launcher_peak_mb"), r.get("launcher_after_mb")
-        train_phase = "—" if la is None else \
-            f"{(meta['parts'] * r['peak_rss_rank_mb'] + la) / 1024:.1f} GiB"
-        md.append(f"| {r['edges']:,} | {r['nodes']:,} | {r['epochs']} | {r['epoch_s']:.3f} | "
-                  f"{r['compute_s']:.3f} | {r['bytes_per_epoch'] / 1e6:.1f} MB | "
-                  f"{r['peak_rss_rank_mb']:.0f} MiB | "
-                  f"{'—' if lp is None else f'{lp:.0f} MiB'} | {train_phase} |")
-    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
-    md += ["", "Log-log slope vs edges, all sizes: " +
-           ", ".join(f"{k} {fmt(v)}" for k, v in slopes.items()),
-           "", "Between the two largest sizes: " +
-           ", ".join(f"{k} {fmt(v)}" for k, v in marginal.items()),
-           "", f"Largest graph trained: {largest['edges']:,} edges ({largest['nodes']:,} nodes)"
-           if largest else "No size trained.", "", f"Command: `{meta['command'].strip()}` "
-           f"({meta['when']})", ""]
-    return md
+        facts = graph_facts(prepared)
+        name = spec.label or spec.strategy
+        done = by_strategy.setdefault(name, [])
+        est = estimate_mb(done, facts["edges"])
+        avail = mem_available_mb()
+        if done and not done[-1].get("ok"):
+            rec = {"strategy": name, **facts, "parts": spec.parts, "ok": False,
+                   "status": "skipped", "reason": "a smaller size did not train",
+                   "run": spec.id}
+        elif est is not None and est * spec.parts > args.mem_frac * avail and \
+                not (out / "results" / f"{spec.id}.json").is_file():
+            rec = {"strategy": name, **facts, "parts": spec.parts, "ok": False,
+                   "status": "skipped", "estimated_peak_rss_rank_mb": est,
+                   "reason": f"estimated {est:.0f} MiB/rank x {spec.parts} ranks = "
+                             f"{est * spec.parts / 1024:.1f} GiB > {args.mem_frac:.0%} of the "
+                             f"{avail / 1024:.1f} GiB available", "run": spec.id}
+        else:
+            res = run_matrix([spec], out, timeout_s=float(matrix.get("run_timeout_s", 3600)))[0]
+            rec = record(spec, res, facts, prep)
+        print(json.dumps({k: rec.get(k) for k in ("strategy", "edges", "status",
+                                                  "peak_rss_rank_mb", "reason")}),
+              file=sys.stderr, flush=True)
+        done.append(rec)
+        records.append(rec)
+    # results.jsonl of the whole matrix (run_matrix wrote it for its last call only)
+    with open(out / "results.jsonl", "w") as f:
+        for spec in specs:
+            p = out / "results" / f"{spec.id}.json"
+            if p.is_file():
+                f.write(json.dumps(json.loads(p.read_text()), separators=(",", ":")) + "\n")
+    return records
+
+
+def _f(v, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def render(records: list[dict]) -> list[str]:
+    lines = ["# Scale: every strategy at P = 4 from prepared synthetic graphs", "",
+             "`python benchmarks/bench_scale.py` (matrix `benchmarks/scale.yaml`; prepared by "
+             "`python benchmarks/bench_prepare.py`). Time: training seconds (evaluation "
+             "excluded) per epoch, or per 1,000 steps for `minibatch` (epochs of 50 steps). "
+             "Bytes: training bytes per epoch-equivalent, all ranks. Peak: per-rank peak RSS "
+             "(max over ranks; includes the mapped part files the rank touched). Accuracy: "
+             "test accuracy after two epochs (`minibatch`: on a fixed 20,000-node sample) "
+             "against the majority class.", "",
+             "| strategy | edges | nodes | status | peak RSS/rank | time | bytes/epoch | "
+             "test acc | majority |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r.get("ok"):
+            t = f"{_f(r.get('seconds_per_1000_steps'), '.1f')} s/1k steps" \
+                if r["strategy"] == "minibatch" else f"{_f(r.get('seconds_per_epoch'), '.1f')} s/epoch"
+            lines.append(f"| {r['strategy']} | {r['edges']:.2e} | {r['nodes']:.1e} | ok | "
+                         f"{r['peak_rss_rank_mb']:.0f} MiB | {t} | "
+                         f"{r['bytes_per_epoch'] / 1e6:.1f} MB | {r['test_acc']:.3f} | "
+                         f"{r['majority_acc']:.3f} |")
+        else:
+            why = r.get("reason") or (r.get("error") or "").strip().splitlines()[-1:] or [""]
+            why = why if isinstance(why, str) else why[0]
+            lines.append(f"| {r['strategy']} | {r['edges']:.2e} | {r['nodes']:.1e} | "
+                         f"{r['status']}: {why} | | | | | {r['majority_acc']:.3f} |")
+    lines += ["", "Log-log slopes against edges (1.0 = linear), over the sizes each strategy "
+              "trained:", "", "| strategy | sizes | time | peak RSS/rank | largest trained |",
+              "|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["strategy"] for r in records):
+        ok = [r for r in records if r["strategy"] == name and r.get("ok")]
+        key = "seconds_per_1000_steps" if name == "minibatch" else "seconds_per_epoch"
+        xs = [r["edges"] for r in ok]
+        st, sm = slope(xs, [r.get(key) for r in ok]), slope(xs, [r["peak_rss_rank_mb"] for r in ok])
+        big = f"{max(xs):.0e}" if xs else "—"
+        lines.append(f"| {name} | {len(ok)} | {_f(st, '.2f')} | {_f(sm, '.2f')} | {big} |")
+    return lines
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--edges", default="1e5,1e6,1e7,2.5e7,5e7,7.5e7,1e8",
-                    help="target edge counts (directed CSR entries)")
-    ap.add_argument("--degree", type=int, default=20, help="average degree (edges per node)")
-    ap.add_argument("--features", type=int, default=32)
-    ap.add_argument("--parts", type=int, default=4)
-    ap.add_argument("--partitioner", default="metis")
-    ap.add_argument("--mem-frac", type=float, default=0.7)
-    ap.add_argument("--run-timeout", type=float, default=3600)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra config keys (e.g. synthetic.classes=8)")
-    ap.add_argument("--nodes-key", default="synthetic.nodes")
-    ap.add_argument("--degree-key", default="synthetic.avg_degree")
-    ap.add_argument("--features-key", default="synthetic.feature_dim")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"),
-                    help="runs, logs and partition books (large: ~1.3 GB of books at 5e7 edges)")
-    ap.add_argument("--render-only", action="store_true",
-                    help="redraw scale.md from an existing scale.json")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--matrix", default="benchmarks/scale.yaml")
+    ap.add_argument("--mem-frac", type=float, default=0.8,
+                    help="fraction of the memory available now a run may be estimated to use")
+    ap.add_argument("--render", action="store_true", help="only rebuild the tables")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    if args.render_only:
-        md = render(json.loads((out / "scale.json").read_text()))
-        (out / "scale.md").write_text("\n".join(md))
-        print("\n".join(md))
-        return 0
-    from quietgnn.bench import _kv, build_matrix, run_matrix
-    work = Path(args.work)
-    # a cache of our own: every size builds its book, so the launcher's peak is measured
-    os.environ["QUIETGNN_CACHE"] = str(work / "cache")
-    rows: list[dict] = []
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    for target in [float(e) for e in args.edges.split(",")]:
-        nodes = int(target / args.degree)
-        label = f"syn{target:.0e}".replace("+", "")
-        done = [r for r in rows if r["status"] == "ok"]
-        if any(r["status"] == "failed" for r in rows):
-            log(f"{label}: skipped, a smaller size failed")
-            rows.append({"label": label, "target_edges": target, "status": "skipped",
-                         "why": "a smaller size failed"})
-            continue
-        if done:
-            need = estimate_mb(done, target, args.parts)
-            avail = mem_available_mb()
-            if need > args.mem_frac * avail:
-                log(f"{label}: skipped, needs ~{need:.0f} MiB, {avail:.0f} MiB available")
-                rows.append({"label": label, "target_edges": target, "status": "skipped",
-                             "why": f"estimated {need:.0f} MiB > {args.mem_frac} x "
-                                    f"{avail:.0f} MiB available"})
-                continue
-        ds = {"name": "synthetic", "label": label,
-              "set": {args.nodes_key: nodes, args.degree_key: args.degree,
-                      args.features_key: args.features, **_kv(args.set, "--set")}}
-        spec = build_matrix({"datasets": [ds], "strategies": ["halo"], "parts": [args.parts],
-                             "models": ["gcn"], "seeds": [0],
-                             "set": {"train.epochs": epochs_for(target),
-                                     "train.eval_every": 1000, "partition.method":
-                                         args.partitioner, "runtime.timeout_s": 600}})
-        t0 = time.perf_counter()
-        (res,) = run_matrix(spec, work, timeout_s=args.run_timeout, log=log)
-        peak_run = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-        row = {"label": label, "target_edges": target, "nodes": nodes, "status": res["status"],
-               "elapsed_s": time.perf_counter() - t0, "id": res["id"]}
-        if res["status"] == "ok":
-            s, eps = res["summary"], res["curve"]["epochs"]
-            steady = eps[1:] or eps   # epoch 0 pays one-off allocation
-            launcher = launcher_log(work / "logs" / f"{res['id']}.log")
-            row.update({
-                "edges": launcher.get("edges") or int(target),
-                "launcher_peak_mb": launcher.get("launcher_peak_mb"),
-                "launcher_after_mb": launcher.get("launcher_after_mb"),
-                "epochs": len(eps),
-                "epoch_s": sum(e["wall_s"] for e in steady) / len(steady),
-                "compute_s": sum(e["compute_s"] for e in steady) / len(steady),
-                "bytes_per_epoch": sum(e["train_bytes"] for e in eps) / len(eps),
-                "peak_rss_rank_mb": max(e["peak_rss_mb"] for e in eps),
-                # RUSAGE_CHILDREN: the largest process of any run so far (grows with size)
-                "peak_run_mb": max(peak_run, max(e["peak_rss_mb"] for e in eps)),
-                "wall_total_s": s["wall_seconds"]})
-        else:
-            row["error"] = (res.get("error") or "")[-1500:]
-        rows.append(row)
-        log(json.dumps({k: v for k, v in row.items() if k != "error"}))
-    ok = [r for r in rows if r["status"] == "ok"]
-    xs = [r["edges"] for r in ok]
-    slopes = {k: slope(xs, [r.get(k) for r in ok])
-              for k in ("epoch_s", "compute_s", "bytes_per_epoch", "peak_rss_rank_mb",
-                        "launcher_peak_mb")}
-    # a rank's memory above the ~300 MiB every process pays for Python + torch + gloo
-    slopes["rank_mb_above_floor"] = slope(xs, [r["peak_rss_rank_mb"] - FLOOR_MB for r in ok])
-    # the smallest sizes sit on a fixed floor (~300 MiB of interpreter + torch per process);
-    # the slope between the two largest sizes shows the marginal growth
-    top = sorted(ok, key=lambda r: r["edges"])[-2:]
-    marginal = {k: slope([r["edges"] for r in top], [r.get(k) for r in top]) for k in slopes}
-    marginal["rank_mb_above_floor"] = slope([r["edges"] for r in top],
-                                            [r["peak_rss_rank_mb"] - FLOOR_MB for r in top])
-    largest = max(ok, key=lambda r: r["edges"]) if ok else None
-    meta = {"parts": args.parts, "degree": args.degree, "features": args.features,
-            "partitioner": args.partitioner, "model": "gcn 2x64", "threads_per_worker": 1,
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "python benchmarks/bench_scale.py " + " ".join(argv or sys.argv[1:]),
-            "mem_total_mb": mem_info_mb("MemTotal:"), "mem_available_mb_at_end":
-                mem_available_mb()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(
-        {"meta": meta, "rows": rows, "slopes": slopes, "marginal_slopes": marginal,
-         "largest": largest}, indent=1))
-    md = render({"meta": meta, "rows": rows, "slopes": slopes, "marginal_slopes": marginal,
-                 "largest": largest})
-    (out / "scale.md").write_text("\n".join(md))
-    print("\n".join(md))
+    jpath = ROOT / "benchmarks/results/scale.json"
+    if args.render:
+        records = json.loads(jpath.read_text())["runs"]
+    else:
+        records = run(args)
+        jpath.write_text(json.dumps({"matrix": args.matrix, "command": "python benchmarks/"
+                                     "bench_scale.py " + " ".join(argv or sys.argv[1:]),
+                                     "runs": records}, indent=1))
+    md = ROOT / "benchmarks/results/scale/scale.md"
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(render(records)) + "\n")
+    print("\n".join(render(records)))
     return 0
 
 
