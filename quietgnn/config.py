@@ -280,13 +280,15 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     kwargs["synthetic"] = _synthetic_spec(raw.get("synthetic", {}) or {})
     kwargs["options"] = raw.get("options", {}) or {}
     if kwargs["dataset"].prepared:
-        _from_prepared(kwargs, "parts" in (raw.get("partition") or {}))
+        _from_prepared(kwargs, "parts" in (raw.get("partition") or {}),
+                       (raw.get("dataset") or {}).get("name"))
     return RunConfig(**kwargs)
 
 
-def _from_prepared(kwargs: dict[str, Any], parts_given: bool) -> None:
+def _from_prepared(kwargs: dict[str, Any], parts_given: bool, name_given: Any = None) -> None:
     """``dataset.prepared``: the run's graph, parts and partition book are the directory's
-    (its manifest is read; no array is)."""
+    (its manifest is read; no array is). A dataset name given beside it must be the
+    directory's graph (or its family: ``synthetic`` for ``synthetic-stream``)."""
     from .partition import PartitionBook
     data, part = kwargs["dataset"], kwargs["partition"]
     book = PartitionBook.open(data.prepared)
@@ -301,8 +303,14 @@ def _from_prepared(kwargs: dict[str, Any], parts_given: bool) -> None:
         raise ValueError(f"--partitioner {part.method} does not match {data.prepared!r}, "
                          f"which was partitioned with {book.method}; leave out --partitioner "
                          f"or prepare the graph again with it")
+    graph = str(book.graph.get("name", data.name))
+    if name_given is not None and str(name_given) != graph and \
+            not graph.startswith(f"{name_given}-"):
+        raise ValueError(f"--dataset {name_given} does not match {data.prepared!r}, which holds "
+                         f"the graph {graph!r}; leave out --dataset (the directory names its "
+                         f"graph) or pass the directory prepared from {name_given}")
     part.parts, part.book, part.method = book.num_parts, str(data.prepared), book.method
-    data.name = str(book.graph.get("name", data.name))
+    data.name = graph
 
 
 def config_from_dict(d: dict[str, Any]) -> RunConfig:

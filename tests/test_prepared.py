@@ -100,6 +100,12 @@ def test_prepare_then_train_with_data(tmp_path):
     assert r.returncode == 2
     assert "--parts 3 does not match" in r.stderr and "prepared with 2 parts" in r.stderr
     assert not (tmp_path / "runs" / "r3").exists()
+    # a dataset name that is not the directory's graph: refused, not silently replaced
+    r = _cli("train", "--data", str(tmp_path / "d"), "--dataset", "cora", "--epochs", "1",
+             "--out", str(tmp_path / "runs"), "--run-name", "r4")
+    assert r.returncode == 2
+    assert "--dataset cora does not match" in r.stderr and "'synthetic" in r.stderr
+    assert not (tmp_path / "runs" / "r4").exists()
 
 
 def test_version_1_book_names_the_command_that_rewrites_it(tmp_path):
