@@ -143,6 +143,7 @@ class PyGModel(nn.Module):
                 c.load_state_dict(conv.state_dict())
             elif gnn.arch == "gin":    # MLP((1 + eps) h + sum), eps learnt
                 c = pyg.GINConv(copy.deepcopy(conv.mlp), train_eps=True)
+                c.nn.load_state_dict(conv.mlp.state_dict())   # PyG re-initialises its nn
                 c.eps.copy_(conv.eps)
             elif gnn.arch == "gat":    # heads over in-neighbours and the node itself
                 H, D = conv.heads, conv.head_dim
