@@ -239,6 +239,12 @@ def _train(comm, cfg, part, run_dir, epochs, every, resume, crash_at=None):
     return [h["loss"] for h in t.history], t.best
 
 
+def _saved_model(comm, run_dir):
+    """The run's model.pt as rank 0 wrote it (None on the other ranks, or if there is none)."""
+    f = Path(run_dir) / "model.pt"
+    return torch.load(f, weights_only=True) if comm.rank == 0 and f.is_file() else None
+
+
 def _resume_equals_unbroken(comm, names, root):
     """For each strategy: 4 unbroken epochs vs a run stopped after 2 epochs (checkpoint every
     epoch) and resumed.
@@ -266,7 +272,8 @@ def _resume_equals_unbroken(comm, names, root):
             unbroken = _train(comm, cfg, part, base / "unbroken", 4, 0, False)
             _train(comm, cfg, part, base / "split", 4, 1, False, crash_at=2)  # "crash" here
             resumed = _train(comm, cfg, part, base / "split", 4, 1, True)  # continue
-            out[name] = {"unbroken": unbroken, "resumed": resumed}
+            out[name] = {"unbroken": unbroken, "resumed": resumed,
+                         "models": [_saved_model(comm, base / d) for d in ("unbroken", "split")]}
         except Exception:  # noqa: BLE001 - reported per strategy by the test
             out[name] = {"error": traceback.format_exc()}
     return out
@@ -299,6 +306,10 @@ def test_resume_equals_unbroken_run(resume_results, name):
         assert len(l_res) == 4
         assert l_res == l_ref, f"{name} rank {r}: resumed losses {l_res} != unbroken {l_ref}"
         assert best_res == best_ref
+        ref, res = out["models"]   # the best-validation model survives the resume too
+        assert (ref is None) == (res is None) and (ref is not None or r != 0), name
+        if ref is not None:
+            assert ref.keys() == res.keys() and all(torch.equal(ref[k], res[k]) for k in ref)
 
 
 # ---------------------------------------------------------------------- torchrun
