@@ -274,7 +274,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _extra_commands() -> dict[str, Any]:
     """Commands contributed by optional modules (bench, report) when present."""
     out = {}
-    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report")):
+    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report"),
+                      ("advise", "quietgnn.advise")):
         try:
             m = __import__(mod, fromlist=["cli_main"])
             out[name] = m.cli_main
