@@ -1,4 +1,5 @@
-"""Command line: ``quietgnn train | prepare | datasets | strategies`` (+ ``bench``, ``report``).
+"""Command line: ``quietgnn train | config | prepare | datasets | strategies`` (+ ``bench``,
+``report``).
 
 Examples::
 
@@ -257,10 +258,47 @@ def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
     from .strategies import available_strategies
-    for name, cls in available_strategies().items():
+    found = available_strategies()
+    if args.name:
+        if args.name not in found:
+            raise ValueError(f"unknown strategy {args.name!r}; expected one of {sorted(found)}")
+        from .confdoc import strategy_help
+        print(strategy_help(args.name, found[args.name]))
+        return 0
+    for name, cls in found.items():
         print(f"{name:12s} {cls.description}  [default partitioner: "
               f"{cls.fixed_parts and 'single process' or cls.default_partitioner}]")
+    print("\n`quietgnn strategies NAME` lists a strategy's options with defaults and meaning")
     return 0
+
+
+def cmd_config(args: argparse.Namespace, rest: list[str]) -> int:
+    """The resolved config of a command line (recipe <- overrides, defaults filled in) as a
+    YAML recipe that ``--config`` takes back."""
+    import yaml
+    cfg = _config(args, rest)
+    print("# quietgnn config: the resolved configuration; run it with "
+          "`quietgnn train --config FILE`")
+    # through JSON: tuples become lists, which safe_dump writes and --config reads back
+    print(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False,
+                         default_flow_style=False).rstrip())
+    return 0
+
+
+def _help_epilog(argv: list[str]) -> str:
+    """``train --help`` / ``config --help``: every section, key, default and meaning, generated
+    from the config dataclasses (for the strategy named by ``--strategy``, else the default)."""
+    from .config import SHORTCUTS, load_config
+    from .confdoc import config_help
+    strategy = None
+    for i, tok in enumerate(argv[:-1]):
+        if tok == "--strategy":
+            strategy = argv[i + 1]
+    try:
+        cfg = load_config(None, {"strategy": strategy} if strategy else {})
+    except ValueError:
+        cfg = load_config(None, {})
+    return config_help(cfg, SHORTCUTS)
 
 
 class Terminated(KeyboardInterrupt):
@@ -288,18 +326,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     extra = _extra_commands()
     if argv and argv[0] in extra:
         return int(extra[argv[0]](argv[1:]) or 0)
+    from . import __version__
     ap = argparse.ArgumentParser(prog="quietgnn", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"quietgnn {__version__}")
     sub = ap.add_subparsers(dest="cmd")
+    wants_help = bool(argv) and argv[0] in ("train", "config") and \
+        ("-h" in argv or "--help" in argv)
     for name, help_ in (("train", "train a GNN with a communication strategy"),
+                        ("config", "print the resolved config of a command line or recipe "
+                                   "as YAML (takes train's arguments)"),
                         ("prepare", "partition a graph and write it as memory-mapped parts "
                                     "(train on it with --data DIR)"),
                         ("partition", "the same as prepare"),
                         ("datasets", "list the built-in datasets"),
                         ("strategies", "list the registered strategies")):
-        p = sub.add_parser(name, help=help_,
-                           epilog="Any config key: --section.key value (e.g. --model.hidden 128)")
-        if name in ("train", "partition", "prepare"):
+        p = sub.add_parser(name, help=help_, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=_help_epilog(argv) if wants_help and name == argv[0] else
+                           "Any config key: --section.key value (e.g. --model.hidden 128)")
+        if name == "strategies":
+            p.add_argument("name", nargs="?", help="a strategy: list its options")
+        if name in ("train", "config", "partition", "prepare"):
             p.add_argument("--config", help="YAML recipe (see configs/)")
             p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
         if name in ("partition", "prepare"):
@@ -325,8 +372,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         source = argv.pop(1)
     args, rest = ap.parse_known_args(argv or ["train"])
     args.source = source
-    cmds = {"train": cmd_train, "partition": cmd_prepare, "prepare": cmd_prepare,
-            "datasets": cmd_datasets,
+    cmds = {"train": cmd_train, "config": cmd_config, "partition": cmd_prepare,
+            "prepare": cmd_prepare, "datasets": cmd_datasets,
             "strategies": cmd_strategies}
     if args.cmd is None:
         args, rest = ap.parse_known_args(["train"] + argv)
