@@ -75,10 +75,14 @@ def print_summary(s: dict[str, Any]) -> None:
     eq = s.get("epoch_equivalents", s["epochs"])
     work = "" if abs(eq - s["epochs"]) < 1e-9 else f", {eq:g} epoch-equivalents of work"
     print(f"  test accuracy   {s['test_acc']:.4f}  (best val {s['val_acc']:.4f} at epoch "
-          f"{s['best_epoch']}; {s['epochs']} epochs{work})")
-    print(f"  training bytes  {_human_bytes(s['train_bytes'])} total, "
-          f"{_human_bytes(s['train_bytes_per_epoch'])}/epoch"
-          f"{'-equivalent' if work else ''} (all ranks, sent)")
+          f"{s['best_epoch']} of 0-{s['epochs'] - 1}{work})")
+    per = f"/epoch{'-equivalent' if work else ''}"
+    # the progress line's basis first (rank 0, sent), then what all ranks sent
+    rank0 = s.get("rank0_train_bytes_per_epoch")
+    print(f"  training bytes  " + (f"rank 0 sent {_human_bytes(rank0)}{per}; " if rank0 is not
+                                   None else "") +
+          f"all ranks sent {_human_bytes(s['train_bytes_per_epoch'])}{per}, "
+          f"{_human_bytes(s['train_bytes'])} in all")
     print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
@@ -90,10 +94,12 @@ def print_summary(s: dict[str, Any]) -> None:
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .runtime.launcher import launch, prepare_book
-    from .runtime.rundir import check_writable_dir, check_writable_file, claim_run_dir
+    from .runtime.rundir import (check_writable_dir, check_writable_file, claim_run_dir,
+                                 remove_if_empty)
     cfg = _config(args, rest)
     name = cfg.runtime.run_name
     # Every output is proven writable before the run, not found unwritable after it.
+    out_existed = Path(cfg.runtime.out_dir).exists()
     check_writable_dir(cfg.runtime.out_dir, "--out")
     if cfg.runtime.summary_json:
         check_writable_file(cfg.runtime.summary_json, "--summary-json")
@@ -111,8 +117,14 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
         elif not name:
             run_dir = _claim_dir(run_dir)
-        claim_run_dir(cfg, run_dir)
-        book = prepare_book(cfg, log)
+        try:
+            claim_run_dir(cfg, run_dir)
+            book = prepare_book(cfg, log)
+        except BaseException:
+            remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
+            if not out_existed:
+                remove_if_empty(Path(cfg.runtime.out_dir))
+            raise
         summary = launch(cfg, run_dir, book)
     if summary is not None:
         print_summary(summary)
