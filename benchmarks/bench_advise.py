@@ -67,7 +67,7 @@ def write_prior() -> None:
 
 
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
-    report = json.loads((ROOT / "benchmarks/results/headline.json").read_text())
+    report = json.loads((ROOT / "benchmarks/results/headline/headline.json").read_text())
     results = headline_results()
     records = []
     for g in report["groups"]:
