@@ -192,6 +192,15 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+_ROLE = re.compile(r":(?:class|meth|func|mod|attr|data|exc):<code>(~?)([\w.]+)</code>")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The docstrings' Sphinx roles (``:class:`~a.B```), which mkdocstrings leaves as text,
+    shown as the code they name (``~``: the last component, as Sphinx does)."""
+    return _ROLE.sub(lambda m: f"<code>{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}</code>", html)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if page.file.src_uri == "guide/recipes.md":
         return markdown.replace("<!-- configs -->", _recipes())
