@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mkdocs", reason="the docs extra is not installed "
-                    "(pip install -c constraints.txt -e '.[docs]')")
-
-from quietgnn import config  # noqa: E402
-from quietgnn.strategies import available_strategies  # noqa: E402
-from quietgnn.strategies.base import TrainConfig  # noqa: E402
+from quietgnn import config
+from quietgnn.strategies import available_strategies
+from quietgnn.strategies.base import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _hooks():
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed "
+                        "(pip install -c constraints.txt -e '.[docs]')")
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -56,8 +56,7 @@ def test_options_page_has_every_section_and_every_strategy_option():
 def test_every_study_folder_has_a_results_page_with_its_plots():
     hooks = _hooks()
     pages, images = hooks.study_pages()
-    results = ROOT / "benchmarks" / "results"
-    folders = [p for p in results.iterdir() if p.is_dir() and p.name != "archive"
+    folders = [p for p in RESULTS.iterdir() if p.is_dir() and p.name != "archive"
                and any(p.rglob("*.md"))]
     assert folders
     for folder in folders:
@@ -70,3 +69,14 @@ def test_every_study_folder_has_a_results_page_with_its_plots():
     # the index's links point at the generated pages, not at repository paths
     assert "](headline.md)" in pages["results/index.md"]
     assert "](archive/tma-v1.md)" in pages["results/index.md"]
+
+
+def test_results_index_lists_every_study_folder():
+    """A study folder committed without its line in benchmarks/results/README.md fails here."""
+    index = (RESULTS / "README.md").read_text()
+    for parent, prefix in ((RESULTS, ""), (RESULTS / "archive", "archive/")):
+        # a study's outputs: a top-level .md/.json or a report/ (not e.g. a folder of probes)
+        for folder in (p for p in parent.iterdir() if p.is_dir() and p.name != "archive" and (
+                any(p.glob("*.md")) or any(p.glob("*.json")) or (p / "report").is_dir())):
+            assert f"[{prefix}{folder.name}]({prefix}{folder.name}/" in index, \
+                f"{prefix}{folder.name}: add a line for it to benchmarks/results/README.md"
