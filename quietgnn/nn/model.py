@@ -41,12 +41,12 @@ Exchange = Callable[[Tensor, int], Tensor]
 class ModelConfig:
     """Architecture of the model (``model.*`` keys of a run config)."""
 
-    arch: str = "gcn"
-    hidden: int = 64
-    layers: int = 2
-    dropout: float = 0.5
-    norm: str = "none"
-    heads: int = 4
+    arch: str = "gcn"       # convolution: gcn | sage | gat | gin
+    hidden: int = 64        # width of the hidden layers
+    layers: int = 2         # number of graph convolutions
+    dropout: float = 0.5    # dropout probability before every convolution
+    norm: str = "none"      # none | layer (LayerNorm after hidden convolutions)
+    heads: int = 4          # GAT attention heads (hidden must be divisible by it)
 
     def __post_init__(self) -> None:
         self.arch = str(self.arch).lower()

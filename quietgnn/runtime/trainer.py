@@ -198,17 +198,19 @@ class Trainer:
         if self.ctx.rank != 0 or not self.cfg.runtime.progress:
             return
         epochs = self.cfg.train.epochs
-        e = rec["epoch"] + 1
-        tty = sys.stderr.isatty()
+        e = rec["epoch"] + 1        # epochs done; the epoch itself is numbered from 0 as in
+        tty = sys.stderr.isatty()   # metrics.jsonl, the summary's best_epoch and the report
         if not tty and e % max(1, epochs // 10) and e != epochs:
             return
         acc = "" if rec["val_acc"] is None else \
             f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
-        mb = rec["bytes"].get("train", {}).get("sent", 0) / 1e6
+        # the basis of the summary's "rank 0 sent" figure: per epoch-equivalent
+        from ..cli import _human_bytes
+        sent = _human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
         filled = int(24 * e / epochs)
         bar = "#" * filled + "." * (24 - filled)
-        line = (f"[{bar}] epoch {e}/{epochs} loss {rec['loss']:.4f}{acc} | rank-0 sent "
-                f"{mb:.2f} MB/epoch | {rec['wall_s'] * 1000:.0f} ms")
+        line = (f"[{bar}] epoch {rec['epoch']} ({e}/{epochs}) loss {rec['loss']:.4f}{acc} | "
+                f"rank 0 sent {sent}/epoch | {rec['wall_s'] * 1000:.0f} ms")
         sys.stderr.write(("\r" + line + " " * 4) if tty else line + "\n")
         if tty and e == epochs:
             sys.stderr.write("\n")
@@ -243,6 +245,9 @@ class Trainer:
             "train_bytes": train_bytes,
             "epoch_equivalents": work,
             "train_bytes_per_epoch": train_bytes / per if per else 0.0,
+            # what the progress line shows: rank 0's training bytes sent per epoch-equivalent
+            "rank0_train_bytes_per_epoch": sum(e["train_sent"] for e in hist[0]) / per
+            if per else 0.0,
             "eval_bytes": eval_bytes, "wall_seconds": wall, **_attempts(self.run_dir, wall),
             "compute_seconds": compute,
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,

@@ -47,11 +47,11 @@ class NonFiniteError(RuntimeError):
 class TrainConfig:
     """Optimisation settings shared by all strategies (``train.*`` keys)."""
 
-    epochs: int = 100
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    eval_every: int = 1
-    seed: int = 0
+    epochs: int = 100            # passes over the training set (epoch-equivalents)
+    lr: float = 0.01             # Adam learning rate
+    weight_decay: float = 5e-4   # Adam weight decay (L2)
+    eval_every: int = 1          # evaluate every N epochs (and after the last)
+    seed: int = 0                # seed of model init, dropout and sampling
 
     def __post_init__(self) -> None:
         for name, lo in (("epochs", 1), ("eval_every", 1)):
