@@ -99,7 +99,8 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     from .cli import local_run_dir
     from .config import load_config
     from .runtime.launcher import launch, prepare_book
-    from .runtime.rundir import check_writable_dir, check_writable_file, claim_run_dir
+    from .runtime.rundir import (check_writable_dir, check_writable_file, claim_run_dir,
+                                 remove_if_empty)
     nested = _config_dict(strategy, parts, overrides)
     given = nested.get("dataset", {})
     if given.get("name") is not None or given.get("prepared") is not None:
@@ -122,6 +123,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         raise ValueError("train(resume=True) with an in-memory graph: resume from the file the "
                          "first run saved, quietgnn.train('<run_dir>/<name>.npz', resume=True, "
                          "run_name=...)")
+    out_existed = Path(cfg.runtime.out_dir).exists()
     check_writable_dir(cfg.runtime.out_dir, "out")
     if cfg.runtime.summary_json:
         check_writable_file(cfg.runtime.summary_json, "summary_json")
@@ -130,11 +132,21 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         print(m, file=sys.stderr, flush=True)
 
     run_dir = local_run_dir(cfg, log, label=label)
-    claim_run_dir(cfg, run_dir)
-    if graph is not None:
-        path = graph.save(run_dir / f"{label}.npz")
-        cfg.dataset.name, cfg.dataset.root = str(path.resolve()), None
-    summary = launch(cfg, run_dir, prepare_book(cfg, log))
+    saved: Optional[Path] = None
+    try:
+        claim_run_dir(cfg, run_dir)
+        if graph is not None:
+            saved = graph.save(run_dir / f"{label}.npz")
+            cfg.dataset.name, cfg.dataset.root = str(saved.resolve()), None
+        book = prepare_book(cfg, log)
+    except BaseException:       # refused before launch: leave nothing behind, as the CLI does
+        if saved is not None:
+            saved.unlink(missing_ok=True)
+        remove_if_empty(run_dir)
+        if not out_existed:
+            remove_if_empty(Path(cfg.runtime.out_dir))
+        raise
+    summary = launch(cfg, run_dir, book)
     if summary is None:
         raise RuntimeError(f"run {str(run_dir)!r} ended without a summary (rank 0 wrote none)")
     if cfg.runtime.summary_json:

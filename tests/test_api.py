@@ -80,6 +80,10 @@ def test_bad_data_is_named(tmp_path):
         quietgnn.train(42, out=str(tmp_path))
     with pytest.raises(ValueError, match="the graph is the data argument"):
         quietgnn.train(small_graph(n=40), dataset="cora", out=str(tmp_path))
+    # refused before launch (the file does not load): no empty run directory, no --out
+    with pytest.raises(ValueError, match="not found"):
+        quietgnn.train(str(tmp_path / "nosuch.npz"), out=str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_trained_model_predicts_on_a_graph_it_never_saw(tmp_path):
