@@ -90,6 +90,9 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"  attempts        {s['attempts']} ({s['wall_seconds_total']:.1f} s since the "
               f"first started; the time above is the last attempt's)")
     print(f"  run directory   {s['run_dir']}")
+    if (Path(s["run_dir"]) / "model.pt").is_file():
+        print(f"  model           model.json + model.pt there (best validation epoch); "
+              f"quietgnn predict --run {s['run_dir']} --dataset ...")
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:

@@ -25,6 +25,7 @@ def test_train_prints_accuracy_and_bytes_and_writes_summary(tmp_path):
                  "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     assert "test accuracy" in r.stdout and "training bytes" in r.stdout
+    assert "quietgnn predict --run" in r.stdout   # every run's model, and how to use it
     s = json.loads(out.read_text())
     for key in ("strategy", "dataset", "parts", "model", "test_acc", "val_acc", "best_epoch",
                 "train_bytes", "eval_bytes", "wall_seconds", "compute_seconds"):
@@ -33,6 +34,7 @@ def test_train_prints_accuracy_and_bytes_and_writes_summary(tmp_path):
     assert s["train_bytes"] > 0 and 0.0 <= s["test_acc"] <= 1.0
     ranks = sorted((tmp_path / "runs").glob("*/metrics/rank-*.jsonl"))
     assert len(ranks) == 2
+    assert (ranks[0].parents[1] / "model.pt").is_file()
     recs = [json.loads(line) for line in ranks[0].read_text().splitlines()]
     assert [r_["epoch"] for r_ in recs] == [-1, 0, 1, 2, 3, 4]
     # the summary's bytes are the sum over ranks and epochs of the per-rank records
