@@ -113,3 +113,16 @@ def test_trained_model_predicts_on_a_graph_it_never_saw(tmp_path):
     inv = torch.argsort(perm)
     p2 = model.predict_proba(unseen.x[perm], inv[unseen.edge_index()])
     torch.testing.assert_close(p2, proba[perm])
+
+
+def test_train_from_a_prepared_directory(tmp_path):
+    """A `quietgnn prepare` directory as data: its parts, its partitioner, its graph."""
+    from quietgnn.partition import make_book
+    g = small_graph(n=120, features=8, classes=3, seed=2)
+    make_book(tmp_path / "prep", g, "metis", 2)
+    run = quietgnn.train(str(tmp_path / "prep"), epochs=3, out=str(tmp_path / "runs"),
+                         **{"runtime.progress": False})
+    assert run.summary["parts"] == 2 and run.summary["partitioner"] == "metis"
+    assert run.model(g.x, g.edge_index()).shape == (120, 3)
+    with pytest.raises(ValueError, match="prepared with 2 parts"):
+        quietgnn.train(str(tmp_path / "prep"), parts=3, out=str(tmp_path / "runs"))
