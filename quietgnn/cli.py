@@ -1,5 +1,5 @@
-"""Command line: ``quietgnn train | config | prepare | datasets | strategies`` (+ ``bench``,
-``report``).
+"""Command line: ``quietgnn train | config | prepare | predict | datasets | strategies``
+(+ ``bench``, ``report``, ``advise``).
 
 Examples::
 
@@ -109,14 +109,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
                                                        f"{Path(cfg.dataset.name).name}")
         summary = _torchrun_worker(cfg, run_dir)
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        suffix = f"-{cfg.strategy}-{Path(cfg.dataset.name).name}-p{cfg.num_parts}"
-        run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        if cfg.runtime.resume:
-            run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
-        elif not name:
-            run_dir = _claim_dir(run_dir)
+        run_dir = local_run_dir(cfg, log)
         try:
             claim_run_dir(cfg, run_dir)
             book = prepare_book(cfg, log)
@@ -133,6 +127,19 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def local_run_dir(cfg: Any, log: Any, label: Optional[str] = None) -> Path:
+    """The run directory of a local run (``quietgnn train`` and :func:`quietgnn.train`): the
+    named one, the one ``--resume`` continues, or a fresh ``<time>-<strategy>-<label>-p<P>``
+    (``label``: the dataset's name unless given)."""
+    name = cfg.runtime.run_name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    suffix = f"-{cfg.strategy}-{label or Path(cfg.dataset.name).name}-p{cfg.num_parts}"
+    run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
+    if cfg.runtime.resume:
+        return _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
+    return run_dir if name else _claim_dir(run_dir)
 
 
 def _torchrun_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
@@ -261,6 +268,22 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
+    """Per-node class probabilities (or ``--embed``: last hidden layer) of a run's model on a
+    dataset, written as ``.npy`` or ``.parquet``."""
+    from .api import predict_to_file
+    if rest:
+        raise ValueError(f"quietgnn predict: unexpected argument(s) {rest}; expected --run DIR "
+                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet] [--embed]")
+    if not args.run or not args.dataset:
+        raise ValueError("quietgnn predict needs --run DIR (a finished run) and --dataset NAME "
+                         "(or a .npz / edge-list path)")
+    out = predict_to_file(args.run, args.dataset, root=args.root, out=args.out,
+                          embed=args.embed)
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
     from .datasets import available_datasets
     for name, desc in available_datasets():
@@ -324,7 +347,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _extra_commands() -> dict[str, Any]:
     """Commands contributed by optional modules (bench, report) when present."""
     out = {}
-    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report")):
+    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report"),
+                      ("advise", "quietgnn.advise")):
         try:
             m = __import__(mod, fromlist=["cli_main"])
             out[name] = m.cli_main
@@ -351,6 +375,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         ("prepare", "partition a graph and write it as memory-mapped parts "
                                     "(train on it with --data DIR)"),
                         ("partition", "the same as prepare"),
+                        ("predict", "class probabilities or embeddings of a run's model on a "
+                                    "graph"),
                         ("datasets", "list the built-in datasets"),
                         ("strategies", "list the registered strategies")):
         p = sub.add_parser(name, help=help_, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -375,6 +401,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--out", help="output directory of the prepared graph")
             p.add_argument("--x-dtype", default="float32",
                            help="feature storage: float32 (default) or float16")
+        if name == "predict":
+            p.epilog = None
+            p.add_argument("--run", help="the run directory (holds model.json, model.pt)")
+            p.add_argument("--dataset", help="dataset name or graph file to predict on")
+            p.add_argument("--root", help="where the dataset's files are")
+            p.add_argument("--out", help="output file, .npy (default "
+                           "<run>/predict-<dataset>.npy) or .parquet")
+            p.add_argument("--embed", action="store_true",
+                           help="write the last hidden layer instead of class probabilities")
     for name in extra:
         sub.add_parser(name, help=f"see `quietgnn {name} --help`")
     # prepare's optional SOURCE is taken by hand: as an argparse positional it would swallow
@@ -385,7 +420,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args, rest = ap.parse_known_args(argv or ["train"])
     args.source = source
     cmds = {"train": cmd_train, "config": cmd_config, "partition": cmd_prepare,
-            "prepare": cmd_prepare, "datasets": cmd_datasets,
+            "prepare": cmd_prepare, "predict": cmd_predict, "datasets": cmd_datasets,
             "strategies": cmd_strategies}
     if args.cmd is None:
         args, rest = ap.parse_known_args(["train"] + argv)

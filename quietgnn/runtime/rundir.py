@@ -30,7 +30,7 @@ __all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writ
            "attempts", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
-_RESULTS = ("summary.json", "config.json", "metrics", "checkpoints")
+_RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
 
 
 def restart_count() -> int:

@@ -28,6 +28,8 @@ class Trainer:
                                      "train_acc": float("nan")}
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
         self.checkpointer: Any = None
+        #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
+        self.model_best: Optional[dict[str, Any]] = None
         rt = cfg.runtime
         if rt.checkpoint_every or rt.resume:
             from .checkpoint import Checkpointer
@@ -60,6 +62,7 @@ class Trainer:
             if s.finished():
                 break
         metrics.close()
+        self._write_model(epoch)
         wall = time.perf_counter() - t_start
         return self._summary(wall, epoch + 1 - start_epoch)
 
@@ -97,6 +100,7 @@ class Trainer:
             if accs["val"] > self.best["val_acc"]:
                 self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
                              "train_acc": accs["train"], "epoch": epoch}
+            self._snapshot_best(epoch, accs)
         self.history.append({"epoch": epoch, "compute_s": rec["compute_s"], "work": res.work,
                              "wall_s": rec["wall_s"], "loss": res.loss,
                              "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
@@ -108,7 +112,7 @@ class Trainer:
     def _state(self, epoch: int) -> dict[str, Any]:
         return {"epoch": epoch, "best": self.best, "history": self.history,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
-                "book_id": self.ctx.part.book_id}
+                "book_id": self.ctx.part.book_id, "model_best": self.model_best}
 
     def _maybe_resume(self) -> int:
         if not self.checkpointer:
@@ -125,6 +129,7 @@ class Trainer:
             return 0
         self.strategy.load_state_dict(state["strategy"])
         self.best, self.history = state["best"], state["history"]
+        self.model_best = state.get("model_best")
         # Last, so that nothing in load_state_dict consumes random numbers after the restore:
         # dropout masks (and samplers on the global RNG) continue as if never interrupted.
         restore_rng(state["rng"])
@@ -152,6 +157,41 @@ class Trainer:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(x + "\n" for x in keep))
         tmp.replace(path)
+
+    # ------------------------------------------------------------------ the trained model
+    def _snapshot_best(self, epoch: int, accs: dict[str, float]) -> None:
+        """Rank 0 copies the model :meth:`Strategy.evaluate` just scored when its validation
+        accuracy beats every earlier copy's (the same rule as the reported test accuracy; a
+        strategy whose scored model is no GNN yet, RETEXO before its last layer, is skipped)."""
+        best = self.model_best
+        if self.ctx.rank != 0 or not accs["val"] > (best["val_acc"] if best else -1.0):
+            return
+        model = self.strategy.export_model()
+        if model is not None:
+            self.model_best = {"epoch": epoch, "val_acc": accs["val"], "test_acc": accs["test"],
+                               "spec": model.spec(), "selected": "best_val",
+                               "state": {k: v.detach().to("cpu", copy=True)
+                                         for k, v in model.state_dict().items()}}
+
+    def _write_model(self, last_epoch: int) -> None:
+        """Rank 0 writes ``model.json`` + ``model.pt`` (:mod:`quietgnn.nn.export`): the
+        best-validation copy, or the last model when no evaluation had a validation score."""
+        if self.ctx.rank != 0:
+            return
+        best = self.model_best
+        if best is None:
+            model = self.strategy.export_model()
+            if model is None:
+                self.ctx.log(f"note: strategy {self.cfg.strategy!r} ended without a whole model "
+                             f"to save (see Strategy.export_model); no model.pt written")
+                return
+            best = {"epoch": last_epoch, "val_acc": None, "test_acc": None, "selected": "last",
+                    "spec": model.spec(), "state": model.state_dict()}
+        from ..nn.export import save_model
+        info = {k: best[k] for k in ("epoch", "val_acc", "test_acc", "selected")}
+        info.update(strategy=self.cfg.strategy, dataset=self.cfg.dataset.name,
+                    num_classes=self.ctx.part.num_classes)
+        save_model(self.run_dir, best["spec"], best["state"], info)
 
     # ------------------------------------------------------------------ reporting
     def _progress(self, rec: dict[str, Any]) -> None:

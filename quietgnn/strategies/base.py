@@ -157,6 +157,13 @@ class Strategy(ABC):
         """True when the strategy's own schedule is done before ``train.epochs``."""
         return False
 
+    def export_model(self) -> Optional[GNN]:
+        """The whole model :meth:`evaluate` scores, as a :class:`~quietgnn.nn.GNN` (what a run
+        saves as its trained model), or None when what it scores is not one. Default: the
+        strategy's ``self.model`` (replicated on every rank, or rank 0's average in ``tma``)."""
+        model = getattr(self, "model", None)
+        return model if isinstance(model, GNN) else None
+
     def gather_objects(self, obj: Any) -> Optional[list[Any]]:
         """Collect ``obj`` from every live rank on rank 0 for the run summary (others get
         ``[]``). ``None`` (the default): the trainer uses ``comm.all_gather_object``."""
