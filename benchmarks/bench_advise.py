@@ -1,12 +1,13 @@
 """Validation of ``quietgnn advise`` against the headline study's measured winners.
 
     python benchmarks/bench_advise.py --write-prior   # quietgnn/_advise_prior.py from headline
-    python benchmarks/bench_advise.py                 # probe, rank, compare (about 10 min)
+    python benchmarks/bench_advise.py                 # probe, rank, compare (~40 min; resumable)
     python benchmarks/bench_advise.py --render        # tables from advise.json only
 
-For every dataset x model of ``benchmarks/results/headline`` (P = 4) and every built-in tier,
-the measured winner is the strategy whose run reached 98 % of ``centralized`` first on that
-tier (``quietgnn report``'s time to accuracy of the finished 200-epoch runs). The advisor
+For every dataset x model of the headline study (P = 4; its cells as the README's figures
+combine them, see :func:`current_results`) and every built-in tier, the measured winner is the
+strategy whose run reached 98 % of ``centralized`` first on that tier (``quietgnn report``'s
+time to accuracy of the finished 200-epoch runs). The advisor
 sees none of those runs' curves for the dataset it is judged on: its prior is rebuilt with
 that dataset held out (leave-one-dataset-out), and its per-epoch costs come from its own
 probe (a few epochs per strategy, run through the trainer into
@@ -32,15 +33,30 @@ sys.path.insert(0, str(ROOT))
 
 from quietgnn.advise import CANDIDATES, build_prior, probe, rank  # noqa: E402
 from quietgnn.comm.network import TIERS  # noqa: E402
+from quietgnn.report import build_report  # noqa: E402
 
-HEADLINE = ROOT / "benchmarks/results/headline"
+RESULTS = ROOT / "benchmarks/results"
 ROOTS = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon",
          "cs": "coauthor"}
 
 
-def headline_results() -> list[dict]:
-    # results.jsonl is the matrix's current runs (results/ also keeps superseded variants)
-    return [json.loads(x) for x in (HEADLINE / "results.jsonl").read_text().splitlines() if x]
+def current_results() -> list[dict]:
+    """The finished runs the README's headline figures stand on, one per dataset x model x
+    strategy label, as ``benchmarks/halo_ratios.py`` combines them: the headline matrix,
+    re-runs of some cells (``headline-tma``, ``headline-big``; later wins) and the
+    ``halo-baseline`` study, whose ``halo`` is today's (static inputs fetched once) and whose
+    ``centralized`` and ``adaqp`` ran at the same code. The headline's own ``halo`` is the
+    vanilla one, which re-sends its inputs every epoch; the advisor probes today's."""
+    cells: dict[tuple, dict] = {}
+    for study in ("headline", "headline-tma", "headline-big"):
+        for line in (RESULTS / study / "results.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            cells[(r["dataset"], r["model"], r["strategy"])] = r
+    for f in sorted((RESULTS / "halo-baseline" / "results").glob("*.json")):
+        r = json.loads(f.read_text())
+        if r["strategy"] != "halo-vanilla":
+            cells[(r["dataset"], r["model"], r["strategy"])] = r
+    return [r for r in cells.values() if r.get("status") == "ok" and r.get("curve")]
 
 
 def measured(report: dict, ds: str, model: str, tier: str) -> dict[str, float]:
@@ -49,15 +65,16 @@ def measured(report: dict, ds: str, model: str, tier: str) -> dict[str, float]:
     out = {}
     for row in g["rows"]:
         t = (row.get("tta") or {}).get(tier)
-        if row["strategy_name"] in CANDIDATES and row["parts"] == 4 and t and t["seconds"]:
-            out[row["strategy_name"]] = t["seconds"]
+        if row["strategy"] in CANDIDATES and row["parts"] == 4 and t and t["seconds"]:
+            out[row["strategy"]] = t["seconds"]
     return out
 
 
 def write_prior() -> None:
-    prior = build_prior(headline_results())
-    prior["source"] = ("benchmarks/results/headline: every strategy at P = 4, GCN and SAGE "
-                       "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS")
+    prior = build_prior(current_results())
+    prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline}: "
+                       "every strategy at P = 4, GCN and SAGE 2x64, 200 epoch-equivalents, on "
+                       "Cora, CiteSeer, Computers and CS")
     path = ROOT / "quietgnn/_advise_prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
@@ -67,15 +84,15 @@ def write_prior() -> None:
 
 
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
-    report = json.loads((ROOT / "benchmarks/results/headline/headline.json").read_text())
-    results = headline_results()
+    results = current_results()
+    report = build_report(results, dict(TIERS))
     records = []
     for g in report["groups"]:
         ds, model = g["dataset"], g["model"]
         if datasets and ds not in datasets:
             continue
         strategies = [s for s in CANDIDATES if any(
-            r["strategy_name"] == s and r["parts"] == 4 for r in g["rows"])]
+            r["strategy"] == s and r["parts"] == 4 for r in g["rows"])]
         m = probe(ds, root=str(data_root / ROOTS[ds]), parts=4, model=model,
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",

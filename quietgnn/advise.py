@@ -101,16 +101,29 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
 
 
 def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
+    """Per epoch-equivalent costs of a probe, split into what every epoch pays and what is
+    paid once. The last epoch is the steady state (``retexo``'s first rounds of a layer carry
+    that layer's one boundary exchange; ``halo``'s first epoch nothing extra): traffic above
+    it in earlier epochs is charged once, not per epoch. Compute is the mean over the epochs
+    after the first (warm-up: lazy set-up, the allocator)."""
     rows = curve.get("epochs") or []
-    if len(rows) > 1:
-        rows = rows[1:]          # the warm-up epoch
-    work = sum(float(r.get("work", 1.0)) for r in rows)
-    if not rows or work <= 0:
+    if not rows:
         return None
-    tot = lambda k: sum(float(r[k]) for r in rows)  # noqa: E731
-    return {"compute_s": tot("compute_s") / work, "hops": tot("hops") / work,
-            "crit_bytes": tot("crit_bytes") / work,
-            "bytes": (tot("train_bytes") + tot("data_bytes")) / work,
+    last = rows[-1]
+    w_last = float(last.get("work", 1.0)) or 1.0
+    steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
+    steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
+    once = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+    for r in rows[:-1]:
+        w = float(r.get("work", 1.0))
+        once["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
+        once["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
+        once["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
+                             - steady["bytes"] * w)
+    timed = rows[1:] or rows
+    work = sum(float(r.get("work", 1.0)) for r in timed)
+    return {**steady, "compute_s": sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12),
+            "once": once,
             "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
 
 
@@ -265,7 +278,9 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                          "reason": f"probe failed: {m['error']}"})
             continue
         epoch_s = m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"])
-        setup_s = t.seconds(m["setup"]["hops"], m["setup"]["crit_bytes"])
+        once = m.get("once") or {"hops": 0.0, "crit_bytes": 0.0}
+        setup_s = t.seconds(m["setup"]["hops"] + once["hops"],
+                            m["setup"]["crit_bytes"] + once["crit_bytes"])
         tta = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
             # expected time: a strategy that gets there in half the runs costs twice
@@ -273,9 +288,11 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         comm_s = epoch_s - m["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
-        row.update(bytes_per_epoch=m["bytes"], epoch_seconds=epoch_s,
+        extra = (f" + {_human(once['bytes'])} once" if once.get("bytes") else "")
+        row.update(bytes_per_epoch=m["bytes"], once_bytes=once.get("bytes", 0.0),
+                   epoch_seconds=epoch_s,
                    predicted_seconds_to_target=tta,
-                   reason=(f"{vs}; epoch {epoch_s:.3g}s on {t.name} "
+                   reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
                            + (f"needs {p['epochs_ratio']:.2g}x halo's epochs; " if p and
                               p.get("epochs_ratio") else "") + risk_why))

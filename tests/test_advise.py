@@ -126,3 +126,19 @@ def test_bad_arguments_say_what_is_expected():
     assert r.returncode == 2 and "parts = 1" in r.stderr and "centralized" in r.stderr
     r = _cli("--strategies", "halo,nope")
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
+    from quietgnn.advise import _per_work
+
+    def row(compute, nbytes, hops):
+        return {"work": 1.0, "compute_s": compute, "hops": hops, "crit_bytes": nbytes / 4,
+                "train_bytes": nbytes, "data_bytes": 0}
+    # retexo-like: a layer's boundary exchange in its first round, then small rounds
+    m = _per_work({"epochs": [row(0.5, 4e6, 3), row(0.1, 1e6, 2), row(0.1, 1e3, 1)]})
+    assert m["bytes"] == 1e3 and m["hops"] == 1.0
+    assert m["once"]["bytes"] == pytest.approx(4e6 + 1e6 - 2e3)
+    assert m["once"]["hops"] == pytest.approx(3.0)
+    assert m["compute_s"] == pytest.approx(0.1)          # the warm-up epoch left out
+    flat = _per_work({"epochs": [row(0.2, 5e3, 2)] * 3})
+    assert flat["once"] == {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
