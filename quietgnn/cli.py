@@ -259,7 +259,8 @@ def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
     from .strategies import available_strategies
     for name, cls in available_strategies().items():
         print(f"{name:12s} {cls.description}  [default partitioner: "
-              f"{cls.fixed_parts and 'single process' or cls.default_partitioner}]")
+              f"{cls.fixed_parts and 'single process' or cls.default_partitioner}; residency: "
+              f"{', '.join(cls.residency_levels)}]")
     return 0
 
 
