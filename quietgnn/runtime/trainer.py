@@ -108,6 +108,7 @@ class Trainer:
     def _state(self, epoch: int) -> dict[str, Any]:
         return {"epoch": epoch, "best": self.best, "history": self.history,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
+                "sent_by_class": dict(self.comm.sent_by_class),
                 "book_id": self.ctx.part.book_id}
 
     def _maybe_resume(self) -> int:
@@ -125,6 +126,10 @@ class Trainer:
             return 0
         self.strategy.load_state_dict(state["strategy"])
         self.best, self.history = state["best"], state["history"]
+        # the earlier attempts' bytes by class, added to this attempt's setup (as the metrics
+        # keep both attempts' setup records)
+        for c, n in state.get("sent_by_class", {}).items():
+            self.comm.sent_by_class[c] = self.comm.sent_by_class.get(c, 0) + int(n)
         # Last, so that nothing in load_state_dict consumes random numbers after the restore:
         # dropout masks (and samplers on the global RNG) continue as if never interrupted.
         restore_rng(state["rng"])
