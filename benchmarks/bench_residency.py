@@ -2,7 +2,7 @@
 features, on the same ``given`` sites, through ``quietgnn bench``'s ``run_matrix``.
 
     .venv/bin/python benchmarks/bench_residency.py            # the committed table
-    .venv/bin/python benchmarks/bench_residency.py --datasets cora --seeds 0
+    .venv/bin/python benchmarks/bench_residency.py --datasets cora,citeseer --seeds 0,1,2
 
 Sites (the ``given`` assignment, one per node, P = 4) come two ways, written under
 ``benchmarks/results/residency/sites/``: ``metis`` (sites that are communities: few remote
@@ -41,7 +41,7 @@ def sites(dataset: str, method: str, parts: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default="cora,citeseer")
+    ap.add_argument("--datasets", default="cora")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--parts", type=int, default=4)
     args = ap.parse_args(argv)
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                       "bytes_sent_by_class": {c: round(n) for c, n in sorted(classes.items())}})
     (OUT / "residency.json").write_text(json.dumps(table, indent=1))
     lines = ["# retexo under enforced residency (P = %d, GCN 2 x 64, 200 rounds)" % args.parts,
-             "", "`.venv/bin/python benchmarks/bench_residency.py`", "",
+             "", f"`.venv/bin/python benchmarks/bench_residency.py {' '.join(argv or sys.argv[1:])}`"
+             .replace(" `", "`"), "",
              "| sites | residency | test acc (mean ± sd) | train KB/epoch | sent by class, whole "
              "run (KB) |", "|---|---|---|---|---|"]
     for t in table:
