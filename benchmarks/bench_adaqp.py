@@ -32,8 +32,8 @@ Per run, from the communicator's records (training phase, sent bytes summed over
   over the epochs), and overlap on this machine: seconds the exchanges were in flight vs
   seconds spent blocked waiting for them.
 
-Resumable: ``benchmarks/results/adaqp.json`` is rewritten after every run and runs already in
-it are skipped (delete a key to redo it); ``benchmarks/results/adaqp.md`` is drawn from it.
+Resumable: ``benchmarks/results/adaqp/adaqp.json`` is rewritten after every run and runs already in
+it are skipped (delete a key to redo it); ``benchmarks/results/adaqp/adaqp.md`` is drawn from it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "adaqp"
 CACHE = Path("/tmp/quietgnn-bench-adaqp")
 DATA = ROOT.parent / "shared" / "data"
 CONFIGS = {"small": dict(layers=2, hidden=64, norm="none"),

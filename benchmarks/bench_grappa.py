@@ -13,8 +13,8 @@ amortise process start-up on the small shared machine. Datasets come from
 ``quietgnn.datasets.load_dataset`` (``synthetic``: 5,000-node DC-CSBM, 8 classes, 64
 features; ``synthetic-N``: the same generator with N nodes, the bytes-scaling point).
 
-Writes ``benchmarks/results/grappa.json`` (every run: per-epoch curve, bytes by kind, best
-accuracies) and ``benchmarks/results/grappa.md`` (the tables).
+Writes ``benchmarks/results/grappa/grappa.json`` (every run: per-epoch curve, bytes by kind, best
+accuracies) and ``grappa.md`` (the tables).
 
 Reported per run: test accuracy at the best validation epoch (global exact evaluation every
 ``eval_every`` epochs), training bytes per epoch (phase ``train``, sent, summed over ranks;
@@ -454,7 +454,7 @@ def main(argv=None) -> int:
                     help="with --rank: options.grad_bits of those runs (8/4/2; 32 = fp32)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--append", action="store_true",
-                    help="keep the runs already in <out>.json and add these groups")
+                    help="keep the runs already in <out>/<name>.json and add these groups")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grappa"))
     ap.add_argument("--tables-only", action="store_true", help="rebuild the markdown from json")
     cfg = ap.parse_args(argv)
@@ -463,14 +463,15 @@ def main(argv=None) -> int:
     cfg.groups = [(g.split(":")[0], int(g.split(":")[1])) for g in cfg.groups.split(",")]
     cfg.ablate = cfg.ablate.split(",")
     cfg.shallow_only, cfg.gcn_only = cfg.shallow_only.split(","), cfg.gcn_only.split(",")
+    # --out is the study's folder: <out>/<name>.json and <name>.md (benchmarks/results/<study>/)
     out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     cmd = ".venv/bin/python benchmarks/bench_grappa.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     prev, commands, settings = [], [], ("epochs", "epochs_big", "seeds", "eval_every",
                                         "eval_every_big")
-    if (cfg.append or cfg.tables_only) and out.with_suffix(".json").is_file():
-        saved = json.loads(out.with_suffix(".json").read_text())
+    if (cfg.append or cfg.tables_only) and (out / f"{out.name}.json").is_file():
+        saved = json.loads((out / f"{out.name}.json").read_text())
         prev, commands = saved["runs"], saved.get("commands", [saved["command"]])
         for k in settings:      # the tables describe the settings the runs were made with
             if k not in saved["config"] or getattr(cfg, k) == saved["config"][k]:
@@ -486,8 +487,8 @@ def main(argv=None) -> int:
     def save(runs):
         md = tables(runs, cfg) + "\nCommands (in order; later ones add groups):\n\n" + \
             "".join(f"    {c}\n" for c in commands)
-        out.with_suffix(".md").write_text(md)
-        out.with_suffix(".json").write_text(json.dumps(
+        (out / f"{out.name}.md").write_text(md)
+        (out / f"{out.name}.json").write_text(json.dumps(
             {"command": commands[-1] if commands else cmd, "commands": commands,
              "config": {k: v for k, v in vars(cfg).items()}, "runs": runs},
             indent=1, default=str))

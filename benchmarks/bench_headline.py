@@ -11,7 +11,7 @@ Equivalent to the two commands a user would type (what the README shows)::
 The matrix (datasets, hyperparameters) is ``benchmarks/headline.yaml``; the strategy list is
 taken from the registry at run time, so strategies that land later join with no edit.
 Already finished runs are skipped (delete ``results/<id>.json`` to rerun one). Writes
-``benchmarks/results/headline.json`` and ``benchmarks/results/headline.md`` (copies of the
+``benchmarks/results/headline/headline.json`` and ``headline.md`` (copies of the
 report) next to the per-run results.
 """
 
@@ -51,15 +51,14 @@ def main(argv=None) -> int:
     rep = ["--out", str(out / "report"), str(out / "results.jsonl")]
     print("quietgnn report " + " ".join(rep), flush=True)
     report.cli_main(rep)
-    res = out.parent
-    # same report, image links pointing into the report folder
+    # same report beside the study's runs, image links pointing into the report folder
     data = json.loads((out / "report" / "report.json").read_text())
-    md = (out / "report" / "report.md").read_text().replace("](", f"]({out.name}/report/")
-    (res / f"{out.name}.md").write_text(md + "\n" + "\n".join(
+    md = (out / "report" / "report.md").read_text().replace("](", "](report/")
+    (out / f"{out.name}.md").write_text(md + "\n" + "\n".join(
         ["Commands:", "", "    quietgnn bench " + " ".join(cmd),
          "    quietgnn report " + " ".join(rep), ""]))
     data["commands"] = ["quietgnn bench " + " ".join(cmd), "quietgnn report " + " ".join(rep)]
-    (res / f"{out.name}.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / f"{out.name}.json").write_text(json.dumps(data, indent=1, default=str))
     return rc
 
 

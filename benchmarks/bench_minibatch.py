@@ -20,7 +20,7 @@ Run (the exact commands of the committed results are in ``minibatch.md``)::
     python benchmarks/bench_minibatch.py --datasets cs --out minibatch-cs
     python benchmarks/bench_minibatch.py --merge minibatch-computers,minibatch-cs
 
-Writes ``benchmarks/results/<out>.{json,md}``. The machine is small and shared: wall times
+Writes ``benchmarks/results/minibatch/<out>.{json,md}``. The machine is small and shared: wall times
 are indicative only.
 """
 
@@ -48,7 +48,7 @@ from quietgnn.strategies.base import TrainConfig, WorkerContext  # noqa: E402
 from quietgnn.strategies.halo import Halo  # noqa: E402
 from quietgnn.strategies.minibatch import MiniBatch  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "minibatch"
 MODEL = dict(arch="sage", hidden=64, layers=2, dropout=0.5)
 WD = 5e-4
 

@@ -28,7 +28,7 @@ Accuracy: test accuracy at the best validation epoch, full-graph evaluation for 
 ``--seeds`` seeds (seed 0 from the timing round; further seeds train quietgnn and the faster
 PyG mode only).
 
-Writes ``benchmarks/results/pyg.json`` and ``benchmarks/results/pyg.md``.
+Writes ``benchmarks/results/pyg/pyg.json`` and ``pyg.md``.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
                     help="per-dataset epochs (the big dense feature matrices make PyG's epochs "
                          "slow on a shared 2-core machine)")
     ap.add_argument("--seeds", default="0,1,2", help="seeds for accuracy (the first is timed)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pyg"))
     ap.add_argument("--data", default=str(DATA), help="folder with planetoid/ amazon/ coauthor/")
     ap.add_argument("--render-only", action="store_true", help="redraw pyg.md from pyg.json")
     args = ap.parse_args(argv)

@@ -25,7 +25,7 @@ accuracy of the final RETEXO model (every layer's best-validation parameters); c
 halo: test accuracy at the best validation epoch. Time to accuracy (TTA): projected seconds of
 training until the test accuracy first reaches ``--tta-frac`` x the centralized mean (seeds);
 RETEXO's curve before its last layer is the stage model (layer k with its head), which is a
-usable classifier. Writes ``benchmarks/results/retexo.json`` and ``retexo.md``; resumable: runs
+usable classifier. Writes ``benchmarks/results/retexo/retexo.json`` and ``retexo.md``; resumable: runs
 already in the JSON are skipped.
 """
 
@@ -378,14 +378,15 @@ def main(argv=None) -> int:
     if cfg.quick:
         cfg.datasets, cfg.models, cfg.parts, cfg.seeds, cfg.epochs = "cora", "gcn", "4", 1, 40
         if cfg.out == ap.get_default("out"):
-            cfg.out = "/tmp/bench-retexo-quick/retexo"
+            cfg.out = "/tmp/bench-retexo-quick"
     for k in ("datasets", "models", "p32", "big", "logits_on", "paper_on", "redo"):
         setattr(cfg, k, [v for v in getattr(cfg, k).split(",") if v])
     cfg.parts = [int(p) for p in cfg.parts.split(",")]
     cfg.tta_frac = [float(f) for f in str(cfg.tta_frac).split(",")]
+    # --out is the study's folder: <out>/<name>.json and <name>.md (benchmarks/results/<study>/)
     out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    js = out.with_suffix(".json")
+    out.mkdir(parents=True, exist_ok=True)
+    js = out / f"{out.name}.json"
     saved = json.loads(js.read_text()) if js.exists() else {}
     runs: dict[str, Any] = saved.get("runs", {})
     if not cfg.tables_only:
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
                                  indent=1, default=str))
         md = tables(runs, cfg) + "\nProduced by: " + "; then ".join(
             f"`{c}`" for c in commands) + "\n"
-        out.with_suffix(".md").write_text(md)
+        (out / f"{out.name}.md").write_text(md)
         return md
 
     if not cfg.tables_only:

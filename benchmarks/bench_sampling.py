@@ -27,7 +27,7 @@ Run (PyG needs torch-sparse, which is not a project dependency: a separate venv)
 
     /work/venv-bench/bin/python benchmarks/bench_sampling.py [--quick]
 
-Writes ``benchmarks/results/sampling.{json,md}``.
+Writes ``benchmarks/results/sampling/sampling.{json,md}``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from quietgnn.graph import Graph, csr_from_edges  # noqa: E402
 from quietgnn.sampling import NeighborSampler  # noqa: E402
 from quietgnn.sampling.ladies import LadiesSampler  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "sampling"
 SHARED = Path(os.environ.get("QUIETGNN_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

@@ -30,7 +30,7 @@ What it measures, per dataset / P / architecture / seed:
   partitions, with the unbroken run beside it: test accuracy and survivors at the end.
 
 All tma runs of one dataset / P share one process group (``spawn_function``): process start-up
-dominates on the shared 2-core machine. Writes ``benchmarks/results/tma.json`` and ``tma.md``;
+dominates on the shared 2-core machine. Writes ``benchmarks/results/tma/tma.json`` and ``tma.md``;
 ``--append`` adds rows to them (a matrix split over several invocations, each recorded).
 """
 
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
                     help="tma's local steps: 'full' (one step = one pass; the matrix's "
                          "setting) or 'minibatch' (tma's default: neighbour-sampled batches)")
     ap.add_argument("--failure-datasets", default="cora,synthetic")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tma"))
     ap.add_argument("--append", action="store_true",
                     help="add to the rows already in <out>/tma.json (runs split over sessions)")
     ap.add_argument("--skip-failures", action="store_true")

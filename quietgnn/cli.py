@@ -1,4 +1,5 @@
-"""Command line: ``quietgnn train | prepare | datasets | strategies`` (+ ``bench``, ``report``).
+"""Command line: ``quietgnn train | config | prepare | predict | datasets | strategies``
+(+ ``bench``, ``report``, ``advise``).
 
 Examples::
 
@@ -74,10 +75,14 @@ def print_summary(s: dict[str, Any]) -> None:
     eq = s.get("epoch_equivalents", s["epochs"])
     work = "" if abs(eq - s["epochs"]) < 1e-9 else f", {eq:g} epoch-equivalents of work"
     print(f"  test accuracy   {s['test_acc']:.4f}  (best val {s['val_acc']:.4f} at epoch "
-          f"{s['best_epoch']}; {s['epochs']} epochs{work})")
-    print(f"  training bytes  {_human_bytes(s['train_bytes'])} total, "
-          f"{_human_bytes(s['train_bytes_per_epoch'])}/epoch"
-          f"{'-equivalent' if work else ''} (all ranks, sent)")
+          f"{s['best_epoch']} of 0-{s['epochs'] - 1}{work})")
+    per = f"/epoch{'-equivalent' if work else ''}"
+    # the progress line's basis first (rank 0, sent), then what all ranks sent
+    rank0 = s.get("rank0_train_bytes_per_epoch")
+    print(f"  training bytes  " + (f"rank 0 sent {_human_bytes(rank0)}{per}; " if rank0 is not
+                                   None else "") +
+          f"all ranks sent {_human_bytes(s['train_bytes_per_epoch'])}{per}, "
+          f"{_human_bytes(s['train_bytes'])} in all")
     print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
@@ -89,10 +94,12 @@ def print_summary(s: dict[str, Any]) -> None:
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .runtime.launcher import launch, prepare_book
-    from .runtime.rundir import check_writable_dir, check_writable_file, claim_run_dir
+    from .runtime.rundir import (check_writable_dir, check_writable_file, claim_run_dir,
+                                 remove_if_empty)
     cfg = _config(args, rest)
     name = cfg.runtime.run_name
     # Every output is proven writable before the run, not found unwritable after it.
+    out_existed = Path(cfg.runtime.out_dir).exists()
     check_writable_dir(cfg.runtime.out_dir, "--out")
     if cfg.runtime.summary_json:
         check_writable_file(cfg.runtime.summary_json, "--summary-json")
@@ -102,16 +109,16 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
                                                        f"{Path(cfg.dataset.name).name}")
         summary = _torchrun_worker(cfg, run_dir)
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        suffix = f"-{cfg.strategy}-{Path(cfg.dataset.name).name}-p{cfg.num_parts}"
-        run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        if cfg.runtime.resume:
-            run_dir = _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
-        elif not name:
-            run_dir = _claim_dir(run_dir)
-        claim_run_dir(cfg, run_dir)
-        book = prepare_book(cfg, log)
+        run_dir = local_run_dir(cfg, log)
+        try:
+            claim_run_dir(cfg, run_dir)
+            book = prepare_book(cfg, log)
+        except BaseException:
+            remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
+            if not out_existed:
+                remove_if_empty(Path(cfg.runtime.out_dir))
+            raise
         summary = launch(cfg, run_dir, book)
     if summary is not None:
         print_summary(summary)
@@ -120,6 +127,19 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def local_run_dir(cfg: Any, log: Any, label: Optional[str] = None) -> Path:
+    """The run directory of a local run (``quietgnn train`` and :func:`quietgnn.train`): the
+    named one, the one ``--resume`` continues, or a fresh ``<time>-<strategy>-<label>-p<P>``
+    (``label``: the dataset's name unless given)."""
+    name = cfg.runtime.run_name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    suffix = f"-{cfg.strategy}-{label or Path(cfg.dataset.name).name}-p{cfg.num_parts}"
+    run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
+    if cfg.runtime.resume:
+        return _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
+    return run_dir if name else _claim_dir(run_dir)
 
 
 def _torchrun_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
@@ -248,6 +268,22 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
+    """Per-node class probabilities (or ``--embed``: last hidden layer) of a run's model on a
+    dataset, written as ``.npy`` or ``.parquet``."""
+    from .api import predict_to_file
+    if rest:
+        raise ValueError(f"quietgnn predict: unexpected argument(s) {rest}; expected --run DIR "
+                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet] [--embed]")
+    if not args.run or not args.dataset:
+        raise ValueError("quietgnn predict needs --run DIR (a finished run) and --dataset NAME "
+                         "(or a .npz / edge-list path)")
+    out = predict_to_file(args.run, args.dataset, root=args.root, out=args.out,
+                          embed=args.embed)
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
     from .datasets import available_datasets
     for name, desc in available_datasets():
@@ -257,11 +293,48 @@ def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
     from .strategies import available_strategies
-    for name, cls in available_strategies().items():
+    found = available_strategies()
+    if args.name:
+        if args.name not in found:
+            raise ValueError(f"unknown strategy {args.name!r}; expected one of {sorted(found)}")
+        from .confdoc import strategy_help
+        print(strategy_help(args.name, found[args.name]))
+        return 0
+    for name, cls in found.items():
         print(f"{name:12s} {cls.description}  [default partitioner: "
               f"{cls.fixed_parts and 'single process' or cls.default_partitioner}; residency: "
               f"{', '.join(cls.residency_levels)}]")
+    print("\n`quietgnn strategies NAME` lists a strategy's options with defaults and meaning")
     return 0
+
+
+def cmd_config(args: argparse.Namespace, rest: list[str]) -> int:
+    """The resolved config of a command line (recipe <- overrides, defaults filled in) as a
+    YAML recipe that ``--config`` takes back."""
+    import yaml
+    cfg = _config(args, rest)
+    print("# quietgnn config: the resolved configuration; run it with "
+          "`quietgnn train --config FILE`")
+    # through JSON: tuples become lists, which safe_dump writes and --config reads back
+    print(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False,
+                         default_flow_style=False).rstrip())
+    return 0
+
+
+def _help_epilog(argv: list[str]) -> str:
+    """``train --help`` / ``config --help``: every section, key, default and meaning, generated
+    from the config dataclasses (for the strategy named by ``--strategy``, else the default)."""
+    from .config import SHORTCUTS, load_config
+    from .confdoc import config_help
+    strategy = None
+    for i, tok in enumerate(argv[:-1]):
+        if tok == "--strategy":
+            strategy = argv[i + 1]
+    try:
+        cfg = load_config(None, {"strategy": strategy} if strategy else {})
+    except ValueError:
+        cfg = load_config(None, {})
+    return config_help(cfg, SHORTCUTS)
 
 
 class Terminated(KeyboardInterrupt):
@@ -275,7 +348,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _extra_commands() -> dict[str, Any]:
     """Commands contributed by optional modules (bench, report) when present."""
     out = {}
-    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report")):
+    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report"),
+                      ("advise", "quietgnn.advise")):
         try:
             m = __import__(mod, fromlist=["cli_main"])
             out[name] = m.cli_main
@@ -289,18 +363,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     extra = _extra_commands()
     if argv and argv[0] in extra:
         return int(extra[argv[0]](argv[1:]) or 0)
+    from . import __version__
     ap = argparse.ArgumentParser(prog="quietgnn", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"quietgnn {__version__}")
     sub = ap.add_subparsers(dest="cmd")
+    wants_help = bool(argv) and argv[0] in ("train", "config") and \
+        ("-h" in argv or "--help" in argv)
     for name, help_ in (("train", "train a GNN with a communication strategy"),
+                        ("config", "print the resolved config of a command line or recipe "
+                                   "as YAML (takes train's arguments)"),
                         ("prepare", "partition a graph and write it as memory-mapped parts "
                                     "(train on it with --data DIR)"),
                         ("partition", "the same as prepare"),
+                        ("predict", "class probabilities or embeddings of a run's model on a "
+                                    "graph"),
                         ("datasets", "list the built-in datasets"),
                         ("strategies", "list the registered strategies")):
-        p = sub.add_parser(name, help=help_,
-                           epilog="Any config key: --section.key value (e.g. --model.hidden 128)")
-        if name in ("train", "partition", "prepare"):
+        p = sub.add_parser(name, help=help_, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=_help_epilog(argv) if wants_help and name == argv[0] else
+                           "Any config key: --section.key value (e.g. --model.hidden 128)")
+        if name == "strategies":
+            p.add_argument("name", nargs="?", help="a strategy: list its options")
+        if name in ("train", "config", "partition", "prepare"):
             p.add_argument("--config", help="YAML recipe (see configs/)")
             p.add_argument("--strategy", help="strategy name (quietgnn strategies)")
         if name in ("partition", "prepare"):
@@ -317,6 +402,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--out", help="output directory of the prepared graph")
             p.add_argument("--x-dtype", default="float32",
                            help="feature storage: float32 (default) or float16")
+        if name == "predict":
+            p.epilog = None
+            p.add_argument("--run", help="the run directory (holds model.json, model.pt)")
+            p.add_argument("--dataset", help="dataset name or graph file to predict on")
+            p.add_argument("--root", help="where the dataset's files are")
+            p.add_argument("--out", help="output file, .npy (default "
+                           "<run>/predict-<dataset>.npy) or .parquet")
+            p.add_argument("--embed", action="store_true",
+                           help="write the last hidden layer instead of class probabilities")
     for name in extra:
         sub.add_parser(name, help=f"see `quietgnn {name} --help`")
     # prepare's optional SOURCE is taken by hand: as an argparse positional it would swallow
@@ -326,8 +420,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         source = argv.pop(1)
     args, rest = ap.parse_known_args(argv or ["train"])
     args.source = source
-    cmds = {"train": cmd_train, "partition": cmd_prepare, "prepare": cmd_prepare,
-            "datasets": cmd_datasets,
+    cmds = {"train": cmd_train, "config": cmd_config, "partition": cmd_prepare,
+            "prepare": cmd_prepare, "predict": cmd_predict, "datasets": cmd_datasets,
             "strategies": cmd_strategies}
     if args.cmd is None:
         args, rest = ap.parse_known_args(["train"] + argv)

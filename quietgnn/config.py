@@ -34,9 +34,10 @@ __all__ = ["RunConfig", "DataConfig", "PartitionConfig", "RuntimeConfig", "load_
 class DataConfig:
     """Which graph to train on (``dataset.*``)."""
 
+    #: a built-in dataset (``quietgnn datasets``), or a path to your .npz / edge list file
     name: str = "synthetic"
-    root: Optional[str] = None
-    split_seed: int = 0
+    root: Optional[str] = None        # directory holding the dataset's files (downloads go here)
+    split_seed: int = 0               # seed of the random train/val/test split (no standard one)
     #: a directory written by ``quietgnn prepare``: the graph (name, parts, book) comes from
     #: it, and no process loads the whole graph
     prepared: Optional[str] = None
@@ -46,9 +47,9 @@ class DataConfig:
 class PartitionConfig:
     """How the graph is split (``partition.*``)."""
 
-    method: Optional[str] = None      # None: the strategy's default partitioner
-    parts: int = 4
-    seed: int = 0
+    method: Optional[str] = None      # partitioner (metis, random, ...); null: the strategy's
+    parts: int = 4                    # number of parts = worker processes
+    seed: int = 0                     # seed of randomised partitioners
     clusters: Optional[int] = None    # supernode: number of METIS clusters K >> parts
     file: Optional[str] = None        # given: assignment file (.npy / .pt / text)
     book: Optional[str] = None        # an existing partition book directory
@@ -72,15 +73,15 @@ class RuntimeConfig:
     timeout_s: float = 120.0          # a collective waiting longer fails the run
     backend: str = "auto"             # gloo | nccl | auto (nccl when device is cuda)
     device: str = "cpu"               # cpu | cuda
-    out_dir: str = "runs"
+    out_dir: str = "runs"             # parent directory of run directories
     run_name: Optional[str] = None    # default: <time>-<strategy>-<dataset>-p<parts>
-    progress: bool = True
-    summary_json: Optional[str] = None
+    progress: bool = True             # rank 0 prints a progress line per epoch (stderr)
+    summary_json: Optional[str] = None  # also copy summary.json to this path
     checkpoint_every: int = 0         # epochs between checkpoints (0: off)
-    keep_checkpoints: int = 2
-    resume: bool = False
+    keep_checkpoints: int = 2         # committed checkpoints kept (>= 2)
+    resume: bool = False              # continue from the run's newest complete checkpoint
     overwrite: bool = False           # replace the results of an earlier run of this name
-    deterministic: bool = False
+    deterministic: bool = False       # torch deterministic algorithms (slower, repeatable)
     residency: str = "none"           # none | features (raw features, labels stay home) | strict
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -299,6 +300,26 @@ class Graph:
         from torch_geometric.data import Data
         return Data(x=self.x, edge_index=self.edge_index(), y=self.y, train_mask=self.train_mask,
                     val_mask=self.val_mask, test_mask=self.test_mask, num_nodes=self.num_nodes)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the graph as the ``.npz`` that ``load_dataset(path)`` reads back (keys
+        ``edge_index``, ``x``, ``y``, the three masks, ``num_classes``; no pickle). The file's
+        stem becomes the graph's name when it is loaded. Returns the path."""
+        p = Path(path)
+        if p.suffix != ".npz":
+            raise ValueError(f"Graph.save({str(path)!r}): the file must end in .npz (the format "
+                             f"load_dataset reads); e.g. {p.with_suffix('.npz').name!r}")
+        # the loader symmetrises every graph: a directed one would not come back as it was
+        if not self.is_undirected():
+            raise ValueError(f"Graph {self.name!r} is directed; the .npz format stores undirected "
+                             f"graphs (loading adds every reverse edge). Build it with "
+                             f"Graph.from_edge_index(..., undirected=True) to save it")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        x = self.x if self.x.dtype == torch.float32 else self.x.float()
+        np.savez(p, edge_index=self.edge_index().numpy(), x=x.numpy(), y=self.y.numpy(),
+                 train_mask=self.train_mask.numpy(), val_mask=self.val_mask.numpy(),
+                 test_mask=self.test_mask.numpy(), num_classes=np.int64(self.num_classes))
+        return p
 
     def with_split(self, train_mask: Tensor, val_mask: Tensor, test_mask: Tensor) -> "Graph":
         """A copy with other split masks (validated)."""

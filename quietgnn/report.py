@@ -63,12 +63,16 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     by_id: dict[str, dict[str, Any]] = {}
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        run_dir = p if p.is_dir() and (p / "summary.json").is_file() else None
+        if run_dir:
+            files = [p / "summary.json"]
+        elif p.is_dir():
             files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
                 sorted((p / "results").glob("*.json"))
             if not files:
-                raise ValueError(f"{str(p)!r} holds no results.jsonl or results/*.json; pass "
-                                 f"the output folder of `quietgnn bench` or result files")
+                raise ValueError(f"{str(p)!r} holds no summary.json, results.jsonl or "
+                                 f"results/*.json; pass a run directory, the output folder of "
+                                 f"`quietgnn bench` or result files")
         elif p.is_file():
             files = [p]
         else:
@@ -76,6 +80,8 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
         for f in files:
             try:
                 for r in _load_file(f):
+                    if run_dir:    # where the run is now (its summary names where it ran)
+                        r["run_dir"] = str(run_dir)
                     by_id[r.get("id") or f"{f}:{len(by_id)}"] = r
             except (json.JSONDecodeError, KeyError) as exc:
                 raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
@@ -491,9 +497,10 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
 def cli_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="quietgnn report", description="Markdown tables and PNG "
                                  "plots from `quietgnn bench` results or run summaries.")
-    ap.add_argument("results", nargs="+", help="results.jsonl, result/summary JSON files, or "
-                    "bench output folders")
-    ap.add_argument("--out", required=True, help="output folder (report.md, report.json, PNGs)")
+    ap.add_argument("results", nargs="+", help="run directories, bench output folders, "
+                    "results.jsonl, or result/summary JSON files")
+    ap.add_argument("--out", help="output folder (report.md, report.json, PNGs); default "
+                    "DIR/report when the only input is a directory DIR")
     ap.add_argument("--tier", action="append", default=[], metavar="NAME:BW:LAT",
                     help="extra network tier, e.g. metro:10G:2ms (repeatable)")
     ap.add_argument("--table-tiers", default="lan,wan", help="tiers with time-to-accuracy "
@@ -513,6 +520,11 @@ def cli_main(argv: Sequence[str]) -> int:
         for t in table_tiers:
             if t not in tiers:
                 raise ValueError(f"--table-tiers: unknown tier {t!r}; known: {list(tiers)}")
+        if args.out is None:
+            if len(args.results) != 1 or not Path(args.results[0]).is_dir():
+                raise ValueError("--out is needed unless the only input is a run or bench "
+                                 "directory (the report then goes to DIR/report)")
+            args.out = str(Path(args.results[0]) / "report")
         results = load_results(args.results)
         reference = load_results(args.reference) if args.reference else []
     except ValueError as exc:

@@ -289,3 +289,17 @@ def test_fast_solver_reaches_milp_objective_on_adaqp_shaped_instances():
         assert fast >= exact * (1 - 1e-3) - 1e-9   # CBC stops within its default gap
         worst = max(worst, (fast - exact) / max(exact, 1e-9))
     assert worst <= 0.01, worst
+
+
+def test_milp_uses_pulps_current_api_without_deprecation_warnings():
+    """PuLP 3.3 warns on every ``LpVariable(...)`` and on ``PULP_CBC_CMD`` (both go in 4.0):
+    the MILP path must use ``prob.add_variable`` and ``COIN_CMD`` and warn about nothing."""
+    import warnings
+    rng = np.random.default_rng(0)
+    p = AssignProblem(sigma=rng.lognormal(0, 2, 8), size=rng.integers(5, 50, 8),
+                      channel=rng.integers(0, 2, 8), alpha=rng.uniform(0.5, 5, 2),
+                      gamma=rng.uniform(0, 0.01, 2), width=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        bits = solve_milp(p)
+    assert sorted(set(bits.tolist())) <= [2, 4, 8] and len(bits) == 8

@@ -25,6 +25,7 @@ reaches the MILP objective within 1%).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -100,6 +101,19 @@ def _objective(p: AssignProblem, v: float, t: float) -> float:
     return p.lam * nv + (1.0 - p.lam) * nt
 
 
+def _cbc_path() -> str:
+    """A ``cbc`` on PATH, else the one PuLP 3 bundles (PuLP 4 ships none: ``pip install
+    'pulp[cbc]'`` or a system ``cbc`` then)."""
+    import shutil
+
+    from pulp.apis import coin_api
+    found = shutil.which("cbc") or getattr(coin_api, "pulp_cbc_path", None)
+    if not found or not Path(found).is_file():
+        raise RuntimeError("options.solver milp needs the CBC solver: install a `cbc` binary on "
+                           "PATH (or pip install 'pulp[cbc]'), or use options.solver fast")
+    return str(found)
+
+
 def solve_milp(p: AssignProblem, time_limit: float = 30.0) -> np.ndarray:
     """Exact solution with PuLP/CBC (binary ``x[g, b]``, continuous round time ``T``)."""
     import pulp
@@ -111,8 +125,10 @@ def solve_milp(p: AssignProblem, time_limit: float = 30.0) -> np.ndarray:
     wv = p.lam / (v2 - v8) if v2 - v8 > 0 else 0.0
     wt = (1 - p.lam) / (t8 - t2) if t8 - t2 > 0 else 0.0
     prob = pulp.LpProblem("adaqp_bits", pulp.LpMinimize)
-    x = {(g, b): pulp.LpVariable(f"x_{g}_{b}", cat="Binary") for g in range(G) for b in BITS}
-    T = pulp.LpVariable("T", lowBound=0)
+    # Variables are made by the problem and CBC is run through COIN_CMD: PuLP's current API
+    # (LpVariable(...) and PULP_CBC_CMD warn on every call and go away in PuLP 4.0).
+    x = {(g, b): prob.add_variable(f"x_{g}_{b}", cat="Binary") for g in range(G) for b in BITS}
+    T = prob.add_variable("T", lowBound=0)
     prob += wv * pulp.lpSum(float(p.sigma[g]) * _INV[b] * x[g, b] for g in range(G)
                             for b in BITS) + wt * T
     for g in range(G):
@@ -122,7 +138,7 @@ def solve_milp(p: AssignProblem, time_limit: float = 30.0) -> np.ndarray:
         gs = np.nonzero(p.channel == c)[0]
         prob += T >= float(p.gamma[c]) + float(p.alpha[c]) * pulp.lpSum(
             float(mbs[b][g]) * x[g, b] for g in gs for b in BITS)
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
+    status = prob.solve(pulp.COIN_CMD(path=_cbc_path(), msg=False, timeLimit=time_limit))
     if pulp.LpStatus[status] != "Optimal":
         raise RuntimeError(f"MILP bit assignment: CBC returned {pulp.LpStatus[status]}")
     return np.array([max(BITS, key=lambda b: x[g, b].value() or 0) for g in range(G)])

@@ -209,7 +209,7 @@ def dataset_files(name: str | os.PathLike, root: str | os.PathLike | None = None
         if not key.endswith(".npz"):
             stem = path.with_suffix("")
             for what in ("labels", "features"):
-                for suffix in (".npy", ".txt"):
+                for suffix in (".npy", ".txt", ".npz"):
                     p = stem.with_name(f"{stem.name}.{what}{suffix}")
                     if p.is_file():
                         files.append(p)

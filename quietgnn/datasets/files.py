@@ -4,7 +4,10 @@
 
 * ``edge_index`` int ``[2, E]`` (source, destination), **or** ``src`` and ``dst`` int ``[E]``
 * ``y`` int ``[N]`` (or ``[N, 1]``) labels in ``[0, num_classes)``            (required)
-* ``x`` float ``[N, F]`` features       (optional: degree-bucket features, see below)
+* ``x`` float ``[N, F]`` features       (optional: degree-bucket features, see below), **or**
+  the same as a sparse CSR matrix: ``x_data``, ``x_indices``, ``x_indptr``, ``x_shape``
+  (optional ``x_format`` = ``csr``): the keys :func:`scipy.sparse.save_npz` writes, prefixed
+  with ``x_``. A wide binary feature table stays a few MB on disk instead of ``4 N F`` bytes
 * ``train_mask``, ``val_mask``, ``test_mask`` bool ``[N]``  (optional, all three or none:
   without them, seeded random 60/20/20)
 * ``num_classes`` scalar                 (optional: default ``max(y) + 1``)
@@ -15,7 +18,14 @@ columns (weights, timestamps) are ignored. Companions next to it, named after th
 
 * ``graph.labels.npy`` int ``[N]`` (required; ``graph.labels.txt``, one per line, also works) -
   it also fixes N, so isolated nodes with high ids are kept;
-* ``graph.features.npy`` float ``[N, F]`` (optional; or ``graph.features.txt``).
+* ``graph.features.npy`` float ``[N, F]`` (optional; or ``graph.features.txt``, or
+  ``graph.features.npz`` written by ``scipy.sparse.save_npz`` - sparse on disk).
+
+A first line that is not two integers (a CSV header such as ``id_1,id_2``) is skipped.
+
+Sparse features are densified to float32 ``[N, F]`` when the graph is loaded (the
+:class:`Graph` contract is dense; ``quietgnn prepare`` then writes each part's rows, and
+``--x-dtype float16`` halves them): the file stays small, memory holds ``4 N F`` bytes once.
 
 Without features, nodes get one-hot **log2 degree buckets** (16 columns: bucket
 ``min(floor(log2(deg + 1)), 15)``) rather than a constant: a constant feature makes every node
@@ -28,13 +38,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..graph import Graph
 
-__all__ = ["load_npz", "load_edge_list", "degree_features", "EDGE_LIST_SUFFIXES"]
+__all__ = ["load_npz", "load_edge_list", "degree_features", "csr_features",
+           "EDGE_LIST_SUFFIXES"]
 
 EDGE_LIST_SUFFIXES = (".txt", ".edges", ".csv", ".tsv")
 _DEGREE_BUCKETS = 16
@@ -50,6 +62,43 @@ def degree_features(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
     x = np.zeros((num_nodes, _DEGREE_BUCKETS), dtype=np.float32)
     x[np.arange(num_nodes), bucket] = 1.0
     return x
+
+
+_CSR_KEYS = ("data", "indices", "indptr", "shape")
+
+
+def csr_features(arrays: Any, prefix: str, where: str) -> np.ndarray | None:
+    """Dense float32 ``[N, F]`` from the CSR keys ``<prefix>data``, ``indices``, ``indptr``,
+    ``shape`` (and optional ``format``) of ``arrays`` (an open ``.npz``), as
+    :func:`scipy.sparse.save_npz` writes them with ``prefix=""``; None when they are absent."""
+    keys = set(arrays.files)
+    present = [k for k in _CSR_KEYS if prefix + k in keys]
+    if not present:
+        return None
+    if len(present) != len(_CSR_KEYS):
+        missing = [prefix + k for k in _CSR_KEYS if k not in present]
+        raise ValueError(f"{where}: sparse features need keys "
+                         f"{[prefix + k for k in _CSR_KEYS]}; {missing} missing (write them "
+                         f"with scipy.sparse.save_npz, or np.savez(x_data=m.data, ...))")
+    fmt = arrays[prefix + "format"].item() if prefix + "format" in keys else b"csr"
+    fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+    if fmt != "csr":
+        raise ValueError(f"{where}: sparse features in format {fmt!r}; expected 'csr' "
+                         f"(convert with m.tocsr() before saving)")
+    import scipy.sparse as sp
+    shape = tuple(int(v) for v in np.asarray(arrays[prefix + "shape"]).reshape(-1))
+    try:
+        m = sp.csr_matrix((arrays[prefix + "data"], arrays[prefix + "indices"],
+                           arrays[prefix + "indptr"]), shape=shape)
+        m.check_format(full_check=True)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: sparse features are not a valid CSR matrix of shape "
+                         f"{shape} ({exc}); expected data/indices [nnz], indptr [N+1], shape "
+                         f"(N, F)") from exc
+    if m.data.dtype.kind not in "biuf":
+        raise ValueError(f"{where}: sparse feature values have dtype {m.data.dtype}, expected "
+                         f"numbers")
+    return m.astype(np.float32).toarray()
 
 
 def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray,
@@ -128,7 +177,7 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
             raise ValueError(f"{path}: missing key 'y' (int labels [N]); found keys "
                              f"{sorted(keys)}. Node classification needs a label per node")
         y = _labels(z["y"], f"{path} key 'y'")
-        x = np.asarray(z["x"]) if "x" in keys else None
+        x = np.asarray(z["x"]) if "x" in keys else csr_features(z, "x_", str(path))
         mask_keys = ("train_mask", "val_mask", "test_mask")
         present = [k for k in mask_keys if k in keys]
         if present and len(present) != 3:
@@ -145,10 +194,19 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
 
 
 def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray | None, str]:
-    for suffix in (".npy", ".txt"):
+    for suffix in (".npy", ".txt", ".npz"):
         p = stem_path.with_name(f"{stem_path.name}.{what}{suffix}")
         if p.is_file():
-            arr = np.load(p, allow_pickle=False) if suffix == ".npy" else np.loadtxt(p, ndmin=1)
+            if suffix == ".npz":    # scipy.sparse.save_npz's keys
+                with np.load(p, allow_pickle=False) as z:
+                    arr = csr_features(z, "", str(p))
+                if arr is None:
+                    raise ValueError(f"{p}: expected a sparse matrix written by "
+                                     f"scipy.sparse.save_npz (keys data, indices, indptr, "
+                                     f"shape); found keys {sorted(z.files)}")
+            else:
+                arr = np.load(p, allow_pickle=False) if suffix == ".npy" else \
+                    np.loadtxt(p, ndmin=1)
             return arr, str(p)
     if required:
         raise ValueError(f"{stem_path.parent / stem_path.name}: edge list needs its labels: "
@@ -160,23 +218,34 @@ def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray 
 
 def _parse_edges(path: Path) -> np.ndarray:
     """int64 ``[2, E]`` from a text edge list (C parser; comma or whitespace separated)."""
-    delimiter = None
+    delimiter, skip = None, 0
     with open(path) as fh:
-        for line in fh:
+        for lineno, line in enumerate(fh, 1):
             s = line.strip()
             if s and s[0] not in "#%":
                 delimiter = "," if "," in s else None
+                first = s.split(delimiter)[:2]
+                if not all(_is_int(v) for v in first):
+                    skip = lineno     # a header such as id_1,id_2 (CSV exports have one)
                 break
         else:
             raise ValueError(f"{path}: no edges found (only blank or comment lines); expected "
                              f"one 'u v' pair per line")
     try:
         arr = np.loadtxt(path, comments=("#", "%"), delimiter=delimiter, dtype=np.int64,
-                         ndmin=2, usecols=(0, 1))
+                         ndmin=2, usecols=(0, 1), skiprows=skip)
     except ValueError as exc:
         raise ValueError(f"{path}: could not read it as an edge list ({exc}); expected one "
                          f"'u v' pair of integer node ids per line, '#' for comments") from exc
     return arr.T.copy()
+
+
+def _is_int(v: str) -> bool:
+    try:
+        int(v.strip().strip('"'))
+        return True
+    except ValueError:
+        return False
 
 
 def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:

@@ -45,14 +45,14 @@ class SyntheticSpec:
     skew off: every node has the same expected degree (an Erdos-Renyi-like block model).
     """
 
-    nodes: int = 20000
-    classes: int = 8
-    avg_degree: float = 10.0
-    homophily: float = 0.8
-    degree_skew: float = 2.5
-    feature_dim: int = 64
-    feature_noise: float = 1.0
-    seed: int = 0
+    nodes: int = 20000            # number of nodes
+    classes: int = 8              # number of classes (= blocks)
+    avg_degree: float = 10.0      # expected undirected degree
+    homophily: float = 0.8        # fraction of edges within a class
+    degree_skew: float = 2.5      # power-law exponent of expected degrees (> 2; 0: no skew)
+    feature_dim: int = 64         # feature columns (class mean + Gaussian noise)
+    feature_noise: float = 1.0    # std of the feature noise (larger: features say less)
+    seed: int = 0                 # seed of the generator
 
     def __post_init__(self) -> None:
         def bad(field: str, allowed: str) -> ValueError:

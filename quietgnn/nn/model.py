@@ -21,7 +21,7 @@ train them separately (RETEXO).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +41,12 @@ Exchange = Callable[[Tensor, int], Tensor]
 class ModelConfig:
     """Architecture of the model (``model.*`` keys of a run config)."""
 
-    arch: str = "gcn"
-    hidden: int = 64
-    layers: int = 2
-    dropout: float = 0.5
-    norm: str = "none"
-    heads: int = 4
+    arch: str = "gcn"       # convolution: gcn | sage | gat | gin
+    hidden: int = 64        # width of the hidden layers
+    layers: int = 2         # number of graph convolutions
+    dropout: float = 0.5    # dropout probability before every convolution
+    norm: str = "none"      # none | layer (LayerNorm after hidden convolutions)
+    heads: int = 4          # GAT attention heads (hidden must be divisible by it)
 
     def __post_init__(self) -> None:
         self.arch = str(self.arch).lower()
@@ -75,6 +75,7 @@ class GNN(nn.Module):
                  dropout: float = 0.5, norm: str = "none", heads: int = 4) -> None:
         super().__init__()
         self.arch, self.dropout, self.num_layers = arch, float(dropout), layers
+        self.hidden, self.norm_kind, self.heads = hidden, norm, heads
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         convs = []
         for i in range(layers):
@@ -88,6 +89,13 @@ class GNN(nn.Module):
         self.norms = nn.ModuleList(
             [nn.LayerNorm(hidden) if norm == "layer" else nn.Identity() for _ in range(layers - 1)])
         self.dims = dims
+
+    def spec(self) -> dict[str, Any]:
+        """The constructor arguments: ``GNN(**model.spec())`` builds the same architecture
+        (what a run's ``model.json`` records next to the weights)."""
+        return {"arch": self.arch, "in_dim": self.dims[0], "hidden": self.hidden,
+                "out_dim": self.dims[-1], "layers": self.num_layers, "dropout": self.dropout,
+                "norm": self.norm_kind, "heads": self.heads}
 
     def block(self, i: int, h: Tensor, adj: SparseAdj) -> Tensor:
         """Layer ``i`` alone on an already-exchanged input: conv (+ norm, ReLU unless last)."""

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-__all__ = ["claim_run_dir", "check_writable_dir", "check_writable_file", "record_attempt",
+__all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file", "record_attempt",
            "attempts", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
-_RESULTS = ("summary.json", "config.json", "metrics", "checkpoints")
+_RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
 
 
 def restart_count() -> int:
@@ -93,6 +93,16 @@ def claim_run_dir(cfg: Any, run_dir: Path) -> None:
         f"run directory {str(run_dir)!r} already holds a run ({', '.join(found)}); pass "
         f"--resume to continue it, another --run-name (or --out) for a new run, or "
         f"--runtime.overwrite true to replace it")
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Remove ``run_dir`` if it is empty: a run refused before it wrote anything (a dataset
+    that does not load, a graph that fails validation) leaves no empty run directory behind.
+    Never touches a directory holding anything."""
+    try:
+        Path(run_dir).rmdir()      # fails on a non-empty (or missing) directory, as intended
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------- writability

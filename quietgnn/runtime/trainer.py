@@ -28,6 +28,8 @@ class Trainer:
                                      "train_acc": float("nan")}
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
         self.checkpointer: Any = None
+        #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
+        self.model_best: Optional[dict[str, Any]] = None
         rt = cfg.runtime
         if rt.checkpoint_every or rt.resume:
             from .checkpoint import Checkpointer
@@ -60,6 +62,7 @@ class Trainer:
             if s.finished():
                 break
         metrics.close()
+        self._write_model(epoch)
         wall = time.perf_counter() - t_start
         return self._summary(wall, epoch + 1 - start_epoch)
 
@@ -97,6 +100,7 @@ class Trainer:
             if accs["val"] > self.best["val_acc"]:
                 self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
                              "train_acc": accs["train"], "epoch": epoch}
+            self._snapshot_best(epoch, accs)
         self.history.append({"epoch": epoch, "compute_s": rec["compute_s"], "work": res.work,
                              "wall_s": rec["wall_s"], "loss": res.loss,
                              "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
@@ -109,7 +113,7 @@ class Trainer:
         return {"epoch": epoch, "best": self.best, "history": self.history,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
                 "sent_by_class": dict(self.comm.sent_by_class),
-                "book_id": self.ctx.part.book_id}
+                "book_id": self.ctx.part.book_id, "model_best": self.model_best}
 
     def _maybe_resume(self) -> int:
         if not self.checkpointer:
@@ -130,6 +134,7 @@ class Trainer:
         # keep both attempts' setup records)
         for c, n in state.get("sent_by_class", {}).items():
             self.comm.sent_by_class[c] = self.comm.sent_by_class.get(c, 0) + int(n)
+        self.model_best = state.get("model_best")
         # Last, so that nothing in load_state_dict consumes random numbers after the restore:
         # dropout masks (and samplers on the global RNG) continue as if never interrupted.
         restore_rng(state["rng"])
@@ -158,22 +163,59 @@ class Trainer:
         tmp.write_text("".join(x + "\n" for x in keep))
         tmp.replace(path)
 
+    # ------------------------------------------------------------------ the trained model
+    def _snapshot_best(self, epoch: int, accs: dict[str, float]) -> None:
+        """Rank 0 copies the model :meth:`Strategy.evaluate` just scored when its validation
+        accuracy beats every earlier copy's (the same rule as the reported test accuracy; a
+        strategy whose scored model is no GNN yet, RETEXO before its last layer, is skipped)."""
+        best = self.model_best
+        if self.ctx.rank != 0 or not accs["val"] > (best["val_acc"] if best else -1.0):
+            return
+        model = self.strategy.export_model()
+        if model is not None:
+            self.model_best = {"epoch": epoch, "val_acc": accs["val"], "test_acc": accs["test"],
+                               "spec": model.spec(), "selected": "best_val",
+                               "state": {k: v.detach().to("cpu", copy=True)
+                                         for k, v in model.state_dict().items()}}
+
+    def _write_model(self, last_epoch: int) -> None:
+        """Rank 0 writes ``model.json`` + ``model.pt`` (:mod:`quietgnn.nn.export`): the
+        best-validation copy, or the last model when no evaluation had a validation score."""
+        if self.ctx.rank != 0:
+            return
+        best = self.model_best
+        if best is None:
+            model = self.strategy.export_model()
+            if model is None:
+                self.ctx.log(f"note: strategy {self.cfg.strategy!r} ended without a whole model "
+                             f"to save (see Strategy.export_model); no model.pt written")
+                return
+            best = {"epoch": last_epoch, "val_acc": None, "test_acc": None, "selected": "last",
+                    "spec": model.spec(), "state": model.state_dict()}
+        from ..nn.export import save_model
+        info = {k: best[k] for k in ("epoch", "val_acc", "test_acc", "selected")}
+        info.update(strategy=self.cfg.strategy, dataset=self.cfg.dataset.name,
+                    num_classes=self.ctx.part.num_classes)
+        save_model(self.run_dir, best["spec"], best["state"], info)
+
     # ------------------------------------------------------------------ reporting
     def _progress(self, rec: dict[str, Any]) -> None:
         if self.ctx.rank != 0 or not self.cfg.runtime.progress:
             return
         epochs = self.cfg.train.epochs
-        e = rec["epoch"] + 1
-        tty = sys.stderr.isatty()
+        e = rec["epoch"] + 1        # epochs done; the epoch itself is numbered from 0 as in
+        tty = sys.stderr.isatty()   # metrics.jsonl, the summary's best_epoch and the report
         if not tty and e % max(1, epochs // 10) and e != epochs:
             return
         acc = "" if rec["val_acc"] is None else \
             f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
-        mb = rec["bytes"].get("train", {}).get("sent", 0) / 1e6
+        # the basis of the summary's "rank 0 sent" figure: per epoch-equivalent
+        from ..cli import _human_bytes
+        sent = _human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
         filled = int(24 * e / epochs)
         bar = "#" * filled + "." * (24 - filled)
-        line = (f"[{bar}] epoch {e}/{epochs} loss {rec['loss']:.4f}{acc} | rank-0 sent "
-                f"{mb:.2f} MB/epoch | {rec['wall_s'] * 1000:.0f} ms")
+        line = (f"[{bar}] epoch {rec['epoch']} ({e}/{epochs}) loss {rec['loss']:.4f}{acc} | "
+                f"rank 0 sent {sent}/epoch | {rec['wall_s'] * 1000:.0f} ms")
         sys.stderr.write(("\r" + line + " " * 4) if tty else line + "\n")
         if tty and e == epochs:
             sys.stderr.write("\n")
@@ -210,6 +252,9 @@ class Trainer:
             "train_bytes": train_bytes,
             "epoch_equivalents": work,
             "train_bytes_per_epoch": train_bytes / per if per else 0.0,
+            # what the progress line shows: rank 0's training bytes sent per epoch-equivalent
+            "rank0_train_bytes_per_epoch": sum(e["train_sent"] for e in hist[0]) / per
+            if per else 0.0,
             "eval_bytes": eval_bytes, "wall_seconds": wall, **_attempts(self.run_dir, wall),
             "compute_seconds": compute,
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,

@@ -79,14 +79,14 @@ class AdaQPOptions:
     ranks wait), ``auto`` (MILP up to 64 groups per exchange);
     ``time_model``: ``profile`` (measured at start-up) or a network tier name (``lan``, ...)."""
 
-    bits: Union[str, int] = "adaptive"
-    overlap: bool = True
-    assign_cycle: int = 20
-    group_size: int = 100
-    lam: float = 0.5
-    solver: str = "fast"
-    time_model: str = "profile"
-    profile_reps: int = 3
+    bits: Union[str, int] = "adaptive"   # adaptive, or a fixed width 2/4/8 (32 = halo)
+    overlap: bool = True         # aggregate central rows while the messages fly
+    assign_cycle: int = 20       # epochs between bit assignments
+    group_size: int = 100        # messages per width decision
+    lam: float = 0.5             # weight of variance against time in the assignment
+    solver: str = "fast"         # fast (Pareto sweep) | milp (exact, PuLP + CBC) | auto
+    time_model: str = "profile"  # profile (measured at start-up) or a network tier (lan, ...)
+    profile_reps: int = 3        # repetitions per payload size of the start-up profile
     #: fetch the halo's static input rows once at setup (exact fp32, sparse when smaller)
     #: instead of quantizing and sending them every epoch (false: the paper's data flow)
     cache_inputs: bool = True

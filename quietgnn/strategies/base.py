@@ -48,11 +48,11 @@ class NonFiniteError(RuntimeError):
 class TrainConfig:
     """Optimisation settings shared by all strategies (``train.*`` keys)."""
 
-    epochs: int = 100
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    eval_every: int = 1
-    seed: int = 0
+    epochs: int = 100            # passes over the training set (epoch-equivalents)
+    lr: float = 0.01             # Adam learning rate
+    weight_decay: float = 5e-4   # Adam weight decay (L2)
+    eval_every: int = 1          # evaluate every N epochs (and after the last)
+    seed: int = 0                # seed of model init, dropout and sampling
 
     def __post_init__(self) -> None:
         for name, lo in (("epochs", 1), ("eval_every", 1)):
@@ -162,6 +162,13 @@ class Strategy(ABC):
     def finished(self) -> bool:
         """True when the strategy's own schedule is done before ``train.epochs``."""
         return False
+
+    def export_model(self) -> Optional[GNN]:
+        """The whole model :meth:`evaluate` scores, as a :class:`~quietgnn.nn.GNN` (what a run
+        saves as its trained model), or None when what it scores is not one. Default: the
+        strategy's ``self.model`` (replicated on every rank, or rank 0's average in ``tma``)."""
+        model = getattr(self, "model", None)
+        return model if isinstance(model, GNN) else None
 
     def gather_objects(self, obj: Any) -> Optional[list[Any]]:
         """Collect ``obj`` from every live rank on rank 0 for the run summary (others get

@@ -87,15 +87,15 @@ class MiniBatch(Strategy):
 
     @dataclass
     class Options:
-        fanouts: Any = "25,10"
-        batch_size: int = 512
-        bulk: int = 4
-        sampler: str = "sage"
-        topology: str = "replicated"
-        replication: int = 1
-        cache_mb: float = 256.0
-        eval_nodes: int = 0
-        steps_per_epoch: int = 0
+        fanouts: Any = "25,10"         # one per layer, hop 0 first (-1: all; ladies: nodes)
+        batch_size: int = 512          # targets per minibatch (at most)
+        bulk: int = 4                  # minibatches per sampler call
+        sampler: str = "sage"          # sage (uniform rows) | ladies
+        topology: str = "replicated"   # replicated (whole CSR per rank) | 1.5d
+        replication: int = 1           # 1.5d: copies c of each block-row (divides the ranks)
+        cache_mb: float = 256.0        # MiB of remote feature rows cached at setup (0: off)
+        eval_nodes: int = 0            # 0: exact evaluation; k: a fixed sample of ~k per split
+        steps_per_epoch: int = 0       # 0: an epoch is one pass; s: stop each epoch after s
 
         def __post_init__(self) -> None:
             self.fanouts = _fanouts(self.fanouts)

@@ -76,6 +76,7 @@ from torch import Tensor
 from ..comm import HaloExchanger
 from ..comm.lowrank import LowRankReducer
 from ..comm.traffic import Traffic
+from ..nn import GNN
 from ._retexo_layers import Pre, build_layers
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
                    sync_gradients)
@@ -301,6 +302,22 @@ class Retexo(Strategy):
             raise RuntimeError("retexo: evaluate() before the first round (nothing trained yet)")
         layer = self.layers[self.k]
         return global_evaluate(layer, self.ctx.part, self.ctx.comm, lambda: layer(self.pre))
+
+    def export_model(self) -> Optional[GNN]:
+        """Once the last layer trains, what :meth:`evaluate` scores is the end-to-end stack
+        ``conv_k -> [LN ->] ReLU`` of every layer's best parameters (the heads only served
+        training): a :class:`GNN`. Before that (a prefix with a head), or with
+        ``embed='logits'`` (layer k+1 reads layer k's head), it is not one: None."""
+        m = self.ctx.model_cfg
+        if self.h is None or self.k != len(self.R) - 1 or self.options.embed != "hidden":
+            return None
+        gnn = GNN(m.arch, self.layers[0].in_dim, m.hidden, self.ctx.part.num_classes, m.layers,
+                  m.dropout, "layer" if self.layer_norm else "none", m.heads)
+        for i, layer in enumerate(self.layers):
+            gnn.convs[i].load_state_dict(layer.conv.state_dict())
+            if i < len(self.layers) - 1:
+                gnn.norms[i].load_state_dict(layer.norm.state_dict())
+        return gnn
 
     def run_report(self) -> dict[str, Any]:
         return {"schedule": list(self.R), "embed": self.options.embed,

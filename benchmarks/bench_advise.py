@@ -1,0 +1,168 @@
+"""Validation of ``quietgnn advise`` against the headline study's measured winners.
+
+    python benchmarks/bench_advise.py --write-prior   # quietgnn/_advise_prior.py from headline
+    python benchmarks/bench_advise.py                 # probe, rank, compare (about 10 min)
+    python benchmarks/bench_advise.py --render        # tables from advise.json only
+
+For every dataset x model of ``benchmarks/results/headline`` (P = 4) and every built-in tier,
+the measured winner is the strategy whose run reached 98 % of ``centralized`` first on that
+tier (``quietgnn report``'s time to accuracy of the finished 200-epoch runs). The advisor
+sees none of those runs' curves for the dataset it is judged on: its prior is rebuilt with
+that dataset held out (leave-one-dataset-out), and its per-epoch costs come from its own
+probe (a few epochs per strategy, run through the trainer into
+``benchmarks/results/advise/probes/``; resumable).
+
+Writes ``benchmarks/results/advise.json`` (one record per cell: ``dataset``, ``model``,
+``parts``, ``tier``, ``measured_winner``, ``advised`` — the ranking, first = its choice —
+predicted and measured seconds) and ``benchmarks/results/advise/advise.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pprint
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from quietgnn.advise import CANDIDATES, build_prior, probe, rank  # noqa: E402
+from quietgnn.comm.network import TIERS  # noqa: E402
+
+HEADLINE = ROOT / "benchmarks/results/headline"
+ROOTS = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon",
+         "cs": "coauthor"}
+
+
+def headline_results() -> list[dict]:
+    # results.jsonl is the matrix's current runs (results/ also keeps superseded variants)
+    return [json.loads(x) for x in (HEADLINE / "results.jsonl").read_text().splitlines() if x]
+
+
+def measured(report: dict, ds: str, model: str, tier: str) -> dict[str, float]:
+    """Seconds to target on ``tier`` of each non-reference strategy at P = 4."""
+    g = next(g for g in report["groups"] if g["dataset"] == ds and g["model"] == model)
+    out = {}
+    for row in g["rows"]:
+        t = (row.get("tta") or {}).get(tier)
+        if row["strategy_name"] in CANDIDATES and row["parts"] == 4 and t and t["seconds"]:
+            out[row["strategy_name"]] = t["seconds"]
+    return out
+
+
+def write_prior() -> None:
+    prior = build_prior(headline_results())
+    prior["source"] = ("benchmarks/results/headline: every strategy at P = 4, GCN and SAGE "
+                       "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS")
+    path = ROOT / "quietgnn/_advise_prior.py"
+    path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
+                    '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
+                    'edit by hand)."""\n\nPRIOR = ' + pprint.pformat(prior, width=96,
+                                                                     sort_dicts=True) + "\n")
+    print(f"wrote {path}")
+
+
+def validate(data_root: Path, datasets: list[str]) -> list[dict]:
+    report = json.loads((ROOT / "benchmarks/results/headline/headline.json").read_text())
+    results = headline_results()
+    records = []
+    for g in report["groups"]:
+        ds, model = g["dataset"], g["model"]
+        if datasets and ds not in datasets:
+            continue
+        strategies = [s for s in CANDIDATES if any(
+            r["strategy_name"] == s and r["parts"] == 4 for r in g["rows"])]
+        m = probe(ds, root=str(data_root / ROOTS[ds]), parts=4, model=model,
+                  strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
+                  out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        prior = build_prior(results, exclude=[ds])
+        for tier in TIERS:
+            truth = measured(report, ds, model, tier)
+            if not truth:
+                continue
+            adv = rank(m, tier, prior)
+            order = [r["strategy"] for r in adv["ranking"]]
+            winner = min(truth, key=truth.get)
+            pred = {r["strategy"]: r["predicted_seconds_to_target"] for r in adv["ranking"]}
+            errs = [math.log(pred[s] / truth[s]) for s in truth if pred.get(s)]
+            records.append({
+                "dataset": ds, "model": model, "parts": 4, "tier": tier,
+                "measured_winner": winner, "advised": order,
+                "hit": order[:1] == [winner], "top2": winner in order[:2],
+                "predicted_s": pred, "measured_s": truth,
+                # how far the predicted times are: median |log(predicted / measured)|
+                "median_abs_log_error": statistics.median(map(abs, errs)) if errs else None,
+            })
+            print(f"{ds}/{model}/{tier}: winner {winner}, advised {order[:3]}",
+                  file=sys.stderr, flush=True)
+    return records
+
+
+def render(records: list[dict]) -> list[str]:
+    n = len(records)
+    hit = sum(r["hit"] for r in records)
+    top2 = sum(r["top2"] for r in records)
+    errs = [r["median_abs_log_error"] for r in records if r["median_abs_log_error"] is not None]
+    lines = ["# quietgnn advise: validation against the headline study", "",
+             "Command: `python benchmarks/bench_advise.py` (leave-one-dataset-out prior, "
+             "per-epoch costs from the advisor's own probe).", "",
+             f"- first choice = measured winner: {hit}/{n} cells ({100 * hit / max(n, 1):.0f}%)",
+             f"- measured winner in the top two: {top2}/{n} ({100 * top2 / max(n, 1):.0f}%)",
+             f"- predicted vs measured time to target: median factor "
+             f"{math.exp(statistics.median(errs)) if errs else float('nan'):.2f}x "
+             f"(per cell, the median over strategies of max(pred/meas, meas/pred))", "",
+             "| dataset | model | tier | measured winner | advised (first three) | hit | "
+             "time factor |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        e = r["median_abs_log_error"]
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['tier']} | {r['measured_winner']} "
+                     f"| {', '.join(r['advised'][:3])} | "
+                     f"{'yes' if r['hit'] else ('top 2' if r['top2'] else 'no')} | "
+                     f"{'—' if e is None else f'{math.exp(e):.2f}x'} |")
+    misses = [r for r in records if not r["hit"]]
+    if misses:
+        lines += ["", "Misses (measured seconds to target of the winner and of the advised):", ""]
+        for r in misses:
+            a, w = r["advised"][0], r["measured_winner"]
+            lines.append(f"- {r['dataset']}/{r['model']}/{r['tier']}: advised {a} "
+                         f"(measured {_s(r['measured_s'].get(a))}, predicted "
+                         f"{_s(r['predicted_s'].get(a))}), winner {w} (measured "
+                         f"{_s(r['measured_s'][w])}, predicted {_s(r['predicted_s'].get(w))})")
+    return lines
+
+
+def _s(x: float | None) -> str:
+    return "never" if x is None else f"{x:.3g}s"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write-prior", action="store_true")
+    ap.add_argument("--render", action="store_true")
+    ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
+    ap.add_argument("--datasets", default="", help="comma-separated subset")
+    args = ap.parse_args()
+    if args.write_prior:
+        write_prior()
+        return 0
+    jpath = ROOT / "benchmarks/results/advise.json"
+    if args.render:
+        records = json.loads(jpath.read_text())["cells"]
+    else:
+        records = validate(Path(args.data_root), [d for d in args.datasets.split(",") if d])
+        jpath.write_text(json.dumps({"command": "python benchmarks/bench_advise.py",
+                                     "cells": records}, indent=1))
+    md = ROOT / "benchmarks/results/advise/advise.md"
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(render(records)) + "\n")
+    print("\n".join(render(records)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Measured, not projected: training across emulated hosts on rate-limited links.
+
+    sudo python benchmarks/bench_network.py                       # the default matrix
+    python benchmarks/bench_network.py --datasets computers --strategies halo,tma \
+        --rates 100mbit --epochs 5                                 # a slice
+    python benchmarks/bench_network.py --render                    # tables from network.json
+
+Every run is ``quietgnn train`` under one ``torchrun`` agent per emulated host
+(``benchmarks/netcluster.py``: network namespaces on a bridge, each host's egress capped by
+``tbf``), the c10d rendezvous and every byte over the bridge. Each rank loads the dataset and
+partitions it with its strategy's own partitioner (no shared prepared directory), as on real
+hosts. Per run it records the measured wall seconds per epoch-equivalent (training only: the
+epoch's wall time less its evaluation) and ``quietgnn report``'s projection for a tier of the
+same bandwidth and no latency (``netem`` is absent here, so the link adds only the kernel's
+sub-millisecond latency; the projection's latency term for the named tier is reported apart).
+
+The machine has fewer cores than hosts, so a rank's compute waits for a core: the projection's
+compute term (CPU seconds of the slowest rank) is below the measured wall time even on an
+uncapped link. Each configuration therefore also runs with the link uncapped, and the table
+compares the *link's* share — measured capped minus measured uncapped — with the projected
+communication seconds, as well as the whole epoch.
+
+Writes ``benchmarks/results/network.json`` (one record per run: ``strategy``, ``dataset``,
+``parts``, ``tier``, ``bandwidth_bps``, ``measured_epoch_s``, ``projected_epoch_s``,
+``measured_seconds_to_98``, ``projected_seconds_to_98``, ``bytes_per_epoch``, ...) and
+``benchmarks/results/network/network.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from netcluster import Cluster, _rate_bps, available  # noqa: E402
+from quietgnn.comm.network import TIERS, Tier, epoch_curve, project  # noqa: E402
+from quietgnn.runtime.metrics import read_metrics  # noqa: E402
+
+OUT = ROOT / "benchmarks/results/network"
+DATA = {"computers": "amazon", "cs": "coauthor", "cora": "planetoid", "citeseer": "planetoid"}
+TIER_OF = {"1gbit": "lan", "100mbit": "wan", "10mbit": "edge"}
+# per strategy, what makes an epoch comparable (as in benchmarks/headline.yaml)
+EXTRA = {"tma": ["--options.period_epochs", "1"]}
+
+
+def _train_args(ds: str, data_root: Path, strategy: str, epochs: int, run: str) -> list[str]:
+    return ["-m", "quietgnn", "train", "--dataset", ds, "--root", str(data_root / DATA[ds]),
+            "--strategy", strategy, "--parts", "4", "--model", "gcn", "--hidden", "64",
+            "--layers", "2", "--epochs", str(epochs), "--train.eval_every", str(epochs),
+            "--runtime.progress", "false", "--runtime.timeout_s", "600",
+            "--runtime.overwrite", "true", "--out", str(OUT / "runs"), "--run-name", run,
+            *EXTRA.get(strategy, [])]
+
+
+def _measured(curve: dict) -> tuple[float, float]:
+    """(wall s, work) of the epochs after the first (warm-up), evaluation left out."""
+    rows = curve["epochs"][1:] or curve["epochs"]
+    return (sum(r["wall_s"] - r["eval_s"] for r in rows),
+            sum(float(r.get("work", 1.0)) for r in rows))
+
+
+def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root: Path,
+            hosts: int = 4) -> dict:
+    run = f"{ds}-{strategy}-{rate or 'uncapped'}"
+    logs = OUT / "logs" / run
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with Cluster(hosts, rate=rate) as c:
+        codes = c.wait(c.torchrun(_train_args(ds, data_root, strategy, epochs, run),
+                                  run_id=run, log_dir=logs), timeout=3000)
+    rec = {"dataset": ds, "strategy": strategy, "parts": hosts, "rate": rate or "uncapped",
+           "bandwidth_bps": _rate_bps(rate) if rate else None, "epochs": epochs,
+           "elapsed_s": round(time.perf_counter() - t0, 1), "status": "ok"}
+    if codes != [0] * hosts:
+        tail = (logs / "host-0.log").read_text(errors="replace")[-1500:]
+        return {**rec, "status": "failed", "exit_codes": codes, "error": tail}
+    curve = epoch_curve(read_metrics(OUT / "runs" / run))
+    wall, work = _measured(curve)
+    rows = curve["epochs"][1:] or curve["epochs"]
+    rec.update(measured_epoch_s=wall / work,
+               bytes_per_epoch=sum(r["train_bytes"] + r["data_bytes"] for r in rows) / work,
+               compute_epoch_s=sum(r["compute_s"] for r in rows) / work,
+               test_acc=curve["epochs"][-1].get("test_acc"))
+    if rate:
+        bw = _rate_bps(rate)
+        link = Tier(f"{rate}-no-latency", bw, 0.0)
+        named = TIERS[TIER_OF[rate]] if rate in TIER_OF else None
+        proj = project({"epochs": rows}, link)
+        rec.update(tier=TIER_OF.get(rate, rate),
+                   projected_epoch_s=sum(p["time_s"] for p in proj) / work,
+                   projected_comm_epoch_s=sum(p["comm_s"] for p in proj) / work,
+                   latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
+                                         if named else None))
+    # time to 98 % of centralized needs runs to the end: null unless the run was long enough
+    rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)
+    return rec
+
+
+def render(records: list[dict]) -> list[str]:
+    base = {(r["dataset"], r["strategy"]): r for r in records
+            if r["rate"] == "uncapped" and r["status"] == "ok"}
+    lines = ["# Measured vs projected epoch time on emulated hosts", "",
+             "Command: `python benchmarks/bench_network.py` (as root). P = 4 hosts (network "
+             "namespaces, tbf-capped egress, torchrun + c10d over the bridge), GCN 2x64. "
+             "Seconds per epoch-equivalent, training only, warm-up epoch left out. "
+             "*link share* = measured capped − measured uncapped (what the link added), "
+             "against the projection's communication term (bytes / bandwidth; the named "
+             "tier's latency term is shown apart: the emulated link has none).", "",
+             "| dataset | strategy | link | bytes/epoch | measured epoch | projected epoch | "
+             "error | link share measured | projected comm | error | latency term (tier) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r["rate"] == "uncapped":
+            continue
+        if r["status"] != "ok":
+            lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | failed: "
+                         f"exit {r.get('exit_codes')} | | | | | | | |")
+            continue
+        b = base.get((r["dataset"], r["strategy"]))
+        share = r["measured_epoch_s"] - b["measured_epoch_s"] if b else None
+        err = r["projected_epoch_s"] / r["measured_epoch_s"] - 1
+        cerr = (r["projected_comm_epoch_s"] / share - 1) if share and share > 0 else None
+        lat = r["latency_term_epoch_s"]
+        lines.append(
+            f"| {r['dataset']} | {r['strategy']} | {r['rate']} | "
+            f"{r['bytes_per_epoch'] / 1e6:.3g} MB | {r['measured_epoch_s']:.3g} s | "
+            f"{r['projected_epoch_s']:.3g} s | {100 * err:+.0f}% | "
+            f"{'—' if share is None else f'{share:.3g} s'} | "
+            f"{r['projected_comm_epoch_s']:.3g} s | "
+            f"{'—' if cerr is None else f'{100 * cerr:+.0f}%'} | "
+            f"{'—' if lat is None else f'{lat:.3g} s'} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="computers,cs")
+    ap.add_argument("--strategies", default="halo,adaqp,grappa,tma,retexo,minibatch")
+    ap.add_argument("--rates", default="1gbit,100mbit,10mbit")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per run (the first is "
+                    "warm-up and left out)")
+    ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
+    ap.add_argument("--render", action="store_true")
+    args = ap.parse_args()
+    jpath = ROOT / "benchmarks/results/network.json"
+    old = json.loads(jpath.read_text())["runs"] if jpath.is_file() else []
+    if not args.render:
+        why = available()
+        if why:
+            print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)
+            return 2
+        key = lambda r: (r["dataset"], r["strategy"], r["rate"])  # noqa: E731
+        done = {key(r): r for r in old}
+        for ds in args.datasets.split(","):
+            for s in args.strategies.split(","):
+                for rate in [None] + args.rates.split(","):
+                    print(f"{ds} {s} {rate or 'uncapped'} ...", file=sys.stderr, flush=True)
+                    r = run_one(ds, s, rate, args.epochs, Path(args.data_root))
+                    print(f"  {r['status']} {r.get('measured_epoch_s')} "
+                          f"{r.get('projected_epoch_s')}", file=sys.stderr, flush=True)
+                    done[key(r)] = r
+                    jpath.write_text(json.dumps({"command": "python benchmarks/bench_network.py "
+                                                 + " ".join(sys.argv[1:]),
+                                                 "runs": list(done.values())}, indent=1))
+        old = list(done.values())
+    OUT.mkdir(parents=True, exist_ok=True)
+    md = "\n".join(render(old)) + "\n"
+    (OUT / "network.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""An emulated cluster on one machine: P "hosts", each a Linux network namespace with its own
+address and network stack, joined by veth pairs to a bridge in a namespace of its own, each
+host's egress capped by a ``tbf`` qdisc. One ``torchrun`` agent per host joins a c10d
+rendezvous over the bridge addresses: quietgnn's multi-host path, over real TCP links.
+
+    with Cluster(hosts=4, rate="100mbit") as c:
+        procs = c.torchrun(["-m", "quietgnn", "train", "--data", "d", ...], run_id="x")
+        c.wait(procs, timeout=600)
+
+Needs root (``ip netns``, ``tc``) and ``iproute2``; :func:`available` says why not otherwise.
+Latency is not emulated (the ``netem`` qdisc is absent on these machines): a measured epoch
+has the link's bandwidth and the kernel's real (sub-millisecond) latency; the projection's
+latency term is reported apart by the study.
+
+Every name the cluster creates carries its prefix (``qg<pid>``), addresses are in
+10.213.0.0/24 inside its own namespaces only, and :meth:`Cluster.close` (run on exit, on an
+exception and on SIGINT/SIGTERM) kills its processes and deletes its namespaces, which takes
+their veth ends with them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+SUBNET = "10.213.0"
+
+
+def available() -> Optional[str]:
+    """None when an emulated cluster can be built here, else the reason it cannot."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces and tc need root (run as root)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) is not installed"
+    probe = f"qgprobe{os.getpid() % 100000}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str, ns: Optional[str] = None) -> None:
+    cmd = (["ip", "-n", ns] if ns else ["ip"]) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+
+def _in(ns: str, *cmd: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, *cmd]
+
+
+class Cluster:
+    """``hosts`` namespaces on a bridge, each host's egress capped at ``rate`` (a tc rate:
+    ``100mbit``, ``1gbit``; None: uncapped)."""
+
+    def __init__(self, hosts: int, rate: Optional[str] = None, prefix: Optional[str] = None):
+        if not isinstance(hosts, int) or not 1 <= hosts <= 200:
+            raise ValueError(f"hosts = {hosts!r}; expected an int in 1..200")
+        self.hosts, self.rate = hosts, rate
+        self.prefix = prefix or f"qg{os.getpid() % 100000}"
+        self.bridge = f"{self.prefix}-br"
+        self.names = [f"{self.prefix}-h{i}" for i in range(hosts)]
+        self.addrs = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
+        self.procs: list[subprocess.Popen] = []
+        self._made: list[str] = []
+        self._old: dict[int, object] = {}
+
+    # -------------------------------------------------------------------------- set-up
+    def __enter__(self) -> "Cluster":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.close()
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.bridge)
+        self._made.append(self.bridge)
+        _ip("link", "add", "br0", "type", "bridge", ns=self.bridge)
+        _ip("link", "set", "br0", "up", ns=self.bridge)
+        for i, (ns, addr) in enumerate(zip(self.names, self.addrs)):
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            host_end, br_end = f"{self.prefix}h{i}", f"{self.prefix}b{i}"
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", br_end)
+            _ip("link", "set", host_end, "netns", ns)
+            _ip("link", "set", br_end, "netns", self.bridge)
+            _ip("link", "set", host_end, "name", "eth0", ns=ns)
+            _ip("addr", "add", f"{addr}/24", "dev", "eth0", ns=ns)
+            _ip("link", "set", "eth0", "up", ns=ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+            _ip("link", "set", br_end, "master", "br0", ns=self.bridge)
+            _ip("link", "set", br_end, "up", ns=self.bridge)
+            if self.rate:
+                self.cap(i, self.rate)
+
+    def cap(self, host: int, rate: str) -> None:
+        """(Re)cap ``host``'s egress at ``rate`` with a token bucket. The burst is 10 ms of
+        the rate (at least 32 KiB: a few full-size segments) so that the cap holds over any
+        window longer than a few milliseconds."""
+        bps = _rate_bps(rate)
+        burst = max(32 * 1024, int(bps / 8 * 0.010))
+        r = subprocess.run(_in(self.names[host], "tc", "qdisc", "replace", "dev", "eth0",
+                               "root", "tbf", "rate", rate, "burst", str(burst),
+                               "latency", "100ms"), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"tc on {self.names[host]}: {r.stderr.strip()}")
+
+    def link(self, host: int, up: bool) -> None:
+        """Take ``host``'s link down (a host that disappears) or back up."""
+        _ip("link", "set", "eth0", "up" if up else "down", ns=self.names[host])
+
+    # -------------------------------------------------------------------------- running
+    def popen(self, host: int, cmd: Sequence[str], **kw: object) -> subprocess.Popen:
+        """Run ``cmd`` inside ``host``'s namespace (own process group: close kills it)."""
+        env = dict(os.environ, **kw.pop("env", {}))  # type: ignore[arg-type]
+        p = subprocess.Popen(_in(self.names[host], *cmd), env=env, start_new_session=True,
+                             **kw)  # type: ignore[arg-type]
+        self.procs.append(p)
+        return p
+
+    def torchrun(self, args: Sequence[str], run_id: str, nproc_per_host: int = 1,
+                 port: int = 29500, log_dir: Optional[Path] = None,
+                 env: Optional[dict[str, str]] = None) -> list[subprocess.Popen]:
+        """One torchrun agent per host, c10d rendezvous at host 0's address; ``args`` are
+        what follows torchrun's own options (e.g. ``["-m", "quietgnn", "train", ...]``)."""
+        out = []
+        for i, addr in enumerate(self.addrs):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts),
+                   "--nproc-per-node", str(nproc_per_host), "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", f"{self.addrs[0]}:{port}", "--rdzv-id", run_id,
+                   "--local-addr", addr, "--max-restarts", "0",
+                   # torch guesses whether this agent hosts the rendezvous store from the
+                   # machine's hostname, which every namespace shares: say it
+                   "--rdzv-conf", f"is_host={int(i == 0)}", *args]
+            e = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+                 "PYTHONUNBUFFERED": "1", **(env or {})}
+            log = open(log_dir / f"host-{i}.log", "w") if log_dir else subprocess.DEVNULL
+            out.append(self.popen(i, cmd, env=e, stdout=log, stderr=subprocess.STDOUT))
+        return out
+
+    @staticmethod
+    def wait(procs: Sequence[subprocess.Popen], timeout: float) -> list[Optional[int]]:
+        """Exit codes (None: still running at the deadline, then killed)."""
+        deadline = time.monotonic() + timeout
+        codes: list[Optional[int]] = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        for p, c in zip(procs, codes):
+            if c is None:
+                _kill(p)
+        return codes
+
+    # -------------------------------------------------------------------------- teardown
+    def close(self) -> None:
+        for p in self.procs:
+            _kill(p)
+        self.procs.clear()
+        for ns in reversed(self._made):
+            # processes left inside (none should be) would keep the namespace's devices
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made.clear()
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        self._old.clear()
+
+    def leftovers(self) -> list[str]:
+        """Namespaces or links of this cluster's prefix that still exist (for tests)."""
+        ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        return [ln.split()[0] for ln in ns.splitlines() if ln.startswith(self.prefix)] + \
+            [ln.split(":")[1].strip() for ln in links.splitlines() if self.prefix in ln]
+
+
+def _kill(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _rate_bps(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    r = rate.strip().lower()
+    for u, f in units.items():
+        if r.endswith(u):
+            return float(r[: -len(u)]) * f
+    raise ValueError(f"rate {rate!r}: expected a tc rate such as 10mbit, 100mbit or 1gbit")

@@ -1,0 +1,370 @@
+"""``quietgnn advise``: which strategy for this graph, model, number of parts and network.
+
+Three steps, each one a plain function so the validation (``benchmarks/bench_advise.py``)
+can reuse them:
+
+1. :func:`probe` *measures* what is cheap to measure: the partition statistics of each
+   strategy's partitioner, the model's size, and a few epochs of every candidate strategy on
+   the real partitions (through ``quietgnn bench``'s runner, so the bytes are the counted
+   ones and the compute is one thread per rank, as in every other figure).
+2. :func:`build_prior` turns quietgnn's own measured runs (the headline study: every
+   strategy trained to the end on real graphs) into what a few epochs cannot show: how many
+   epoch-equivalents a strategy needs to reach 98 % of ``centralized`` relative to ``halo``,
+   how often it got there at all, and its accuracy gap.  The shipped table is
+   :mod:`quietgnn._advise_prior` (rebuilt by ``bench_advise.py --write-prior``).
+3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
+   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the prior's
+   epochs to the target, divides by its chance of reaching it, and sorts.
+
+The prediction is only as good as its two halves: the per-epoch costs are measured on the
+user's graph, the epochs to target are borrowed from other graphs; ``accuracy_risk`` says
+how much the latter can be trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from .comm.network import TIERS, Tier, parse_tier
+
+__all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
+
+#: strategies the advisor compares (``centralized`` is the single-machine reference)
+CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
+
+# Per strategy, how one probe epoch is made comparable with the headline runs the prior
+# comes from: tma's epoch is one averaging period of 25 local passes, so 2 epochs already
+# hold 50 passes; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is
+# left out of the per-epoch figures.
+_PROBE_EPOCHS = {"tma": 2}
+_DEFAULT_PROBE_EPOCHS = 3
+
+
+def _tier(spec: str | Tier) -> Tier:
+    if isinstance(spec, Tier):
+        return spec
+    if spec in TIERS:
+        return TIERS[spec]
+    if ":" in str(spec):
+        return parse_tier(str(spec))
+    raise ValueError(f"tier {spec!r}: expected one of {sorted(TIERS)} or NAME:BANDWIDTH:LATENCY "
+                     f"(e.g. site:200M:15ms)")
+
+
+# ---------------------------------------------------------------------- 1. measure
+def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[str],
+                          parts: int, strategies: Sequence[str],
+                          set_: dict[str, Any]) -> tuple[dict, dict]:
+    """The graph's size, and edge cut / halo / replication of each strategy's default
+    partitioner (of the directory's partition for a prepared graph: nothing is loaded)."""
+    from .strategies import get_strategy
+    if prepared:
+        from .partition import PartitionBook
+        book = PartitionBook.open(prepared)
+        g = book.graph
+        info = {"name": g.get("name"), "nodes": g.get("num_nodes"), "edges": g.get("num_edges"),
+                "features": g.get("num_features"), "classes": g.get("num_classes"),
+                "parts": book.num_parts}
+        return info, {book.method: dict(book.stats)}
+    from .datasets import load_dataset
+    from .partition.local import partition_stats
+    from .partition.partitioners import partition_nodes
+    graph = load_dataset(dataset, root, synthetic={k.split(".", 1)[1]: v for k, v in set_.items()
+                                                   if k.startswith("synthetic.")})
+    out: dict[str, Any] = {}
+    for method in sorted({get_strategy(s).default_partitioner for s in strategies}):
+        if method == "given":
+            continue
+        st = partition_stats(graph, partition_nodes(graph, method, parts))
+        out[method] = {k: st[k] for k in ("edge_cut_fraction", "halo_total",
+                                          "replication_factor", "balance")}
+    info = {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
+            "features": graph.num_features, "classes": graph.num_classes}
+    return info, out
+
+
+def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optional[int]:
+    from .nn.model import ModelConfig, build_model
+    keys = {k.split(".", 1)[1]: v for k, v in set_.items() if k.startswith("model.")}
+    if not info.get("features") or not info.get("classes"):
+        return None
+    net = build_model(ModelConfig(arch=model, **keys), int(info["features"]),
+                      int(info["classes"]), seed=0)
+    return sum(p.numel() for p in net.parameters())
+
+
+def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
+    rows = curve.get("epochs") or []
+    if len(rows) > 1:
+        rows = rows[1:]          # the warm-up epoch
+    work = sum(float(r.get("work", 1.0)) for r in rows)
+    if not rows or work <= 0:
+        return None
+    tot = lambda k: sum(float(r[k]) for r in rows)  # noqa: E731
+    return {"compute_s": tot("compute_s") / work, "hops": tot("hops") / work,
+            "crit_bytes": tot("crit_bytes") / work,
+            "bytes": (tot("train_bytes") + tot("data_bytes")) / work,
+            "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
+
+
+def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
+          prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
+          strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
+          set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
+          log: Any = None) -> dict[str, Any]:
+    """Measure every strategy of ``strategies`` for a few epochs; returns
+    ``{"graph", "partitions", "model", "strategies": {name: per-epoch costs or error}}``."""
+    from .bench import RunSpec, run_matrix
+    from .strategies import available_strategies
+    known = set(available_strategies())
+    bad = [s for s in strategies if s not in known or s == "centralized"]
+    if bad:
+        raise ValueError(f"strategies {bad}: expected some of {sorted(known - {'centralized'})}")
+    if not isinstance(parts, int) or parts < 2:
+        raise ValueError(f"parts = {parts!r}; expected an int >= 2 (with one part there is "
+                         f"nothing to advise: train `centralized`)")
+    common = dict(set_ or {})
+    info, stats = _graph_and_partitions(dataset, root, prepared, parts, strategies, common)
+    params = _parameters(model, info, common)
+    if prepared:
+        # the directory names its graph and its parts
+        common["dataset.prepared"] = str(prepared)
+        dataset, parts = str(info["name"]), int(info["parts"])
+    specs = []
+    for s in strategies:
+        k = _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
+        specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
+                             root=root, overrides={**common, "train.epochs": k,
+                                                   "train.eval_every": k}))
+    tmp = None
+    if out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="quietgnn-advise-")
+        out = tmp.name
+    try:
+        results = run_matrix(specs, out, timeout_s=timeout_s, log=log or (lambda m: None))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    measured: dict[str, Any] = {}
+    for spec, res in zip(specs, results):
+        if res.get("status") != "ok" or not res.get("curve"):
+            err = (res.get("error") or res.get("curve_error") or "no result").strip()
+            measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
+            continue
+        m = _per_work(res["curve"]) or {"error": "no complete epoch"}
+        setup = res["curve"].get("setup") or {}
+        m["setup"] = {"hops": float(setup.get("hops", 0)),
+                      "crit_bytes": float(setup.get("crit_bytes", 0))}
+        m["partitioner"] = res["summary"].get("partitioner")
+        measured[spec.strategy] = m
+    return {"graph": info, "partitions": stats, "parts": parts,
+            "model": model, "parameters": params, "strategies": measured}
+
+
+# ---------------------------------------------------------------------- 2. the prior
+def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
+    done = 0.0
+    for row in curve.get("epochs") or []:
+        done += float(row.get("work", 1.0))
+        acc = row.get("test_acc")
+        if acc is not None and acc >= target:
+            return done
+    return None
+
+
+def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
+                target_frac: float = 0.98) -> dict[str, Any]:
+    """Epochs-to-target ratios, reach rates and accuracy gaps per strategy from finished
+    ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
+    ``exclude`` left out: the validation holds each dataset out of its own prior)."""
+    groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        if r.get("status") != "ok" or not r.get("curve") or r["dataset"] in exclude:
+            continue
+        groups.setdefault((r["dataset"], r["model"]), {}) \
+            .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
+    ratios: dict[str, list[float]] = {}
+    reached: dict[str, list[int]] = {}
+    gaps: dict[str, list[float]] = {}
+    halo_work: list[float] = []
+    cells = []
+    for (ds, model), by in groups.items():
+        if "centralized" not in by or "halo" not in by:
+            continue
+        ref = statistics.mean(r["summary"]["test_acc"] for r in by["centralized"])
+        target = target_frac * ref
+        w_halo = [w for w in (_work_to_target(r["curve"], target) for r in by["halo"]) if w]
+        if not w_halo:
+            continue
+        w_ref = statistics.mean(w_halo)
+        halo_work.append(w_ref)
+        cells.append(f"{ds}/{model}")
+        for s, runs in by.items():
+            if s == "centralized":
+                continue
+            for r in runs:
+                w = _work_to_target(r["curve"], target)
+                reached.setdefault(s, []).append(int(w is not None))
+                gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
+                if w is not None:
+                    ratios.setdefault(s, []).append(w / w_ref)
+    strategies = {}
+    for s in reached:
+        rs = ratios.get(s, [])
+        strategies[s] = {
+            # geometric mean: a ratio of 2 and one of 1/2 should average to 1
+            "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
+            "reach": sum(reached[s]) / len(reached[s]),
+            "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
+            "cells": len(reached[s])}
+    return {"target_frac": target_frac, "cells": sorted(cells),
+            "halo_epochs_to_target": statistics.median(halo_work) if halo_work else None,
+            "strategies": strategies}
+
+
+def default_prior() -> dict[str, Any]:
+    from ._advise_prior import PRIOR
+    return PRIOR
+
+
+# ---------------------------------------------------------------------- 3. rank
+def _risk(p: Optional[dict[str, Any]]) -> tuple[str, str]:
+    if not p:
+        return "unknown", "no measured runs of this strategy to borrow epochs from"
+    why = (f"reached 98% of centralized in {p['reach']:.0%} of {p['cells']} measured runs, "
+           f"mean gap {p['gap_pp']:+.1f} pp (worst {p['worst_gap_pp']:+.1f})")
+    if p["reach"] < 0.75 or p["worst_gap_pp"] < -3.0:
+        return "high", why
+    if p["reach"] < 1.0 or p["gap_pp"] < -1.0:
+        return "medium", why
+    return "low", why
+
+
+def rank(measured: dict[str, Any], tier: str | Tier = "wan",
+         prior: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Rank the probed strategies by predicted seconds to the target on ``tier``."""
+    t = _tier(tier)
+    prior = prior or default_prior()
+    base_work = prior.get("halo_epochs_to_target") or 100.0
+    halo = measured["strategies"].get("halo", {})
+    rows = []
+    for s, m in measured["strategies"].items():
+        p = prior["strategies"].get(s)
+        risk, risk_why = _risk(p)
+        row: dict[str, Any] = {"strategy": s, "accuracy_risk": risk}
+        if "error" in m:
+            rows.append({**row, "bytes_per_epoch": None, "epoch_seconds": None,
+                         "predicted_seconds_to_target": None,
+                         "reason": f"probe failed: {m['error']}"})
+            continue
+        epoch_s = m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"])
+        setup_s = t.seconds(m["setup"]["hops"], m["setup"]["crit_bytes"])
+        tta = None
+        if p and p.get("epochs_ratio") and p["reach"] > 0:
+            # expected time: a strategy that gets there in half the runs costs twice
+            tta = (setup_s + base_work * p["epochs_ratio"] * epoch_s) / p["reach"]
+        comm_s = epoch_s - m["compute_s"]
+        vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
+              if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
+        row.update(bytes_per_epoch=m["bytes"], epoch_seconds=epoch_s,
+                   predicted_seconds_to_target=tta,
+                   reason=(f"{vs}; epoch {epoch_s:.3g}s on {t.name} "
+                           f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
+                           + (f"needs {p['epochs_ratio']:.2g}x halo's epochs; " if p and
+                              p.get("epochs_ratio") else "") + risk_why))
+        rows.append(row)
+    never = float("inf")
+    rows.sort(key=lambda r: (r["predicted_seconds_to_target"] is None,
+                             r["predicted_seconds_to_target"] or never))
+    rec = next((r["strategy"] for r in rows if r["predicted_seconds_to_target"] is not None),
+               None)
+    return {"tier": {"name": t.name, "bandwidth": t.bandwidth, "latency": t.latency},
+            "parts": measured["parts"], "model": measured["model"],
+            "graph": measured.get("graph"), "partitions": measured.get("partitions"),
+            "prior": {"cells": prior.get("cells"), "source": prior.get("source"),
+                      "halo_epochs_to_target": base_work},
+            "ranking": rows, "recommendation": rec}
+
+
+def advise(dataset: str = "synthetic", *, root: Optional[str] = None,
+           prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
+           tier: str | Tier = "wan", strategies: Sequence[str] = CANDIDATES,
+           set_: Optional[dict[str, Any]] = None, log: Any = None) -> dict[str, Any]:
+    """Probe every strategy on this graph and rank them for ``tier`` (see the module
+    docstring); returns the dict ``quietgnn advise --json`` prints."""
+    _tier(tier)   # a bad tier fails before minutes of probing
+    return rank(probe(dataset, root=root, prepared=prepared, parts=parts, model=model,
+                      strategies=strategies, set_=set_, log=log), tier)
+
+
+def _human(n: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "never"
+    return f"{s:.3g} s" if s < 120 else f"{s / 60:.3g} min"
+
+
+def format_table(res: dict[str, Any]) -> str:
+    t = res["tier"]
+    lines = [f"tier {t['name']} ({t['bandwidth'] / 1e6:g} Mbit/s, {t['latency'] * 1e3:g} ms), "
+             f"P = {res['parts']}, {res['model']}",
+             "", "| # | strategy | bytes/epoch | epoch time | to target | accuracy risk |",
+             "|---|---|---|---|---|---|"]
+    for i, r in enumerate(res["ranking"], 1):
+        b = "—" if r["bytes_per_epoch"] is None else _human(r["bytes_per_epoch"])
+        e = "—" if r["epoch_seconds"] is None else _seconds(r["epoch_seconds"])
+        lines.append(f"| {i} | {r['strategy']} | {b} | {e} | "
+                     f"{_seconds(r['predicted_seconds_to_target'])} | {r['accuracy_risk']} |")
+    lines.append("")
+    for r in res["ranking"]:
+        lines.append(f"- {r['strategy']}: {r['reason']}")
+    rec = res["recommendation"]
+    lines += ["", f"recommendation: {rec}" if rec else "recommendation: none (every probe "
+              f"failed or no strategy has measured epochs to borrow)"]
+    return "\n".join(lines)
+
+
+def cli_main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="quietgnn advise", description="Probe every strategy for a few epochs on this "
+        "graph and rank them by predicted time to 98%% of centralized on a network tier.")
+    ap.add_argument("--dataset", default="synthetic", help="dataset name or file (default: "
+                    "the built-in synthetic graph)")
+    ap.add_argument("--root", help="dataset root directory")
+    ap.add_argument("--data", help="a directory written by quietgnn prepare")
+    ap.add_argument("--parts", type=int, default=4, help="number of parts / ranks (default 4)")
+    ap.add_argument("--model", default="gcn", help="gcn, sage, gat or gin (default gcn)")
+    ap.add_argument("--tier", default="wan", help=f"one of {', '.join(TIERS)} or "
+                    f"NAME:BANDWIDTH:LATENCY, e.g. site:200M:15ms (default wan)")
+    ap.add_argument("--strategies", default=",".join(CANDIDATES),
+                    help="comma-separated candidates (default: all but centralized)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config key for every probe run, e.g. model.hidden=128 (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(list(argv))
+    try:
+        from .bench import _kv
+        extra = _kv(args.set, "--set")
+        res = advise(args.dataset, root=args.root, prepared=args.data, parts=args.parts,
+                     model=args.model, tier=args.tier,
+                     strategies=[s for s in args.strategies.split(",") if s], set_=extra,
+                     log=None if args.json else
+                     (lambda m: print(m, file=sys.stderr, flush=True)))
+    except (ValueError, OSError) as exc:
+        print(f"quietgnn advise: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res, indent=1) if args.json else format_table(res))
+    return 0 if res["recommendation"] else 1

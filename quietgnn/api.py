@@ -1,0 +1,175 @@
+"""The Python API: train from a notebook or a script the way ``quietgnn train`` does.
+
+    import quietgnn
+    graph = quietgnn.load_dataset("cora", root="../shared/data/planetoid")
+    run = quietgnn.train(graph, strategy="halo", parts=4, epochs=100, model={"hidden": 128})
+    run.summary["test_acc"], run.metrics[-1], run.run_dir
+    proba = run.model.predict_proba(graph.x, graph.edge_index())
+
+This module is thin on purpose: :func:`train` builds the same :class:`~quietgnn.config.RunConfig`
+the command line builds (same keys, same validation, same errors) and calls the same launcher
+(:func:`~quietgnn.runtime.launcher.launch`: P worker processes joined by gloo on 127.0.0.1);
+there is no second training loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from .datasets import load_dataset
+from .graph import Graph
+from .nn.export import TrainedModel, load_model
+
+__all__ = ["load_dataset", "train", "load_model", "Run", "TrainedModel", "predict_to_file"]
+
+
+@dataclass
+class Run:
+    """A finished run: ``summary`` (what ``summary.json`` holds), ``run_dir``, and lazily
+    ``metrics`` (rank 0's per-epoch records; every rank's: ``read_metrics(run_dir)``) and
+    ``model`` (the best-validation model, a :class:`~quietgnn.nn.export.TrainedModel`)."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    _model: Optional[TrainedModel] = field(default=None, repr=False)
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        from .runtime.metrics import read_metrics
+        return [r for r in read_metrics(self.run_dir).get(0, []) if r.get("epoch", -1) >= 0]
+
+    @property
+    def model(self) -> TrainedModel:
+        if self._model is None:
+            self._model = load_model(self.run_dir)
+        return self._model
+
+
+def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any]) -> dict:
+    """``train``'s keyword arguments as the nested dict the CLI's flags become: a mapping is
+    a section (``model={"hidden": 128}``), anything else a key (``epochs=5``, shortcut) or a
+    dotted key (``**{"model.hidden": 128}``)."""
+    from .config import SHORTCUTS, _merge, parse_overrides
+    pairs: list[tuple[str, Any]] = [("strategy", strategy)]
+    if parts is not None:
+        pairs.append(("partition.parts", parts))
+    sections: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            sections = _merge(sections, {key: value})
+            continue
+        dashed = key.replace("_", "-")     # summary_json= for the CLI's --summary-json
+        pairs.append((dashed if key not in SHORTCUTS and dashed in SHORTCUTS else key, value))
+    return _merge(sections, parse_overrides(pairs))
+
+
+def _graph_of(data: Any) -> Optional[Graph]:
+    if isinstance(data, Graph):
+        return data
+    if type(data).__module__.split(".")[0] == "torch_geometric":
+        return Graph.from_pyg(data, name=str(getattr(data, "name", None) or "graph"))
+    return None
+
+
+def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str = "halo",
+          parts: Optional[int] = None, **overrides: Any) -> Run:
+    """Train ``strategy`` on ``data`` with ``parts`` local worker processes; returns a :class:`Run`.
+
+    ``data``: a :class:`~quietgnn.graph.Graph`, a PyG ``Data``, a dataset name or graph file
+    (as ``--dataset``; give ``root=``), or a directory written by ``quietgnn prepare`` (as
+    ``--data``). An in-memory graph reaches the workers as a file: it is saved with
+    :meth:`Graph.save` to ``<run_dir>/<name>.npz`` (plain arrays, never a pickle) and the run
+    loads that, so ``config.json`` names a file that reproduces the run.
+
+    ``parts``: worker processes, default 4 (a prepared directory: its own number of parts).
+    ``overrides`` use the command line's keys: shortcuts (``epochs=50``, ``lr=0.01``,
+    ``hidden=128``, ``model="sage"``, ``root=...``, ``out="runs"``, ``run_name=...``),
+    sections as mappings (``model={"hidden": 128}``, ``options={"bits": 4}``) or dotted keys
+    (``**{"model.hidden": 128}``). Unknown keys and bad values raise the CLI's ``ValueError``.
+    A failed worker raises :class:`~quietgnn.runtime.launcher.LaunchError` with its traceback.
+    """
+    from .cli import local_run_dir
+    from .config import load_config
+    from .runtime.launcher import launch, prepare_book
+    from .runtime.rundir import check_writable_dir, check_writable_file, claim_run_dir
+    nested = _config_dict(strategy, parts, overrides)
+    given = nested.get("dataset", {})
+    if given.get("name") is not None or given.get("prepared") is not None:
+        raise ValueError("train(): the graph is the data argument; leave out dataset= / data= "
+                         "in the keyword arguments (e.g. quietgnn.train('cora', root=...))")
+    graph = _graph_of(data)
+    label = None
+    if graph is not None:
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "_", graph.name).strip("._") or "graph"
+        nested = _with(nested, name=label)       # stands in until the file exists
+    elif isinstance(data, (str, os.PathLike)):
+        p = Path(data)
+        nested = _with(nested, prepared=str(p)) if (p / "book.json").is_file() else \
+            _with(nested, name=os.fspath(data))
+    else:
+        raise TypeError(f"train(data={type(data).__name__}): expected a quietgnn Graph, a "
+                        f"torch_geometric Data, a dataset name or path, or a prepared directory")
+    cfg = load_config(None, nested)
+    if graph is not None and cfg.runtime.resume:
+        raise ValueError("train(resume=True) with an in-memory graph: resume from the file the "
+                         "first run saved, quietgnn.train('<run_dir>/<name>.npz', resume=True, "
+                         "run_name=...)")
+    check_writable_dir(cfg.runtime.out_dir, "out")
+    if cfg.runtime.summary_json:
+        check_writable_file(cfg.runtime.summary_json, "summary_json")
+
+    def log(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
+
+    run_dir = local_run_dir(cfg, log, label=label)
+    claim_run_dir(cfg, run_dir)
+    if graph is not None:
+        path = graph.save(run_dir / f"{label}.npz")
+        cfg.dataset.name, cfg.dataset.root = str(path.resolve()), None
+    summary = launch(cfg, run_dir, prepare_book(cfg, log))
+    if summary is None:
+        raise RuntimeError(f"run {str(run_dir)!r} ended without a summary (rank 0 wrote none)")
+    if cfg.runtime.summary_json:
+        import json
+        Path(cfg.runtime.summary_json).write_text(json.dumps(summary, indent=1))
+    return Run(Path(run_dir), summary)
+
+
+def _with(nested: dict[str, Any], **dataset: Any) -> dict[str, Any]:
+    return {**nested, "dataset": {**nested.get("dataset", {}), **dataset}}
+
+
+def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
+                    root: Optional[str] = None, out: Optional[str | os.PathLike] = None,
+                    embed: bool = False) -> Path:
+    """``quietgnn predict``: per-node class probabilities (``embed``: the last hidden layer)
+    of the run's model on ``dataset``, one row per node in node order, as ``.npy`` or, when
+    ``out`` ends in ``.parquet``, a table with columns ``node``, ``p0..`` (``h0..``)."""
+    model = load_model(run_dir)
+    graph = load_dataset(dataset, root)
+    with torch.no_grad():
+        arr = (model.embed if embed else model.predict_proba)(graph.x, graph.edge_index())
+    arr = arr.numpy()
+    path = Path(out) if out else Path(run_dir) / f"{'embed' if embed else 'predict'}-" \
+                                                 f"{graph.name}.npy"
+    if path.suffix not in (".npy", ".parquet"):
+        raise ValueError(f"--out {str(path)!r}: expected a file ending in .npy or .parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".npy":
+        np.save(path, arr)
+    elif path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        cols = {"node": pa.array(np.arange(arr.shape[0], dtype=np.int64))}
+        cols.update({f"{'h' if embed else 'p'}{j}": pa.array(arr[:, j])
+                     for j in range(arr.shape[1])})
+        pq.write_table(pa.table(cols), path)
+    return path

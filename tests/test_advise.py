@@ -1,0 +1,128 @@
+"""``quietgnn advise``: the prior from measured runs, the ranking, and the command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from quietgnn.advise import build_prior, rank
+from quietgnn.comm.network import TIERS
+
+SYN = ["--set", "synthetic.nodes=300", "--set", "synthetic.feature_dim=8",
+       "--set", "model.hidden=8"]
+
+
+def _run(ds, strategy, accs, work=1.0, final=None):
+    """A finished bench result whose test accuracy follows ``accs`` epoch by epoch."""
+    return {"status": "ok", "dataset": ds, "model": "gcn", "strategy": strategy,
+            "strategy_name": strategy, "parts": 4,
+            "summary": {"test_acc": final if final is not None else max(accs)},
+            "curve": {"epochs": [{"epoch": i, "work": work, "test_acc": a}
+                                 for i, a in enumerate(accs)]}}
+
+
+def _results():
+    out = []
+    for ds in ("a", "b"):
+        out += [_run(ds, "centralized", [0.5, 0.8, 0.9, 1.0]),
+                _run(ds, "halo", [0.5, 0.99, 1.0]),             # target 0.98 after 2 epochs
+                _run(ds, "tma", [0.5, 0.99], work=4.0),         # after 8 epoch-equivalents
+                _run(ds, "retexo", [0.5, 0.6] if ds == "a" else [0.5, 0.6, 0.7, 0.99])]
+    return out
+
+
+def test_prior_counts_epochs_to_target_reach_and_gap_from_the_curves():
+    p = build_prior(_results())
+    assert p["halo_epochs_to_target"] == 2.0
+    assert p["strategies"]["tma"]["epochs_ratio"] == pytest.approx(4.0)
+    assert p["strategies"]["tma"]["reach"] == 1.0
+    r = p["strategies"]["retexo"]
+    assert r["reach"] == 0.5 and r["epochs_ratio"] == pytest.approx(2.0)   # only b reached
+    assert r["worst_gap_pp"] == pytest.approx(-40.0)
+    assert p["cells"] == ["a/gcn", "b/gcn"]
+    # the validation holds a dataset out of its own prior
+    held = build_prior(_results(), exclude=["a"])
+    assert held["cells"] == ["b/gcn"] and held["strategies"]["retexo"]["reach"] == 1.0
+
+
+def _measured():
+    def m(compute, nbytes, hops=2.0):
+        return {"compute_s": compute, "hops": hops, "crit_bytes": nbytes / 4, "bytes": nbytes,
+                "setup": {"hops": 0.0, "crit_bytes": 0.0}}
+    return {"parts": 4, "model": "gcn", "strategies": {
+        "halo": m(0.010, 4e6), "tma": m(0.002, 1e4, hops=0.1),
+        "retexo": m(0.001, 1e3), "minibatch": {"error": "exit code 1: boom"}}}
+
+
+def _prior():
+    s = {"epochs_ratio": 1.0, "reach": 1.0, "gap_pp": 0.0, "worst_gap_pp": -0.5, "cells": 4}
+    return {"halo_epochs_to_target": 10.0, "strategies": {
+        "halo": dict(s), "tma": dict(s, epochs_ratio=50.0),
+        "retexo": dict(s, reach=0.0, epochs_ratio=None)}}
+
+
+def test_ranking_follows_the_tier_and_puts_failures_and_never_last():
+    fast = rank(_measured(), "datacenter", _prior())
+    slow = rank(_measured(), "edge", _prior())
+    # on a fast link tma's 50x epochs cost more than halo's bytes; on a slow one the reverse
+    assert [r["strategy"] for r in fast["ranking"]][:2] == ["halo", "tma"]
+    assert slow["recommendation"] == "tma"
+    t = TIERS["edge"]
+    halo = next(r for r in slow["ranking"] if r["strategy"] == "halo")
+    assert halo["predicted_seconds_to_target"] == pytest.approx(
+        10.0 * (0.010 + t.seconds(2.0, 1e6)))
+    # never reached in the measured runs, and a failed probe: ranked last, no prediction
+    tail = {r["strategy"]: r for r in slow["ranking"][-2:]}
+    assert set(tail) == {"retexo", "minibatch"}
+    assert tail["retexo"]["predicted_seconds_to_target"] is None
+    assert tail["retexo"]["accuracy_risk"] == "high"
+    assert "probe failed" in tail["minibatch"]["reason"]
+
+
+def test_a_custom_tier_and_a_bad_one():
+    r = rank(_measured(), "site:1G:1ms", _prior())
+    assert r["tier"]["bandwidth"] == 1e9 and math.isclose(r["tier"]["latency"], 1e-3)
+    with pytest.raises(ValueError, match="NAME:BANDWIDTH:LATENCY"):
+        rank(_measured(), "moon", _prior())
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "quietgnn", "advise", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_advise_json_on_a_dataset_end_to_end():
+    r = _cli("--dataset", "synthetic", "--parts", "2", "--strategies", "halo,tma",
+             "--tier", "wan", "--json", *SYN)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["recommendation"] in ("halo", "tma")
+    assert {x["strategy"] for x in res["ranking"]} == {"halo", "tma"}
+    for x in res["ranking"]:
+        assert x["bytes_per_epoch"] > 0 and x["predicted_seconds_to_target"] > 0
+        assert x["accuracy_risk"] in ("low", "medium", "high") and x["reason"]
+    assert res["graph"]["nodes"] == 300 and "metis" in res["partitions"]
+
+
+def test_advise_on_a_prepared_graph(tmp_path):
+    d = tmp_path / "prep"
+    r = subprocess.run([sys.executable, "-m", "quietgnn", "prepare", "--dataset", "synthetic",
+                        "--synthetic.nodes", "300", "--synthetic.feature_dim", "8",
+                        "--parts", "2", "--out", str(d)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = _cli("--data", str(d), "--strategies", "grappa", "--tier", "lan",
+             "--set", "model.hidden=8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recommendation: grappa" in r.stdout and "| 1 | grappa |" in r.stdout
+
+
+def test_bad_arguments_say_what_is_expected():
+    r = _cli("--parts", "1")
+    assert r.returncode == 2 and "parts = 1" in r.stderr and "centralized" in r.stderr
+    r = _cli("--strategies", "halo,nope")
+    assert r.returncode == 2 and "nope" in r.stderr

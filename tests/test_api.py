@@ -1,0 +1,111 @@
+"""The Python API: the README's example, training from memory, predicting on unseen graphs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import quietgnn
+from helpers import REPO, small_graph
+from quietgnn.api import _config_dict
+from quietgnn.config import load_config
+from quietgnn.graph import Graph
+
+
+def _readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Python API", 1)[1]
+    m = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert m, "README's Python API section has no ```python block"
+    return m.group(1)
+
+
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)       # its runs/ go here
+    scope: dict = {}
+    exec(compile(_readme_example(), "README.md", "exec"), scope)
+    run = scope["run"]
+    assert run.run_dir.is_dir() and run.summary["parts"] == 2 and len(run.metrics) == 10
+    assert (run.run_dir / "model.pt").is_file() and scope["proba"].shape == (300, 8)
+
+
+def test_api_exports():
+    assert set(quietgnn.__all__) >= {"Graph", "load_dataset", "train", "load_model", "Run"}
+    for name in quietgnn.__all__:
+        assert hasattr(quietgnn, name), name
+
+
+def test_graph_round_trips_through_pyg_and_npz(tmp_path):
+    g = small_graph(n=50, seed=7)
+    back = Graph.from_pyg(g.to_pyg(), name=g.name)
+    assert back.fingerprint() == g.fingerprint() and torch.equal(back.x, g.x)
+    loaded = quietgnn.load_dataset(str(g.save(tmp_path / "mine.npz")))
+    assert loaded.fingerprint() == g.fingerprint() and torch.equal(loaded.x, g.x)
+    assert loaded.name == "mine" and loaded.num_classes == g.num_classes
+    with pytest.raises(ValueError, match="directed"):
+        small_graph(n=50, directed=True).save(tmp_path / "d.npz")
+    with pytest.raises(ValueError, match=r"\.npz"):
+        g.save(tmp_path / "mine.pt")
+
+
+def test_overrides_use_the_clis_keys():
+    cfg = load_config(None, _config_dict("tma", 2, {
+        "epochs": 7, "model": {"hidden": 24}, "model.layers": 3, "options": {"period_steps": 3},
+        "summary_json": "s.json", "lr": "0.05"}))
+    assert (cfg.strategy, cfg.num_parts, cfg.train.epochs, cfg.model.hidden, cfg.model.layers,
+            cfg.options.period_steps, cfg.runtime.summary_json, cfg.train.lr) == \
+        ("tma", 2, 7, 24, 3, 3, "s.json", 0.05)
+    assert load_config(None, _config_dict("halo", None, {"model": "sage"})).model.arch == "sage"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.hiden": 3}, "unknown key(s) ['model.hiden']; valid keys in 'model'"),
+    ({"model": {"hiden": 3}}, "unknown key(s) ['model.hiden']; valid keys in 'model'"),
+    ({"options": {"bitz": 4}}, "unknown option(s) ['bitz'] for strategy 'halo'"),
+    ({"epochs": "many"}, "train.epochs = 'many' (str); expected an integer"),
+    ({"modle": {"hidden": 3}}, "unknown config section(s) ['modle']"),
+])
+def test_unknown_keys_get_the_clis_error_before_anything_runs(tmp_path, overrides, message):
+    with pytest.raises(ValueError) as ei:
+        quietgnn.train(small_graph(n=40), parts=2, out=str(tmp_path / "runs"), **overrides)
+    assert message in str(ei.value)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_bad_data_is_named(tmp_path):
+    with pytest.raises(TypeError, match="expected a quietgnn Graph"):
+        quietgnn.train(42, out=str(tmp_path))
+    with pytest.raises(ValueError, match="the graph is the data argument"):
+        quietgnn.train(small_graph(n=40), dataset="cora", out=str(tmp_path))
+
+
+def test_trained_model_predicts_on_a_graph_it_never_saw(tmp_path):
+    """Trained from a PyG Data on one synthetic graph, the model classifies another one (other
+    seed, other size: the same feature-label relation) far above chance, and permuting that
+    graph's node ids permutes its predictions."""
+    seen = small_graph(n=300, features=8, classes=3, seed=0)
+    run = quietgnn.train(seen.to_pyg(), strategy="halo", parts=2, epochs=30, model="sage",
+                         out=str(tmp_path), **{"runtime.progress": False})
+    assert [r["epoch"] for r in run.metrics] == list(range(30))
+    info = json.loads((run.run_dir / "model.json").read_text())
+    assert info["epoch"] == run.summary["best_epoch"] and info["test_acc"] == \
+        run.summary["test_acc"]
+    model = quietgnn.load_model(run.run_dir)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    # on the graph it was trained on, the saved weights score what the run reported
+    pred = model(seen.x, seen.edge_index()).argmax(-1)
+    m = seen.test_mask
+    assert abs(float((pred[m] == seen.y[m]).float().mean()) - run.summary["test_acc"]) <= \
+        1.0 / int(m.sum()) + 1e-9
+    unseen = small_graph(n=200, features=8, classes=3, seed=1)
+    proba = model.predict_proba(unseen.x, unseen.edge_index())
+    assert proba.shape == (200, 3) and torch.allclose(proba.sum(1), torch.ones(200))
+    acc = float((proba.argmax(-1) == unseen.y).float().mean())
+    assert acc > 0.6, f"accuracy {acc:.3f} on an unseen graph of the same kind (chance 0.33)"
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(0))
+    inv = torch.argsort(perm)
+    p2 = model.predict_proba(unseen.x[perm], inv[unseen.edge_index()])
+    torch.testing.assert_close(p2, proba[perm])

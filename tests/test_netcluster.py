@@ -1,0 +1,89 @@
+"""The emulated cluster (``benchmarks/netcluster.py``): hosts in network namespaces on a bridge,
+rate-capped links, torchrun's multi-host path over them. Needs root and iproute2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from netcluster import Cluster, available  # noqa: E402
+
+WHY = available()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable: {WHY}")
+
+SYN = ["--dataset", "synthetic", "--synthetic.nodes", "300", "--synthetic.feature_dim", "8"]
+TRAIN = ["--strategy", "halo", "--epochs", "2", "--hidden", "8", "--runtime.progress", "false",
+         "--runtime.timeout_s", "60"]
+
+
+def _quietgnn(*args):
+    return subprocess.run([sys.executable, "-m", "quietgnn", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_two_emulated_hosts_train_as_the_local_launcher_does(tmp_path):
+    d = tmp_path / "d"
+    assert _quietgnn("prepare", *SYN, "--parts", "2", "--out", str(d)).returncode == 0
+    local = _quietgnn("train", "--data", str(d), *TRAIN, "--out", str(tmp_path),
+                      "--run-name", "local", "--summary-json", str(tmp_path / "local.json"))
+    assert local.returncode == 0, local.stderr[-2000:]
+    with Cluster(2, rate="100mbit") as c:
+        procs = c.torchrun(["-m", "quietgnn", "train", "--data", str(d), *TRAIN,
+                            "--out", str(tmp_path), "--run-name", "emu",
+                            "--summary-json", str(tmp_path / "emu.json")],
+                           run_id="emu", log_dir=tmp_path)
+        codes = c.wait(procs, timeout=300)
+    assert codes == [0, 0], (tmp_path / "host-0.log").read_text()[-3000:]
+    a = json.loads((tmp_path / "local.json").read_text())
+    b = json.loads((tmp_path / "emu.json").read_text())
+    assert b["final_loss"] == pytest.approx(a["final_loss"], rel=1e-6)
+    assert b["train_bytes"] == a["train_bytes"] and b["test_acc"] == a["test_acc"]
+
+
+def test_a_capped_link_limits_a_transfer_to_its_rate():
+    rate, nbytes = 20e6, 3_000_000          # 1.2 s at 20 Mbit/s
+    with Cluster(2, rate="20mbit") as c:
+        server = c.popen(1, [sys.executable, "-c", f"""
+import socket, time
+s = socket.socket(); s.bind(('{c.addrs[1]}', 5001)); s.listen(1)
+conn, _ = s.accept(); n = 0; t0 = None
+while True:
+    b = conn.recv(1 << 16)
+    if not b: break
+    t0 = t0 or time.perf_counter(); n += len(b)
+print(n, time.perf_counter() - t0)
+"""], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        client = c.popen(0, [sys.executable, "-c", f"""
+import socket, time
+for _ in range(50):
+    try:
+        s = socket.create_connection(('{c.addrs[1]}', 5001)); break
+    except OSError:
+        time.sleep(0.1)
+s.sendall(b'x' * {nbytes}); s.close()
+"""])
+        assert client.wait(timeout=60) == 0
+        out, _ = server.communicate(timeout=60)
+    n, secs = out.split()
+    measured = 8 * int(n) / float(secs)
+    assert int(n) == nbytes
+    assert 0.8 * rate <= measured <= 1.2 * rate, f"{measured / 1e6:.1f} Mbit/s on a 20 Mbit/s cap"
+
+
+def test_teardown_leaves_nothing_behind_even_after_a_failure():
+    c = Cluster(3, rate="10mbit")
+    with pytest.raises(RuntimeError, match="boom"):
+        with c:
+            p = c.popen(0, ["sleep", "300"])
+            assert c.leftovers()        # namespaces and links exist while it runs
+            raise RuntimeError("boom")
+    assert c.leftovers() == []
+    assert p.poll() is not None        # the process in the namespace is gone

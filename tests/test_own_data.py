@@ -1,0 +1,128 @@
+"""Your own graph files: sparse features in ``.npz`` (kept sparse on disk), CSV edge lists with
+a header line, and the README's conversion recipe, run on files in the public format."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from quietgnn.datasets import dataset_files, load_dataset
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _sparse_toy(n: int = 40, f: int = 300, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ei = rng.integers(0, n, size=(2, 120))
+    x = (rng.random((n, f)) < 0.02).astype(np.float32) * rng.integers(1, 4, (n, f))
+    return ei, x, rng.integers(0, 4, n)
+
+
+def test_sparse_npz_features_load_equal_to_dense_and_stay_small(tmp_path):
+    ei, x, y = _sparse_toy()
+    np.savez(tmp_path / "dense.npz", edge_index=ei, x=x, y=y)
+    m = sp.csr_matrix(x)
+    np.savez(tmp_path / "sparse.npz", edge_index=ei, y=y, x_data=m.data, x_indices=m.indices,
+             x_indptr=m.indptr, x_shape=np.array(m.shape), x_format=np.array(b"csr"))
+    dense, sparse = load_dataset(tmp_path / "dense.npz"), load_dataset(tmp_path / "sparse.npz")
+    for f in ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(dense, f), getattr(sparse, f)), f
+    assert sparse.x.dtype == torch.float32 and sparse.x.shape == (40, 300)
+    assert (tmp_path / "sparse.npz").stat().st_size < (tmp_path / "dense.npz").stat().st_size / 5
+
+
+def test_edge_list_with_a_scipy_save_npz_feature_file(tmp_path):
+    ei, x, y = _sparse_toy(seed=1)
+    (tmp_path / "g.txt").write_text("".join(f"{u} {v}\n" for u, v in ei.T))
+    np.save(tmp_path / "g.labels.npy", y)
+    sp.save_npz(tmp_path / "g.features.npz", sp.csr_matrix(x))
+    g = load_dataset(tmp_path / "g.txt")
+    assert torch.equal(g.x, torch.from_numpy(x)) and g.meta["features"] == "file"
+    # the cache key of the partition book covers the feature file
+    assert tmp_path / "g.features.npz" in dataset_files(tmp_path / "g.txt")
+
+
+def test_bad_sparse_features_are_named(tmp_path):
+    ei, x, y = _sparse_toy()
+    m = sp.csr_matrix(x)
+    np.savez(tmp_path / "a.npz", edge_index=ei, y=y, x_data=m.data, x_indices=m.indices,
+             x_shape=np.array(m.shape))
+    with pytest.raises(ValueError, match=r"a\.npz: sparse features need keys .*\['x_indptr'\] "
+                                         r"missing"):
+        load_dataset(tmp_path / "a.npz")
+    bad = m.indices.copy()
+    bad[0] = 5000
+    np.savez(tmp_path / "b.npz", edge_index=ei, y=y, x_data=m.data, x_indices=bad,
+             x_indptr=m.indptr, x_shape=np.array(m.shape))
+    with pytest.raises(ValueError, match=r"b\.npz: sparse features are not a valid CSR matrix "
+                                         r"of shape \(40, 300\)"):
+        load_dataset(tmp_path / "b.npz")
+    np.savez(tmp_path / "c.npz", edge_index=ei, y=y, x_data=m.data, x_indices=m.indices,
+             x_indptr=m.indptr, x_shape=np.array([30, 300]))
+    with pytest.raises(ValueError, match=r"c\.npz"):
+        load_dataset(tmp_path / "c.npz")
+    sp.save_npz(tmp_path / "d.features.npz", sp.csc_matrix(x))
+    (tmp_path / "d.txt").write_text("0 1\n")
+    np.save(tmp_path / "d.labels.npy", y)
+    with pytest.raises(ValueError, match=r"format 'csc'; expected 'csr'"):
+        load_dataset(tmp_path / "d.txt")
+
+
+def test_csv_edge_list_with_a_header_line_loads(tmp_path):
+    ei, _, y = _sparse_toy()
+    (tmp_path / "h.csv").write_text("id_1,id_2\n" + "".join(f"{u},{v}\n" for u, v in ei.T))
+    (tmp_path / "p.csv").write_text("".join(f"{u},{v}\n" for u, v in ei.T))
+    for stem in ("h", "p"):
+        np.save(tmp_path / f"{stem}.labels.npy", y)
+    h, p = load_dataset(tmp_path / "h.csv"), load_dataset(tmp_path / "p.csv")
+    assert torch.equal(h.indptr, p.indptr) and torch.equal(h.indices, p.indices)
+    # a second line that is not an edge is still an error, naming the file
+    (tmp_path / "two.csv").write_text("id_1,id_2\nfrom,to\n0,1\n")
+    np.save(tmp_path / "two.labels.npy", y[:2])
+    with pytest.raises(ValueError, match=r"two\.csv: could not read it as an edge list"):
+        load_dataset(tmp_path / "two.csv")
+
+
+def _readme_recipe() -> str:
+    text = README.read_text()
+    m = re.search(r"<!-- recipe: own-graph -->\s*```python\n(.*?)```", text, re.S)
+    assert m, "README.md lost its own-graph recipe (marker <!-- recipe: own-graph -->)"
+    return m.group(1)
+
+
+def test_readme_recipe_converts_an_edge_csv_and_feature_lists(tmp_path, monkeypatch):
+    """Files in the layout of SNAP's MUSAE Facebook page-page graph (edges CSV with header,
+    per-node feature-id lists as JSON, a target CSV with a class name per node)."""
+    rng = np.random.default_rng(3)
+    n, kinds = 50, ["company", "government", "politician", "tvshow"]
+    d = tmp_path / "facebook_large"
+    d.mkdir()
+    ei = rng.integers(0, n, size=(2, 200))
+    with open(d / "musae_facebook_edges.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id_1", "id_2"])
+        w.writerows(ei.T.tolist())
+    label = rng.integers(0, 4, n)
+    with open(d / "musae_facebook_target.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "facebook_id", "page_name", "page_type"])
+        for i in rng.permutation(n):         # not in id order
+            w.writerow([i, 1000 + i, f"page {i}", kinds[label[i]]])
+    feats = {str(i): sorted(set(rng.integers(0, 80, rng.integers(1, 6)).tolist()))
+             for i in range(n)}
+    (d / "musae_facebook_features.json").write_text(json.dumps(feats))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_readme_recipe(), "README recipe", "exec"), {})
+    g = load_dataset("facebook_large/musae_facebook_edges.csv")
+    assert g.num_nodes == n and g.y.tolist() == label.tolist()
+    width = max(max(v) for v in feats.values()) + 1
+    assert g.x.shape == (n, width)
+    for i in (0, 7, 49):
+        assert torch.nonzero(g.x[i]).flatten().tolist() == feats[str(i)]
