@@ -305,7 +305,8 @@ def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
         return 0
     for name, cls in found.items():
         print(f"{name:12s} {cls.description}  [default partitioner: "
-              f"{cls.fixed_parts and 'single process' or cls.default_partitioner}]")
+              f"{cls.fixed_parts and 'single process' or cls.default_partitioner}; residency: "
+              f"{', '.join(cls.residency_levels)}]")
     print("\n`quietgnn strategies NAME` lists a strategy's options with defaults and meaning")
     return 0
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import yaml
 
 from .nn import ModelConfig
-from .strategies.base import TrainConfig, get_strategy, options_from_dict
+from .strategies.base import TrainConfig, check_residency, get_strategy, options_from_dict
 
 __all__ = ["RunConfig", "DataConfig", "PartitionConfig", "RuntimeConfig", "load_config",
            "parse_overrides", "SHORTCUTS"]
@@ -82,6 +82,7 @@ class RuntimeConfig:
     resume: bool = False              # continue from the run's newest complete checkpoint
     overwrite: bool = False           # replace the results of an earlier run of this name
     deterministic: bool = False       # torch deterministic algorithms (slower, repeatable)
+    residency: str = "none"           # none | features (raw features, labels stay home) | strict
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 1:
@@ -92,6 +93,12 @@ class RuntimeConfig:
             raise ValueError(f"runtime.backend = {self.backend!r}; expected auto, gloo or nccl")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"runtime.device = {self.device!r}; expected cpu or cuda")
+        from .comm.traffic import LEVELS
+        if self.residency not in LEVELS:
+            raise ValueError(f"runtime.residency = {self.residency!r}; expected one of "
+                             f"{list(LEVELS)} (features: raw features and labels never leave "
+                             f"their rank; strict: only learned embeddings, parameters, "
+                             f"gradients and counts cross)")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
             raise ValueError(f"runtime.checkpoint_every = {self.checkpoint_every!r}; expected an "
                              f"int >= 0 (0 disables checkpoints)")
@@ -136,6 +143,7 @@ class RunConfig:
                             for k, v in self.options.items()}
         if self.options is None or isinstance(self.options, dict):
             self.options = options_from_dict(cls, self.options or {})
+        check_residency(cls, self.runtime.residency, self.partition_method)
 
     @property
     def strategy_cls(self) -> Any:

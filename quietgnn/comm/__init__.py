@@ -2,6 +2,7 @@
 
 from .communicator import CommError, Communicator, OpRecord, PendingExchange
 from .halo import HaloExchanger, fetch_static_rows
+from .traffic import ResidencyError, Traffic
 
 __all__ = ["CommError", "Communicator", "OpRecord", "PendingExchange", "HaloExchanger",
-           "fetch_static_rows"]
+           "fetch_static_rows", "ResidencyError", "Traffic"]

@@ -24,6 +24,11 @@ Rendezvous. Outside torchrun, rank 0 creates the TCPStore itself on a socket bou
 ``MASTER_ADDR`` only (not every interface), and when that address is loopback gloo's own
 sockets are kept on the loopback interface too (``GLOO_SOCKET_IFNAME``).
 
+Residency. Every op takes ``carries=`` (a :class:`~quietgnn.comm.traffic.Traffic` class); under
+``residency`` (``runtime.residency``, set by the worker) an op carrying a forbidden class raises
+:class:`~quietgnn.comm.traffic.ResidencyError` before anything is sent, and
+``sent_by_class`` totals this rank's bytes sent per class over the whole run.
+
 Failure handling. The process group is created with a finite timeout, so a collective waiting
 on a dead or stuck peer raises after ``timeout_s`` at the latest (a crashed peer usually makes
 gloo raise at once). Errors are re-raised as :class:`CommError` naming this rank, the
@@ -48,8 +53,9 @@ from torch import Tensor
 
 from ..serial import dumps, loads
 from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
+from .traffic import Traffic, check_traffic
 
-__all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange"]
+__all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange", "Traffic"]
 
 #: train: per-step training traffic; eval: evaluation; setup: one-off start-up; data: bulk data
 #: movement during training that is not per-step traffic (e.g. Grappa's chunk reloads);
@@ -74,6 +80,7 @@ class OpRecord:
     hops: int
     seconds: float
     cpu_seconds: float
+    carries: str = Traffic.UNDECLARED.value   # what the payload is (comm/traffic.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +169,9 @@ class Communicator:
         self._phase = "setup"
         self._fault = _parse_fault()
         self._poison = False   # set by the "nan" fault; consumed by take_poison()
+        self.residency = "none"
+        #: bytes sent by this rank per traffic class, every op of the run (never drained)
+        self.sent_by_class: dict[str, int] = {}
 
     # ------------------------------------------------------------------ life cycle
     @classmethod
@@ -225,12 +235,19 @@ class Communicator:
         return out
 
     def _record(self, op: str, kind: str, sent: int, recv: int, messages: int, hops: int,
-                t0: float, c0: float, round_: int) -> None:
+                t0: float, c0: float, round_: int, carries: Traffic = Traffic.UNDECLARED) -> None:
+        c = Traffic(carries).value
+        self.sent_by_class[c] = self.sent_by_class.get(c, 0) + int(sent)
         self.records.append(OpRecord(round=round_, op=op, kind=kind, phase=self._phase,
                                      epoch=self.epoch, bytes_sent=int(sent), bytes_recv=int(recv),
                                      messages=int(messages), hops=int(hops),
                                      seconds=time.perf_counter() - t0,
-                                     cpu_seconds=time.thread_time() - c0))
+                                     cpu_seconds=time.thread_time() - c0, carries=c))
+
+    def declare(self, carries: Traffic | str | None, op: str, kind: str) -> Traffic:
+        """The class an op carries, checked against ``residency`` before it sends (every rank
+        alike: the decision depends on the level and the class only)."""
+        return check_traffic(self.residency, carries, rank=self.rank, op=op, kind=kind)
 
     def _begin(self) -> tuple[int, float, float]:
         r = self.round
@@ -282,9 +299,11 @@ class Communicator:
             raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
 
     # ------------------------------------------------------------------ collectives
-    def all_reduce(self, t: Tensor, kind: str, op: str = "sum") -> Tensor:
+    def all_reduce(self, t: Tensor, kind: str, op: str = "sum", *,
+                   carries: Traffic | str | None = None) -> Tensor:
         """In-place all-reduce (``sum``, ``max``, ``min``); returns ``t``."""
         self._check(t, "all_reduce")
+        cls = self.declare(carries, "all_reduce", kind)
         if self.world_size == 1:
             return t
         r, t0, c0 = self._begin()
@@ -293,12 +312,14 @@ class Communicator:
         P = self.world_size
         vol = 2 * (P - 1) * _nbytes(t) // P
         steps = 2 * math.ceil(math.log2(P))
-        self._record("all_reduce", kind, vol, vol, steps, steps, t0, c0, r)
+        self._record("all_reduce", kind, vol, vol, steps, steps, t0, c0, r, cls)
         return t
 
-    def broadcast(self, t: Tensor, src: int, kind: str) -> Tensor:
+    def broadcast(self, t: Tensor, src: int, kind: str, *,
+                  carries: Traffic | str | None = None) -> Tensor:
         """In-place broadcast from ``src``; returns ``t``."""
         self._check(t, "broadcast")
+        cls = self.declare(carries, "broadcast", kind)
         if self.world_size == 1:
             return t
         r, t0, c0 = self._begin()
@@ -308,12 +329,13 @@ class Communicator:
                        if rel < 2 ** k and rel + 2 ** k < P)
         n = _nbytes(t)
         self._record("broadcast", kind, n * children, 0 if rel == 0 else n, children,
-                     math.ceil(math.log2(P)), t0, c0, r)
+                     math.ceil(math.log2(P)), t0, c0, r, cls)
         return t
 
     def all_to_all(self, send: Sequence[Tensor], kind: str,
                    recv_counts: Sequence[int] | None = None,
-                   out: Tensor | None = None) -> list[Tensor]:
+                   out: Tensor | None = None, *,
+                   carries: Traffic | str | None = None) -> list[Tensor]:
         """Variable-size all-to-all of row blocks: ``send[j]`` (``[n_j, *row]``) goes to rank j;
         returns the P blocks received (``recv[j]`` from rank j). All blocks share dtype and row
         shape. Pass ``recv_counts`` (rows expected from each peer) when known, which saves the
@@ -325,17 +347,20 @@ class Communicator:
         receives in place; the returned blocks are then views of ``out``."""
         # blocking: the caller cannot touch its blocks while they are in flight, so they may
         # be sent without a copy
-        return self.all_to_all_async(send, kind, recv_counts, out=out, _copy_send=False).wait()
+        return self.all_to_all_async(send, kind, recv_counts, out=out, carries=carries,
+                                     _copy_send=False).wait()
 
     def all_to_all_async(self, send: Sequence[Tensor], kind: str,
                          recv_counts: Sequence[int] | None = None,
                          out: Tensor | None = None, *,
+                         carries: Traffic | str | None = None,
                          _copy_send: bool = True) -> PendingExchange:
         """Start an all-to-all and return at once (compute while it flies); see
         :meth:`all_to_all`. The op is recorded when :meth:`PendingExchange.wait` returns.
         The send blocks are copied (the caller may reuse them at once); ``out`` must not be
         touched before the wait."""
         P = self.world_size
+        cls = self.declare(carries, "all_to_all", kind)
         if len(send) != P:
             raise ValueError(f"all_to_all: got {len(send)} send blocks, expected one per rank "
                              f"({P})")
@@ -395,16 +420,18 @@ class Communicator:
             # until the garbage collector happened to run - hundreds of MB per epoch at 10^7
             # edges.
             self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0,
-                         pending.wait_cpu0 - start_cpu, r)
+                         pending.wait_cpu0 - start_cpu, r, cls)
 
         pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
         pending.kind = kind   # named in the error if the wait fails
         return pending
 
-    def all_gather_object(self, obj: Any, kind: str = "control") -> list[Any]:
+    def all_gather_object(self, obj: Any, kind: str = "control", *,
+                          carries: Traffic | str | None = None) -> list[Any]:
         """Gather a small object (tensors and plain data, see :mod:`quietgnn.serial`) from
         every rank (metadata, summaries). Not ``dist.all_gather_object``: that unpickles
         whatever a peer sends. Every rank gets the decoded objects, its own included."""
+        cls = self.declare(carries, "all_gather_object", kind)
         if self.world_size == 1:
             return [obj]
         data = dumps(obj, where=f"all_gather_object({kind})")   # TypeError before any traffic
@@ -421,7 +448,7 @@ class Communicator:
         bufs = [torch.empty_like(buf) for _ in range(P)]
         self._guard(lambda: dist.all_gather(bufs, buf), "all_gather_object", kind)
         vol = (P - 1) * (8 + longest)
-        self._record("all_gather_object", kind, vol, vol, 2 * (P - 1), 2, t0, c0, r)
+        self._record("all_gather_object", kind, vol, vol, 2 * (P - 1), 2, t0, c0, r, cls)
         out = []
         for j in range(P):
             raw = bufs[j][:lens[j]].cpu().numpy().tobytes()
@@ -433,6 +460,7 @@ class Communicator:
         return out
 
     def barrier(self, kind: str = "barrier") -> None:
+        """Carries nothing but the wait: always control."""
         if self.world_size == 1:
             return
         r, t0, c0 = self._begin()
@@ -440,4 +468,5 @@ class Communicator:
         # backend and its cost is accounted like any other op.
         flag = torch.zeros(1, device=self.device)
         self._guard(lambda: dist.all_reduce(flag), "barrier", kind)
-        self._record("barrier", kind, 0, 0, 0, 2 * math.ceil(math.log2(self.world_size)), t0, c0, r)
+        self._record("barrier", kind, 0, 0, 0, 2 * math.ceil(math.log2(self.world_size)), t0, c0, r,
+                     Traffic.CONTROL)

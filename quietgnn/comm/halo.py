@@ -13,6 +13,10 @@ not worth an index: at ReLU's typical half density, (index, value) pairs cost as
 dense values, and learning which encoding the peer chose would cost a round trip per layer.
 Static rows (input features) are another matter: :func:`fetch_static_rows` sends them sparse,
 once.
+
+What crosses (``carries``, :mod:`.traffic`): forward rows of layer 0 are the input features,
+those of later layers embeddings (a caller whose rows are of another kind says so), and the
+backward carries gradients of single nodes' activations.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from torch import Tensor
 from ..nn.keyed import row_keep_mask
 from ..partition.local import LocalPartition
 from .communicator import Communicator
+from .traffic import Traffic
 
 __all__ = ["HaloExchanger", "fetch_static_rows", "sparse_is_smaller"]
 
@@ -34,12 +39,13 @@ class _HaloFn(torch.autograd.Function):
     # further copy) and the output [h ; halo] allocated once, the halo rows received straight
     # into it. At 10^7+ edges each avoided copy is hundreds of MB per layer.
     @staticmethod
-    def forward(ctx, h: Tensor, ex: "HaloExchanger", kind_bwd: str, kind_fwd: str) -> Tensor:
+    def forward(ctx, h: Tensor, ex: "HaloExchanger", kind_bwd: str, kind_fwd: str,
+                carries: Traffic) -> Tensor:
         ctx.ex, ctx.kind_bwd = ex, kind_bwd
         send = torch.split(h.index_select(0, ex.send_all), ex.send_counts)
         out = h.new_empty((ex.n_own + ex.n_halo,) + tuple(h.shape[1:]))
         out[: ex.n_own] = h
-        ex.comm.all_to_all(send, kind_fwd, ex.recv_counts, out=out[ex.n_own:])
+        ex.comm.all_to_all(send, kind_fwd, ex.recv_counts, out=out[ex.n_own:], carries=carries)
         return out
 
     @staticmethod
@@ -50,9 +56,10 @@ class _HaloFn(torch.autograd.Function):
         # empty): per-peer views of one buffer, sent as they are
         send = torch.split(grad[n_own:].contiguous(), ex.recv_counts)
         back = grad.new_empty((ex.send_all.numel(),) + tuple(grad.shape[1:]))
-        ex.comm.all_to_all(send, ctx.kind_bwd, ex.send_counts, out=back)
+        ex.comm.all_to_all(send, ctx.kind_bwd, ex.send_counts, out=back,
+                           carries=Traffic.ACTIVATION_GRADS)
         # every row this rank sent gets the gradients its peers computed for it (one scatter)
-        return grad[:n_own].index_add(0, ex.send_all, back), None, None, None
+        return grad[:n_own].index_add(0, ex.send_all, back), None, None, None, None
 
 
 class _KeptFn(torch.autograd.Function):
@@ -63,7 +70,7 @@ class _KeptFn(torch.autograd.Function):
     # multiplies them by zero on the owner, so the result is exact.
     @staticmethod
     def forward(ctx, h: Tensor, ex: "HaloExchanger", kind_bwd: str, kind_fwd: str,
-                p: float, key: int) -> Tensor:
+                carries: Traffic, p: float, key: int) -> Tensor:
         width = int(h.shape[1])
         m_send = row_keep_mask(ex.send_ids, width, p, key)
         m_recv = row_keep_mask(ex.halo_ids, width, p, key)
@@ -73,7 +80,7 @@ class _KeptFn(torch.autograd.Function):
             (n_send, n_recv)
         sel = h.index_select(0, ex.send_all)
         send = torch.split(sel[m_send], n_send)
-        got = ex.comm.all_to_all(list(send), kind_fwd, n_recv)
+        got = ex.comm.all_to_all(list(send), kind_fwd, n_recv, carries=carries)
         out = h.new_zeros((ex.n_own + ex.n_halo, width))
         out[: ex.n_own] = h
         out[ex.n_own:][m_recv] = torch.cat(got)      # one block per rank, own one empty
@@ -85,10 +92,12 @@ class _KeptFn(torch.autograd.Function):
         m_send, m_recv = ctx.masks
         n_send, n_recv = ctx.counts
         send = torch.split(grad[ex.n_own:][m_recv], n_recv)
-        got = ex.comm.all_to_all(list(send), ctx.kind_bwd, n_send)
+        got = ex.comm.all_to_all(list(send), ctx.kind_bwd, n_send,
+                                 carries=Traffic.ACTIVATION_GRADS)
         back = grad.new_zeros((ex.send_all.numel(), grad.shape[1]))
         back[m_send] = torch.cat(got)
-        return grad[:ex.n_own].index_add(0, ex.send_all, back), None, None, None, None, None
+        return grad[:ex.n_own].index_add(0, ex.send_all, back), None, None, None, None, None, \
+            None
 
 
 class HaloExchanger:
@@ -119,12 +128,20 @@ class HaloExchanger:
         self.halo_ids = part.halo.to(comm.device)
 
     def __call__(self, h: Tensor, layer: int = 0,
-                 keep: Optional[tuple[float, int]] = None) -> Tensor:
+                 keep: Optional[tuple[float, int]] = None,
+                 carries: Optional[Traffic] = None) -> Tensor:
+        """``carries``: what the rows are; by default layer 0's are input features and later
+        layers' embeddings."""
+        if carries is None:
+            carries = Traffic.FEATURES if layer == 0 else Traffic.EMBEDDINGS
+        # checked here too, so that a forbidden exchange fails alike at P = 1
+        self.comm.declare(carries, "halo exchange", f"{self.kind}_fwd")
         if self.comm.world_size == 1:
             return h
         if keep is not None and h.dim() == 2:
-            return _KeptFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", *keep)
-        return _HaloFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd")
+            return _KeptFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", carries,
+                                 *keep)
+        return _HaloFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", carries)
 
     def bytes_per_call(self, width: int, element_size: int = 4) -> int:
         """Analytic bytes this rank sends in one forward exchange of ``width`` columns."""
@@ -140,11 +157,12 @@ def sparse_is_smaller(rows: int, nnz: int, width: int) -> bool:
 
 
 def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor,
-                      kind: str = "data") -> Tensor:
+                      kind: str = "data", carries: Traffic = Traffic.FEATURES) -> Tensor:
     """This rank's halo rows of a static matrix ``x [n_own, F]`` (fp32; input features), in
     halo order, fetched once: one all-to-all of the non-zero counts (8 bytes per peer), then
     one of the rows, each peer's block sent sparse when :func:`sparse_is_smaller` says so.
-    Bytes sent to peer j: ``8 + min(4 r F, 4 r + 8 nnz)`` (r rows, nnz non-zeros, F columns)."""
+    Bytes sent to peer j: ``8 + min(4 r F, 4 r + 8 nnz)`` (r rows, nnz non-zeros, F columns).
+    Both ops carry ``carries`` (the counts are of the rows' non-zeros)."""
     P, me = comm.world_size, comm.rank
     width = int(x.shape[1])
     if x.dtype != torch.float32:
@@ -152,7 +170,7 @@ def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor,
     blocks = [x.index_select(0, idx.to(x.device)) for idx in part.send_idx]
     nnz = [torch.tensor([int((b != 0).sum())], dtype=torch.int64) if j != me else
            torch.zeros(0, dtype=torch.int64) for j, b in enumerate(blocks)]
-    got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)])
+    got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)], carries=carries)
     peer_nnz = [int(g[0]) if g.numel() else 0 for g in got]
     recv_rows = [int(c) for c in part.recv_counts]
     send = []
@@ -167,7 +185,7 @@ def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor,
             send.append(b.reshape(-1).view(torch.int32))
     sizes = [(r + 2 * z) if r and sparse_is_smaller(r, z, width) else r * width
              for r, z in zip(recv_rows, peer_nnz)]
-    flat = comm.all_to_all(send, kind, sizes)
+    flat = comm.all_to_all(send, kind, sizes, carries=carries)
     out = x.new_zeros((sum(recv_rows), width))
     at = 0
     for r, z, blk in zip(recv_rows, peer_nnz, flat):

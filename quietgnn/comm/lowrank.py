@@ -43,6 +43,7 @@ from torch import Tensor
 
 from .communicator import Communicator
 from .qreduce import quantized_all_reduce
+from .traffic import Traffic
 
 __all__ = ["LowRankReducer", "lowrank_floats"]
 
@@ -167,8 +168,9 @@ class LowRankReducer:
     def _all_reduce(comm: Communicator, buf: Tensor, kind: str, bits: int,
                     n_tail: int) -> Tensor:
         if int(bits) < 32:
-            return quantized_all_reduce(comm, buf, bits, kind, exact_tail=n_tail)
-        return comm.all_reduce(buf, kind)
+            return quantized_all_reduce(comm, buf, bits, kind, exact_tail=n_tail,
+                                        carries=Traffic.GRADIENTS)
+        return comm.all_reduce(buf, kind, carries=Traffic.GRADIENTS)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .codecs import QuantizedRows, _check_bits, dequantize, quantize, row_bytes
 from .communicator import Communicator
+from .traffic import Traffic
 
 __all__ = ["quantized_all_reduce", "quantized_all_reduce_bytes", "encode_flat", "decode_flat",
            "encoded_len"]
@@ -64,11 +65,13 @@ def quantized_all_reduce_bytes(n: int, world: int, bits: int, rank: int, exact_t
 
 def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
                          exact_tail: int = 0, width: int = DEFAULT_WIDTH,
-                         generator: Optional[torch.Generator] = None) -> Tensor:
+                         generator: Optional[torch.Generator] = None, *,
+                         carries: Optional[Traffic] = None) -> Tensor:
     """Sum of ``flat`` (1-D float) over ranks, quantized at ``bits`` (2, 4, 8; 32 = the exact
     :meth:`Communicator.all_reduce`). Returns a new fp32 tensor, identical on every rank; the
     last ``exact_tail`` entries are summed exactly. Raises ``ValueError`` on non-finite input
-    (callers that must survive it, like ``sync_gradients``, zero the values and flag them)."""
+    (callers that must survive it, like ``sync_gradients``, zero the values and flag them).
+    ``carries``: what ``flat`` is (:mod:`.traffic`), declared by both all-to-alls."""
     if flat.dim() != 1:
         raise ValueError(f"quantized_all_reduce: expected a 1-D tensor, got shape "
                          f"{tuple(flat.shape)}")
@@ -76,12 +79,13 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
         raise ValueError(f"quantized_all_reduce: exact_tail = {exact_tail} outside "
                          f"[0, {flat.numel()}]")
     bits = _check_bits(bits)
+    comm.declare(carries, "quantized_all_reduce", kind)   # before anything, even at P = 1
     flat = flat.detach().float()
     P, me = comm.world_size, comm.rank
     if P == 1:
         return flat.clone()
     if int(bits) == 32:
-        return comm.all_reduce(flat.clone(), kind)
+        return comm.all_reduce(flat.clone(), kind, carries=carries)
     n = flat.numel() - exact_tail
     body, tail = flat[:n], flat[n:]
     width, c = _layout(n, P, width)
@@ -102,7 +106,7 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
         send.append(payload)
     tail_b = 4 * exact_tail if me == P - 1 else 0
     counts = [0 if j == me else c * rb + tail_b for j in range(P)]
-    got = comm.all_to_all(send, kind, recv_counts=counts)
+    got = comm.all_to_all(send, kind, recv_counts=counts, carries=carries)
     mine = rows[me].clone()
     tail_sum = tail.clone()
     for j in range(P):
@@ -120,7 +124,7 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
     send = [torch.zeros(0, dtype=torch.uint8) if j == me else payload for j in range(P)]
     counts = [0 if j == me else c * rb + (4 * exact_tail if j == P - 1 else 0)
               for j in range(P)]
-    got = comm.all_to_all(send, kind, recv_counts=counts)
+    got = comm.all_to_all(send, kind, recv_counts=counts, carries=carries)
     got[me] = payload
     out = torch.empty(P, c, width)
     for j in range(P):

@@ -67,6 +67,7 @@ from ..serial import dumps, loads
 from .communicator import CommError, Communicator
 from .qreduce import decode_flat, encode_flat, encoded_len
 from .rendezvous import _resolve
+from .traffic import Traffic
 
 __all__ = ["StarChannel", "HEADER_BYTES"]
 
@@ -130,14 +131,14 @@ class StarChannel:
             boot[0] = lst.getsockname()[1]
             boot[1:] = torch.frombuffer(bytearray(secrets.token_bytes(SECRET_BYTES)),
                                         dtype=torch.int64)
-        comm.broadcast(boot, 0, kind="ft_bootstrap")
+        comm.broadcast(boot, 0, kind="ft_bootstrap", carries=Traffic.CONTROL)
         port, secret = int(boot[0]), boot[1:].numpy().tobytes()
         r, t0, c0 = comm._begin()
         if ch.rank == 0:
             ch._accept_all(secret)
             n = ch.world_size - 1
             comm._record("ft_connect", "ft_bootstrap", n * (HEADER_BYTES + NONCE_BYTES),
-                         n * (HEADER_BYTES + MAC_BYTES), n, 2, t0, c0, r)
+                         n * (HEADER_BYTES + MAC_BYTES), n, 2, t0, c0, r, Traffic.CONTROL)
         else:
             deadline = time.monotonic() + ch.timeout_s
             while True:
@@ -163,7 +164,7 @@ class StarChannel:
             except (OSError, EOFError) as exc:
                 raise ch._hub_error(r, exc) from exc
             comm._record("ft_connect", "ft_bootstrap", HEADER_BYTES + MAC_BYTES,
-                         HEADER_BYTES + NONCE_BYTES, 1, 2, t0, c0, r)
+                         HEADER_BYTES + NONCE_BYTES, 1, 2, t0, c0, r, Traffic.CONTROL)
         return ch
 
     def _accept_all(self, secret: bytes) -> None:
@@ -388,7 +389,8 @@ class StarChannel:
 
     # ------------------------------------------------------------------ operations
     def reduce_sum(self, flat: Tensor, kind: str, bits: int = 32, exact_tail: int = 0,
-                   generator: Optional[torch.Generator] = None) -> tuple[Tensor, list[int]]:
+                   generator: Optional[torch.Generator] = None, *,
+                   carries: Optional[Traffic] = None) -> tuple[Tensor, list[int]]:
         """Sum the float32 vector ``flat`` over the live ranks; returns ``(sum, ranks that
         contributed)`` on every live rank. Ranks found dead are dropped, not waited for.
 
@@ -399,6 +401,7 @@ class StarChannel:
         if flat.dtype != torch.float32 or flat.dim() != 1:
             raise ValueError(f"reduce_sum: expected a 1-D float32 tensor, got {flat.dtype} "
                              f"with shape {tuple(flat.shape)}")
+        cls = self.comm.declare(carries, "reduce_sum", kind)
         if self.world_size == 1:
             return flat, [0]
         r, t0, c0 = self.comm._begin()
@@ -421,44 +424,50 @@ class StarChannel:
             recv = sum(HEADER_BYTES + len(m) for m in got.values())
             sent, msgs = self._send_spokes(b"RSUM", r, payload + mask)
             ranks = [j for j in ranks if j in self.alive]
-            self.comm._record("ft_reduce", kind, sent, recv, msgs, 2, t0, c0, r)
+            self.comm._record("ft_reduce", kind, sent, recv, msgs, 2, t0, c0, r, cls)
             return total, ranks
         sent = self._to_hub(b"RSUM", r, encode_flat(flat, bits, exact_tail, generator=generator))
         reply = self._from_hub(b"RSUM", r)
         total = decode_flat(reply[:L], n, bits, exact_tail)
         ranks = [j for j, b in enumerate(reply[L:]) if b]
-        self.comm._record("ft_reduce", kind, sent, HEADER_BYTES + len(reply), 1, 2, t0, c0, r)
+        self.comm._record("ft_reduce", kind, sent, HEADER_BYTES + len(reply), 1, 2, t0, c0, r,
+                          cls)
         return total, ranks
 
-    def gather_object(self, obj: Any, kind: str) -> Optional[dict[int, Any]]:
+    def gather_object(self, obj: Any, kind: str, *,
+                      carries: Optional[Traffic] = None) -> Optional[dict[int, Any]]:
         """Hub: ``{rank: obj}`` over the live ranks (itself included); spokes: ``None``."""
+        cls = self.comm.declare(carries, "gather_object", kind)
         if self.world_size == 1:
             return {0: obj}
         r, t0, c0 = self.comm._begin()
         if self.rank == 0:
             got = self._collect(b"GOBJ", r)
             recv = sum(HEADER_BYTES + len(m) for m in got.values())
-            self.comm._record("ft_gather", kind, 0, recv, 0, 1, t0, c0, r)
+            self.comm._record("ft_gather", kind, 0, recv, 0, 1, t0, c0, r, cls)
             out = {0: obj}
             out.update({j: self._decode(m, f"the object rank {j} sent", r)
                         for j, m in got.items()})
             return dict(sorted(out.items()))
         sent = self._to_hub(b"GOBJ", r, dumps(obj, where=f"gather_object({kind})"))
-        self.comm._record("ft_gather", kind, sent, 0, 1, 1, t0, c0, r)
+        self.comm._record("ft_gather", kind, sent, 0, 1, 1, t0, c0, r, cls)
         return None
 
-    def broadcast_object(self, obj: Any, kind: str) -> Any:
+    def broadcast_object(self, obj: Any, kind: str, *,
+                         carries: Optional[Traffic] = None) -> Any:
         """Every live rank gets the hub's ``obj`` (spokes pass anything, e.g. ``None``)."""
+        cls = self.comm.declare(carries, "broadcast_object", kind)
         if self.world_size == 1:
             return obj
         r, t0, c0 = self.comm._begin()
         if self.rank == 0:
             sent, msgs = self._send_spokes(b"BOBJ", r,
                                            dumps(obj, where=f"broadcast_object({kind})"))
-            self.comm._record("ft_broadcast", kind, sent, 0, msgs, 1, t0, c0, r)
+            self.comm._record("ft_broadcast", kind, sent, 0, msgs, 1, t0, c0, r, cls)
             return obj
         payload = self._from_hub(b"BOBJ", r)
-        self.comm._record("ft_broadcast", kind, 0, HEADER_BYTES + len(payload), 0, 1, t0, c0, r)
+        self.comm._record("ft_broadcast", kind, 0, HEADER_BYTES + len(payload), 0, 1, t0, c0, r,
+                          cls)
         return self._decode(payload, "the object the hub sent", r)
 
     def _decode(self, payload: bytes, what: str, round_: int) -> Any:

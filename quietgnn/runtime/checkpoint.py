@@ -284,7 +284,7 @@ class Checkpointer:
         if self.world_size == 1 or self.comm is None:
             return [obj]
         with self.comm.phase("control"):
-            out = self.comm.all_gather_object(obj)
+            out = self.comm.all_gather_object(obj, carries="control")   # shard bookkeeping
         return out
 
     def epoch_dir(self, epoch: int) -> Path:

@@ -112,6 +112,7 @@ class Trainer:
     def _state(self, epoch: int) -> dict[str, Any]:
         return {"epoch": epoch, "best": self.best, "history": self.history,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
+                "sent_by_class": dict(self.comm.sent_by_class),
                 "book_id": self.ctx.part.book_id, "model_best": self.model_best}
 
     def _maybe_resume(self) -> int:
@@ -129,6 +130,10 @@ class Trainer:
             return 0
         self.strategy.load_state_dict(state["strategy"])
         self.best, self.history = state["best"], state["history"]
+        # the earlier attempts' bytes by class, added to this attempt's setup (as the metrics
+        # keep both attempts' setup records)
+        for c, n in state.get("sent_by_class", {}).items():
+            self.comm.sent_by_class[c] = self.comm.sent_by_class.get(c, 0) + int(n)
         self.model_best = state.get("model_best")
         # Last, so that nothing in load_state_dict consumes random numbers after the restore:
         # dropout masks (and samplers on the global RNG) continue as if never interrupted.
@@ -217,11 +222,13 @@ class Trainer:
         sys.stderr.flush()
 
     def _summary(self, wall: float, epochs_run: int) -> Optional[dict[str, Any]]:
-        mine = {"rank": self.ctx.rank, "history": self.history}
+        # what this rank sent, by traffic class: every op of the run but this gather
+        mine = {"rank": self.ctx.rank, "history": self.history,
+                "sent_by_class": dict(self.comm.sent_by_class)}
         with self.comm.phase("control"):
             everyone = self.strategy.gather_objects(mine)   # None: no dead ranks to route around
             if everyone is None:
-                everyone = self.comm.all_gather_object(mine)
+                everyone = self.comm.all_gather_object(mine, carries="control")
             self.comm.take_records()
         if self.ctx.rank != 0:
             return None
@@ -252,12 +259,26 @@ class Trainer:
             "compute_seconds": compute,
             "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
             "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],
+            **_residency(cfg.runtime.residency, everyone),
         }
         report = self.strategy.run_report()
         if report:
             summary["strategy_report"] = report
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def _residency(level: str, everyone: list[dict[str, Any]]) -> dict[str, Any]:
+    """The level and the bytes each rank sent per traffic class (comm/traffic.py), so a run
+    shows what left each site (the summary's own gather is not counted)."""
+    per_rank = {str(e["rank"]): dict(sorted(e.get("sent_by_class", {}).items()))
+                for e in everyone}
+    total: dict[str, int] = {}
+    for d in per_rank.values():
+        for c, n in d.items():
+            total[c] = total.get(c, 0) + n
+    return {"residency": level, "bytes_sent_by_class": dict(sorted(total.items())),
+            "bytes_sent_by_class_per_rank": per_rank}
 
 
 def _attempts(run_dir: Path, wall: float) -> dict[str, Any]:

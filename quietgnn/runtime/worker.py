@@ -93,6 +93,7 @@ def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[
         record_attempt(run_dir)
     comm = Communicator.init(rank, world, backend=cfg.runtime.resolved_backend(),
                              timeout_s=cfg.runtime.timeout_s, device=device)
+    comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
     if write_config and rank == 0:
         (run_dir / "config.json").write_text(cfg.to_json())
     part = load_local_partition(cfg, rank, world)
@@ -107,7 +108,7 @@ def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[
 
 #: exceptions whose message says everything (a peer's failure seen from here, NaN, bad input):
 #: stderr gets one line, the traceback goes to the .error file only
-_EXPLAINED = ("CommError", "NonFiniteError", "ValueError", "CheckpointError")
+_EXPLAINED = ("CommError", "NonFiniteError", "ValueError", "CheckpointError", "ResidencyError")
 
 
 def _report_failure(run_dir: Path, rank: int) -> str:

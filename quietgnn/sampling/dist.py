@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ..comm import Communicator
+from ..comm.traffic import Traffic
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
 from .renumber import Renumberer, cumsum0
@@ -65,7 +66,7 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
     """
     P, N = comm.world_size, part.num_nodes_global
     owned = part.owned
-    recv = comm.all_to_all([owned] * P, "topology_ids")
+    recv = comm.all_to_all([owned] * P, "topology_ids", carries=Traffic.STRUCTURE)
     owner = torch.full((N,), -1, dtype=torch.int64)
     for r, ids in enumerate(recv):
         owner[ids] = r
@@ -76,7 +77,8 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
     cols = part.local_ids()[part.indices]
     mine = _pack([torch.tensor([owned.numel()]), owned, counts, cols])
     empty = mine[:0]
-    blocks = comm.all_to_all([mine if j in group else empty for j in range(P)], "topology")
+    blocks = comm.all_to_all([mine if j in group else empty for j in range(P)], "topology",
+                             carries=Traffic.STRUCTURE)
     deg = torch.zeros(N, dtype=torch.int64)
     rows: list[tuple[Tensor, Tensor]] = []
     for r in group:
@@ -132,9 +134,10 @@ class FeatureFetcher:
         order = torch.argsort(own, stable=True)
         counts = torch.bincount(own, minlength=P).tolist()
         req = list(torch.split(ids[order], counts))
-        got = self.comm.all_to_all(req, kind + "_ids" if kind == self.kind else kind)
+        got = self.comm.all_to_all(req, kind + "_ids" if kind == self.kind else kind,
+                                   carries=Traffic.STRUCTURE)
         rows = [self.x[torch.searchsorted(self.part.owned, g)] for g in got]
-        back = self.comm.all_to_all(rows, kind, recv_counts=counts)
+        back = self.comm.all_to_all(rows, kind, recv_counts=counts, carries=Traffic.FEATURES)
         out = torch.empty(ids.numel(), self.x.shape[1], dtype=self.x.dtype)
         out[order] = torch.cat(back)
         return out
@@ -195,12 +198,13 @@ class Sampler15D:
         dest = blk[~local] * c + self.j              # replica j of the owning group
         order = torch.argsort(dest, stable=True)     # requests grouped by destination rank
         counts = torch.bincount(dest, minlength=P).tolist()
-        got = self.comm.all_to_all(list(torch.split(remote[order], counts)), "sample_rows_ids")
+        got = self.comm.all_to_all(list(torch.split(remote[order], counts)), "sample_rows_ids",
+                                   carries=Traffic.STRUCTURE)
         replies = []
         for ids in got:
             ptr, pos = expand_rows(self.indptr, ids)
             replies.append(_pack([ptr[1:] - ptr[:-1], self.indices.index_select(0, pos)]))
-        back = self.comm.all_to_all(replies, "sample_rows")
+        back = self.comm.all_to_all(replies, "sample_rows", carries=Traffic.STRUCTURE)
         deg = torch.empty(need.numel(), dtype=torch.int64)
         starts = torch.empty(need.numel(), dtype=torch.int64)
         ptr, _ = expand_rows(self.indptr, need[local])
@@ -267,7 +271,8 @@ class Sampler15D:
             return cnt, src
         msg = _pack([torch.tensor([mine.numel()]), mine, cnt, src])
         got = self.comm.all_to_all([msg if r in self.members and r != self.comm.rank
-                                    else msg[:0] for r in range(self.P)], "sample_allreduce")
+                                    else msg[:0] for r in range(self.P)], "sample_allreduce",
+                                   carries=Traffic.STRUCTURE)
         got[self.comm.rank] = msg
         rows_l, cnt_l, src_l = [], [], []
         for r in self.members:

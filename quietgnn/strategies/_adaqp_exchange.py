@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..comm import Communicator
 from ..comm.codecs import decode_rows, encode_rows, payload_bytes
+from ..comm.traffic import Traffic
 
 __all__ = ["QuantizedHalo"]
 
@@ -177,7 +178,9 @@ class QuantizedHalo:
         t1 = time.perf_counter()
         self.stats["codec_s"] += t1 - t0
         kind = f"{self.kind}_{'fwd' if key[0] == 'f' else 'bwd'}"
-        pending = self.comm.all_to_all_async(payloads, kind, rcounts)
+        carries = (Traffic.ACTIVATION_GRADS if key[0] != "f" else
+                   Traffic.FEATURES if key[1] == 0 else Traffic.EMBEDDINGS)
+        pending = self.comm.all_to_all_async(payloads, kind, rcounts, carries=carries)
         box[slot] = (pending, t1, recv_w, d, key, self.comm.round - 1, time.thread_time())
 
     def _recv(self, box: dict, slot: str) -> list[Optional[Tensor]]:

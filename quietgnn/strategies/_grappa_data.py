@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..comm import Communicator
+from ..comm.traffic import Traffic
 from ..nn import SparseAdj
 from ..partition import LocalPartition
 from ..partition.local import gather_rows
@@ -91,10 +92,11 @@ class ChunkLoader:
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=P).tolist()
         req = list(torch.split(gids[order], counts))
-        asked = self.comm.all_to_all(req, "chunk_request")
+        asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
         rows = [self.part.x[torch.searchsorted(self.part.owned, a)] if j != me else
                 self.part.x[:0] for j, a in enumerate(asked)]
-        got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts)
+        got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
+                                 carries=Traffic.FEATURES)
         out = torch.empty(gids.numel(), self.part.num_features, dtype=self.part.x.dtype)
         out[order] = torch.cat(got) if got else out[:0]
         return out
@@ -104,7 +106,7 @@ class ChunkLoader:
         empty = self._packed[:0]
         send = [self._packed if rotating_chunk(r, P, super_epoch) == me and r != me else empty
                 for r in range(P)]
-        got = self.comm.all_to_all(send, "chunk_structure")
+        got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
         return got[chunk]
 
     # ------------------------------------------------------------------ the load

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from ..comm import fetch_static_rows
 from ..comm.bitassign import AssignProblem, solve
+from ..comm.traffic import Traffic
 from ..nn import SparseAdj
 from ..nn.keyed import keyed_dropout, mix_key
 from ..partition.local import gather_rows
@@ -128,6 +129,8 @@ class AdaQP(Strategy):
     description = "halo exchange with stochastic 2/4/8-bit messages, adaptive widths, overlap"
     Options = AdaQPOptions
     default_partitioner = "metis"
+    residency_traffic = ("sends boundary nodes' raw input features, quantized (layer 1's halo "
+                         "exchange)")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -212,7 +215,7 @@ class AdaQP(Strategy):
                                 for j in range(P)]
                         rc = [size if j == src else 0 for j in range(P)]
                         t0 = time.perf_counter()
-                        comm.all_to_all(send, "adaqp_profile", rc)
+                        comm.all_to_all(send, "adaqp_profile", rc, carries=Traffic.CONTROL)  # zeros
                         best = min(best, time.perf_counter() - t0)
                     xs.append(size / 1e6)
                     ts.append(best)
@@ -224,7 +227,8 @@ class AdaQP(Strategy):
             alpha = [8e6 / t.bandwidth] * P
             gamma = [t.latency] * P
         meta = comm.all_gather_object({"recv": self.ex.recv_counts, "alpha": alpha,
-                                       "gamma": gamma}, kind="adaqp_setup")
+                                       "gamma": gamma}, kind="adaqp_setup",
+                                      carries=Traffic.CONTROL)
         self.alpha = np.array([m["alpha"] for m in meta])   # [src, dst]
         self.gamma = np.array([m["gamma"] for m in meta])
         self.recv_all = np.array([m["recv"] for m in meta])  # [i, j]: rows i gets from j (fwd)
@@ -263,11 +267,11 @@ class AdaQP(Strategy):
             grp = torch.arange(order.numel()) // gs
             sums[off:off + g] = torch.zeros(g, dtype=torch.float64).index_add_(
                 0, grp, sig[order]).float()
-        comm.all_reduce(sums, "adaqp_assign")
+        comm.all_reduce(sums, "adaqp_assign", carries=Traffic.CONTROL)   # group sums
         codes = torch.zeros(self.total_groups, dtype=torch.uint8)
         if r == 0:
             codes = self._solve(sums.double().numpy())
-        comm.broadcast(codes, 0, "adaqp_assign")
+        comm.broadcast(codes, 0, "adaqp_assign", carries=Traffic.CONTROL)
         widths = _WIDTH[codes.long()]
         # receivers: expand groups to rows, then tell every sender the widths of its rows
         for key, src, dst, off, g in self.layout:
@@ -281,7 +285,8 @@ class AdaQP(Strategy):
         send = [torch.cat([ex.widths[k]["recv"][j] for k in keys]).to(torch.uint8) if j != r
                 else torch.zeros(0, dtype=torch.uint8) for j in range(P)]
         rc = [0 if j == r else sum(ex.rows(k, "send")[j] for k in keys) for j in range(P)]
-        got = comm.all_to_all(send, "adaqp_assign", rc)
+        # one width per row, from that row's own values
+        got = comm.all_to_all(send, "adaqp_assign", rc, carries=Traffic.STRUCTURE)
         for j in range(P):
             if j == r:
                 continue

@@ -31,12 +31,13 @@ from torch import Tensor, nn
 from ..comm import Communicator, HaloExchanger, fetch_static_rows
 from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
+from ..comm.traffic import LEVELS, Traffic
 from ..nn import GNN, ModelConfig, SparseAdj, SparseFeatures, build_model, maybe_sparse
 from ..partition import LocalPartition
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
            "register", "get_strategy", "available_strategies", "partition_adj", "sync_gradients",
-           "global_evaluate", "options_from_dict"]
+           "global_evaluate", "options_from_dict", "check_residency"]
 
 
 class NonFiniteError(RuntimeError):
@@ -131,6 +132,11 @@ class Strategy(ABC):
     #: and rank 0 writes the summary. Such a strategy must not use gloo collectives after
     #: setup and overrides :meth:`gather_objects` (``tma``: averaging through a hub on rank 0)
     tolerates_failures: ClassVar[bool] = False
+    #: the ``runtime.residency`` levels it runs under (comm/traffic.py); under any other level
+    #: it is refused before the run starts, naming ``residency_traffic``
+    residency_levels: ClassVar[tuple[str, ...]] = ("none",)
+    #: what it sends that a stricter level forbids (one clause, for the refusal)
+    residency_traffic: ClassVar[str] = "traffic it has not declared residency-safe"
 
     def __init__(self, ctx: WorkerContext, options: Any = None) -> None:
         self.ctx = ctx
@@ -215,6 +221,25 @@ def options_from_dict(cls: type[Strategy], values: dict[str, Any]) -> Any:
     return cls.Options(**values)
 
 
+def check_residency(cls: type[Strategy], level: str, partition_method: str) -> None:
+    """Refuse, in one line, a strategy that needs traffic ``level`` forbids, or a partitioner
+    that would move nodes away from where their data lives."""
+    if level not in LEVELS:
+        raise ValueError(f"runtime.residency = {level!r}; expected one of {list(LEVELS)}")
+    if level == "none":
+        return
+    if level not in cls.residency_levels:
+        ok = [n for n, c in available_strategies().items() if level in c.residency_levels]
+        raise ValueError(f"runtime.residency = {level}: strategy {cls.name!r} "
+                         f"{cls.residency_traffic}, which {level} forbids; strategies allowed "
+                         f"under {level}: {', '.join(ok) or 'none'}")
+    if partition_method != "given":
+        raise ValueError(f"runtime.residency = {level} keeps each node's data on the site that "
+                         f"holds it, but partitioner {partition_method!r} would place nodes; "
+                         f"pass --partitioner given --partition.file ASSIGNMENT (the site of "
+                         f"each node), or a graph prepared with it")
+
+
 # ---------------------------------------------------------------------- shared pieces
 def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> SparseAdj:
     """The local ``[owned | halo]`` block with global degrees (exact aggregation)."""
@@ -279,9 +304,10 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     if P > 1 and int(bits) < 32:
         if bad:   # the codec refuses non-finite rows; the flag tells every rank
             flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
-        flat = quantized_all_reduce(comm, flat, bits, kind, exact_tail=flat.numel() - n)
+        flat = quantized_all_reduce(comm, flat, bits, kind, exact_tail=flat.numel() - n,
+                                    carries=Traffic.GRADIENTS)
     elif P > 1:
-        comm.all_reduce(flat, kind)
+        comm.all_reduce(flat, kind, carries=Traffic.GRADIENTS)
     if extra is not None:
         extra.copy_(flat[n + 1 + P:].view_as(extra))
     check(flat[n:], grads_finite=bool(torch.isfinite(flat[:n]).all()))
@@ -318,7 +344,7 @@ def global_evaluate(model: nn.Module, part: LocalPartition, comm: Communicator,
         m = mask.to(pred.device)
         counts += [float((pred[m] == y[m]).sum()), float(m.sum())]
     t = torch.tensor(counts, dtype=torch.float64, device=pred.device)
-    comm.all_reduce(t, "eval_metrics")
+    comm.all_reduce(t, "eval_metrics", carries=Traffic.CONTROL)   # counts, not labels
     out = {}
     for i, split in enumerate(("train", "val", "test")):
         out[split] = float(t[2 * i] / t[2 * i + 1]) if t[2 * i + 1] > 0 else float("nan")
@@ -342,5 +368,6 @@ def inputs_with_halo(comm: Communicator, part: LocalPartition,
                      device: torch.device) -> Tensor | SparseFeatures:
     """``[owned ; halo]`` input rows, the halo's fetched once (collective; kind ``data``),
     sparse when mostly zero: layer 0 then needs no exchange."""
-    halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data").to(device)
+    halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
+                               carries=Traffic.FEATURES).to(device)
     return maybe_sparse(torch.cat([part.x.to(device), halo_x.to(part.x.dtype)]))

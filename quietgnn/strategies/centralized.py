@@ -13,5 +13,6 @@ from .halo import Halo
 @register
 class Centralized(Halo):
     name = "centralized"
+    residency_traffic = "trains on every site's features and labels in one process"
     description = "one process, whole graph: the accuracy reference (no communication)"
     fixed_parts = 1

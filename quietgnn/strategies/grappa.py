@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..comm.lowrank import LowRankReducer
+from ..comm.traffic import Traffic
 from ..nn import SparseFeatures, maybe_sparse
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
@@ -131,6 +132,8 @@ class Grappa(Strategy):
                    "coverage-corrected aggregation")
     Options = GrappaOptions
     default_partitioner = "random"
+    residency_traffic = ("moves chunks of nodes with their features and edges between ranks "
+                         "(and evaluates with a halo exchange of raw features)")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -201,7 +204,7 @@ class Grappa(Strategy):
     def _normalisers(self, batches: list[torch.Tensor]) -> torch.Tensor:
         """``Z`` of every step in one all-reduce of ``len(batches)`` floats (``grappa_norm``)."""
         mass = torch.tensor([self._step_weights(b)[1] for b in batches], dtype=torch.float64)
-        self.ctx.comm.all_reduce(mass, "grappa_norm")
+        self.ctx.comm.all_reduce(mass, "grappa_norm", carries=Traffic.CONTROL)
         return mass
 
     # ------------------------------------------------------------------ training

@@ -56,6 +56,7 @@ class Halo(Strategy):
     name = "halo"
     description = "full-graph training with a halo exchange per layer (exact)"
     default_partitioner = "metis"
+    residency_traffic = "sends boundary nodes' raw input features (layer 1's halo exchange)"
     exact = True
     Options = HaloOptions
 

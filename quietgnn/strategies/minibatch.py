@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..comm.traffic import Traffic
 from ..sampling import NeighborSampler
 from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
@@ -80,6 +81,8 @@ class MiniBatch(Strategy):
     name = "minibatch"
     description = "data-parallel mini-batch training on bulk matrix-based sampling (SAGE/LADIES)"
     default_partitioner = "metis"
+    residency_traffic = ("sends sampled nodes' input features and the seeds' labels to the ranks "
+                         "that train on them")
     exact = False
 
     @dataclass
@@ -149,19 +152,19 @@ class MiniBatch(Strategy):
         # global in-degrees (GCN source degrees on sampled blocks) and the group's seed labels
         self.in_degree = torch.zeros(N, dtype=torch.int64)
         deg = comm.all_to_all([torch.stack([part.owned, part.in_degree[: part.n_own]], 1)] * P,
-                              "degrees")
+                              "degrees", carries=Traffic.STRUCTURE)
         for d in deg:
             self.in_degree[d[:, 0]] = d[:, 1]
         mine = torch.stack([part.owned[part.train_mask], part.y[part.train_mask]], 1)
         members = range(self.group * self.c, self.group * self.c + self.c)
         got = comm.all_to_all([mine if r in members else mine[:0] for r in range(P)],
-                              "seed_labels")
+                              "seed_labels", carries=Traffic.LABELS)
         seeds = torch.cat([got[r] for r in members])
         order = torch.argsort(seeds[:, 0])
         self.seeds = seeds[order, 0]
         self.labels = torch.full((N,), -1, dtype=torch.int64)
         self.labels[seeds[:, 0]] = seeds[:, 1]
-        counts = comm.all_gather_object(int(mine.shape[0]), "control")
+        counts = comm.all_gather_object(int(mine.shape[0]), "control", carries=Traffic.CONTROL)
         self.group_sizes = [sum(counts[g * self.c:(g + 1) * self.c]) for g in range(P // self.c)]
         self.fetcher = FeatureFetcher(comm, part, owner)
         if o.cache_mb > 0:
@@ -251,11 +254,12 @@ class MiniBatch(Strategy):
         local = torch.cat(picks)
         mine = torch.stack([part.owned[local], torch.cat(splits), part.y[local]], 1)
         if self.c > 1:   # the group's sample, in member order, on every replica
-            got = self.ctx.comm.all_gather_object(mine, "control")
+            got = self.ctx.comm.all_gather_object(mine, "eval_sample", carries=Traffic.LABELS)
             mine = torch.cat(got[self.group * self.c:(self.group + 1) * self.c])
         self.eval_targets, self.eval_split, self.eval_y = mine[:, 0], mine[:, 1], mine[:, 2]
         self.eval_counts = self.replica == 0
-        sizes = self.ctx.comm.all_gather_object(int(mine.shape[0]), "control")
+        sizes = self.ctx.comm.all_gather_object(int(mine.shape[0]), "control",
+                                               carries=Traffic.CONTROL)
         self.eval_steps = -(-max(sizes) // o.batch_size)
 
     @torch.no_grad()
@@ -282,7 +286,7 @@ class MiniBatch(Strategy):
                 counts[1::2] += torch.bincount(split, minlength=3).double()
         finally:
             self.model.train(was)
-        self.ctx.comm.all_reduce(counts, "eval_metrics")
+        self.ctx.comm.all_reduce(counts, "eval_metrics", carries=Traffic.CONTROL)
         return {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] > 0
                 else float("nan") for i, name in enumerate(("train", "val", "test"))}
 

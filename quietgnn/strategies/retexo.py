@@ -46,6 +46,11 @@ What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
   (with ``grad_bits`` < 32 the gradients go quantized: two all-to-alls, ~``b/32`` of it);
 * ``val_counts``: once per layer, one float64 (the last step's validation count).
 
+Residency (``runtime.residency`` features / strict): round 0's exchange of raw features is
+skipped: layer 0 aggregates the neighbours on its own rank only (a remote neighbour's row
+counts as zeros; degrees stay global), so what crosses is learned embeddings of layer >= 1,
+gradients of parameters and counts, and no feature, label or id ever leaves its rank.
+
 Evaluation (phase ``eval``) is ``eval_metrics`` only: the model runs on the already exchanged
 frozen inputs. Compare ``halo``: per epoch, ``4 sum|B| (sum_l d_l + sum_{l>=1} d_l)`` bytes of
 halo rows plus the whole model's gradients.
@@ -70,6 +75,7 @@ from torch import Tensor
 
 from ..comm import HaloExchanger
 from ..comm.lowrank import LowRankReducer
+from ..comm.traffic import Traffic
 from ..nn import GNN
 from ._retexo_layers import Pre, build_layers
 from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
@@ -152,6 +158,8 @@ class Retexo(Strategy):
                    "exchange per layer + per-round gradients of one small layer")
     Options = RetexoOptions
     default_partitioner = "metis"
+    residency_levels = ("none", "features", "strict")
+    residency_traffic = "sends raw features in its first exchange"   # skipped under residency
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -198,9 +206,17 @@ class Retexo(Strategy):
         self.best_val, self.best_state = -1.0, None
 
     @torch.no_grad()
-    def _exchange(self, h_own: Tensor) -> Tensor:
+    def _exchange(self, h_own: Tensor, carries: Traffic) -> Tensor:
         """``[h_own ; halo rows]``: the boundary rows go to the peers that need them, once."""
-        return self.exchanger(h_own.contiguous())
+        return self.exchanger(h_own.contiguous(), carries=carries)
+
+    def _first_input(self) -> Tensor:
+        """Layer 0's frozen input: the features with their halo rows, fetched from the peers,
+        or, under a residency level, zeros in the halo rows (raw features stay home)."""
+        x = self.ctx.part.x.to(self.ctx.device)
+        if self.ctx.comm.residency == "none":
+            return self._exchange(x, Traffic.FEATURES)
+        return torch.cat([x, x.new_zeros((self.ctx.part.n_halo,) + tuple(x.shape[1:]))])
 
     # ------------------------------------------------------------------ training
     def finished(self) -> bool:
@@ -211,7 +227,7 @@ class Retexo(Strategy):
             raise RuntimeError(f"retexo: the schedule ({self.R} rounds per layer) is complete; "
                                f"nothing left to train in epoch {epoch}")
         if self.h is None:
-            self._enter(0, self._exchange(self.ctx.part.x.to(self.ctx.device)))
+            self._enter(0, self._first_input())
         elif self.round == self.R[self.k]:
             self._enter(self.k + 1, self.h_next)
         loss, val_acc = self._round()
@@ -271,13 +287,14 @@ class Retexo(Strategy):
         layer, comm = self.layers[self.k], self.ctx.comm
         if self.ctx.part.num_val_global > 0:
             t = torch.tensor([self._val_correct()], dtype=torch.float64)
-            comm.all_reduce(t, "val_counts")
+            comm.all_reduce(t, "val_counts", carries=Traffic.CONTROL)
             self._consider(float(t[0]))
         if self.best_state is not None:
             layer.load_state_dict(self.best_state)
         self.val_best.append(self.best_val)
         if self.k < len(self.R) - 1:
-            self.h_next = self._exchange(layer.next_input(self.pre, self.options.embed))
+            self.h_next = self._exchange(layer.next_input(self.pre, self.options.embed),
+                                         Traffic.EMBEDDINGS)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:

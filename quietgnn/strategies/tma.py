@@ -114,6 +114,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..comm.store import StarChannel
+from ..comm.traffic import Traffic
 from ..nn import SparseAdj, SparseFeatures, maybe_sparse
 from ._tma_data import LocalSampler, _parse_fanouts, _part_pieces, assemble_graph
 from .base import EpochResult, Strategy, register
@@ -205,6 +206,8 @@ class TMA(Strategy):
                    "periodic model averaging, survives trainer failures")
     Options = TMAOptions
     default_partitioner = "supernode"
+    residency_traffic = ("rebuilds the whole graph, with every rank's features and labels, on "
+                         "rank 0 to evaluate")
     tolerates_failures = True
 
     # ------------------------------------------------------------------ setup
@@ -273,7 +276,8 @@ class TMA(Strategy):
                                               for j in range(1, ctx.world_size)]
                 self.full = assemble_graph(pieces, p.num_nodes_global)
         else:
-            got = self.chan.gather_object(_part_pieces(p), kind="eval_graph")
+            got = self.chan.gather_object(_part_pieces(p), kind="eval_graph",
+                                         carries=Traffic.FEATURES)   # with labels and edges
             if ctx.rank == 0:
                 self.full = assemble_graph(list(got.values()), p.num_nodes_global)
         if self.full is not None:
@@ -333,7 +337,7 @@ class TMA(Strategy):
         gen = torch.Generator().manual_seed(self.ctx.seed * 1_000_003 + 7919 * self.ctx.rank
                                             + self.avg_round)
         total, ranks = self.chan.reduce_sum(buf, kind="model_avg", bits=bits, exact_tail=3,
-                                            generator=gen)
+                                            generator=gen, carries=Traffic.PARAMETERS)
         wsum = float(total[-1])
         if wsum > 0:
             mean = total[:-3] / wsum
@@ -388,11 +392,11 @@ class TMA(Strategy):
                 m = f[split]
                 accs[split] = float((pred[m] == f["y"][m]).float().mean()) if m.any() \
                     else float("nan")
-        return self.chan.broadcast_object(accs, kind="eval_metrics")
+        return self.chan.broadcast_object(accs, kind="eval_metrics", carries=Traffic.CONTROL)
 
     # ------------------------------------------------------------------ run summary
     def gather_objects(self, obj: Any) -> Optional[list[Any]]:
-        got = self.chan.gather_object(obj, kind="summary")
+        got = self.chan.gather_object(obj, kind="summary", carries=Traffic.CONTROL)
         return list(got.values()) if got is not None else []
 
     def run_report(self) -> dict[str, Any]:
