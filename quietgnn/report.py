@@ -18,9 +18,11 @@ Definitions (see :mod:`quietgnn.comm.network` for the projection):
 * test acc: at the best validation epoch, mean +- std over seeds; delta in points vs
   ``centralized`` on the same dataset and model.
 * training bytes/epoch: bytes sent in phase ``train``, summed over ranks (phase ``data`` is
-  shown separately when any run has it). Every per-epoch figure is per *epoch-equivalent*
+  shown separately when any run has it); eval bytes/epoch: the same of phase ``eval`` (every
+  evaluation the run made, the final exact one included), and its ratio to training's. Every per-epoch figure is per *epoch-equivalent*
   (one pass over the training set, :attr:`EpochResult.work`): the same as per epoch for every
   strategy but ``tma``, whose trainer epoch is an averaging period of many passes.
+* projected times include the evaluations the run made (their compute and rounds).
 * time to accuracy: projected training time until test accuracy first reaches the target,
   default ``--target-frac`` 0.98 x centralized's test accuracy; mean over the seeds that reach
   it (``k/n`` shown when not all do).
@@ -121,6 +123,10 @@ def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
         "train_bytes_per_epoch": _mean([r["summary"]["train_bytes_per_epoch"] for r in runs]),
         "data_bytes_per_epoch": _mean([sum(e["data_bytes"] for e in ep) / _work(ep)
                                        for ep in per_epoch]) or 0.0,
+        "eval_bytes_per_epoch": _mean([sum(e["eval_bytes"] for e in ep) / _work(ep)
+                                       for ep in per_epoch]) or 0.0,
+        "eval_train_ratio": _mean([_ratio(sum(e["eval_bytes"] for e in ep),
+                                          sum(e["train_bytes"] for e in ep)) for ep in per_epoch]),
         "compute_s_per_epoch": _mean([sum(e["compute_s"] for e in ep) / _work(ep)
                                       for ep in per_epoch]),
         "peak_rss_mb": max(r["summary"].get("peak_rss_mb", 0.0) for r in runs),
@@ -230,6 +236,10 @@ def _fmt_ratio(x: Optional[float]) -> str:
     return "—" if x is None else f"{x:.3g}×"
 
 
+def _fmt_pct(x: Optional[float]) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
 def _fmt_tta(t: Optional[dict[str, Any]]) -> str:
     if not t:
         return "—"
@@ -298,7 +308,7 @@ def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, l
         ref = "" if g["reference_acc"] is None else f" (centralized {g['reference_acc']:.4f})"
         lines += [f"## {g['dataset']} / {g['model']}", "", f"{tgt}{ref}", ""]
         head = ["strategy", "P", "test acc", "Δ vs centralized", "train bytes/epoch",
-                "bytes vs halo"]
+                "bytes vs halo", "eval bytes/epoch", "eval/train"]
         if has_data:
             head.insert(5, "data bytes/epoch")
         for t in table_tiers:
@@ -310,7 +320,8 @@ def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, l
                 acc += f" ± {r['test_acc_std']:.4f} (n={r['seeds']})"
             delta = "—" if r["delta_acc"] is None else f"{100 * r['delta_acc']:+.2f} pp"
             cells = [r["strategy"], str(r["parts"]), acc, delta,
-                     human_bytes(r["train_bytes_per_epoch"]), _fmt_ratio(r["bytes_ratio"])]
+                     human_bytes(r["train_bytes_per_epoch"]), _fmt_ratio(r["bytes_ratio"]),
+                     human_bytes(r["eval_bytes_per_epoch"]), _fmt_pct(r["eval_train_ratio"])]
             if has_data:
                 cells.insert(5, human_bytes(r["data_bytes_per_epoch"]))
             for t in table_tiers:
