@@ -7,6 +7,7 @@ else. The trainer calls, on every rank::
     s = Strategy(ctx, options)     # ctx: WorkerContext; options: the strategy's Options
     s.setup()
     for epoch ...: s.train_epoch(epoch) -> EpochResult; sometimes s.evaluate() -> accuracies
+                   (or s.evaluate_local(), an estimate on the rank's own graph, when it has one)
     s.state_dict() / s.load_state_dict(...)      # checkpoint and resume
 
 Strategies talk to other ranks only through ``ctx.comm`` (never ``torch.distributed``), and
