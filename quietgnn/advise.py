@@ -6,19 +6,21 @@ can reuse them:
 1. :func:`probe` *measures* what is cheap to measure: the partition statistics of each
    strategy's partitioner, the model's size, and a few epochs of every candidate strategy on
    the real partitions (through ``quietgnn bench``'s runner, so the bytes are the counted
-   ones and the compute is one thread per rank, as in every other figure).
+   ones and the compute is one thread per rank, as in every other figure), and how many
+   epochs ``centralized`` (one process) needs to reach 98 % of its own accuracy here.
 2. :func:`build_prior` turns quietgnn's own measured runs (the headline study: every
    strategy trained to the end on real graphs) into what a few epochs cannot show: how many
-   epoch-equivalents a strategy needs to reach 98 % of ``centralized`` relative to ``halo``,
-   how often it got there at all, and its accuracy gap.  The shipped table is
+   epoch-equivalents a strategy needs relative to ``centralized`` on the same graph, how
+   often it got there at all, and its accuracy gap.  The shipped table is
    :mod:`quietgnn._advise_prior` (rebuilt by ``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
-   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the prior's
-   epochs to the target, divides by its chance of reaching it, and sorts.
+   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by
+   ``centralized``'s epochs here and the strategy's ratio, adds what is sent once, divides
+   by its chance of reaching the target, and sorts.
 
-The prediction is only as good as its two halves: the per-epoch costs are measured on the
-user's graph, the epochs to target are borrowed from other graphs; ``accuracy_risk`` says
-how much the latter can be trusted.
+The prediction is only as good as its parts: the costs and ``centralized``'s pace are
+measured on the user's graph, the strategies' ratios are borrowed from other graphs;
+``accuracy_risk`` says how much the latter can be trusted.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
 # left out of the per-epoch figures.
 _PROBE_EPOCHS = {"tma": 2}
 _DEFAULT_PROBE_EPOCHS = 3
+#: epochs of ``centralized`` the probe runs to see how fast this graph is learned
+REFERENCE_EPOCHS = 200
+#: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
+TARGET_FRAC = 0.98
 
 
 def _tier(spec: str | Tier) -> Tier:
@@ -131,9 +137,11 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
           prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
           strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
           set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
-          log: Any = None) -> dict[str, Any]:
-    """Measure every strategy of ``strategies`` for a few epochs; returns
-    ``{"graph", "partitions", "model", "strategies": {name: per-epoch costs or error}}``."""
+          reference_epochs: int = REFERENCE_EPOCHS, log: Any = None) -> dict[str, Any]:
+    """Measure every strategy of ``strategies`` for a few epochs, and how many epochs
+    ``centralized`` needs on this graph (``reference_epochs`` of it, one process; skipped for
+    a prepared graph, which may not fit one process, and with 0); returns ``{"graph",
+    "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
     from .bench import RunSpec, run_matrix
     from .strategies import available_strategies
     known = set(available_strategies())
@@ -156,6 +164,13 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
                              root=root, overrides={**common, "train.epochs": k,
                                                    "train.eval_every": k}))
+    ref_spec = None
+    if not prepared and reference_epochs > 0:
+        ref_spec = RunSpec(dataset=dataset, strategy="centralized", parts=1, model=model,
+                           seed=0, root=root, overrides={**common,
+                                                         "train.epochs": reference_epochs,
+                                                         "train.eval_every": 1})
+        specs.append(ref_spec)
     tmp = None
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="quietgnn-advise-")
@@ -166,7 +181,12 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         if tmp is not None:
             tmp.cleanup()
     measured: dict[str, Any] = {}
+    ref_work = None
     for spec, res in zip(specs, results):
+        if spec is ref_spec:
+            if res.get("status") == "ok" and res.get("curve"):
+                ref_work = _work_to_target(res["curve"], TARGET_FRAC * res["summary"]["test_acc"])
+            continue
         if res.get("status") != "ok" or not res.get("curve"):
             err = (res.get("error") or res.get("curve_error") or "no result").strip()
             measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
@@ -177,8 +197,8 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
         m["partitioner"] = res["summary"].get("partitioner")
         measured[spec.strategy] = m
-    return {"graph": info, "partitions": stats, "parts": parts,
-            "model": model, "parameters": params, "strategies": measured}
+    return {"graph": info, "partitions": stats, "parts": parts, "model": model,
+            "parameters": params, "reference_epochs": ref_work, "strategies": measured}
 
 
 # ---------------------------------------------------------------------- 2. the prior
@@ -193,8 +213,9 @@ def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
 
 
 def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
-                target_frac: float = 0.98) -> dict[str, Any]:
-    """Epochs-to-target ratios, reach rates and accuracy gaps per strategy from finished
+                target_frac: float = TARGET_FRAC) -> dict[str, Any]:
+    """Epochs-to-target ratios (to ``centralized``'s on the same graph and model), reach
+    rates and accuracy gaps per strategy from finished
     ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
     ``exclude`` left out: the validation holds each dataset out of its own prior)."""
     groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
@@ -206,18 +227,18 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
     ratios: dict[str, list[float]] = {}
     reached: dict[str, list[int]] = {}
     gaps: dict[str, list[float]] = {}
-    halo_work: list[float] = []
+    ref_work: list[float] = []
     cells = []
     for (ds, model), by in groups.items():
-        if "centralized" not in by or "halo" not in by:
+        if "centralized" not in by:
             continue
         ref = statistics.mean(r["summary"]["test_acc"] for r in by["centralized"])
         target = target_frac * ref
-        w_halo = [w for w in (_work_to_target(r["curve"], target) for r in by["halo"]) if w]
-        if not w_halo:
+        w_c = [w for w in (_work_to_target(r["curve"], target) for r in by["centralized"]) if w]
+        if not w_c:
             continue
-        w_ref = statistics.mean(w_halo)
-        halo_work.append(w_ref)
+        w_ref = statistics.mean(w_c)
+        ref_work.append(w_ref)
         cells.append(f"{ds}/{model}")
         for s, runs in by.items():
             if s == "centralized":
@@ -238,7 +259,8 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
             "cells": len(reached[s])}
     return {"target_frac": target_frac, "cells": sorted(cells),
-            "halo_epochs_to_target": statistics.median(halo_work) if halo_work else None,
+            # the fallback where the probe could not run `centralized` (a prepared graph)
+            "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
             "strategies": strategies}
 
 
@@ -265,7 +287,10 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
     """Rank the probed strategies by predicted seconds to the target on ``tier``."""
     t = _tier(tier)
     prior = prior or default_prior()
-    base_work = prior.get("halo_epochs_to_target") or 100.0
+    # epochs-to-target of centralized on this graph as measured by the probe, else the
+    # median of the graphs the prior was measured on
+    base_work = measured.get("reference_epochs") or prior.get("reference_epochs_to_target") \
+        or 100.0
     halo = measured["strategies"].get("halo", {})
     rows = []
     for s, m in measured["strategies"].items():
@@ -294,7 +319,7 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
-                           + (f"needs {p['epochs_ratio']:.2g}x halo's epochs; " if p and
+                           + (f"needs {p['epochs_ratio']:.2g}x centralized's epochs; " if p and
                               p.get("epochs_ratio") else "") + risk_why))
         rows.append(row)
     never = float("inf")
@@ -306,7 +331,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
             "parts": measured["parts"], "model": measured["model"],
             "graph": measured.get("graph"), "partitions": measured.get("partitions"),
             "prior": {"cells": prior.get("cells"), "source": prior.get("source"),
-                      "halo_epochs_to_target": base_work},
+                      "reference_epochs_to_target": base_work,
+                      "measured_here": bool(measured.get("reference_epochs"))},
             "ranking": rows, "recommendation": rec}
 
 

@@ -83,7 +83,12 @@ def print_summary(s: dict[str, Any]) -> None:
                                    None else "") +
           f"all ranks sent {_human_bytes(s['train_bytes_per_epoch'])}{per}, "
           f"{_human_bytes(s['train_bytes'])} in all")
-    print(f"  eval bytes      {_human_bytes(s['eval_bytes'])}")
+    how = {"local": "selected on each rank's graph, then 1 exact", "exact": "exact"}.get(
+        s.get("selected_by", ""), "")
+    ratio = f", {100 * s['eval_bytes'] / s['train_bytes']:.1f}% of training" \
+        if s["train_bytes"] else ""
+    print(f"  eval bytes      {_human_bytes(s['eval_bytes'])} "
+          f"({s.get('evaluations', '?')} evaluations, {how}{ratio})")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
     if s.get("attempts", 1) > 1:

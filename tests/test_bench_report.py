@@ -92,11 +92,21 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     assert report.cli_main([str(out), "--out", str(rdir), "--tier", "slow:1M:0.1"]) == 0
     md = (rdir / "report.md").read_text()
     assert "| strategy | P | test acc | Δ vs centralized | train bytes/epoch" in md
+    # evaluation bytes beside training's: halo evaluated once, locally then exactly (4 epochs
+    # < train.eval_every), all in the last epoch's record; per epoch-equivalent and as a ratio
+    assert "| eval bytes/epoch | eval/train |" in md
+    ev = [e["eval_bytes"] for e in halo_curve]
+    assert ev[:3] == [0, 0, 0] and ev[3] == res["halo"]["summary"]["eval_bytes"] > 0
     assert "time to acc (lan)" in md and "time to acc (wan)" in md
     assert "| centralized | 1 |" in md and "| halo | 2 |" in md and "halo-broken" in md
     rep = json.loads((rdir / "report.json").read_text())
     (g,) = rep["groups"]
     rows = {r["strategy"]: r for r in g["rows"]}
+    assert rows["halo"]["eval_bytes_per_epoch"] == pytest.approx(ev[3] / 4)
+    assert rows["halo"]["eval_train_ratio"] == pytest.approx(
+        ev[3] / sum(e["train_bytes"] for e in halo_curve))
+    assert f"| {report.human_bytes(ev[3] / 4)} | " \
+        f"{100 * rows['halo']['eval_train_ratio']:.1f} % |" in md
     assert g["reference_acc"] == pytest.approx(res["centralized"]["summary"]["test_acc"])
     assert rows["halo"]["bytes_ratio"] == pytest.approx(1.0) and rows["centralized"][
         "train_bytes_per_epoch"] == 0

@@ -22,7 +22,7 @@ def write_fake_run(run_dir: Path) -> Path:
     """Two ranks, setup + two epochs. Rounds: [round, kind, phase, sent, recv, hops, seconds].
 
     epoch 0: round 0 (1 hop): slowest rank moves max(1000, 2000, 3000, 500) = 3000 B;
-             round 1 (2 hops): 500 B; round 2 is eval (not charged). compute max(1.0, 1.5).
+             round 1 (2 hops): 500 B; round 2 is eval (charged as eval). compute max(1.0, 1.5).
     epoch 1: round 3 (1 hop): 2000 B; round 4 is data phase (1 hop): 100000 B. compute 0.8.
     """
     m = run_dir / "metrics"
@@ -33,6 +33,7 @@ def write_fake_run(run_dir: Path) -> Path:
         0: [{"epoch": -1, "rank": 0, "phase": "setup", "bytes": {"setup": {"sent": 64, "recv": 64}},
              "rounds": [[0, "meta", "setup", 64, 64, 1, 0.0]]},
             {**base, "epoch": 0, "rank": 0, "compute_s": 1.0, "test_acc": 0.5,
+             "eval_compute_s": 0.25,
              "bytes": {"train": {"sent": 1500, "recv": 2500}, "eval": {"sent": 9, "recv": 9}},
              "rounds": [[1, "halo", "train", 1000, 2000, 1, 0.0],
                         [2, "grad_allreduce", "train", 500, 500, 2, 0.0],
@@ -44,6 +45,7 @@ def write_fake_run(run_dir: Path) -> Path:
         1: [{"epoch": -1, "rank": 1, "phase": "setup", "bytes": {"setup": {"sent": 64, "recv": 64}},
              "rounds": [[0, "meta", "setup", 64, 64, 1, 0.0]]},
             {**base, "epoch": 0, "rank": 1, "compute_s": 1.5, "test_acc": 0.5,
+             "eval_compute_s": 0.3,
              "bytes": {"train": {"sent": 3500, "recv": 1000}},
              "rounds": [[1, "halo", "train", 3000, 500, 1, 0.0],
                         [2, "grad_allreduce", "train", 500, 500, 2, 0.0],
@@ -80,17 +82,24 @@ def test_projection_matches_hand_computed(tmp_path):
     assert (e0["train_bytes"], e1["data_bytes"], e0["eval_bytes"]) == (5000, 100000, 9)
     assert curve["setup"] == {"hops": 1, "crit_bytes": 64, "rounds": 1, "bytes": 128}
     # LAN: 3 hops x 0.5 ms + 3500 B x 8 / 1e9; WAN: 3 x 20 ms + 3500 x 8 / 1e8
+    # the evaluation epoch 0 did is charged too: slowest eval compute 0.3 s + its round
+    # (1 hop, 9 B); epoch 1 did none
+    assert (e0["eval_hops"], e0["eval_crit_bytes"], e0["eval_compute_s"]) == (1, 9, 0.3)
+    assert (e1["eval_hops"], e1["eval_crit_bytes"], e1["eval_compute_s"]) == (0, 0, 0.0)
     lan = project(curve, LAN)
+    ev0 = 0.3 + 0.5e-3 + 72 / 1e9
     assert lan[0]["comm_s"] == pytest.approx(1.5e-3 + 2.8e-5)
-    assert lan[0]["time_s"] == pytest.approx(1.501528)
+    assert lan[0]["eval_s"] == pytest.approx(ev0) and lan[1]["eval_s"] == 0
+    assert lan[0]["time_s"] == pytest.approx(1.501528 + ev0)
     assert lan[1]["time_s"] == pytest.approx(0.8 + 1e-3 + 8.16e-4)
-    assert lan[1]["cum_s"] == pytest.approx(1.501528 + 0.801816)
+    assert lan[1]["cum_s"] == pytest.approx(1.501528 + ev0 + 0.801816)
     wan = project(curve, WAN)
-    assert wan[0]["time_s"] == pytest.approx(1.5 + 0.06 + 2.8e-4)
+    assert wan[0]["time_s"] == pytest.approx(1.5 + 0.06 + 2.8e-4 + 0.3 + 0.02 + 72 / 1e8)
     assert wan[1]["comm_s"] == pytest.approx(0.04 + 102000 * 8 / 1e8)
     # time to accuracy: first epoch whose test accuracy reaches the target, cumulative time
-    assert time_to_accuracy(curve, LAN, 0.5) == {"seconds": pytest.approx(1.501528), "epoch": 0}
-    assert time_to_accuracy(curve, LAN, 0.8)["seconds"] == pytest.approx(2.303344)
+    assert time_to_accuracy(curve, LAN, 0.5) == {"seconds": pytest.approx(1.501528 + ev0),
+                                                 "epoch": 0}
+    assert time_to_accuracy(curve, LAN, 0.8)["seconds"] == pytest.approx(2.303344 + ev0)
     assert time_to_accuracy(curve, LAN, 0.95) is None
     # only the train phase when asked: epoch 1 loses its data round
     only_train = epoch_curve(read_metrics(tmp_path / "run"), phases=("train",))
@@ -134,6 +143,9 @@ def test_projection_of_a_real_halo_run(tmp_path):
         # a tier with 1 byte/s and no latency projects exactly crit_bytes seconds of comm
         p = project({"epochs": [row]}, Tier("unit", 8.0, 0.0))[0]
         assert p["comm_s"] == pytest.approx(want)
+        # evaluated epochs (the last here) add their evaluation's compute and rounds
+        ev = row["eval_compute_s"] + LAN.seconds(row["eval_hops"], row["eval_crit_bytes"])
+        assert (ev > 0) == (ep == 2)
         assert project({"epochs": [row]}, LAN)[0]["time_s"] == pytest.approx(
-            row["compute_s"] + 4 * 0.5e-3 + 8 * want / 1e9)
+            row["compute_s"] + 4 * 0.5e-3 + 8 * want / 1e9 + ev)
     assert math.isfinite(curve["epochs"][-1]["test_acc"])

@@ -290,7 +290,8 @@ def test_run_survives_losing_one_of_four_trainers(tmp_path):
     cfg = load_config(None, {
         "strategy": "tma", "partition": {"parts": 4, "book": str(book)},
         "model": {"arch": "sage", "hidden": 16, "layers": 2},
-        "train": {"epochs": epochs, "lr": 0.01},
+        # evaluated after every average (4 epoch-equivalents), also after the loss
+        "train": {"epochs": epochs, "lr": 0.01, "eval_every": 1},
         "runtime": {"progress": False, "timeout_s": 60},
         "options": {"mode": "full", "period_steps": 4, "variant": "random", "lr": 0.01}})
     summary = launch(cfg, tmp_path / "run", book,

@@ -7,7 +7,8 @@ described by a bandwidth and a latency, with a deliberately simple alpha-beta mo
 
     comm(epoch)  = sum over the epoch's rounds r of
                    hops_r * latency + max over ranks of max(sent_r, recv_r) / bandwidth
-    epoch time   = max over ranks of compute_s  +  comm(epoch)
+    epoch time   = max over ranks of compute_s  +  comm(epoch)  +  eval(epoch)
+    eval(epoch)  = max over ranks of eval_compute_s  +  comm of the epoch's eval rounds
 
 * A *round* is one collective; all ranks issue the same collectives in the same order, so
   round ``r`` means the same operation on every rank. The round is as slow as its slowest
@@ -27,8 +28,10 @@ The model is linear in (latency, 1/bandwidth), so an epoch is summarised by two 
 tier is a dot product; :func:`epoch_curve` computes them once per run.
 
 Which rounds count: phases ``train`` and ``data`` (bulk data movement during training, e.g.
-Grappa's chunk reloads, is on the critical path too); ``eval`` is measurement, ``setup`` is
-one-off (reported separately as ``setup_hops``/``setup_bytes``), ``control`` is bookkeeping.
+Grappa's chunk reloads, is on the critical path too) as training; ``eval`` rounds and compute
+as the evaluation the run did (on the epochs it evaluated: how often is ``train.eval_every``),
+charged to the epoch's time too; ``setup`` is one-off (reported separately as
+``setup_hops``/``setup_bytes``), ``control`` is bookkeeping.
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     recorded::
 
         epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
-        hops, crit_bytes, rounds (counted rounds),
+        hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
+        (the epoch's evaluation, if any),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
         wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
         (None on epochs without evaluation), peak_rss_mb (max over ranks)
@@ -185,11 +189,14 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
         if set(recs) != ranks:
             continue  # torn: not every rank finished this epoch
         hops, crit, n = _merge_rounds(recs.values(), phases)
+        e_hops, e_crit, _ = _merge_rounds(recs.values(), ("eval",))
         r0 = recs[min(recs)]
         rows.append({
             "epoch": ep, "work": float(r0.get("work", 1.0)),
             "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
             "hops": hops, "crit_bytes": crit, "rounds": n,
+            "eval_hops": e_hops, "eval_crit_bytes": e_crit,
+            "eval_compute_s": max(float(r.get("eval_compute_s") or 0.0) for r in recs.values()),
             "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),
             "data_bytes": sum(_phase_bytes(r, "data") for r in recs.values()),
             "eval_bytes": sum(_phase_bytes(r, "eval") for r in recs.values()),
@@ -206,15 +213,18 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
 
 
 def project(curve: Mapping[str, Any], tier: Tier) -> list[dict[str, float]]:
-    """Per epoch on ``tier``: ``{"epoch", "compute_s", "comm_s", "time_s", "cum_s",
-    "test_acc"}``; ``cum_s`` is the cumulative projected training time."""
+    """Per epoch on ``tier``: ``{"epoch", "compute_s", "comm_s", "eval_s", "time_s", "cum_s",
+    "test_acc"}``: ``comm_s`` of training, ``eval_s`` the evaluation's compute and
+    communication, ``time_s`` all three; ``cum_s`` is the cumulative projected time."""
     out, cum = [], 0.0
     for row in curve["epochs"]:
         comm = tier.seconds(row["hops"], row["crit_bytes"])
-        t = row["compute_s"] + comm
+        ev = float(row.get("eval_compute_s") or 0.0) + \
+            tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
+        t = row["compute_s"] + comm + ev
         cum += t
         out.append({"epoch": row["epoch"], "compute_s": row["compute_s"], "comm_s": comm,
-                    "time_s": t, "cum_s": cum, "test_acc": row.get("test_acc")})
+                    "eval_s": ev, "time_s": t, "cum_s": cum, "test_acc": row.get("test_acc")})
     return out
 
 

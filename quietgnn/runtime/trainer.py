@@ -2,7 +2,15 @@
 
 Reads top to bottom: setup -> (resume) -> epochs of train / evaluate / record / checkpoint ->
 summary. It never looks at the strategy's name: everything strategy-specific happens behind
-``Strategy.train_epoch`` and ``Strategy.evaluate``.
+``Strategy.train_epoch`` and ``Strategy.evaluate`` / ``evaluate_local``.
+
+When evaluation happens: after every ``train.eval_every`` epoch-equivalents of work and after
+the last epoch. How: with ``train.eval_mode local`` (the default, P > 1) through
+``evaluate_local`` where the strategy has one (its own graph: no traffic but the counts), else
+exactly. The best validation accuracy selects the state; when a local evaluation selected it,
+that state is evaluated exactly once when the run ends, and that exact test accuracy is the one
+reported. ``train.patience`` ends the run when validation has not improved for that many
+epoch-equivalents; every rank sees the same global accuracy, so all stop at the same epoch.
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ class Trainer:
         self.best: dict[str, Any] = {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1,
                                      "train_acc": float("nan")}
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
+        self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
+        self.best_work = 0.0    # work_done when the best validation accuracy was found
+        self.selected: Any = None   # Strategy.eval_state() of the best, when a local eval chose it
+        self.stop = False       # patience ran out (the same epoch on every rank)
         self.checkpointer: Any = None
         #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
         self.model_best: Optional[dict[str, Any]] = None
@@ -59,7 +71,7 @@ class Trainer:
                     (epoch + 1) % cfg.runtime.checkpoint_every == 0:
                 from .checkpoint import run_identity
                 self.checkpointer.save(epoch, self._state(epoch), identity=run_identity(cfg))
-            if s.finished():
+            if s.finished() or self.stop:
                 break
         metrics.close()
         self._write_model(epoch)
@@ -73,14 +85,26 @@ class Trainer:
         with comm.phase("train"):
             res = s.train_epoch(epoch)
         t_train, c_train = time.perf_counter() - t0, time.thread_time() - c0
+        before, self.work_done = self.work_done, self.work_done + float(res.work)
+        every = self.cfg.train.eval_every
+        due = math.floor(self.work_done / every + 1e-9) > math.floor(before / every + 1e-9)
         accs: Optional[dict[str, float]] = None
-        t_eval = 0.0
-        if last or s.finished() or (epoch + 1) % self.cfg.train.eval_every == 0:
-            te = time.perf_counter()
+        how, final, t_eval, c_eval = None, None, 0.0, 0.0
+        records = comm.take_records()
+        if last or s.finished() or due:
+            te, ce = time.perf_counter(), time.thread_time()
             with comm.phase("eval"):
-                accs = s.evaluate()
+                accs, how = self._evaluate()
+                self._select(accs, how, epoch)
+                tc = self.cfg.train
+                self.stop = bool(tc.patience) and self.work_done - self.best_work >= tc.patience
+                if last or s.finished() or self.stop:
+                    final = self._final_exact()
             t_eval = time.perf_counter() - te
-        ops = summarize_ops(comm.take_records())
+            eval_records = comm.take_records()
+            c_eval = max(0.0, time.thread_time() - ce - sum(r.cpu_seconds for r in eval_records))
+            records += eval_records
+        ops = summarize_ops(records)
         if not math.isfinite(res.loss):
             # sync_gradients stops every rank together on non-finite values; this catches
             # strategies whose loss never crosses ranks.
@@ -91,26 +115,64 @@ class Trainer:
             "work": res.work,
             "train_acc": None, "val_acc": None, "test_acc": None,
             "wall_s": t_train + t_eval, "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
-            "comm_s": ops["comm_s"], "eval_s": t_eval, "bytes": ops["bytes"],
+            "comm_s": ops["comm_s"], "eval_s": t_eval, "eval_compute_s": c_eval,
+            "eval_mode": how, "bytes": ops["bytes"],
             "bytes_by_kind": ops["bytes_by_kind"], "messages": ops["messages"],
             "rounds": ops["rounds"], "peak_rss_mb": peak_rss_mb(), "extra": res.extra,
         }
         if accs is not None:
             rec.update(train_acc=accs["train"], val_acc=accs["val"], test_acc=accs["test"])
-            if accs["val"] > self.best["val_acc"]:
-                self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
-                             "train_acc": accs["train"], "epoch": epoch}
-            self._snapshot_best(epoch, accs)
+        if final is not None:
+            rec["selected"] = final     # the exact evaluation of the selected state
         self.history.append({"epoch": epoch, "compute_s": rec["compute_s"], "work": res.work,
+                             "evaluated": how,
                              "wall_s": rec["wall_s"], "loss": res.loss,
                              "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
                              "eval_sent": rec["bytes"].get("eval", {}).get("sent", 0),
                              "peak_rss_mb": rec["peak_rss_mb"]})
         return rec
 
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate(self) -> tuple[dict[str, float], str]:
+        """(accuracies, 'local' | 'exact'); one rank holds the whole graph: exact is free."""
+        if self.cfg.train.eval_mode == "local" and self.ctx.world_size > 1:
+            accs = self.strategy.evaluate_local()
+            if accs is not None:
+                return accs, "local"
+        return self.strategy.evaluate(), "exact"
+
+    def _select(self, accs: dict[str, float], how: str, epoch: int) -> None:
+        """Keep the best validation accuracy (the first of equals) and, when it comes from a
+        local evaluation, a copy of the state for the exact evaluation at the end."""
+        if not accs["val"] > self.best["val_acc"]:
+            return
+        self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
+                     "train_acc": accs["train"], "epoch": epoch}
+        self.best_work = self.work_done
+        self.selected = self.strategy.eval_state() if how == "local" else None
+        self._snapshot_best(epoch, accs)
+
+    def _final_exact(self) -> Optional[dict[str, Any]]:
+        """Evaluate the state a local evaluation selected exactly (collective), report those
+        accuracies, and put the current state back; None when exact evaluations selected."""
+        if self.selected is None:
+            return None
+        s = self.strategy
+        current = s.eval_state()
+        s.load_eval_state(self.selected)
+        try:
+            exact = s.evaluate()
+        finally:
+            s.load_eval_state(current)
+        self.best.update(local_val_acc=self.best["val_acc"], val_acc=exact["val"],
+                         test_acc=exact["test"], train_acc=exact["train"])
+        return {"epoch": self.best["epoch"], **exact}
+
     # ------------------------------------------------------------------ checkpoints
     def _state(self, epoch: int) -> dict[str, Any]:
         return {"epoch": epoch, "best": self.best, "history": self.history,
+                "work_done": self.work_done, "best_work": self.best_work,
+                "selected": self.selected,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
                 "sent_by_class": dict(self.comm.sent_by_class),
                 "book_id": self.ctx.part.book_id, "model_best": self.model_best}
@@ -135,6 +197,10 @@ class Trainer:
         for c, n in state.get("sent_by_class", {}).items():
             self.comm.sent_by_class[c] = self.comm.sent_by_class.get(c, 0) + int(n)
         self.model_best = state.get("model_best")
+        self.work_done = float(state.get("work_done", sum(h.get("work", 1.0)
+                                                          for h in self.history)))
+        self.best_work = float(state.get("best_work", 0.0))
+        self.selected = state.get("selected")
         # Last, so that nothing in load_state_dict consumes random numbers after the restore:
         # dropout masks (and samplers on the global RNG) continue as if never interrupted.
         restore_rng(state["rng"])
@@ -194,6 +260,9 @@ class Trainer:
                     "spec": model.spec(), "state": model.state_dict()}
         from ..nn.export import save_model
         info = {k: best[k] for k in ("epoch", "val_acc", "test_acc", "selected")}
+        if best["selected"] == "best_val" and best["epoch"] == self.best["epoch"]:
+            # a local evaluation selected it: the exact evaluation at the end scored it
+            info.update(val_acc=self.best["val_acc"], test_acc=self.best["test_acc"])
         info.update(strategy=self.cfg.strategy, dataset=self.cfg.dataset.name,
                     num_classes=self.ctx.part.num_classes)
         save_model(self.run_dir, best["spec"], best["state"], info)
@@ -208,7 +277,11 @@ class Trainer:
         if not tty and e % max(1, epochs // 10) and e != epochs:
             return
         acc = "" if rec["val_acc"] is None else \
-            f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
+            f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}" + \
+            (" (local)" if rec.get("eval_mode") == "local" else "")
+        if rec.get("selected"):
+            sel = rec["selected"]
+            acc += f" | selected epoch {sel['epoch']}: exact test {sel['test']:.4f}"
         # the basis of the summary's "rank 0 sent" figure: per epoch-equivalent
         from ..cli import _human_bytes
         sent = _human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
@@ -248,6 +321,12 @@ class Trainer:
             "layers": cfg.model.layers, "hidden": cfg.model.hidden, "seed": cfg.train.seed,
             "epochs": n_ep, "test_acc": self.best["test_acc"], "val_acc": self.best["val_acc"],
             "train_acc": self.best["train_acc"], "best_epoch": self.best["epoch"],
+            # how the reported state was chosen: the best validation accuracy of evaluations
+            # made this way ('local': then evaluated exactly once at the end)
+            "selected_by": "local" if "local_val_acc" in self.best else "exact",
+            "local_val_acc": self.best.get("local_val_acc"),
+            "evaluations": sum(1 for e in hist[0] if e.get("evaluated")),
+            "stopped_early": self.stop,
             "final_loss": hist[0][-1]["loss"] if n_ep else float("nan"),
             "train_bytes": train_bytes,
             "epoch_equivalents": work,

@@ -407,6 +407,9 @@ class AdaQP(Strategy):
         return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
                                lambda: self.forward(False))
 
+    def evaluate_local(self) -> dict[str, float]:
+        return self._induced_evaluate()
+
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         ex = self.ex

@@ -7,6 +7,7 @@ else. The trainer calls, on every rank::
     s = Strategy(ctx, options)     # ctx: WorkerContext; options: the strategy's Options
     s.setup()
     for epoch ...: s.train_epoch(epoch) -> EpochResult; sometimes s.evaluate() -> accuracies
+                   (or s.evaluate_local(), an estimate on the rank's own graph, when it has one)
     s.state_dict() / s.load_state_dict(...)      # checkpoint and resume
 
 Strategies talk to other ranks only through ``ctx.comm`` (never ``torch.distributed``), and
@@ -37,7 +38,7 @@ from ..partition import LocalPartition
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
            "register", "get_strategy", "available_strategies", "partition_adj", "sync_gradients",
-           "global_evaluate", "options_from_dict", "check_residency"]
+           "global_evaluate", "induced_forward", "options_from_dict", "check_residency"]
 
 
 class NonFiniteError(RuntimeError):
@@ -51,14 +52,27 @@ class TrainConfig:
     epochs: int = 100            # passes over the training set (epoch-equivalents)
     lr: float = 0.01             # Adam learning rate
     weight_decay: float = 5e-4   # Adam weight decay (L2)
-    eval_every: int = 1          # evaluate every N epochs (and after the last)
+    #: evaluate after every this many epoch-equivalents of training (passes over the training
+    #: set, :attr:`EpochResult.work`; a ``tma`` epoch of 25 passes is evaluated every time),
+    #: and always after the last epoch
+    eval_every: int = 5
+    #: ``local``: select the best-validation state on each rank's own graph where the strategy
+    #: has a cheap one (:meth:`Strategy.evaluate_local`: no traffic but a few counts), then
+    #: evaluate that state exactly once at the end; ``exact``: every evaluation is global
+    eval_mode: str = "local"
+    #: stop when validation accuracy has not improved for this many epoch-equivalents (0: off)
+    patience: int = 0
     seed: int = 0                # seed of model init, dropout and sampling
 
     def __post_init__(self) -> None:
-        for name, lo in (("epochs", 1), ("eval_every", 1)):
+        for name, lo in (("epochs", 1), ("eval_every", 1), ("patience", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < lo:
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"train.{name} = {v!r}; expected an int >= {lo}")
+        if self.eval_mode not in ("local", "exact"):
+            raise ValueError(f"train.eval_mode = {self.eval_mode!r}; expected 'local' (select on "
+                             f"each rank's own graph, one exact evaluation at the end) or "
+                             f"'exact' (every evaluation global)")
         if not float(self.lr) > 0:
             raise ValueError(f"train.lr = {self.lr!r}; expected a positive number")
         if float(self.weight_decay) < 0:
@@ -151,6 +165,30 @@ class Strategy(ABC):
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
         """Global accuracies ``{'train': .., 'val': .., 'test': ..}`` (same on every rank)."""
+
+    def evaluate_local(self) -> Optional[dict[str, float]]:
+        """Accuracies from each rank's own graph, no feature or activation traffic (only the
+        counts are summed), the same on every rank: an estimate to select the best state by
+        (``train.eval_mode local``). ``None`` (the default): no cheaper evaluation than
+        :meth:`evaluate`, which the trainer then uses. A strategy overriding this must make
+        :meth:`eval_state` / :meth:`load_eval_state` hold what :meth:`evaluate` reads."""
+        return None
+
+    def eval_state(self) -> Any:
+        """A copy of what :meth:`evaluate` reads (default: ``self.model``'s weights), kept when
+        a local evaluation selects it and restored for the one exact evaluation at the end."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load_eval_state(self, state: Any) -> None:
+        self.model.load_state_dict(state)
+
+    def _induced_evaluate(self) -> dict[str, float]:
+        """:meth:`evaluate_local` of a strategy whose ``self.model`` runs on its partition:
+        the subgraph induced by the owned nodes (:func:`induced_forward`, built once)."""
+        fwd = getattr(self, "_induced_fwd", None)
+        if fwd is None:
+            fwd = self._induced_fwd = induced_forward(self.model, self.ctx.part, self.ctx.device)
+        return global_evaluate(self.model, self.ctx.part, self.ctx.comm, fwd)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs (model, optimizer, the strategy's own state)."""
@@ -349,6 +387,18 @@ def global_evaluate(model: nn.Module, part: LocalPartition, comm: Communicator,
     for i, split in enumerate(("train", "val", "test")):
         out[split] = float(t[2 * i] / t[2 * i + 1]) if t[2 * i + 1] > 0 else float("nan")
     return out
+
+
+def induced_forward(model: GNN, part: LocalPartition,
+                    device: torch.device | str = "cpu") -> Callable[[], Tensor]:
+    """A closure running ``model`` on the subgraph induced by the owned nodes (edges to other
+    ranks dropped, degrees of that subgraph): logits of every owned node with no traffic, for
+    :func:`global_evaluate` as a local estimate (``Strategy.evaluate_local``)."""
+    indptr, indices = part.induced()
+    deg = indptr[1:] - indptr[:-1]
+    adj = SparseAdj(indptr, indices, part.n_own, deg, deg).to(device)
+    x = maybe_sparse(part.x[: part.n_own].to(device))
+    return lambda: model(x, adj)
 
 
 def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: SparseAdj,

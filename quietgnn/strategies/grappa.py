@@ -162,6 +162,7 @@ class Grappa(Strategy):
         # exact global evaluation: halo's forward, its static input rows fetched once here
         self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p))
         self.lg: Optional[LocalGraph] = None
+        self._eval_blocks: Optional[tuple] = None    # (local graph, input rows, blocks)
         self._reload(0)
 
     def super_epoch(self, epoch: int) -> int:
@@ -255,6 +256,17 @@ class Grappa(Strategy):
     def evaluate(self) -> dict[str, float]:
         p = self.ctx.part
         return global_evaluate(self.model, p, self.ctx.comm, self.eval_forward)
+
+    def evaluate_local(self) -> dict[str, float]:
+        """On this super-epoch's local graph: the own chunk's nodes (its first ``n_own`` rows,
+        in the partition's order) with every in-edge, their neighbours' trees truncated at the
+        leaves as in training; nothing but the counts crosses ranks."""
+        p, lg = self.ctx.part, self.lg
+        if self._eval_blocks is None or self._eval_blocks[0] is not lg:
+            nodes, blocks = expand(lg, torch.arange(p.n_own), [None] * len(self.fanouts))
+            self._eval_blocks = (lg, self._rows(nodes), blocks)
+        _, x, blocks = self._eval_blocks
+        return global_evaluate(self.model, p, self.ctx.comm, lambda: self.model(x, blocks))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

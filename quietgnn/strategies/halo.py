@@ -104,6 +104,9 @@ class Halo(Strategy):
     def evaluate(self) -> dict[str, float]:
         return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.forward)
 
+    def evaluate_local(self) -> dict[str, float]:
+        return self._induced_evaluate()
+
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
 

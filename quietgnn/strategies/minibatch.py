@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -235,6 +235,10 @@ class MiniBatch(Strategy):
         if not self.options.eval_nodes:
             return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)
         return self._sampled_evaluate()
+
+    def evaluate_local(self) -> Optional[dict[str, float]]:
+        # a sampled evaluation (eval_nodes > 0) is what was asked for: no local estimate
+        return None if self.options.eval_nodes else self._induced_evaluate()
 
     def _eval_sample(self) -> None:
         """The fixed evaluation sample: per split, ``ceil(eval_nodes / P)`` of this rank's own
