@@ -225,6 +225,7 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
         groups.setdefault((r["dataset"], r["model"]), {}) \
             .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
     ratios: dict[str, list[float]] = {}
+    pairs: dict[str, list[tuple[float, float]]] = {}   # (centralized's work, the strategy's)
     reached: dict[str, list[int]] = {}
     gaps: dict[str, list[float]] = {}
     ref_work: list[float] = []
@@ -249,6 +250,7 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
                 gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
                 if w is not None:
                     ratios.setdefault(s, []).append(w / w_ref)
+                    pairs.setdefault(s, []).append((w_ref, w))
     strategies = {}
     for s in reached:
         rs = ratios.get(s, [])
@@ -257,11 +259,38 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
             "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
             "reach": sum(reached[s]) / len(reached[s]),
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
-            "cells": len(reached[s])}
+            "cells": len(reached[s]), "fit": _power_fit(pairs.get(s, []))}
     return {"target_frac": target_frac, "cells": sorted(cells),
             # the fallback where the probe could not run `centralized` (a prepared graph)
             "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
             "strategies": strategies}
+
+
+def _power_fit(pairs: Sequence[tuple[float, float]]) -> Optional[dict[str, float]]:
+    """Least squares of log(strategy's work) on log(centralized's work): ``work = exp(a) *
+    ref ** b``. A constant ratio is b = 1; ``tma``'s work barely follows centralized's (b near
+    0: it needs a few averaging periods whatever the graph), so a ratio alone would be off by
+    the ratio of the graphs' paces. None below three graphs or without spread."""
+    if len(pairs) < 3:
+        return None
+    xs = [math.log(x) for x, _ in pairs]
+    ys = [math.log(y) for _, y in pairs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx < 1e-9:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    b = min(max(b, 0.0), 2.0)      # a pace that falls as centralized's rises is noise
+    return {"a": my - b * mx, "b": b}
+
+
+def _work_needed(p: dict[str, Any], ref_work: float) -> float:
+    """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
+    ``ref_work``: the power fit where there is one, else the mean ratio."""
+    f = p.get("fit")
+    if f:
+        return math.exp(f["a"]) * ref_work ** f["b"]
+    return ref_work * p["epochs_ratio"]
 
 
 def default_prior() -> dict[str, Any]:
@@ -309,7 +338,7 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         tta = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
             # expected time: a strategy that gets there in half the runs costs twice
-            tta = (setup_s + base_work * p["epochs_ratio"] * epoch_s) / p["reach"]
+            tta = (setup_s + _work_needed(p, base_work) * epoch_s) / p["reach"]
         comm_s = epoch_s - m["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
@@ -319,8 +348,9 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
-                           + (f"needs {p['epochs_ratio']:.2g}x centralized's epochs; " if p and
-                              p.get("epochs_ratio") else "") + risk_why))
+                           + (f"needs ~{_work_needed(p, base_work):.0f} epochs (centralized "
+                              f"{base_work:.0f}); " if p and p.get("epochs_ratio") else "")
+                           + risk_why))
         rows.append(row)
     never = float("inf")
     rows.sort(key=lambda r: (r["predicted_seconds_to_target"] is None,

@@ -37,11 +37,12 @@ def _results():
 
 def test_prior_counts_epochs_to_target_reach_and_gap_from_the_curves():
     p = build_prior(_results())
-    assert p["halo_epochs_to_target"] == 2.0
-    assert p["strategies"]["tma"]["epochs_ratio"] == pytest.approx(4.0)
+    assert p["reference_epochs_to_target"] == 4.0          # centralized: 0.98 at epoch 4
+    assert p["strategies"]["halo"]["epochs_ratio"] == pytest.approx(0.5)
+    assert p["strategies"]["tma"]["epochs_ratio"] == pytest.approx(2.0)
     assert p["strategies"]["tma"]["reach"] == 1.0
     r = p["strategies"]["retexo"]
-    assert r["reach"] == 0.5 and r["epochs_ratio"] == pytest.approx(2.0)   # only b reached
+    assert r["reach"] == 0.5 and r["epochs_ratio"] == pytest.approx(1.0)   # only b reached
     assert r["worst_gap_pp"] == pytest.approx(-40.0)
     assert p["cells"] == ["a/gcn", "b/gcn"]
     # the validation holds a dataset out of its own prior
@@ -60,7 +61,7 @@ def _measured():
 
 def _prior():
     s = {"epochs_ratio": 1.0, "reach": 1.0, "gap_pp": 0.0, "worst_gap_pp": -0.5, "cells": 4}
-    return {"halo_epochs_to_target": 10.0, "strategies": {
+    return {"reference_epochs_to_target": 10.0, "strategies": {
         "halo": dict(s), "tma": dict(s, epochs_ratio=50.0),
         "retexo": dict(s, reach=0.0, epochs_ratio=None)}}
 
