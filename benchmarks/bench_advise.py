@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.advise import CANDIDATES, build_prior, probe, rank  # noqa: E402
+from quietgnn.advisor import CANDIDATES, build_prior, probe, rank  # noqa: E402
 from quietgnn.comm.network import TIERS  # noqa: E402
 from quietgnn.report import build_report  # noqa: E402
 

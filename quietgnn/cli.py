@@ -357,7 +357,7 @@ def _extra_commands() -> dict[str, Any]:
     """Commands contributed by optional modules (bench, report) when present."""
     out = {}
     for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report"),
-                      ("advise", "quietgnn.advise")):
+                      ("advise", "quietgnn.advisor")):
         try:
             m = __import__(mod, fromlist=["cli_main"])
             out[name] = m.cli_main

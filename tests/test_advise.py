@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from quietgnn.advise import build_prior, rank
+from quietgnn.advisor import build_prior, rank
 from quietgnn.comm.network import TIERS
 
 SYN = ["--set", "synthetic.nodes=300", "--set", "synthetic.feature_dim=8",
@@ -130,7 +130,7 @@ def test_bad_arguments_say_what_is_expected():
 
 
 def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
-    from quietgnn.advise import _per_work
+    from quietgnn.advisor import _per_work
 
     def row(compute, nbytes, hops):
         return {"work": 1.0, "compute_s": compute, "hops": hops, "crit_bytes": nbytes / 4,

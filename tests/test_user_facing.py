@@ -60,8 +60,9 @@ def test_a_refused_run_leaves_no_empty_run_directory(tmp_path):
 
 
 def test_readme_example_outputs_are_ignored_by_git(tmp_path):
-    """Folders the README's commands write into the checkout are in .gitignore."""
-    text = (ROOT / "README.md").read_text()
+    """Folders the README's and the user guide's commands write into the checkout are in
+    .gitignore."""
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs/guide/running.md").read_text()
     # the first folder of every relative --out / --summary-json / --root; benchmarks/results
     # is where studies are committed on purpose, DIR / PATH are placeholders
     written = {m for m in re.findall(r"--(?:out|summary-json|root) ([\w-]+)[/\s`]", text)
