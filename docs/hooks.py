@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import re
 from pathlib import Path
@@ -39,29 +38,20 @@ def _table(rows: list[tuple[str, str, str]]) -> list[str]:
 
 def options_page() -> str:
     """Markdown of every config section's keys and every strategy's options."""
-    from quietgnn.confdoc import describe
+    from quietgnn.confdoc import describe, section_rows
     from quietgnn.config import SHORTCUTS, load_config
     from quietgnn.strategies import available_strategies
 
     cfg = load_config(None, {})
-    short = {v: k for k, v in SHORTCUTS.items()}
     lines = ["# Every option", "",
              "Generated from the config dataclasses when the site is built (the same source "
              "as `quietgnn train --help` and `quietgnn strategies NAME`). On the command line "
              "a key is `--section.key VALUE`; in a `--config` YAML recipe the same keys are "
              "nested mappings; `quietgnn config ...` prints the resolved values.", "",
              "## Config sections", ""]
-    for f in dataclasses.fields(cfg):
-        section = getattr(cfg, f.name)
-        if f.name == "options" or not dataclasses.is_dataclass(section):
-            continue
-        rows = []
-        for key, default, meaning in describe(section):
-            flag = f"--{f.name}.{key}"
-            if f"{f.name}.{key}" in short:
-                flag += f" (--{short[f.name + '.' + key]})"
-            rows.append((flag, default, meaning))
-        lines += [f"### `{f.name}`", ""] + _table(rows) + [""]
+    for name, rows in section_rows(cfg, SHORTCUTS):
+        if name != "options":
+            lines += [f"### `{name}`", ""] + _table(rows) + [""]
     lines += ["## Strategy options", "",
               "The `options` section holds the options of the strategy chosen with "
               "`--strategy` (`--options.KEY VALUE`, or `options:` in a recipe).", ""]

@@ -106,11 +106,24 @@ def format_rows(rows: Iterable[tuple[str, str, str]], indent: int = 2,
 def config_help(cfg: Any, shortcuts: dict[str, str]) -> str:
     """Every section, key, default and meaning of a resolved :class:`~quietgnn.config.RunConfig`
     (the strategy's own options are those of ``cfg.strategy``)."""
-    short = {v: k for k, v in shortcuts.items()}
     lines = ["configuration keys (--section.key VALUE; a --config YAML recipe takes the same "
              "keys as nested mappings; `quietgnn config ...` prints the resolved values):", "",
              f"  --strategy {cfg.strategy}  a registered strategy (`quietgnn strategies` lists "
              f"them, `quietgnn strategies NAME` its options)"]
+    for name, rows in section_rows(cfg, shortcuts):
+        title = (f"{name}: options of strategy {cfg.strategy!r} (other strategies: "
+                 f"`quietgnn strategies NAME`)") if name == "options" else f"{name}:"
+        lines += ["", title] + (format_rows(rows) if rows else ["  (none)"])
+    return "\n".join(lines)
+
+
+def section_rows(cfg: Any, shortcuts: dict[str, str]) -> list[tuple[str, list[tuple[str, str,
+                                                                                        str]]]]:
+    """``[(section, [(flag, default, meaning), ...]), ...]`` of every dataclass section of a
+    resolved config, a flag naming its shortcut where it has one (``--help`` and the docs'
+    option page both print these)."""
+    short = {v: k for k, v in shortcuts.items()}
+    out = []
     for f in dataclasses.fields(cfg):
         section = getattr(cfg, f.name)
         if not dataclasses.is_dataclass(section):
@@ -121,10 +134,8 @@ def config_help(cfg: Any, shortcuts: dict[str, str]) -> str:
             if f"{f.name}.{key}" in short:
                 flag += f" (--{short[f.name + '.' + key]})"
             rows.append((flag, default, meaning))
-        title = (f"{f.name}: options of strategy {cfg.strategy!r} (other strategies: "
-                 f"`quietgnn strategies NAME`)") if f.name == "options" else f"{f.name}:"
-        lines += ["", title] + (format_rows(rows) if rows else ["  (none)"])
-    return "\n".join(lines)
+        out.append((f.name, rows))
+    return out
 
 
 def strategy_help(name: str, cls: Any) -> str:
