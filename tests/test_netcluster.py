@@ -87,3 +87,51 @@ def test_teardown_leaves_nothing_behind_even_after_a_failure():
             raise RuntimeError("boom")
     assert c.leftovers() == []
     assert p.poll() is not None        # the process in the namespace is gone
+
+
+def _until(pred, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.parametrize("strategy", ["halo", "tma"])
+def test_a_host_that_disappears(tmp_path, strategy):
+    """Host 2's link goes down mid-run: `halo` stops on every rank within the timeout (each
+    rank's one-line error names the operation and says a peer died or is stuck); `tma`
+    finishes on the survivors. The vanished host's own torchrun agent is not waited for: it can
+    no longer reach the rendezvous, and its host is gone."""
+    d = tmp_path / "d"
+    assert _quietgnn("prepare", *SYN, "--parts", "3", "--out", str(d)).returncode == 0
+    extra = (["--options.period_epochs", "1", "--options.fail_timeout_s", "10"]
+             if strategy == "tma" else [])
+    args = ["-m", "quietgnn", "train", "--data", str(d), "--strategy", strategy,
+            "--epochs", "400", "--hidden", "8", "--runtime.progress", "true",
+            "--runtime.timeout_s", "20", "--out", str(tmp_path), "--run-name", "r",
+            "--summary-json", str(tmp_path / "s.json"), *extra]
+    with Cluster(3, rate="100mbit") as c:
+        procs = c.torchrun(args, run_id="gone", log_dir=tmp_path)
+        metrics = tmp_path / "r" / "metrics" / "rank-2.jsonl"
+        assert _until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 3,
+                      240), (tmp_path / "host-0.log").read_text()[-3000:]
+        c.link(2, up=False)
+        t0 = time.monotonic()
+        # tma: host 1's agent, its worker done, waits in torchrun's exit barrier for the
+        # vanished agent; host 0's (the rendezvous's) returns
+        codes = c.wait(procs[:1] if strategy == "tma" else procs[:2], timeout=180)
+        took = time.monotonic() - t0
+    logs = [(tmp_path / f"host-{i}.log").read_text(errors="replace") for i in range(3)]
+    if strategy == "tma":
+        assert codes == [0], logs[0][-3000:]
+        rep = json.loads((tmp_path / "s.json").read_text())["strategy_report"]
+        assert [x["rank"] for x in rep["lost"]] == [2] and rep["survivors"] == 2
+        assert not (tmp_path / "r" / "logs" / "rank-1.error").exists()   # 1 trained to the end
+    else:
+        assert codes == [1, 1], (codes, logs[0][-2000:])     # nobody hangs or "succeeds"
+        assert took < 20 + 60                               # the timeout, plus shutdown
+        for i in range(3):                                  # the vanished host's rank too
+            err = (tmp_path / "r" / "logs" / f"rank-{i}.error").read_text()
+            assert f"CommError: rank {i}: " in err and "peer rank probably died" in err

@@ -94,6 +94,7 @@ class StarChannel:
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self.timeout_s = float(timeout_s)
+        self.spoke_timeout_s = 2.0 * self.timeout_s + 5.0
         self.alive: list[int] = list(range(self.world_size))
         self.lost: list[dict[str, Any]] = []
         self._socks: dict[int, socket.socket] = {}     # hub: rank -> spoke connection
@@ -152,7 +153,10 @@ class StarChannel:
                                         f"and firewalls") from exc
                     time.sleep(0.05)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(ch.timeout_s)
+            # A reply can be late by the hub's own wait for a silent peer (timeout_s) before
+            # it drops that peer and answers: a spoke that gave up after timeout_s as well
+            # would be lost with it (seen when a host's link went down, benchmarks/netcluster).
+            s.settimeout(ch.spoke_timeout_s)
             ch._hub = s
             try:
                 tag, _, n = _HEADER.unpack(_recv_exact(s, HEADER_BYTES))
@@ -384,7 +388,8 @@ class StarChannel:
     def _hub_error(self, round_: int, exc: BaseException) -> CommError:
         return CommError(f"rank {self.rank}: lost the averaging hub (rank 0) in round {round_}, "
                          f"epoch {self.comm.epoch}: {type(exc).__name__}: {exc}. Either rank 0 "
-                         f"died (the hub is a single point of failure) or it dropped this rank "
+                         f"died or cannot be reached (the hub is a single point of failure; no "
+                         f"reply within {self.spoke_timeout_s:g}s) or it dropped this rank "
                          f"after {self.timeout_s:g}s of silence")
 
     # ------------------------------------------------------------------ operations
