@@ -107,6 +107,9 @@ def test_advise_json_on_a_dataset_end_to_end():
         assert x["bytes_per_epoch"] > 0 and x["predicted_seconds_to_target"] > 0
         assert x["accuracy_risk"] in ("low", "medium", "high") and x["reason"]
     assert res["graph"]["nodes"] == 300 and "metis" in res["partitions"]
+    from quietgnn.nn.model import ModelConfig, build_model    # the model it sized: GCN 8 -> 8
+    net = build_model(ModelConfig(arch="gcn", hidden=8), 8, res["graph"]["classes"], seed=0)
+    assert res["parameters"] == sum(p.numel() for p in net.parameters())
 
 
 def test_advise_on_a_prepared_graph(tmp_path):

@@ -231,11 +231,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ the trained model
     def _snapshot_best(self, epoch: int, accs: dict[str, float]) -> None:
-        """Rank 0 copies the model :meth:`Strategy.evaluate` just scored when its validation
-        accuracy beats every earlier copy's (the same rule as the reported test accuracy; a
+        """Rank 0 copies the model just scored; :meth:`_select` calls it only when that score
+        is the best validation accuracy so far, the rule of the reported test accuracy (a
         strategy whose scored model is no GNN yet, RETEXO before its last layer, is skipped)."""
-        best = self.model_best
-        if self.ctx.rank != 0 or not accs["val"] > (best["val_acc"] if best else -1.0):
+        if self.ctx.rank != 0:
             return
         model = self.strategy.export_model()
         if model is not None:
