@@ -350,3 +350,35 @@ def test_sampler_blocks_are_valid_and_capped():
 def test_options_are_validated(bad):
     with pytest.raises(ValueError):
         GrappaOptions(**bad)
+
+
+def _eval_both(comm, graph, parts, mode):
+    """One trained model evaluated sampled (eval_nodes over every node, full fanouts) and
+    exactly (halo's forward); the sampled run must not have built the exact forward."""
+    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = _strategy(comm, part, {"mode": mode, "fanouts": "-1,-1", "batch_size": 7,
+                               "eval_nodes": 10_000})
+    s.train_epoch(0)
+    comm.take_records()
+    sampled = s.evaluate()
+    kinds = sorted({r.kind for r in comm.take_records()})
+    exact = global_evaluate(s.model, part, comm, halo_forward(s.model, part, comm,
+                                                               partition_adj(part)))
+    return {"sampled": sampled, "exact": exact, "kinds": kinds,
+            "local": s.evaluate_local(), "has_exact": hasattr(s, "eval_forward")}
+
+
+@pytest.mark.parametrize("mode", ["minibatch", "full"])
+def test_sampled_evaluation_with_full_fanouts_is_exact(graph, parts, mode):
+    for res in spawn_function(_eval_both, P, args=(graph, parts, mode)):
+        for split in ("train", "val", "test"):
+            assert res["sampled"][split] == pytest.approx(res["exact"][split], abs=1e-9)
+        assert res["local"] is None and not res["has_exact"]
+        assert "halo_fwd" not in res["kinds"] and "eval_metrics" in res["kinds"]
+
+
+def test_sampled_evaluation_option_is_validated():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="eval_nodes"):
+            GrappaOptions(eval_nodes=bad)

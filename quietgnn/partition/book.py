@@ -146,6 +146,11 @@ class PartitionBook:
     def assignment(self) -> np.ndarray:
         return np.load(self._checked_file("assignment.npy"), allow_pickle=False)
 
+    def mapped(self, name: str) -> np.ndarray:
+        """One listed array of the book, checked against the manifest, memory-mapped read-only
+        (as stored: int32 edges, fp16 features stay so; nothing is read until indexed)."""
+        return np.load(self._checked_file(name), mmap_mode="r", allow_pickle=False)
+
     def load_part(self, rank: int, world_size: int | None = None) -> LocalPartition:
         """Load one rank's partition, checking the world size against the book."""
         if world_size is not None and world_size != self.num_parts:

@@ -41,7 +41,9 @@ What crosses the network, exactly (``nt`` = parameter count, fp32):
 * per super-epoch (phase ``data``): the chunk reload (``chunk_structure``, ``chunk_request``,
   ``chunk_features``);
 * evaluation (phase ``eval``): exact full-neighbour inference with the halo exchange over the
-  original partition (``halo_fwd``) + ``eval_metrics``.
+  original partition (``halo_fwd``) + ``eval_metrics``; with ``eval_nodes`` = k > 0 a fixed
+  sample of ~k nodes per split through the distributed sampler (its CSR rows and input
+  features fetched from their owners, setup: owned ids, the rank's rows and degrees).
 
 What it gives up: edges between a rank's chunks and the rest of the graph beyond one hop are
 missing in a super-epoch (deep trees are truncated at the leaves), so the gradient is biased
@@ -60,6 +62,7 @@ import torch.nn.functional as F
 from ..comm.lowrank import LowRankReducer
 from ..comm.traffic import Traffic
 from ..nn import SparseFeatures, maybe_sparse
+from ..sampling.evaluate import SampledEvaluator
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
@@ -88,6 +91,10 @@ class GrappaOptions:
     #: rank of the low-rank (PowerSGD, error feedback) gradient all-reduce: 0 = off (exact);
     #: r >= 1 sends each large weight matrix's gradient as rank-r factors (comm/lowrank.py)
     grad_rank: int = 0
+    #: 0: exact evaluation (full graph through the halo); k > 0: a fixed sample of ~k nodes per
+    #: split, mini-batched through the sampler with the training fanouts (graphs whose
+    #: full-graph activations do not fit; see quietgnn/sampling/evaluate.py)
+    eval_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("full", "minibatch"):
@@ -113,6 +120,11 @@ class GrappaOptions:
                              f"exact gradients; r >= 1: rank-r factors with error feedback)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
+        if isinstance(self.eval_nodes, bool) or not isinstance(self.eval_nodes, int) or \
+                self.eval_nodes < 0:
+            raise ValueError(f"options.eval_nodes = {self.eval_nodes!r}; expected an int >= 0 "
+                             f"(0: exact evaluation; k: a fixed sample of about k nodes per "
+                             f"split)")
         if isinstance(self.fanouts, str):
             self.fanouts = [int(v) for v in self.fanouts.strip("[]() ").split(",") if v.strip()]
         if isinstance(self.fanouts, int):
@@ -159,8 +171,15 @@ class Grappa(Strategy):
         # equal step counts without communication: every rank splits its seeds into S batches
         per_rank = math.ceil(p.num_train_global / ctx.world_size)
         self.steps = 1 if o.mode == "full" else max(1, math.ceil(per_rank / o.batch_size))
-        # exact global evaluation: halo's forward, its static input rows fetched once here
-        self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p))
+        if o.eval_nodes:
+            # sampled: never the O(N x hidden) activations of a full-graph forward
+            self.sampled_eval: Optional[SampledEvaluator] = SampledEvaluator(
+                ctx.comm, p, [-1 if f is None else f for f in self.fanouts], o.eval_nodes,
+                o.batch_size, ctx.seed)
+        else:
+            # exact global evaluation: halo's forward, its static input rows fetched once here
+            self.sampled_eval = None
+            self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p))
         self.lg: Optional[LocalGraph] = None
         self._eval_blocks: Optional[tuple] = None    # (local graph, input rows, blocks)
         self._reload(0)
@@ -254,13 +273,18 @@ class Grappa(Strategy):
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
+        if self.sampled_eval is not None:
+            return self.sampled_eval.evaluate(self.model)
         p = self.ctx.part
         return global_evaluate(self.model, p, self.ctx.comm, self.eval_forward)
 
-    def evaluate_local(self) -> dict[str, float]:
+    def evaluate_local(self) -> Optional[dict[str, float]]:
         """On this super-epoch's local graph: the own chunk's nodes (its first ``n_own`` rows,
         in the partition's order) with every in-edge, their neighbours' trees truncated at the
-        leaves as in training; nothing but the counts crosses ranks."""
+        leaves as in training; nothing but the counts crosses ranks. None with ``eval_nodes``
+        (the sampled evaluation is what was asked for: no full local forward)."""
+        if self.sampled_eval is not None:
+            return None
         p, lg = self.ctx.part, self.lg
         if self._eval_blocks is None or self._eval_blocks[0] is not lg:
             nodes, blocks = expand(lg, torch.arange(p.n_own), [None] * len(self.fanouts))

@@ -57,9 +57,9 @@ from ..comm.traffic import Traffic
 from ..sampling import NeighborSampler
 from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
+from ..sampling.evaluate import SampledEvaluator, global_in_degree
 from ..sampling.ladies import LadiesSampler
 from ..sampling.loader import iterate_bulks, plan_epoch, step_totals, truncate_plan
-from ..sampling.rng import hash_keys
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
 
@@ -150,11 +150,7 @@ class MiniBatch(Strategy):
         self.group, self.replica = ctx.rank // self.c, ctx.rank % self.c
         N = part.num_nodes_global
         # global in-degrees (GCN source degrees on sampled blocks) and the group's seed labels
-        self.in_degree = torch.zeros(N, dtype=torch.int64)
-        deg = comm.all_to_all([torch.stack([part.owned, part.in_degree[: part.n_own]], 1)] * P,
-                              "degrees", carries=Traffic.STRUCTURE)
-        for d in deg:
-            self.in_degree[d[:, 0]] = d[:, 1]
+        self.in_degree = global_in_degree(comm, part)
         mine = torch.stack([part.owned[part.train_mask], part.y[part.train_mask]], 1)
         members = range(self.group * self.c, self.group * self.c + self.c)
         got = comm.all_to_all([mine if r in members else mine[:0] for r in range(P)],
@@ -175,7 +171,10 @@ class MiniBatch(Strategy):
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
         if o.eval_nodes:
-            self._eval_sample()
+            self.sampled_eval = SampledEvaluator(comm, part, o.fanouts, o.eval_nodes,
+                                                 o.batch_size, ctx.seed, sampler=self.sampler,
+                                                 fetcher=self.fetcher, in_degree=self.in_degree,
+                                                 c=self.c)
         else:
             self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
         self.epochs_done = 0
@@ -234,65 +233,11 @@ class MiniBatch(Strategy):
     def evaluate(self) -> dict[str, float]:
         if not self.options.eval_nodes:
             return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.eval_forward)
-        return self._sampled_evaluate()
+        return self.sampled_eval.evaluate(self.model)
 
     def evaluate_local(self) -> Optional[dict[str, float]]:
         # a sampled evaluation (eval_nodes > 0) is what was asked for: no local estimate
         return None if self.options.eval_nodes else self._induced_evaluate()
-
-    def _eval_sample(self) -> None:
-        """The fixed evaluation sample: per split, ``ceil(eval_nodes / P)`` of this rank's own
-        nodes (a seeded choice), their labels, and how many minibatches every rank runs (the
-        feature fetch is collective, so all ranks take the same number of steps). With ``1.5d``
-        the replicas of a group must sample the same targets: each evaluates its group's whole
-        sample and only replica 0 counts it."""
-        part, P, o = self.ctx.part, self.ctx.world_size, self.options
-        share = -(-o.eval_nodes // P)
-        gen = torch.Generator().manual_seed(self.ctx.seed + 7919 * self.ctx.rank)
-        picks, splits = [], []
-        for s, mask in enumerate((part.train_mask, part.val_mask, part.test_mask)):
-            idx = torch.nonzero(mask).flatten()
-            idx = idx[torch.randperm(idx.numel(), generator=gen)[:share]]
-            picks.append(idx)
-            splits.append(torch.full((idx.numel(),), s, dtype=torch.int64))
-        local = torch.cat(picks)
-        mine = torch.stack([part.owned[local], torch.cat(splits), part.y[local]], 1)
-        if self.c > 1:   # the group's sample, in member order, on every replica
-            got = self.ctx.comm.all_gather_object(mine, "eval_sample", carries=Traffic.LABELS)
-            mine = torch.cat(got[self.group * self.c:(self.group + 1) * self.c])
-        self.eval_targets, self.eval_split, self.eval_y = mine[:, 0], mine[:, 1], mine[:, 2]
-        self.eval_counts = self.replica == 0
-        sizes = self.ctx.comm.all_gather_object(int(mine.shape[0]), "control",
-                                               carries=Traffic.CONTROL)
-        self.eval_steps = -(-max(sizes) // o.batch_size)
-
-    @torch.no_grad()
-    def _sampled_evaluate(self) -> dict[str, float]:
-        o, bs = self.options, self.options.batch_size
-        was = self.model.training
-        self.model.eval()
-        counts = torch.zeros(6, dtype=torch.float64)
-        try:
-            for b in range(self.eval_steps):
-                t = self.eval_targets[b * bs:(b + 1) * bs]
-                # fixed minibatch ids: the same neighbourhoods at every evaluation, other than
-                # any training draw's
-                ids = hash_keys(self.ctx.seed, -1, self.group, torch.tensor([b]))
-                bulk = self.sampler.sample(t, torch.tensor([0, t.numel()]), ids)
-                mb = bulk.minibatch(0)
-                x = self.fetcher.fetch(mb.input_nodes)
-                if not t.numel() or not self.eval_counts:
-                    continue
-                pred = self.model(x, mb.adjs(self.in_degree, o.fanouts)).argmax(-1)
-                split = self.eval_split[b * bs:(b + 1) * bs]
-                ok = (pred == self.eval_y[b * bs:(b + 1) * bs]).double()
-                counts[0::2] += torch.zeros(3, dtype=torch.float64).index_add_(0, split, ok)
-                counts[1::2] += torch.bincount(split, minlength=3).double()
-        finally:
-            self.model.train(was)
-        self.ctx.comm.all_reduce(counts, "eval_metrics", carries=Traffic.CONTROL)
-        return {name: float(counts[2 * i] / counts[2 * i + 1]) if counts[2 * i + 1] > 0
-                else float("nan") for i, name in enumerate(("train", "val", "test"))}
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

@@ -85,7 +85,9 @@ partition book on disk when the launcher made one, otherwise gathered from all r
 setup, counted as setup traffic ``eval_graph``) and evaluates the averaged model exactly on it
 after every average, then tells the survivors the accuracies (a few bytes, eval traffic).
 That is what keeps evaluation working after a trainer died: the dead rank's nodes are still on
-rank 0, no halo of a dead peer is needed.
+rank 0, no halo of a dead peer is needed. With ``eval_nodes`` = k > 0 rank 0 holds no whole
+graph: it evaluates a fixed sample of ~k nodes per split, reading their sampled
+neighbourhoods from the partition book's memory-mapped parts (:mod:`quietgnn.sampling.book`).
 
 Failures. A rank other than 0 may die at any time (see the channel docstring for how it is
 detected: socket EOF at once, or ``fail_timeout_s`` of silence): the others average over the
@@ -155,6 +157,10 @@ class TMAOptions:
     #: where rank 0 gets the whole graph for evaluation: 'book' (partition book on disk),
     #: 'gather' (from all ranks at setup, counted as setup traffic) or 'auto' (book if any)
     eval_graph: str = "auto"
+    #: 0: rank 0 evaluates exactly on the whole graph; k > 0: on a fixed sample of ~k nodes
+    #: per split, mini-batched with the training fanouts, read from the partition book's
+    #: memory-mapped parts (needs the book; for graphs whose whole does not fit rank 0)
+    eval_nodes: int = 0
     #: bits per value of an average's messages: 32 = exact; 8, 4, 2 send each trainer's
     #: progress since the last average (model - last average) stochastically quantized.
     #: 4 by default: with period_epochs 25 an average then costs <= 1/194 of one gradient
@@ -197,6 +203,15 @@ class TMAOptions:
         if self.eval_graph not in ("auto", "book", "gather"):
             raise ValueError(f"options.eval_graph = {self.eval_graph!r}; expected 'auto', "
                              f"'book' or 'gather'")
+        if isinstance(self.eval_nodes, bool) or not isinstance(self.eval_nodes, int) or \
+                self.eval_nodes < 0:
+            raise ValueError(f"options.eval_nodes = {self.eval_nodes!r}; expected an int >= 0 "
+                             f"(0: exact evaluation; k: a fixed sample of about k nodes per "
+                             f"split)")
+        if self.eval_nodes and self.eval_graph == "gather":
+            raise ValueError("options.eval_nodes reads the sample from the partition book; "
+                             "options.eval_graph = 'gather' has none: use eval_graph 'book' "
+                             "(or 'auto') or eval_nodes 0")
 
 
 @register
@@ -229,6 +244,7 @@ class TMA(Strategy):
             raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
                              f"model has {ctx.model_cfg.layers} layers; give one per layer")
         self.sampler = LocalSampler(indptr, indices, fanouts, seed=ctx.seed * 7919 + ctx.rank)
+        self._eval_fanouts = fanouts if o.mode == "minibatch" else [-1] * ctx.model_cfg.layers
         #: local steps of one pass over this trainer's training nodes (an epoch-equivalent)
         self.steps_per_epoch = 1 if o.mode == "full" else \
             math.ceil(self.train_idx.numel() / o.batch_size)
@@ -268,6 +284,19 @@ class TMA(Strategy):
         if how == "book" and not book:
             raise ValueError("options.eval_graph = 'book' but this run has no partition book "
                              "(QUIETGNN_BOOK unset); use 'gather' or run through `quietgnn train`")
+        if self.options.eval_nodes:
+            if not book:
+                raise ValueError("options.eval_nodes > 0 reads the evaluation sample from the "
+                                 "partition book, and this run has none (QUIETGNN_BOOK unset): "
+                                 "run through `quietgnn train` or use eval_nodes 0")
+            self.book_eval = None
+            if ctx.rank == 0:
+                from ..partition import PartitionBook
+                from ..sampling.book import BookEvaluator
+                self.book_eval = BookEvaluator(PartitionBook.open(book), self._eval_fanouts,
+                                               self.options.eval_nodes,
+                                               self.options.batch_size, ctx.seed)
+            return
         if how == "book":
             if ctx.rank == 0:
                 from ..partition import PartitionBook
@@ -380,7 +409,9 @@ class TMA(Strategy):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         accs = None
-        if self.ctx.rank == 0:
+        if self.ctx.rank == 0 and self.options.eval_nodes:
+            accs = self.book_eval.evaluate(self.model)
+        elif self.ctx.rank == 0:
             f = self.full
             self.model.eval()
             try:

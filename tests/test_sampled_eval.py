@@ -1,0 +1,103 @@
+"""Sampled evaluation from a prepared directory (quietgnn.sampling.book): with every
+neighbour it is the exact accuracy, its sample is the collective evaluator's, and its draws are
+fixed and within the fanout. tma's rank 0 uses it (options.eval_nodes) instead of holding the
+whole graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quietgnn.nn import ModelConfig, SparseAdj, build_model
+from quietgnn.partition import PartitionBook, build_partitions
+from quietgnn.partition.book import make_book
+from quietgnn.sampling.book import BookEvaluator
+from quietgnn.sampling.evaluate import pick_sample
+
+from helpers import small_graph
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    g = small_graph(n=150, avg_deg=5, seed=3)
+    return g, make_book(tmp_path_factory.mktemp("b") / "book", g, "random", 3, seed=1)
+
+
+def _exact(model, g):
+    part = build_partitions(g, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    deg = part.in_degree[: part.n_own]
+    adj = SparseAdj(part.indptr, part.indices, part.n_own, deg, deg)
+    model.eval()
+    with torch.no_grad():
+        pred = model(part.x, [adj, adj]).argmax(-1)
+    gid = part.owned
+    y = part.y
+    return {s: float((pred[m] == y[m]).float().mean())
+            for s, m in (("train", part.train_mask), ("val", part.val_mask),
+                         ("test", part.test_mask))}, gid
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_every_neighbour_gives_the_exact_accuracy(book, arch):
+    g, pb = book
+    model = build_model(ModelConfig(arch=arch, hidden=16, layers=2, dropout=0.0),
+                        g.num_features, g.num_classes, seed=4)
+    exact, _ = _exact(model, g)
+    ev = BookEvaluator(PartitionBook.open(pb.path), [-1, -1], 10_000, batch_size=17, seed=0)
+    assert ev.targets.size == g.num_nodes - int((~(g.train_mask | g.val_mask |
+                                                    g.test_mask)).sum())
+    got = ev.evaluate(model)
+    for s in exact:
+        assert got[s] == pytest.approx(exact[s], abs=1e-6), s
+
+
+def test_sample_is_the_collective_evaluators(book):
+    g, pb = book
+    ev = BookEvaluator(PartitionBook.open(pb.path), [3, 2], 12, batch_size=5, seed=7)
+    want = []
+    for j in range(pb.num_parts):
+        part = pb.load_part(j)
+        local, split = pick_sample(part, 4, 7)
+        want.append(part.owned[local].numpy())
+    assert np.array_equal(ev.targets, np.concatenate(want))
+
+
+def test_draws_are_fixed_and_within_the_fanout(book):
+    g, pb = book
+    ev = BookEvaluator(PartitionBook.open(pb.path), [3, 2], 60, batch_size=8, seed=0)
+    seeds = ev.targets[:8]
+    n1, b1 = ev.sample(seeds, 0)
+    n2, b2 = ev.sample(seeds, 0)
+    assert np.array_equal(n1, n2)
+    assert all(torch.equal(a.indices, b.indices) for a, b in zip(b1, b2))
+    assert np.array_equal(n1[: seeds.size], seeds)        # destinations first
+    nbrs = {v: set(g.indices[g.indptr[v]:g.indptr[v + 1]].tolist())
+            for v in range(g.num_nodes)}
+    inner = b1[1]                                          # the seeds' block (fanout 2)
+    assert int(inner.row_count.max()) <= 2
+    level1 = n1[: inner.n_src]
+    for r, v in enumerate(seeds.tolist()):
+        got = level1[inner.indices[inner.indptr[r]:inner.indptr[r + 1]].numpy()]
+        assert len(set(got.tolist())) == got.size and set(got.tolist()) <= nbrs[v]
+        if len(nbrs[v]) <= 2:
+            assert set(got.tolist()) == nbrs[v]       # every neighbour of a small row
+        else:
+            assert 1 <= got.size <= 2
+
+
+def test_tma_rank0_evaluates_from_the_book_without_the_whole_graph(book, tmp_path):
+    """options.eval_nodes: rank 0 builds no whole graph; with full mode (every neighbour) and
+    a sample covering every node the result is the exact evaluation's."""
+    import quietgnn
+    g, pb = book
+    common = dict(epochs=2, out=str(tmp_path), options={"mode": "full", "period_epochs": 1.0},
+                  runtime={"threads": 1})
+    exact = quietgnn.train(pb.path, "tma", **common, run_name="exact")
+    common["options"] = {**common["options"], "eval_nodes": 10_000}
+    sampled = quietgnn.train(pb.path, "tma", **common, run_name="sampled")
+    for k in ("test_acc", "val_acc", "train_acc"):
+        assert sampled.summary[k] == pytest.approx(exact.summary[k], abs=1e-6)
+    with pytest.raises(ValueError, match="eval_nodes"):
+        quietgnn.train(pb.path, "tma", epochs=1, out=str(tmp_path), run_name="bad",
+                       options={"eval_nodes": 5, "eval_graph": "gather"})
