@@ -77,11 +77,6 @@ class ChunkLoader:
     def __init__(self, comm: Communicator, part: LocalPartition) -> None:
         self.comm, self.part = comm, part
         p = part
-        counts = p.indptr[1:] - p.indptr[:-1]
-        header = torch.tensor([p.n_own, p.n_halo, int(p.indices.numel())], dtype=torch.int64)
-        # static: what this rank sends whenever its chunk is requested
-        self._packed = torch.cat([header, p.owned, p.in_degree, p.halo, p.halo_owner, counts,
-                                  p.indices])
         self._halo_sorted, self._halo_order = torch.sort(p.halo)
         self._halo_x: Optional[Tensor] = None
 
@@ -101,11 +96,20 @@ class ChunkLoader:
         out[order] = torch.cat(got) if got else out[:0]
         return out
 
+    def _packed(self) -> Tensor:
+        """What this rank sends when its chunk is requested: built per request, not kept (a
+        second copy of the part's edges for the whole run, for one send per super-epoch)."""
+        p = self.part
+        header = torch.tensor([p.n_own, p.n_halo, int(p.indices.numel())], dtype=torch.int64)
+        return torch.cat([header, p.owned, p.in_degree, p.halo, p.halo_owner,
+                          p.indptr[1:] - p.indptr[:-1], p.indices])
+
     def _exchange_structure(self, chunk: int, super_epoch: int) -> Tensor:
         P, me = self.comm.world_size, self.comm.rank
-        empty = self._packed[:0]
-        send = [self._packed if rotating_chunk(r, P, super_epoch) == me and r != me else empty
-                for r in range(P)]
+        asked = [r for r in range(P) if rotating_chunk(r, P, super_epoch) == me and r != me]
+        packed = self._packed() if asked else torch.zeros(0, dtype=torch.int64)
+        empty = packed[:0]
+        send = [packed if r in asked else empty for r in range(P)]
         got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
         return got[chunk]
 
