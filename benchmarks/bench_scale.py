@@ -14,7 +14,7 @@ which is where the limit is.
 Per run: edges (undirected), nodes, the prepare's time and peak memory (from
 ``benchmarks/results/prepare-scale/prepare.json``), the prepared data on disk (what the
 workers map, shared through the page cache), per-rank peak RSS (max over ranks), training
-seconds per epoch or per 1,000 steps (``minibatch``, whose epochs are capped), training bytes
+seconds per epoch or per 1,000 steps (the mini-batch paths, whose epochs are capped), training bytes
 per epoch-equivalent, test accuracy and the majority-class accuracy of the same test nodes;
 per strategy the log-log slopes of time and memory against edges.
 
@@ -168,6 +168,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     return records
 
 
+#: the mini-batch paths: epochs capped at 50 steps, time per 1,000 steps
+STEP_TIMED = ("minibatch", "grappa-minibatch", "tma")
+
+
 def _f(v, fmt: str) -> str:
     return "—" if v is None else format(v, fmt)
 
@@ -176,17 +180,19 @@ def render(records: list[dict]) -> list[str]:
     lines = ["# Scale: every strategy at P = 4 from prepared synthetic graphs", "",
              "`python benchmarks/bench_scale.py` (matrix `benchmarks/scale.yaml`; prepared by "
              "`python benchmarks/bench_prepare.py`). Time: training seconds (evaluation "
-             "excluded) per epoch, or per 1,000 steps for `minibatch` (epochs of 50 steps). "
+             "excluded) per epoch, or per 1,000 steps for the mini-batch paths (`minibatch`, "
+             "`grappa-minibatch`, `tma`: epochs of 50 steps). "
              "Bytes: training bytes per epoch-equivalent, all ranks. Peak: per-rank peak RSS "
              "(max over ranks; includes the mapped part files the rank touched). Accuracy: "
-             "test accuracy after two epochs (`minibatch`: on a fixed 20,000-node sample) "
+             "test accuracy after two epochs (the mini-batch paths: on a fixed sample of "
+             "20,000 nodes per split) "
              "against the majority class.", "",
              "| strategy | edges | nodes | status | peak RSS/rank | time | bytes/epoch | "
              "test acc | majority |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r.get("ok"):
             t = f"{_f(r.get('seconds_per_1000_steps'), '.1f')} s/1k steps" \
-                if r["strategy"] == "minibatch" else f"{_f(r.get('seconds_per_epoch'), '.1f')} s/epoch"
+                if r["strategy"] in STEP_TIMED else f"{_f(r.get('seconds_per_epoch'), '.1f')} s/epoch"
             lines.append(f"| {r['strategy']} | {r['edges']:.2e} | {r['nodes']:.1e} | ok | "
                          f"{r['peak_rss_rank_mb']:.0f} MiB | {t} | "
                          f"{r['bytes_per_epoch'] / 1e6:.1f} MB | {r['test_acc']:.3f} | "
@@ -201,7 +207,7 @@ def render(records: list[dict]) -> list[str]:
               "|---|---|---|---|---|"]
     for name in dict.fromkeys(r["strategy"] for r in records):
         ok = [r for r in records if r["strategy"] == name and r.get("ok")]
-        key = "seconds_per_1000_steps" if name == "minibatch" else "seconds_per_epoch"
+        key = "seconds_per_1000_steps" if name in STEP_TIMED else "seconds_per_epoch"
         xs = [r["edges"] for r in ok]
         st, sm = slope(xs, [r.get(key) for r in ok]), slope(xs, [r["peak_rss_rank_mb"] for r in ok])
         big = f"{max(xs):.0e}" if xs else "—"

@@ -382,3 +382,16 @@ def test_sampled_evaluation_option_is_validated():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="eval_nodes"):
             GrappaOptions(eval_nodes=bad)
+
+
+def test_steps_per_epoch_caps_a_minibatch_epoch(graph):
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    comm = Communicator(0, 1)
+    g = _strategy(comm, part, {"mode": "minibatch", "batch_size": 8, "steps_per_epoch": 3})
+    assert g.steps > 3
+    res = g.train_epoch(0)
+    assert res.steps == 3 and res.work == pytest.approx(3 / g.steps)
+    whole = _strategy(comm, part, {"mode": "minibatch", "batch_size": 8}).train_epoch(0)
+    assert whole.steps == g.steps and whole.work == 1.0
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        GrappaOptions(steps_per_epoch=-2)

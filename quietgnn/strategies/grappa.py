@@ -95,6 +95,10 @@ class GrappaOptions:
     #: split, mini-batched through the sampler with the training fanouts (graphs whose
     #: full-graph activations do not fit; see quietgnn/sampling/evaluate.py)
     eval_nodes: int = 0
+    #: minibatch: 0 = an epoch is one pass over the seeds; s > 0 ends each epoch after s steps
+    #: of that pass (a fresh shuffle every epoch; the epoch counts as s / steps-of-a-pass
+    #: epoch-equivalents), for graphs where a pass takes hours
+    steps_per_epoch: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("full", "minibatch"):
@@ -125,6 +129,10 @@ class GrappaOptions:
             raise ValueError(f"options.eval_nodes = {self.eval_nodes!r}; expected an int >= 0 "
                              f"(0: exact evaluation; k: a fixed sample of about k nodes per "
                              f"split)")
+        if isinstance(self.steps_per_epoch, bool) or not isinstance(self.steps_per_epoch, int) \
+                or self.steps_per_epoch < 0:
+            raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch!r}; expected an "
+                             f"int >= 0 (0: one pass over the seeds per epoch)")
         if isinstance(self.fanouts, str):
             self.fanouts = [int(v) for v in self.fanouts.strip("[]() ").split(",") if v.strip()]
         if isinstance(self.fanouts, int):
@@ -239,6 +247,8 @@ class Grappa(Strategy):
         else:
             perm = torch.randperm(self.seed_local.numel(), generator=self.gen)
             batches = list(torch.tensor_split(perm, self.steps))
+            if 0 < self.options.steps_per_epoch < self.steps:   # the same count on every rank
+                batches = batches[: self.options.steps_per_epoch]
             zs = self._normalisers(batches).tolist()
         total, wsum = 0.0, 0.0
         for idx, z in zip(batches, zs):
@@ -247,7 +257,8 @@ class Grappa(Strategy):
         n = self.seed_local.numel()
         extra = {"super_epoch": s, "chunk": self.lg.chunk, "local_nodes": self.lg.n_loc,
                  "mean_coverage": wsum / n if n else float("nan")}
-        return EpochResult(loss=total / len(batches), steps=len(batches), extra=extra)
+        return EpochResult(loss=total / len(batches), steps=len(batches),
+                           work=len(batches) / self.steps, extra=extra)
 
     def _step(self, idx: torch.Tensor, z: float) -> float:
         """One optimiser step on seeds ``seed_local[idx]``; ``z`` is the global normaliser."""
