@@ -258,7 +258,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
             raise ValueError("quietgnn prepare EDGES needs an edge table and --nodes NODES "
                              "(Parquet or CSV), or `prepare synthetic --edges N`")
         book = prepare_tables(args.source, args.nodes, args.out, directed=args.directed,
-                              **common)
+                              partition_file=cfg.partition.file, **common)
     g, st = book.graph, book.stats
     secs = time.perf_counter() - t0
     print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "

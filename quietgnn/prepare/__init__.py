@@ -9,8 +9,9 @@ Three sources, one format (:mod:`quietgnn.partition.shards`):
   never whole in memory.
 
 Out of core the graph is partitioned while streaming: ``ldg`` (the default; restreamed Linear
-Deterministic Greedy) or ``hash``; both give the parts the in-memory path gives with the same
-partitioner. Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
+Deterministic Greedy), ``hash`` or ``given`` (``--partition.file``, one part id per node); each
+gives the parts the in-memory path gives with the same partitioner. A graph that arrives split
+across hosts is prepared by one process per host under torchrun (:mod:`.dist`). Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
 prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
 
 Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
@@ -167,18 +168,25 @@ class TableNodes:
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,
                    method: str = "ldg", seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
-                   progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
-    """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``."""
+                   progress: Callable[[str], None] = lambda s: None,
+                   partition_file: Optional[str | Path] = None) -> PartitionBook:
+    """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``
+    (``method="given"``: the parts are ``partition_file``'s, one part id per node)."""
     import duckdb
     edges, nodes = Path(edges), Path(nodes)
     con = duckdb.connect()      # only to read the tables' schemas and sizes
     node_src = TableNodes(con, nodes, split_seed)
     edge_sql = _edge_sql(con, edges)
     con.close()
+    assignment = None
+    if method == "given" and partition_file is not None:
+        from ..partition.partitioners import read_assignment
+        assignment = read_assignment(partition_file)
     return write_prepared(out, edge_sql, node_src, num_parts=parts, method=method, seed=seed,
                           undirected=not directed, memory_budget=memory_budget,
                           x_dtype=x_dtype, name=name or edges.stem, progress=progress,
-                          identity={"source": str(edges), "split_seed": split_seed})
+                          identity={"source": str(edges), "split_seed": split_seed},
+                          assignment=assignment)
 
 
 def human(n: float) -> str:
