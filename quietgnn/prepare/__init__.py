@@ -82,7 +82,10 @@ def _edge_sql(con: Any, path: Path) -> str:
 class TableNodes:
     """A node table read through DuckDB in id order (see the module docstring)."""
 
-    def __init__(self, con: Any, path: Path, split_seed: int = 0) -> None:
+    def __init__(self, con: Any, path: Path, split_seed: int = 0, whole: bool = True) -> None:
+        """``whole=False``: the table is one rank's slice of the nodes (any global ids; the
+        caller sets ``num_nodes`` and ``num_classes`` once the ranks agree on them, and reads
+        ``count``, ``lo``, ``hi`` and ``ymax`` to check the slices)."""
         self.path, self.reader = path, _reader(path)
         cols = _columns(con, self.reader)
         names = [c for c, _ in cols]
@@ -114,7 +117,11 @@ class TableNodes:
         n, lo, hi, ymin, ymax, nully = con.sql(
             f"SELECT count(*), min(id), max(id), min({y}), max({y}), count(*) - count({y}) "
             f"FROM {self.reader}").fetchall()[0]
-        if n == 0 or lo != 0 or hi != n - 1:
+        self.count, self.lo, self.hi, self.ymax = int(n), lo, hi, ymax
+        if not whole and n == 0:
+            raise ValueError(f"node table {str(path)!r} is empty; every rank's slice needs at "
+                             f"least one node (the rank's part)")
+        if whole and (n == 0 or lo != 0 or hi != n - 1):
             raise ValueError(f"node table {str(path)!r} has {n} rows with ids {lo} .. {hi}; "
                              f"expected ids 0 .. N-1, one row each")
         if nully or ymin < 0:
