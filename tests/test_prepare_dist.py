@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
-import subprocess
 import sys
+import time
+import traceback
 
 import numpy as np
 import pytest
@@ -19,9 +21,13 @@ pa = pytest.importorskip("pyarrow", reason="pyarrow is a dependency (pip install
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is a dependency")
 pytest.importorskip("duckdb", reason="duckdb is a dependency (pip install -e .)")
 
+import quietgnn  # noqa: E402
+from quietgnn.cli import main  # noqa: E402
+from quietgnn.comm.communicator import Communicator  # noqa: E402
 from quietgnn.prepare import prepare_tables  # noqa: E402
+from quietgnn.prepare.dist import prepare_distributed  # noqa: E402
 
-from helpers import REPO, small_graph  # noqa: E402
+from helpers import small_graph  # noqa: E402
 
 P = 2
 
@@ -64,31 +70,52 @@ def _free_port() -> int:
 
 
 def _ranks(argv, tmp_path, timeout=120):
-    """``python -m quietgnn ARGV`` as P ranks with torchrun's environment (what the CLI
-    detects), without torchrun's agent (seconds faster); [(returncode, stdout, stderr)]."""
-    return _spawn(["-m", "quietgnn", *argv], tmp_path, timeout)
+    """``quietgnn ARGV`` as P ranks with torchrun's environment (what the CLI detects), each
+    a fork of this process (no interpreter start and imports per rank: seconds each on a busy
+    machine); [(exit code, stdout, stderr)] in rank order."""
+    return _fork(lambda: main(argv), tmp_path, timeout)
 
 
-def _spawn(argv, tmp_path, timeout=120):
+def _fork(fn, tmp_path, timeout=120):
     port = _free_port()
-    procs = []
+    kids = []
     for r in range(P):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(P), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=str(REPO))
-        procs.append(subprocess.Popen([sys.executable, *argv], env=env,
-                                      cwd=tmp_path, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        out.append((p.returncode, o, e))
-    return out
+        pid = os.fork()
+        if pid == 0:        # the rank: fn's result is its exit code, its output in files
+            code = 1
+            try:
+                os.chdir(tmp_path)
+                os.environ.update(RANK=str(r), WORLD_SIZE=str(P), LOCAL_RANK=str(r),
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                for fd, name in ((1, "out"), (2, "err")):
+                    f = os.open(f"rank-{r}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    os.dup2(f, fd)
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                code = int(fn() or 0)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        kids.append(pid)
+    deadline = time.monotonic() + timeout
+    codes = {}
+    while len(codes) < P:
+        for pid in kids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            for pid in kids:
+                if pid not in codes:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            raise AssertionError(f"the ranks did not finish in {timeout}s (a hang)")
+        time.sleep(0.05)
+    return [(codes[pid], (tmp_path / f"rank-{r}.out").read_text(),
+             (tmp_path / f"rank-{r}.err").read_text()) for r, pid in enumerate(kids)]
 
 
 def _same_books(a, b):
@@ -130,13 +157,9 @@ def test_two_ranks_write_what_one_process_writes_then_train(tmp_path):
         if r == 1:      # rank 0 hashes the graph: rank 1 sends it its degrees, labels, edges
             assert int(sent["prepare_gather"]) >= 8 * (4 * (asg == 1).sum() + away)
     # the result trains
-    r = subprocess.run([sys.executable, "-m", "quietgnn", "train", "--data", "dist",
-                        "--strategy", "halo", "--epochs", "1", "--hidden", "8",
-                        "--runtime.progress", "false", "--out", "runs"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
-    assert r.returncode == 0, r.stderr
-    assert "test accuracy" in r.stdout
+    run = quietgnn.train(str(tmp_path / "dist"), strategy="halo", epochs=1, hidden=8,
+                         out=str(tmp_path / "runs"), **{"runtime.progress": False})
+    assert run.summary["parts"] == P and 0 <= run.summary["test_acc"] <= 1
 
 
 def test_small_rounds_and_directed_edges(tmp_path):
@@ -147,13 +170,15 @@ def test_small_rounds_and_directed_edges(tmp_path):
                          tmp_path / "ref", parts=P, method="given", directed=True,
                          partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
                          name="edges", split_seed=4)
-    code = ("import sys; from quietgnn.comm.communicator import Communicator; "
-            "from quietgnn.prepare.dist import prepare_distributed; import os; "
-            "r, w = int(os.environ['RANK']), int(os.environ['WORLD_SIZE']); "
-            "c = Communicator.init(r, w, timeout_s=60); "
-            "prepare_distributed('edges-{rank}.parquet', 'nodes-{rank}.parquet', 'dist', c, "
-            "directed=True, split_seed=4, chunk_rows=16, memory_budget=700 << 20); c.close()")
-    for rc, o, e in _spawn(["-c", code], tmp_path):
+
+    def rank():
+        comm = Communicator.init(int(os.environ["RANK"]), P, timeout_s=60)
+        prepare_distributed("edges-{rank}.parquet", "nodes-{rank}.parquet", "dist", comm,
+                            directed=True, split_seed=4, chunk_rows=16,
+                            memory_budget=700 << 20)
+        comm.close()
+
+    for rc, o, e in _fork(rank, tmp_path):
         assert rc == 0, e
     _same_books(tmp_path / "dist", ref.path)
 

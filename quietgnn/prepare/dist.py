@@ -90,11 +90,11 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, Optional[str]]:
 
 
 def _a2a(comm: Communicator, blocks: list[np.ndarray], kind: str,
-         recv_counts: Optional[list[int]] = None) -> list[np.ndarray]:
+         recv_counts: Optional[list[int]] = None, carries: Traffic = _S) -> list[np.ndarray]:
     # one buffer split into the blocks: the communicator sends it without another copy
     flat = torch.from_numpy(np.concatenate(blocks))
     out = comm.all_to_all(list(torch.split(flat, [len(b) for b in blocks])), kind,
-                          recv_counts, carries=_S)
+                          recv_counts, carries=carries)
     return [t.numpy() for t in out]
 
 
@@ -455,7 +455,7 @@ def _fingerprint(comm: Communicator, con: Any, tmp: Path, owned: np.ndarray,
         i0, i1 = np.searchsorted(owned, [a, a + B])
         rows = np.stack([owned[i0:i1], in_deg[i0:i1], y[i0:i1], split[i0:i1]], 1)
         blocks = [rows if j == 0 else rows[:0] for j in range(P)]
-        got = _a2a(comm, blocks, "prepare_gather")
+        got = _a2a(comm, blocks, "prepare_gather", carries=Traffic.LABELS)
         if r == 0:
             w = min(B, n - a)
             win = np.full((w, 4), -1, dtype=np.int64)
