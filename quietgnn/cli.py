@@ -273,6 +273,10 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     return 0
 
 
+#: the process group's timeout of `quietgnn prepare` under torchrun unless --runtime.timeout_s
+PREPARE_TIMEOUT_S = 3600.0
+
+
 def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> int:
     """``torchrun ... -m quietgnn prepare EDGES --nodes NODES --out DIR``: each rank prepares
     its own part from its own slice (``{rank}`` in the paths; :mod:`quietgnn.prepare.dist`)."""
@@ -286,12 +290,15 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
                          "EDGES --nodes NODES (paths with {rank}, e.g. edges-{rank}.parquet "
                          "--nodes nodes-{rank}.parquet); --dataset and synthetic run in one "
                          "process, without torchrun")
-    if cfg.partition.method not in (None, "given"):
-        raise ValueError(f"--partitioner {cfg.partition.method}: under torchrun the parts are "
-                         f"the ranks' slices (rank r's node table is part r); leave out "
-                         f"--partitioner")
-    if any(t.split("=")[0] in ("--parts", "--partition.parts") for t in rest) and \
-            cfg.num_parts != world:
+    if cfg.partition.method not in (None, "given") or cfg.partition.file:
+        what = f"--partitioner {cfg.partition.method}" if cfg.partition.method not in \
+            (None, "given") else f"--partition.file {cfg.partition.file}"
+        raise ValueError(f"{what}: under torchrun the parts are the ranks' slices (rank r's "
+                         f"node table is part r); leave it out")
+
+    def given(*keys: str) -> bool:
+        return any(t.split("=")[0] in keys for t in rest)
+    if given("--parts", "--partition.parts") and cfg.num_parts != world:
         raise ValueError(f"--parts {cfg.num_parts}, but torchrun started {world} ranks: under "
                          f"torchrun every rank prepares one part; leave out --parts or start "
                          f"{cfg.num_parts} ranks (--nproc-per-node, --nnodes)")
@@ -303,7 +310,12 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    comm = Communicator.init(rank, world, backend="gloo", timeout_s=cfg.runtime.timeout_s)
+    # a rank may sort its slice (DuckDB) for many minutes while the others wait for it in a
+    # collective: the training default (120 s) would fail a healthy prepare; a dead rank
+    # still fails the others at once (its sockets close)
+    timeout = cfg.runtime.timeout_s if given("--runtime.timeout_s", "--timeout") else \
+        PREPARE_TIMEOUT_S
+    comm = Communicator.init(rank, world, backend="gloo", timeout_s=timeout)
     try:
         book = prepare_distributed(args.source, args.nodes, args.out, comm,
                                    directed=args.directed, memory_budget=budget,

@@ -200,3 +200,24 @@ def test_a_node_claimed_by_two_ranks_fails_on_every_rank(tmp_path):
     for rc, o, e in _ranks(["prepare", "edges-{rank}.parquet", "--nodes",
                             "nodes-{rank}.parquet", "--out", "dist"], tmp_path):
         assert rc == 2 and "rank 1:" in e and "edges-1.parquet' does not exist" in e, e
+
+
+def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
+    _slices(tmp_path, n=60, seed=1)
+    argv = ["prepare", "edges-{rank}.parquet", "--nodes", "nodes-{rank}.parquet", "--out", "d"]
+    # ranks started with different options
+    res = _fork(lambda: main(argv + ["--directed"] * (os.environ["RANK"] == "1")), tmp_path)
+    for rc, o, e in res:
+        assert rc == 2 and "the ranks disagree on --directed: rank 0 has False, rank 1 has " \
+            "True" in e, e
+    # a node id beyond the N rows of all the node tables
+    t1 = pq.read_table(tmp_path / "nodes-1.parquet")
+    ids = t1.column("id").to_numpy().copy()
+    ids[0] = 65
+    pq.write_table(t1.set_column(0, "id", pa.array(ids)), tmp_path / "nodes-1.parquet")
+    for rc, o, e in _ranks(argv, tmp_path):
+        assert rc == 2 and "holds node id 65, outside [0, 60)" in e and "global" in e, e
+    # the options of the single-process prepare that do not apply
+    for rc, o, e in _ranks(argv + ["--partitioner", "ldg"], tmp_path):
+        assert rc == 2 and "under torchrun the parts are the ranks' slices" in e, e
+    assert not (tmp_path / "d").exists()
