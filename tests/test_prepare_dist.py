@@ -32,7 +32,7 @@ from helpers import small_graph  # noqa: E402
 P = 2
 
 
-def _slices(tmp_path, n=150, seed=3, directed=False, split=True):
+def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False):
     """A graph's tables split over ``P`` ranks: node ``i`` in rank ``asg[i]``'s node table,
     each edge in a random rank's edge table (a fifth of them in both, a self-loop in one),
     plus the whole tables and the assignment for the single-process reference."""
@@ -42,6 +42,9 @@ def _slices(tmp_path, n=150, seed=3, directed=False, split=True):
     dst, src = g.edge_dst().numpy(), g.indices.numpy()
     keep = slice(None) if directed else src < dst
     s, d = src[keep], dst[keep]
+    if hub:     # node 7 gets an edge from every other node: more edges than a round holds
+        other = np.setdiff1d(np.arange(n), np.concatenate([[7], s[d == 7], d[s == 7]]))
+        s, d = np.append(s, other), np.append(d, np.full(other.size, 7))
     where = rng.integers(0, P, s.size)
     nodes = {"id": np.arange(n), "y": g.y.numpy(), "x": list(g.x.numpy())}
     if split:
@@ -164,8 +167,9 @@ def test_two_ranks_write_what_one_process_writes_then_train(tmp_path):
 
 def test_small_rounds_and_directed_edges(tmp_path):
     """Rounds of 16 rows (every exchange in many rounds, ranks with different numbers of
-    them), a directed graph without a split column: still the single-process result."""
-    _slices(tmp_path, n=120, seed=5, directed=True, split=False)
+    them, a node with more in-edges than a round), a directed graph without a split column:
+    still the single-process result."""
+    _slices(tmp_path, n=120, seed=5, directed=True, split=False, hub=True)
     ref = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
                          tmp_path / "ref", parts=P, method="given", directed=True,
                          partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
