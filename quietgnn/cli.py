@@ -9,6 +9,8 @@ Examples::
     quietgnn prepare --dataset cora --root ../shared/data --parts 4 --out data/cora-p4
     quietgnn train --data data/cora-p4 --strategy grappa
     torchrun --nnodes 2 --nproc-per-node 2 ... -m quietgnn train --data /shared/cora-p4 ...
+    torchrun --nnodes 2 ... -m quietgnn prepare 'edges-{rank}.parquet' \
+        --nodes 'nodes-{rank}.parquet' --out /shared/mine   # a graph that arrives split
 
 Any config key can be set as ``--section.key value`` (see ``quietgnn.config``); unknown keys
 are rejected with the valid ones listed.
@@ -466,7 +468,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if name in ("partition", "prepare"):
             p.description = ("quietgnn prepare [SOURCE] ...: SOURCE (out of core) is "
                              "`synthetic` (with --edges N) or an edge table (Parquet/CSV, "
-                             "columns src, dst; with --nodes); without SOURCE, --dataset NAME")
+                             "columns src, dst; with --nodes); without SOURCE, --dataset NAME. "
+                             "Under torchrun each rank prepares its own part from its own "
+                             "slice: EDGES and NODES with {rank} in the path")
             p.add_argument("--edges", help="synthetic: undirected edges to draw (e.g. 1e9)")
             p.add_argument("--nodes", help="the node table for an edge table (columns id, y, "
                            "split, features)")
