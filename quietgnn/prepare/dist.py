@@ -292,10 +292,19 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     halo, halo_owner = h["src"].astype(np.int64), h["ps"].astype(np.int64)
     cut = con.sql(f"SELECT count(*) FROM e WHERE ps <> {r}").fetchall()[0][0]
     recv_counts = np.bincount(halo_owner, minlength=P).astype(np.int64)
-    asked = _a2a(comm, np.split(halo, np.cumsum(recv_counts)[:-1]), "prepare_halo")
-    sends = [_local(owned, a) for a in asked]
-    answer = [np.stack([in_deg[s], out_deg[s]], 1) for s in sends]
-    hdeg = np.concatenate(_a2a(comm, answer, "prepare_halo", recv_counts.tolist()))
+    plans: list[list[np.ndarray]] = [[] for _ in range(P)]
+    hdeg_parts, at = [], 0
+    while _more(comm, at < halo.size):      # rounds of B halo nodes, in (owner, id) order
+        ask = np.bincount(halo_owner[at:at + B], minlength=P)
+        asked = _a2a(comm, np.split(halo[at:at + B], np.cumsum(ask)[:-1]), "prepare_halo")
+        sends = [_local(owned, a) for a in asked]
+        for j, s in enumerate(sends):
+            plans[j].append(s)
+        answer = [np.stack([in_deg[s], out_deg[s]], 1) for s in sends]
+        hdeg_parts += _a2a(comm, answer, "prepare_halo", ask.tolist())
+        at += B
+    sends = [np.concatenate(p) if p else np.zeros(0, np.int64) for p in plans]
+    hdeg = np.concatenate(hdeg_parts) if hdeg_parts else np.zeros((0, 2), np.int64)
 
     # the part's files
     d = tmp / f"part-{r}"
