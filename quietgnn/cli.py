@@ -9,6 +9,8 @@ Examples::
     quietgnn prepare --dataset cora --root ../shared/data --parts 4 --out data/cora-p4
     quietgnn train --data data/cora-p4 --strategy grappa
     torchrun --nnodes 2 --nproc-per-node 2 ... -m quietgnn train --data /shared/cora-p4 ...
+    torchrun --nnodes 2 ... -m quietgnn prepare 'edges-{rank}.parquet' \
+        --nodes 'nodes-{rank}.parquet' --out /shared/mine   # a graph that arrives split
 
 Any config key can be set as ``--section.key value`` (see ``quietgnn.config``); unknown keys
 are rejected with the valid ones listed.
@@ -216,6 +218,8 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     if args.x_dtype not in ("float32", "float16"):
         raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
                          f"disk and page cache; the workers compute in float32)")
+    if _under_torchrun():
+        return _prepare_distributed(args, cfg, rest)
     if args.source is not None or args.edges is not None:
         return _prepare_streamed(args, cfg, rest)
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
@@ -258,7 +262,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
             raise ValueError("quietgnn prepare EDGES needs an edge table and --nodes NODES "
                              "(Parquet or CSV), or `prepare synthetic --edges N`")
         book = prepare_tables(args.source, args.nodes, args.out, directed=args.directed,
-                              **common)
+                              partition_file=cfg.partition.file, **common)
     g, st = book.graph, book.stats
     secs = time.perf_counter() - t0
     print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
@@ -268,6 +272,71 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
           f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
     print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
           f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
+    return 0
+
+
+#: the process group's timeout of `quietgnn prepare` under torchrun unless --runtime.timeout_s
+PREPARE_TIMEOUT_S = 3600.0
+
+
+def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> int:
+    """``torchrun ... -m quietgnn prepare EDGES --nodes NODES --out DIR``: each rank prepares
+    its own part from its own slice (``{rank}`` in the paths; :mod:`quietgnn.prepare.dist`)."""
+    from .comm.communicator import Communicator
+    from .prepare import human, parse_size
+    from .prepare.dist import prepare_distributed
+    from .runtime.worker import watch_parent, worker_env
+    rank, world, _ = worker_env()
+    if args.source is None or args.source == "synthetic" or args.nodes is None:
+        raise ValueError("under torchrun, quietgnn prepare takes each rank's slice of a graph: "
+                         "EDGES --nodes NODES (paths with {rank}, e.g. edges-{rank}.parquet "
+                         "--nodes nodes-{rank}.parquet); --dataset and synthetic run in one "
+                         "process, without torchrun")
+    if cfg.partition.method not in (None, "given") or cfg.partition.file:
+        what = f"--partitioner {cfg.partition.method}" if cfg.partition.method not in \
+            (None, "given") else f"--partition.file {cfg.partition.file}"
+        raise ValueError(f"{what}: under torchrun the parts are the ranks' slices (rank r's "
+                         f"node table is part r); leave it out")
+
+    def given(*keys: str) -> bool:
+        return any(t.split("=")[0] in keys for t in rest)
+    if given("--parts", "--partition.parts") and cfg.num_parts != world:
+        raise ValueError(f"--parts {cfg.num_parts}, but torchrun started {world} ranks: under "
+                         f"torchrun every rank prepares one part; leave out --parts or start "
+                         f"{cfg.num_parts} ranks (--nproc-per-node, --nnodes)")
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        watch_parent(rank)
+    budget = parse_size(args.memory_budget)
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    # a rank may sort its slice (DuckDB) for many minutes while the others wait for it in a
+    # collective: the training default (120 s) would fail a healthy prepare; a dead rank
+    # still fails the others at once (its sockets close)
+    timeout = cfg.runtime.timeout_s if given("--runtime.timeout_s", "--timeout") else \
+        PREPARE_TIMEOUT_S
+    comm = Communicator.init(rank, world, backend="gloo", timeout_s=timeout)
+    try:
+        book = prepare_distributed(args.source, args.nodes, args.out, comm,
+                                   directed=args.directed, memory_budget=budget,
+                                   x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed,
+                                   progress=progress)
+    finally:
+        sent: dict[str, int] = {}
+        for rec in comm.records:
+            sent[rec.kind] = sent.get(rec.kind, 0) + rec.bytes_sent
+        comm.close()
+    print(f"rank {rank} sent {sum(sent.values())} bytes: " +
+          " ".join(f"{k}={v}" for k, v in sorted(sent.items())), file=sys.stderr, flush=True)
+    if rank == 0:
+        g, st = book.graph, book.stats
+        print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
+              f"{human(g['num_edges'])} stored edges, {g['num_features']} features, "
+              f"{g['num_classes']} classes; {book.num_parts} parts (one per rank), nodes per "
+              f"part {st['nodes']}, edge cut {100 * st['edge_cut_fraction']:.1f}%, halo sizes "
+              f"{st['halo']} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
 
@@ -399,7 +468,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if name in ("partition", "prepare"):
             p.description = ("quietgnn prepare [SOURCE] ...: SOURCE (out of core) is "
                              "`synthetic` (with --edges N) or an edge table (Parquet/CSV, "
-                             "columns src, dst; with --nodes); without SOURCE, --dataset NAME")
+                             "columns src, dst; with --nodes); without SOURCE, --dataset NAME. "
+                             "Under torchrun each rank prepares its own part from its own "
+                             "slice: EDGES and NODES with {rank} in the path")
             p.add_argument("--edges", help="synthetic: undirected edges to draw (e.g. 1e9)")
             p.add_argument("--nodes", help="the node table for an edge table (columns id, y, "
                            "split, features)")

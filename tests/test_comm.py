@@ -156,6 +156,21 @@ def _zero_copy_exchange(comm):
     return same, in_out, recs[0].bytes_sent == recs[1].bytes_sent, bool((out >= 0).all())
 
 
+def _separate_blocks(comm):
+    """Views of one numpy array, the first empty: each view is its own torch storage, and the
+    empty one starts where the next does; they are sent as blocks, not read as one buffer
+    past the first's (empty) storage."""
+    import numpy as np
+    base = np.arange(8, dtype=np.int64).reshape(4, 2) + 100 * comm.rank
+    got = comm.all_to_all([torch.from_numpy(a) for a in np.split(base, [0])], "separate")
+    return [g[:, 0].tolist() for g in got]
+
+
 def test_all_to_all_zero_copy_send_and_out():
     for res in spawn_function(_zero_copy_exchange, 3):
         assert res == (True, True, True, True)
+
+
+def test_all_to_all_of_separate_numpy_blocks():
+    res = spawn_function(_separate_blocks, 2)
+    assert res == [[[], []], [[0, 2, 4, 6], [100, 102, 104, 106]]]

@@ -219,3 +219,29 @@ def test_streamed_degree_counts_and_order_guard():
         _check_sorted(np.array([3, 4]), 5)          # a batch that starts below the last one
     with pytest.raises(RuntimeError, match="out of order"):
         _check_sorted(np.array([1, 0]), -1)
+
+
+def test_given_assignment_equals_the_in_memory_book(tmp_path):
+    """``--partitioner given`` out of core (the reference of the distributed prepare): the
+    parts, the fingerprint and the book id of the in-memory book with the same assignment."""
+    g0 = small_graph(n=160, seed=6)
+    e, n, ei = _tables(tmp_path, g0)
+    g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, name="edges",
+                              train_mask=g0.train_mask, val_mask=g0.val_mask,
+                              test_mask=g0.test_mask)
+    asg = np.random.default_rng(1).integers(0, 3, g.num_nodes)
+    np.save(tmp_path / "asg.npy", asg)
+    book = prepare_tables(e, n, tmp_path / "out", parts=3, memory_budget=TINY_BUDGET,
+                          method="given", partition_file=tmp_path / "asg.npy")
+    ref = make_book(tmp_path / "ref", g, "given", 3, file=str(tmp_path / "asg.npy"))
+    assert book.method == "given" and book.book_id == ref.book_id
+    assert book.graph["fingerprint"] == ref.graph["fingerprint"]
+    assert (book.assignment() == asg).all()
+    for k in range(3):
+        _same_part(book.load_part(k, 3), ref.load_part(k, 3))
+    with pytest.raises(ValueError, match="needs --partition.file"):
+        prepare_tables(e, n, tmp_path / "o2", parts=3, memory_budget=TINY_BUDGET, method="given")
+    with pytest.raises(ValueError, match="one part id per node"):
+        np.save(tmp_path / "short.npy", asg[:-1])
+        prepare_tables(e, n, tmp_path / "o3", parts=3, memory_budget=TINY_BUDGET,
+                       method="given", partition_file=tmp_path / "short.npy")

@@ -147,6 +147,10 @@ def _one_buffer(blocks: Sequence[Tensor]) -> Tensor | None:
             return None
         offset += b.numel()
     total = offset - first.storage_offset()
+    if offset * first.element_size() > storage.nbytes():
+        # blocks of separate storages that only look consecutive (an empty block's pointer
+        # equals the next block's, e.g. torch.from_numpy of np.split views)
+        return None
     return first.new_empty(0).set_(storage, first.storage_offset(), (total,), (1,))
 
 

@@ -180,11 +180,17 @@ def new_book_dir(path: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
 
 
-def finish_book(tmp: Path, path: Path, meta: dict[str, Any]) -> None:
+def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
+                files: dict[str, dict[str, Any]] | None = None) -> None:
     """Write ``book.json`` (``meta`` + format, version, the size and sha256 of every file in
-    ``tmp``, the date) and move ``tmp`` to ``path``, replacing what was there."""
-    files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(tmp.rglob("*")) if f.is_file()}
+    ``tmp``, the date) and move ``tmp`` to ``path``, replacing what was there. ``files``: the
+    sizes and checksums when the writers of the files computed them (the distributed prepare:
+    each rank its own part's)."""
+    if files is None:
+        files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size,
+                                                 "sha256": _sha256(f)}
+                 for f in sorted(tmp.rglob("*")) if f.is_file()}
+    files = dict(sorted(files.items()))
     meta = {"format": BOOK_FORMAT, "version": BOOK_VERSION, **meta, "files": files,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (tmp / "book.json").write_text(json.dumps(meta, indent=1))

@@ -31,7 +31,8 @@ import torch
 from ..graph import Graph
 
 __all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
-           "given_parts", "hash_parts", "hash_part_of", "hash_part_sql", "ldg_parts", "LDG"]
+           "given_parts", "read_assignment", "check_assignment", "hash_parts", "hash_part_of",
+           "hash_part_sql", "ldg_parts", "LDG"]
 
 
 def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -197,33 +198,32 @@ def supernode_parts(graph: Graph, num_parts: int, seed: int = 0,
     return _fill_empty(cluster_to_part[cl], num_parts)
 
 
-def given_parts(graph: Graph, num_parts: int, seed: int = 0,
-                assignment: Any = None, file: str | None = None) -> np.ndarray:
-    """A user-given assignment: ``assignment`` (array-like) or ``file`` (.npy/.pt/text)."""
-    if assignment is None and file is None:
-        raise ValueError("partitioner 'given' needs an assignment: pass partition.file=PATH "
-                         "(.npy, .pt or a text file with one part id per line)")
-    if assignment is None:
-        path = Path(file)  # type: ignore[arg-type]
-        if not path.is_file():
-            raise ValueError(f"partition file {str(path)!r} does not exist; expected a .npy, .pt "
-                             f"or text file with one part id per node")
-        try:
-            if path.suffix == ".npy":
-                assignment = np.load(path, allow_pickle=False)
-            elif path.suffix == ".pt":
-                assignment = torch.load(path, weights_only=True)
-            else:
-                assignment = np.loadtxt(path, dtype=np.int64, ndmin=1)
-        except Exception as exc:  # corrupt/truncated files: say which file and why
-            raise ValueError(f"could not read partition file {str(path)!r}: {exc}") from exc
+def read_assignment(file: str | Path) -> np.ndarray:
+    """A partition file (``.npy``, ``.pt`` or text with one part id per line) as an array."""
+    path = Path(file)
+    if not path.is_file():
+        raise ValueError(f"partition file {str(path)!r} does not exist; expected a .npy, .pt "
+                         f"or text file with one part id per node")
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        if path.suffix == ".pt":
+            return torch.load(path, weights_only=True)
+        return np.loadtxt(path, dtype=np.int64, ndmin=1)
+    except Exception as exc:  # corrupt/truncated files: say which file and why
+        raise ValueError(f"could not read partition file {str(path)!r}: {exc}") from exc
+
+
+def check_assignment(assignment: Any, num_nodes: int, num_parts: int) -> np.ndarray:
+    """``assignment`` as int64 part ids, one per node, every part non-empty (else ValueError
+    naming what is wrong)."""
     parts = np.asarray(torch.as_tensor(assignment).numpy()).reshape(-1)
     if not np.issubdtype(parts.dtype, np.integer):
         raise ValueError(f"given partition has dtype {parts.dtype}, expected integer part ids")
     parts = parts.astype(np.int64)
-    if parts.shape[0] != graph.num_nodes:
+    if parts.shape[0] != num_nodes:
         raise ValueError(f"given partition has {parts.shape[0]} entries but the graph has "
-                         f"{graph.num_nodes} nodes; it needs one part id per node")
+                         f"{num_nodes} nodes; it needs one part id per node")
     if parts.size and (parts.min() < 0 or parts.max() >= num_parts):
         raise ValueError(f"given partition holds part ids in [{parts.min()}, {parts.max()}] but "
                          f"num_parts = {num_parts}; ids must be in [0, num_parts)")
@@ -232,6 +232,17 @@ def given_parts(graph: Graph, num_parts: int, seed: int = 0,
         raise ValueError(f"given partition leaves part(s) {empty.tolist()} empty; every one of "
                          f"the {num_parts} parts needs at least one node")
     return parts
+
+
+def given_parts(graph: Graph, num_parts: int, seed: int = 0,
+                assignment: Any = None, file: str | None = None) -> np.ndarray:
+    """A user-given assignment: ``assignment`` (array-like) or ``file`` (.npy/.pt/text)."""
+    if assignment is None and file is None:
+        raise ValueError("partitioner 'given' needs an assignment: pass partition.file=PATH "
+                         "(.npy, .pt or a text file with one part id per line)")
+    if assignment is None:
+        assignment = read_assignment(file)  # type: ignore[arg-type]
+    return check_assignment(assignment, graph.num_nodes, num_parts)
 
 
 PARTITIONERS: dict[str, Callable[..., np.ndarray]] = {

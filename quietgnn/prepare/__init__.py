@@ -9,8 +9,9 @@ Three sources, one format (:mod:`quietgnn.partition.shards`):
   never whole in memory.
 
 Out of core the graph is partitioned while streaming: ``ldg`` (the default; restreamed Linear
-Deterministic Greedy) or ``hash``; both give the parts the in-memory path gives with the same
-partitioner. Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
+Deterministic Greedy), ``hash`` or ``given`` (``--partition.file``, one part id per node); each
+gives the parts the in-memory path gives with the same partitioner. A graph that arrives split
+across hosts is prepared by one process per host under torchrun (:mod:`.dist`). Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
 prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
 
 Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
@@ -81,7 +82,10 @@ def _edge_sql(con: Any, path: Path) -> str:
 class TableNodes:
     """A node table read through DuckDB in id order (see the module docstring)."""
 
-    def __init__(self, con: Any, path: Path, split_seed: int = 0) -> None:
+    def __init__(self, con: Any, path: Path, split_seed: int = 0, whole: bool = True) -> None:
+        """``whole=False``: the table is one rank's slice of the nodes (any global ids; the
+        caller sets ``num_nodes`` and ``num_classes`` once the ranks agree on them, and reads
+        ``count``, ``lo``, ``hi`` and ``ymax`` to check the slices)."""
         self.path, self.reader = path, _reader(path)
         cols = _columns(con, self.reader)
         names = [c for c, _ in cols]
@@ -113,7 +117,11 @@ class TableNodes:
         n, lo, hi, ymin, ymax, nully = con.sql(
             f"SELECT count(*), min(id), max(id), min({y}), max({y}), count(*) - count({y}) "
             f"FROM {self.reader}").fetchall()[0]
-        if n == 0 or lo != 0 or hi != n - 1:
+        self.count, self.lo, self.hi, self.ymax = int(n), lo, hi, ymax
+        if not whole and n == 0:
+            raise ValueError(f"node table {str(path)!r} is empty; every rank's slice needs at "
+                             f"least one node (the rank's part)")
+        if whole and (n == 0 or lo != 0 or hi != n - 1):
             raise ValueError(f"node table {str(path)!r} has {n} rows with ids {lo} .. {hi}; "
                              f"expected ids 0 .. N-1, one row each")
         if nully or ymin < 0:
@@ -167,18 +175,25 @@ class TableNodes:
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,
                    method: str = "ldg", seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
-                   progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
-    """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``."""
+                   progress: Callable[[str], None] = lambda s: None,
+                   partition_file: Optional[str | Path] = None) -> PartitionBook:
+    """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``
+    (``method="given"``: the parts are ``partition_file``'s, one part id per node)."""
     import duckdb
     edges, nodes = Path(edges), Path(nodes)
     con = duckdb.connect()      # only to read the tables' schemas and sizes
     node_src = TableNodes(con, nodes, split_seed)
     edge_sql = _edge_sql(con, edges)
     con.close()
+    assignment = None
+    if method == "given" and partition_file is not None:
+        from ..partition.partitioners import read_assignment
+        assignment = read_assignment(partition_file)
     return write_prepared(out, edge_sql, node_src, num_parts=parts, method=method, seed=seed,
                           undirected=not directed, memory_budget=memory_budget,
                           x_dtype=x_dtype, name=name or edges.stem, progress=progress,
-                          identity={"source": str(edges), "split_seed": split_seed})
+                          identity={"source": str(edges), "split_seed": split_seed},
+                          assignment=assignment)
 
 
 def human(n: float) -> str:

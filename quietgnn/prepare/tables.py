@@ -101,10 +101,12 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                    identity: Optional[dict[str, Any]] = None, threads: int = 2,
                    progress: Callable[[str], None] = lambda s: None,
                    con_hook: Optional[Callable[[Any], None]] = None,
-                   hook_held: int = 0, drop: tuple[str, ...] = ()) -> PartitionBook:
+                   hook_held: int = 0, drop: tuple[str, ...] = (),
+                   assignment: Optional[np.ndarray] = None) -> PartitionBook:
     """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
     ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``method`` partitioner
-    (``ldg``: streamed LDG, some passes over the sorted edges; ``hash``: from the id alone).
+    (``ldg``: streamed LDG, some passes over the sorted edges; ``hash``: from the id alone;
+    ``given``: ``assignment``, one part id per node, checked).
     ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads),
     holding ``hook_held`` bytes of its own meanwhile (DuckDB's share is smaller while it runs);
     the tables in ``drop`` are dropped once the edges are sorted."""
@@ -122,10 +124,17 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     if out.exists() and not (out / "book.json").is_file():
         raise ValueError(f"--out {str(out)!r} exists and is not a prepared directory; choose "
                          f"another --out or remove it (a prepared one is replaced)")
-    if method not in ("ldg", "hash"):
+    if method not in ("ldg", "hash", "given"):
         raise ValueError(f"--partitioner {method}: out of core, quietgnn partitions with ldg "
-                         f"(streamed, min edge cut; the default) or hash; metis, random and "
-                         f"supernode need the graph in memory (`quietgnn prepare --dataset`)")
+                         f"(streamed, min edge cut; the default), hash or given (with "
+                         f"--partition.file); metis, random and supernode need the graph in "
+                         f"memory (`quietgnn prepare --dataset`)")
+    if method == "given":
+        from ..partition.partitioners import check_assignment
+        if assignment is None:
+            raise ValueError("--partitioner given needs --partition.file PATH (.npy, .pt or "
+                             "text, one part id per node)")
+        assignment = check_assignment(assignment, n, P)
     # after the hook: degrees, the assignment, the node source's, the halo marks (P bytes a
     # node), one part's ids and keys (a halo taken as twice the part: an estimate; the
     # benchmark measures the real peak); while the hook runs: its own
@@ -148,7 +157,7 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
             con_hook(con)
         con.execute(f"SET memory_limit = '{int(_DUCK_SHARE * duck) >> 20}MB'")
         book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected, x_dtype,
-                        name, identity or {}, progress, drop)
+                        name, identity or {}, progress, drop, assignment)
         con.close()
         shutil.rmtree(work)
         finish_book(tmp, out, book)
@@ -160,7 +169,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
 
 def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int,
              method: str, seed: int, undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
-             progress: Callable[[str], None], drop: tuple[str, ...]) -> dict[str, Any]:
+             progress: Callable[[str], None], drop: tuple[str, ...],
+             given: Optional[np.ndarray] = None) -> dict[str, Any]:
     n = nodes.num_nodes
     lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
                               f"FROM ({edges_sql})").fetchall()[0]
@@ -184,7 +194,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         def part_of(ids: np.ndarray) -> np.ndarray:
             return hash_part_of(ids, P, seed)
     else:
-        assignment = _stream_ldg(con, n, P, progress)
+        assignment = given if method == "given" else _stream_ldg(con, n, P, progress)
         con.register("asg_parts", _arrow_parts(assignment))
         con.execute(f"CREATE TABLE asg AS SELECT range AS id, part FROM range({n}) "
                     f"POSITIONAL JOIN asg_parts")
@@ -244,7 +254,10 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         np.save(part_dirs[k] / "halo_owner.npy", owner[order].astype(np.int64))
         halos.append(int(halo.size))
     del marks
-    book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
+    if method == "given":   # the in-memory book's id: the graph and the assignment
+        book_id = given_book_id(fingerprint, _npy_chunks(tmp / "assignment.npy"))
+    else:
+        book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
     edges_per_part = []
     for k in range(P):
         progress(f"part {k}: edges")
@@ -269,6 +282,15 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
              "fingerprint": fingerprint, **identity}
     return {"book_id": book_id, "num_parts": P, "method": method, "seed": seed,
             "options": {"streamed": True}, "graph": ident, "stats": stats}
+
+
+def given_book_id(fingerprint: str, assignment_chunks: Iterator[np.ndarray]) -> str:
+    """:meth:`PartitionBook.write`'s book id (``sha256(fingerprint + assignment bytes)``) from
+    the assignment in chunks."""
+    h = hashlib.sha256(fingerprint.encode())
+    for chunk in assignment_chunks:
+        h.update(np.ascontiguousarray(chunk, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
