@@ -391,7 +391,10 @@ def test_steps_per_epoch_caps_a_minibatch_epoch(graph):
     assert g.steps > 3
     res = g.train_epoch(0)
     assert res.steps == 3 and res.work == pytest.approx(3 / g.steps)
+    assert res.extra["mean_coverage"] == pytest.approx(1.0)    # one rank: every tree whole
     whole = _strategy(comm, part, {"mode": "minibatch", "batch_size": 8}).train_epoch(0)
     assert whole.steps == g.steps and whole.work == 1.0
     with pytest.raises(ValueError, match="steps_per_epoch"):
         GrappaOptions(steps_per_epoch=-2)
+    with pytest.raises(ValueError, match="minibatch"):
+        GrappaOptions(steps_per_epoch=5)        # full mode: one step per epoch

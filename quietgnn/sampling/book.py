@@ -4,7 +4,9 @@
 use a collective sampler. With ``eval_nodes`` it reads the fixed sample's neighbourhoods
 straight from the parts on disk instead of rebuilding the whole graph: every array stays
 memory-mapped as stored (int32 edges, fp16 features), and only the rows a minibatch touches are
-read, so memory is ``O(batch x fanout^L)``, whatever the graph's size.
+read, so an evaluation's memory is ``O(batch x fanout^L)``; choosing the sample once reads each
+part's masks (``O(n_part)`` bools and the ids of one part's labelled nodes at a time), and
+opening the book checks every file's checksum (a pass over the book's bytes, once).
 
 The sample is the one :class:`~quietgnn.sampling.evaluate.SampledEvaluator` would take (the
 same seeded choice per part); neighbourhoods are drawn as ``tma``'s trainers draw theirs
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from ..nn import SparseAdj
-from .evaluate import accuracies, tally
+from .evaluate import accuracies, pick_from_masks, tally
 
 __all__ = ["BookGraph", "BookEvaluator"]
 
@@ -122,14 +124,12 @@ class BookEvaluator:
         share = -(-int(eval_nodes) // self.g.P)
         targets, splits = [], []
         for j, p in enumerate(self.g.parts):
-            gen = torch.Generator().manual_seed(self.seed + 7919 * j)
-            for s, key in enumerate(("train_mask", "val_mask", "test_mask")):
-                idx = torch.from_numpy(np.nonzero(np.asarray(p[key]))[0])
-                idx = idx[torch.randperm(idx.numel(), generator=gen)[:share]]
-                targets.append(np.asarray(p["owned"][idx.numpy()], dtype=np.int64))
-                splits.append(np.full(idx.numel(), s, dtype=np.int64))
+            rows, split = pick_from_masks([p[k] for k in ("train_mask", "val_mask",
+                                                          "test_mask")], j, share, self.seed)
+            targets.append(np.asarray(p["owned"][rows.numpy()], dtype=np.int64))
+            splits.append(split)
         self.targets = np.concatenate(targets)
-        self.split = torch.from_numpy(np.concatenate(splits))
+        self.split = torch.cat(splits)
         self.y = torch.from_numpy(self.g.node_rows(self.targets, "y").astype(np.int64))
 
     def sample(self, seeds: np.ndarray, batch: int) -> tuple[np.ndarray, list[SparseAdj]]:

@@ -8,8 +8,8 @@ successive evaluations compare models, not draws):
 * :class:`SampledEvaluator` - collective: every rank evaluates its share through the 1.5D
   sampler (:class:`~quietgnn.sampling.dist.Sampler15D`) and fetches the sample's input rows
   from their owners (counted traffic). Used by ``minibatch`` and ``grappa``'s mini-batch mode.
-* :func:`book_sample` + :class:`~quietgnn.sampling.book.BookSampler` - one process reads the
-  sample's neighbourhoods from a prepared directory's memory-mapped parts (no traffic):
+* :class:`~quietgnn.sampling.book.BookEvaluator` - one process reads the sample's
+  neighbourhoods from a prepared directory's memory-mapped parts (no traffic):
   ``tma``'s evaluation server, which must keep evaluating after a trainer died.
 
 Either way the estimate uses the training fanouts; with full fanouts (``-1``) it is the exact
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,7 +30,7 @@ from ..partition.local import LocalPartition
 from .dist import FeatureFetcher, Sampler15D
 from .rng import hash_keys
 
-__all__ = ["SampledEvaluator", "global_in_degree", "pick_sample", "SPLITS"]
+__all__ = ["SampledEvaluator", "global_in_degree", "pick_sample", "pick_from_masks", "SPLITS"]
 
 SPLITS = ("train", "val", "test")
 
@@ -37,10 +38,18 @@ SPLITS = ("train", "val", "test")
 def pick_sample(part: LocalPartition, share: int, seed: int) -> tuple[Tensor, Tensor]:
     """A seeded choice of at most ``share`` of ``part``'s own nodes per split: (local rows,
     split index 0/1/2 per row)."""
-    gen = torch.Generator().manual_seed(seed + 7919 * part.rank)
+    return pick_from_masks((part.train_mask, part.val_mask, part.test_mask), part.rank, share,
+                           seed)
+
+
+def pick_from_masks(masks: Sequence[Any], index: int, share: int, seed: int
+                    ) -> tuple[Tensor, Tensor]:
+    """The sample rule of part ``index`` from its three split masks (tensors or arrays): a
+    generator seeded ``seed + 7919 * index``, ``share`` of each split in order."""
+    gen = torch.Generator().manual_seed(seed + 7919 * index)
     picks, splits = [], []
-    for s, mask in enumerate((part.train_mask, part.val_mask, part.test_mask)):
-        idx = torch.nonzero(torch.as_tensor(mask)).flatten()
+    for s, mask in enumerate(masks):
+        idx = torch.from_numpy(np.nonzero(np.asarray(mask))[0].astype(np.int64))
         idx = idx[torch.randperm(idx.numel(), generator=gen)[:share]]
         picks.append(idx)
         splits.append(torch.full((idx.numel(),), s, dtype=torch.int64))

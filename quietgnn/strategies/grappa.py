@@ -133,6 +133,10 @@ class GrappaOptions:
                 or self.steps_per_epoch < 0:
             raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch!r}; expected an "
                              f"int >= 0 (0: one pass over the seeds per epoch)")
+        if self.steps_per_epoch and self.mode != "minibatch":
+            raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch} applies to "
+                             f"mode 'minibatch' only (a full-mode epoch is one step); add "
+                             f"--options.mode minibatch or leave it out")
         if isinstance(self.fanouts, str):
             self.fanouts = [int(v) for v in self.fanouts.strip("[]() ").split(",") if v.strip()]
         if isinstance(self.fanouts, int):
@@ -153,7 +157,8 @@ class Grappa(Strategy):
     Options = GrappaOptions
     default_partitioner = "random"
     residency_traffic = ("moves chunks of nodes with their features and edges between ranks "
-                         "(and evaluates with a halo exchange of raw features)")
+                         "(and evaluates with a halo exchange of raw features, or with eval_nodes fetches "
+                         "the sample's feature rows)")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -254,7 +259,7 @@ class Grappa(Strategy):
         for idx, z in zip(batches, zs):
             total += self._step(idx, z)
             wsum += float(self.w_seed[idx].sum())
-        n = self.seed_local.numel()
+        n = sum(int(i.numel()) for i in batches)    # the seeds this epoch trained on
         extra = {"super_epoch": s, "chunk": self.lg.chunk, "local_nodes": self.lg.n_loc,
                  "mean_coverage": wsum / n if n else float("nan")}
         return EpochResult(loss=total / len(batches), steps=len(batches),

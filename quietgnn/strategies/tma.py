@@ -221,7 +221,8 @@ class TMA(Strategy):
                    "periodic model averaging, survives trainer failures")
     Options = TMAOptions
     default_partitioner = "supernode"
-    residency_traffic = ("rebuilds the whole graph, with every rank's features and labels, on "
+    residency_traffic = ("reads every rank's features and labels on rank 0 to evaluate (the "
+                         "whole graph, or with eval_nodes a sample from the partition book): "
                          "rank 0 to evaluate")
     tolerates_failures = True
 
