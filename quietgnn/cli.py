@@ -298,6 +298,14 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
         raise ValueError(f"{what}: under torchrun the parts are the ranks' slices (rank r's "
                          f"node table is part r); leave it out")
 
+    if cfg.runtime.residency != "none":
+        # the fingerprint and the manifest need the whole graph in id order on one process
+        raise ValueError(f"--runtime.residency {cfg.runtime.residency}: the distributed prepare "
+                         f"sends every rank's labels, split codes and edge sources to rank 0 "
+                         f"(for the graph's fingerprint), which that level forbids; prepare "
+                         f"each site's graph where it may be read whole, or leave residency "
+                         f"out for the prepare and set it when you train")
+
     def given(*keys: str) -> bool:
         return any(t.split("=")[0] in keys for t in rest)
     if given("--parts", "--partition.parts") and cfg.num_parts != world:

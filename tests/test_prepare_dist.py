@@ -224,4 +224,9 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
     # the options of the single-process prepare that do not apply
     for rc, o, e in _ranks(argv + ["--partitioner", "ldg"], tmp_path):
         assert rc == 2 and "under torchrun the parts are the ranks' slices" in e, e
+    # a residency level: the gather to rank 0 would break it, so it is refused up front
+    for rc, o, e in _ranks(argv + ["--runtime.residency", "features", "--strategy", "retexo",
+                                   "--partitioner", "given"],
+                           tmp_path):
+        assert rc == 2 and "--runtime.residency features" in e and "rank 0" in e, e
     assert not (tmp_path / "d").exists()
