@@ -173,3 +173,30 @@ def test_sampled_evaluation_options():
         MiniBatch.Options(eval_nodes=-1)
     with pytest.raises(ValueError, match="cache_mb"):
         MiniBatch.Options(cache_mb=-1)
+
+
+def _grad_bytes(comm, graph, parts, bits):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    s = MiniBatch(_ctx(comm, part, "sage"), MiniBatch.Options(
+        fanouts="5,5", batch_size=32, grad_bits=bits))
+    s.setup()
+    comm.take_records()
+    r = s.train_epoch(0)
+    recs = comm.take_records()
+    sent = [x.bytes_sent for x in recs if x.kind.startswith("grad")]
+    n = sum(p.numel() for p in s.model.parameters())
+    return r.steps, sent, n, float(r.loss)
+
+
+@pytest.mark.parametrize("bits", [32, 4])
+def test_gradient_bits_send_what_the_quantized_all_reduce_costs(graph, bits):
+    from quietgnn.comm.qreduce import quantized_all_reduce_bytes
+    P = 2
+    parts = partition_nodes(graph, "metis", P, seed=0)
+    for rank, (steps, sent, n, loss) in enumerate(spawn_function(_grad_bytes, P,
+                                                                   args=(graph, parts, bits))):
+        per_step = 2 * (P - 1) * 4 * (n + 1 + P) // P if bits == 32 else \
+            quantized_all_reduce_bytes(n, P, bits, rank, exact_tail=1 + P)
+        assert sum(sent) == steps * per_step and np.isfinite(loss)
+    with pytest.raises(ValueError, match="grad_bits"):
+        MiniBatch.Options(grad_bits=16)

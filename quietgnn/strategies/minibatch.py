@@ -39,7 +39,8 @@ Options (``--options.KEY VALUE``):
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
 ``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
 group's partial samples (``sample_allreduce``); per step: one all-reduce of ``|theta| + 1 + P``
-floats. Setup: owned ids and the topology (``topology``), degrees and group labels.
+floats (with ``grad_bits`` < 32 the gradients quantized, ~b/32 of those bytes). Setup: owned ids
+and the topology (``topology``), degrees and group labels.
 What it gives up: sampled neighbourhoods are an estimator of the full aggregation (the usual
 mini-batch trade), and replicated topology costs ``O(E)`` memory on every rank.
 """
@@ -96,6 +97,9 @@ class MiniBatch(Strategy):
         cache_mb: float = 256.0        # MiB of remote feature rows cached at setup (0: off)
         eval_nodes: int = 0            # 0: exact evaluation; k: a fixed sample of ~k per split
         steps_per_epoch: int = 0       # 0: an epoch is one pass; s: stop each epoch after s
+        #: bits per gradient value in the per-step all-reduce: 32 exact; 8/4/2 stochastically
+        #: quantized (comm/qreduce.py, unbiased), ~b/32 of its bytes
+        grad_bits: int = 32
 
         def __post_init__(self) -> None:
             self.fanouts = _fanouts(self.fanouts)
@@ -118,6 +122,9 @@ class MiniBatch(Strategy):
                     not isinstance(self.steps_per_epoch, int) or self.steps_per_epoch < 0:
                 raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch!r}; expected "
                                  f"an int >= 0 (0: one full pass over the training nodes)")
+            if self.grad_bits not in (2, 4, 8, 32):
+                raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
+                                 f"gradient all-reduce stochastically quantized) or 32 (exact)")
             if self.sampler not in ("sage", "ladies"):
                 raise ValueError(f"options.sampler = {self.sampler!r}; expected 'sage' or 'ladies'")
             if self.topology not in ("replicated", "1.5d"):
@@ -216,7 +223,7 @@ class MiniBatch(Strategy):
                 loss.backward()
             else:  # an empty minibatch still joins the step's all-reduce
                 loss = torch.zeros(())
-            losses.append(sync_gradients(comm, self.params, loss))
+            losses.append(sync_gradients(comm, self.params, loss, bits=o.grad_bits))
             self.opt.step()
             edges += sum(b.nnz for b in mb.blocks)
             inputs += mb.input_nodes.numel()
