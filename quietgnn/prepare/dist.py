@@ -60,7 +60,8 @@ from ..comm.traffic import Traffic
 from ..partition.book import PartitionBook, _sha256, finish_book, new_book_dir
 from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
-from .tables import BATCH_ROWS, TEST, TRAIN, VAL, NpyWriter, _check_sorted, _connect, _lookup
+from .arrays import BATCH_ROWS, NpyWriter, lookup
+from .tables import TEST, TRAIN, VAL, _check_sorted, _connect
 
 __all__ = ["prepare_distributed", "slice_path"]
 
@@ -419,7 +420,7 @@ def _write_indices(con: Any, d: Path, owned: np.ndarray, halo: np.ndarray,
         src, ps = b["src"], b["ps"]
         loc = np.empty(src.size, dtype=np.int64)
         mine = ps == r
-        loc[mine] = _lookup(owned, src[mine])
-        loc[~mine] = n_own + _lookup(halo_key, ps[~mine] * n + src[~mine])
+        loc[mine] = lookup(owned, src[mine])
+        loc[~mine] = n_own + lookup(halo_key, ps[~mine] * n + src[~mine])
         idx.write(loc)
     idx.close()

@@ -12,7 +12,8 @@ import torch
 
 from ..comm.communicator import Communicator
 from ..comm.traffic import Traffic
-from .tables import TEST, TRAIN, VAL, NpyWriter, _npy_chunks, given_book_id
+from .arrays import NpyWriter, npy_chunks
+from .tables import TEST, TRAIN, VAL, given_book_id
 
 __all__ = ["gather_fingerprint"]
 
@@ -102,22 +103,22 @@ def gather_fingerprint(comm: Communicator, con: Any, tmp: Path, owned: np.ndarra
     if r != 0:
         return None
     del owner_of, deg_of
-    for chunk in _npy_chunks(work / "y.npy"):
+    for chunk in npy_chunks(work / "y.npy"):
         h.update(chunk.tobytes())
     for code in (TRAIN, VAL, TEST):
-        for chunk in _npy_chunks(work / "split.npy"):
+        for chunk in npy_chunks(work / "split.npy"):
             h.update((chunk == code).tobytes())
     h.update(str((n, F)).encode())
     fingerprint = h.hexdigest()[:16]
     return {"fingerprint": fingerprint,
-            "book_id": given_book_id(fingerprint, _npy_chunks(tmp / "assignment.npy"))}
+            "book_id": given_book_id(fingerprint, npy_chunks(tmp / "assignment.npy"))}
 
 
 def _edge_windows(deg_file: Path, n: int, B: int) -> np.ndarray:
     """Boundaries of id windows of at most ``B`` nodes holding at most ``B`` edges (or one
     node, however many edges it has), from the degrees in id order."""
     bounds, a = [0], 0
-    for chunk in _npy_chunks(deg_file):
+    for chunk in npy_chunks(deg_file):
         c = np.cumsum(chunk)
         s = 0
         while s < chunk.size:

@@ -29,11 +29,10 @@ import numpy as np
 from ..partition.book import PartitionBook, finish_book, new_book_dir
 from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of, hash_part_sql
 from ..partition.shards import PART_ARRAYS
+from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
 
 __all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
 
-#: rows per record batch streamed out of DuckDB (bounds Python's per-batch temporaries)
-BATCH_ROWS = 1 << 20
 #: what the Python process needs besides DuckDB and the degree vectors (interpreter, numpy,
 #: torch's import, one batch's temporaries)
 _PYTHON_BASE = 512 << 20
@@ -255,7 +254,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         halos.append(int(halo.size))
     del marks
     if method == "given":   # the in-memory book's id: the graph and the assignment
-        book_id = given_book_id(fingerprint, _npy_chunks(tmp / "assignment.npy"))
+        book_id = given_book_id(fingerprint, npy_chunks(tmp / "assignment.npy"))
     else:
         book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
     edges_per_part = []
@@ -347,30 +346,6 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
 
 
-class NpyWriter:
-    """A ``.npy`` file of known dtype and shape written front to back with plain writes, not
-    through a writable memory map: mapped pages being written count as the process's resident
-    memory (GiBs of features at 10^8 nodes), appended bytes go to the page cache only."""
-
-    def __init__(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
-        self.dtype, self.path = np.dtype(dtype), path
-        self.left = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
-        self.f = open(path, "wb")
-        np.lib.format.write_array_header_1_0(self.f, {
-            "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-            "shape": tuple(int(v) for v in shape)})
-
-    def write(self, a: np.ndarray) -> None:
-        b = np.ascontiguousarray(a, dtype=self.dtype)
-        self.left -= b.nbytes
-        self.f.write(memoryview(b).cast("B"))
-
-    def close(self) -> None:
-        self.f.close()
-        if self.left != 0:
-            raise RuntimeError(f"{self.path}: {self.left} bytes short of its declared shape")
-
-
 def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndarray:
     """:class:`~quietgnn.partition.partitioners.LDG` over the sorted edge table ``e0``, streamed
     in record batches, ``LDG_PASSES`` times: the same assignment as ``ldg_parts`` in memory
@@ -432,37 +407,13 @@ def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
         total = int(c[-1])
     for b in _batches(con, "SELECT src FROM e"):
         h.update(np.ascontiguousarray(b["src"], dtype=np.int64).tobytes())
-    for chunk in _npy_chunks(tmp / ".work" / "y.npy"):
+    for chunk in npy_chunks(tmp / ".work" / "y.npy"):
         h.update(chunk.tobytes())
     for code in (TRAIN, VAL, TEST):
-        for chunk in _npy_chunks(tmp / ".work" / "split.npy"):
+        for chunk in npy_chunks(tmp / ".work" / "split.npy"):
             h.update((chunk == code).tobytes())
     h.update(str((n, nodes.num_features)).encode())
     return h.hexdigest()[:16]
-
-
-def _lookup(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """``searchsorted(table, queries)`` with the queries sorted first: sorted queries walk the
-    table in order and stay in cache (several times faster than random ones on tables of
-    10^7 entries, sort included)."""
-    perm = np.argsort(queries, kind="stable")
-    out = np.empty(queries.size, dtype=np.int64)
-    out[perm] = np.searchsorted(table, queries[perm])
-    return out
-
-
-def _npy_chunks(path: Path) -> Iterator[np.ndarray]:
-    """A 1-d ``.npy`` file in chunks of ``BATCH_ROWS``, read (not mapped)."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
-                       np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read_header(f)
-        left = int(np.prod(shape))
-        while left:
-            chunk = np.fromfile(f, dtype=dtype, count=min(left, BATCH_ROWS))
-            left -= chunk.size
-            yield chunk
 
 
 def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
@@ -487,8 +438,8 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
         src, ps = b["src"].astype(np.int64), b["ps"].astype(np.int64)
         loc = np.empty(src.size, dtype=np.int64)
         mine = ps == k
-        loc[mine] = _lookup(owned, src[mine])
-        loc[~mine] = n_own + _lookup(halo_key, ps[~mine] * n + src[~mine])
+        loc[mine] = lookup(owned, src[mine])
+        loc[~mine] = n_own + lookup(halo_key, ps[~mine] * n + src[~mine])
         idx.write(loc)
         at += src.size
     if at != e_loc:
