@@ -1,0 +1,159 @@
+"""``quietgnn prepare``: the command (the CLI parses and resolves the config, this runs it):
+from a dataset in memory, out of core from tables or the synthetic generator, or one process
+per host under ``torchrun``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["run_prepare"]
+
+
+def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
+                under_torchrun: bool) -> int:
+    """Write a prepared directory (partition book, one memory-mappable part per rank) from a
+    dataset quietgnn loads (``--dataset``)."""
+    from ..datasets import load_dataset
+    from ..partition import make_book
+    if not args.out:
+        raise ValueError(f"quietgnn {args.cmd} needs --out DIR (where the prepared graph goes)")
+    if args.x_dtype not in ("float32", "float16"):
+        raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
+                         f"disk and page cache; the workers compute in float32)")
+    if under_torchrun:
+        return _prepare_distributed(args, cfg, rest)
+    if args.source is not None or args.edges is not None:
+        return _prepare_streamed(args, cfg, rest)
+    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                         split_seed=cfg.dataset.split_seed)
+    t0 = time.perf_counter()
+    book = make_book(args.out, graph, cfg.partition_method, cfg.num_parts,
+                     seed=cfg.partition.seed, clusters=cfg.partition.clusters,
+                     file=cfg.partition.file, x_dtype=args.x_dtype)
+    st = book.stats
+    print(f"{graph!r}\nprepared {book.path} ({cfg.partition_method}, {book.num_parts} "
+          f"parts, {time.perf_counter() - t0:.1f}s)")
+    print(f"  nodes per part {st['nodes']}  balance {st['balance']:.3f}")
+    print(f"  edge cut {st['edge_cut']} ({100 * st['edge_cut_fraction']:.1f}% of edges)  halo "
+          f"sizes {st['halo']}  replication {st['replication_factor']:.3f}")
+    return 0
+
+
+def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> int:
+    """``prepare synthetic --edges N`` or ``prepare EDGES --nodes NODES``: out of core."""
+    from . import _positive_int, human, parse_size, prepare_tables
+    from .synthetic import prepare_synthetic
+    method = cfg.partition.method or "ldg"     # None unless the command line or recipe set it
+    budget = parse_size(args.memory_budget)
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    common = dict(parts=cfg.num_parts, method=method, seed=cfg.partition.seed,
+                  memory_budget=budget,
+                  x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed, progress=progress)
+    if args.source == "synthetic":
+        if args.edges is None:
+            raise ValueError("quietgnn prepare synthetic needs --edges N (undirected edges, "
+                             "e.g. 1e9)")
+        book = prepare_synthetic(args.out, edges=_positive_int(args.edges, "--edges"),
+                                 spec=cfg.synthetic, **common)
+    else:
+        if args.source is None or args.nodes is None:
+            raise ValueError("quietgnn prepare EDGES needs an edge table and --nodes NODES "
+                             "(Parquet or CSV), or `prepare synthetic --edges N`")
+        book = prepare_tables(args.source, args.nodes, args.out, directed=args.directed,
+                              partition_file=cfg.partition.file, **common)
+    g, st = book.graph, book.stats
+    secs = time.perf_counter() - t0
+    print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
+          f"{human(g['num_edges'] / 2)} undirected edges ({human(g['num_edges'])} stored), "
+          f"{g['num_features']} features, {g['num_classes']} classes")
+    print(f"  {book.num_parts} parts ({book.method}), nodes per part {st['nodes']}, edge cut "
+          f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
+    print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
+          f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
+    return 0
+
+
+#: the process group's timeout of `quietgnn prepare` under torchrun unless --runtime.timeout_s
+PREPARE_TIMEOUT_S = 3600.0
+
+
+def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> int:
+    """``torchrun ... -m quietgnn prepare EDGES --nodes NODES --out DIR``: each rank prepares
+    its own part from its own slice (``{rank}`` in the paths; :mod:`quietgnn.prepare.dist`)."""
+    from ..comm.communicator import Communicator
+    from . import human, parse_size
+    from .dist import prepare_distributed
+    from ..runtime.worker import watch_parent, worker_env
+    rank, world, _ = worker_env()
+    if args.source is None or args.source == "synthetic" or args.nodes is None:
+        raise ValueError("under torchrun, quietgnn prepare takes each rank's slice of a graph: "
+                         "EDGES --nodes NODES (paths with {rank}, e.g. edges-{rank}.parquet "
+                         "--nodes nodes-{rank}.parquet); --dataset and synthetic run in one "
+                         "process, without torchrun")
+    if cfg.partition.method not in (None, "given") or cfg.partition.file:
+        what = f"--partitioner {cfg.partition.method}" if cfg.partition.method not in \
+            (None, "given") else f"--partition.file {cfg.partition.file}"
+        raise ValueError(f"{what}: under torchrun the parts are the ranks' slices (rank r's "
+                         f"node table is part r); leave it out")
+
+    if cfg.runtime.residency != "none":
+        # the fingerprint and the manifest need the whole graph in id order on one process
+        raise ValueError(f"--runtime.residency {cfg.runtime.residency}: the distributed prepare "
+                         f"sends every rank's labels, split codes and edge sources to rank 0 "
+                         f"(for the graph's fingerprint), which that level forbids; prepare "
+                         f"each site's graph where it may be read whole, or leave residency "
+                         f"out for the prepare and set it when you train")
+
+    def given(*keys: str) -> bool:
+        return any(t.split("=")[0] in keys for t in rest)
+    if given("--parts", "--partition.parts") and cfg.num_parts != world:
+        raise ValueError(f"--parts {cfg.num_parts}, but torchrun started {world} ranks: under "
+                         f"torchrun every rank prepares one part; leave out --parts or start "
+                         f"{cfg.num_parts} ranks (--nproc-per-node, --nnodes)")
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        watch_parent(rank)
+    budget = parse_size(args.memory_budget)
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    # a rank may sort its slice (DuckDB) for many minutes while the others wait for it in a
+    # collective: the training default (120 s) would fail a healthy prepare; a dead rank
+    # still fails the others at once (its sockets close)
+    timeout = cfg.runtime.timeout_s if given("--runtime.timeout_s", "--timeout") else \
+        PREPARE_TIMEOUT_S
+    comm = Communicator.init(rank, world, backend="gloo", timeout_s=timeout)
+    try:
+        book = prepare_distributed(args.source, args.nodes, args.out, comm,
+                                   directed=args.directed, memory_budget=budget,
+                                   x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed,
+                                   progress=progress)
+    finally:
+        sent: dict[str, int] = {}
+        for rec in comm.records:
+            sent[rec.kind] = sent.get(rec.kind, 0) + rec.bytes_sent
+        comm.close()
+    print(f"rank {rank} sent {sum(sent.values())} bytes: " +
+          " ".join(f"{k}={v}" for k, v in sorted(sent.items())), file=sys.stderr, flush=True)
+    if rank == 0:
+        g, st = book.graph, book.stats
+        print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
+              f"{human(g['num_edges'])} stored edges, {g['num_features']} features, "
+              f"{g['num_classes']} classes; {book.num_parts} parts (one per rank), nodes per "
+              f"part {st['nodes']}, edge cut {100 * st['edge_cut_fraction']:.1f}%, halo sizes "
+              f"{st['halo']} ({time.perf_counter() - t0:.1f}s)")
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
