@@ -224,6 +224,13 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
     # the options of the single-process prepare that do not apply
     for rc, o, e in _ranks(argv + ["--partitioner", "ldg"], tmp_path):
         assert rc == 2 and "under torchrun the parts are the ranks' slices" in e, e
+    # one rank's edge table that is not integer ids: its reason, on every rank
+    _slices(tmp_path, n=60, seed=1)
+    e1 = pq.read_table(tmp_path / "edges-1.parquet")
+    pq.write_table(pa.table({"src": [f"n{v}" for v in e1.column(0).to_pylist()],
+                             "dst": e1.column(1)}), tmp_path / "edges-1.parquet")
+    for rc, o, e in _ranks(argv, tmp_path):
+        assert rc == 2 and "rank 1:" in e and "edges-1.parquet" in e and "integer" in e, e
     # a residency level: the gather to rank 0 would break it, so it is refused up front
     for rc, o, e in _ranks(argv + ["--runtime.residency", "features", "--strategy", "retexo",
                                    "--partitioner", "given"],

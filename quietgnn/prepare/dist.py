@@ -239,18 +239,27 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     directory = _Directory(comm, n, owned)
 
     # 3. edges, routed to their destination's owner
-    lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
-                          f"FROM ({edge_sql})").fetchall()[0]
-    problem = None
-    if raw and (lo < 0 or hi >= n):
+    # a rank's own table may fail here alone (a text column, a bad cast): every rank learns why
+    got, problem = _attempt(lambda: con.sql(
+        f"SELECT min(least(src::BIGINT, dst::BIGINT)), max(greatest(src::BIGINT, "
+        f"dst::BIGINT)), count(*) "
+        f"FROM ({edge_sql})").fetchall()[0])
+    lo, hi, raw = got if got is not None else (0, 0, 0)
+    if problem is not None:
+        problem = (f"the edge table {str(edges)!r} cannot be read as integer node ids "
+                   f"({problem}); give integer columns src and dst")
+    elif raw and (lo < 0 or hi >= n):
         problem = (f"the edge table {str(edges)!r} holds node id {lo if lo < 0 else hi}, outside "
                    f"[0, {n}) where {n} is the number of rows of all ranks' node tables; "
                    f"renumber the nodes from 0 or add their rows")
     _agree(comm, problem)
     both = (edge_sql if directed else
             f"SELECT src, dst FROM ({edge_sql}) UNION ALL SELECT dst, src FROM ({edge_sql})")
-    con.execute(f"CREATE TABLE mine AS SELECT DISTINCT src::BIGINT AS src, dst::BIGINT AS dst "
-                f"FROM ({both}) WHERE src <> dst")
+    _, problem = _attempt(lambda: con.execute(
+        f"CREATE TABLE mine AS SELECT DISTINCT src::BIGINT AS src, dst::BIGINT AS dst "
+        f"FROM ({both}) WHERE src <> dst"))
+    _agree(comm, None if problem is None else
+           f"the edge table {str(edges)!r}: {problem}; give integer columns src and dst")
     progress(f"rank {r}: routing {raw} edge rows to their owners")
     batches, k = _rows(con, "SELECT src, dst FROM mine", B), 0
     while True:
