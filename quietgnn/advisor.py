@@ -43,10 +43,19 @@ CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
 
 # Per strategy, how one probe epoch is made comparable with the headline runs the prior
 # comes from: tma's epoch is one averaging period of 25 local passes, so 2 epochs already
-# hold 50 passes; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is
-# left out of the per-epoch figures.
-_PROBE_EPOCHS = {"tma": 2}
+# hold 50 passes; grappa runs 4 so that one repartitioning (below) falls between two plain
+# epochs; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is left
+# out of the per-epoch figures.
+_PROBE_EPOCHS = {"tma": 2, "grappa": 4}
 _DEFAULT_PROBE_EPOCHS = 3
+#: work a strategy repeats every few epochs, by the option that sets the period in epochs
+#: (grappa reloads a chunk every ``repart_every`` epochs). A few probe epochs at the real
+#: period (50 by default) never see it, and charging it once would undercount a run that
+#: needs several periods: the probe runs the option at ``_PROBE_PERIOD`` instead, so epoch
+#: ``_PROBE_PERIOD`` holds one repetition, and :func:`rank` charges it once per period of the
+#: real run.
+_PERIODIC = {"grappa": "repart_every"}
+_PROBE_PERIOD = 2
 #: epochs of ``centralized`` the probe runs to see how fast this graph is learned
 REFERENCE_EPOCHS = 200
 #: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
@@ -106,12 +115,15 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
     return sum(p.numel() for p in net.parameters())
 
 
-def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
-    """Per epoch-equivalent costs of a probe, split into what every epoch pays and what is
-    paid once. The last epoch is the steady state (``retexo``'s first rounds of a layer carry
-    that layer's one boundary exchange; ``halo``'s first epoch nothing extra): traffic above
-    it in earlier epochs is charged once, not per epoch. Compute is the mean over the epochs
-    after the first (warm-up: lazy set-up, the allocator)."""
+def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
+    """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
+    once and (with ``period``: the probe's period of a :data:`_PERIODIC` strategy) what is
+    paid at every period boundary (epochs ``period``, ``2 period``, ...). The last epoch is
+    the steady state (``retexo``'s first rounds of a layer carry that layer's one boundary
+    exchange; ``halo``'s first epoch nothing extra): traffic above it in earlier epochs is
+    charged once (or per period), not per epoch. Compute is the mean over the epochs after
+    the first (warm-up: lazy set-up, the allocator) that are no boundary; a boundary's
+    compute above that mean is part of its periodic cost."""
     rows = curve.get("epochs") or []
     if not rows:
         return None
@@ -119,18 +131,41 @@ def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
     w_last = float(last.get("work", 1.0)) or 1.0
     steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
     steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
-    once = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
-    for r in rows[:-1]:
-        w = float(r.get("work", 1.0))
-        once["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
-        once["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
-        once["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
-                             - steady["bytes"] * w)
-    timed = rows[1:] or rows
+
+    def boundary(r: dict[str, Any]) -> bool:
+        return period > 0 and int(r.get("epoch", 0)) > 0 and int(r["epoch"]) % period == 0
+
+    def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
+        out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+        for r in sel:
+            w = float(r.get("work", 1.0))
+            out["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
+            out["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
+            out["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
+                                - steady["bytes"] * w)
+        return out
+
+    once = excess([r for r in rows[:-1] if not boundary(r)])
+    timed = [r for r in rows[1:] if not boundary(r)] or rows
     work = sum(float(r.get("work", 1.0)) for r in timed)
-    return {**steady, "compute_s": sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12),
-            "once": once,
-            "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
+    compute = sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12)
+    out = {**steady, "compute_s": compute, "once": once,
+           "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
+    marks = [r for r in rows if boundary(r)]
+    if marks:
+        per = excess(marks)
+        per["compute_s"] = sum(max(0.0, float(r["compute_s"]) - compute
+                                   * float(r.get("work", 1.0))) for r in marks)
+        # one period's worth: the probe may hold more than one boundary
+        out["periodic"] = {k: v / len(marks) for k, v in per.items()}
+    return out
+
+
+def _real_period(strategy: str, option: str) -> int:
+    """The period in epochs the user's run would have: the strategy's default (``advise``
+    passes no strategy options)."""
+    from .strategies import get_strategy
+    return int(getattr(get_strategy(strategy).Options(), option))
 
 
 def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
@@ -161,9 +196,10 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     specs = []
     for s in strategies:
         k = _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
+        opts = {_PERIODIC[s]: _PROBE_PERIOD} if s in _PERIODIC else {}
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
-                             root=root, overrides={**common, "train.epochs": k,
-                                                   "train.eval_every": k}))
+                             root=root, options=opts,
+                             overrides={**common, "train.epochs": k, "train.eval_every": k}))
     ref_spec = None
     if not prepared and reference_epochs > 0:
         ref_spec = RunSpec(dataset=dataset, strategy="centralized", parts=1, model=model,
@@ -191,7 +227,10 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
             err = (res.get("error") or res.get("curve_error") or "no result").strip()
             measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
             continue
-        m = _per_work(res["curve"]) or {"error": "no complete epoch"}
+        period = _PROBE_PERIOD if spec.strategy in _PERIODIC else 0
+        m = _per_work(res["curve"], period) or {"error": "no complete epoch"}
+        if "periodic" in m:
+            m["periodic"]["every"] = _real_period(spec.strategy, _PERIODIC[spec.strategy])
         setup = res["curve"].get("setup") or {}
         m["setup"] = {"hops": float(setup.get("hops", 0)),
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
@@ -293,6 +332,14 @@ def _work_needed(p: dict[str, Any], ref_work: float) -> float:
     return ref_work * p["epochs_ratio"]
 
 
+def _periods(work: float, per: Optional[dict[str, Any]]) -> int:
+    """Period boundaries a run of ``work`` epochs crosses: the repeated work happens at the
+    start of epochs ``every``, ``2 every``, ... (epoch 0's is the set-up, charged there)."""
+    if not per or not per.get("every"):
+        return 0
+    return max(0, math.ceil(work) - 1) // int(per["every"])
+
+
 def default_prior() -> dict[str, Any]:
     from ._advise_prior import PRIOR
     return PRIOR
@@ -335,14 +382,19 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         once = m.get("once") or {"hops": 0.0, "crit_bytes": 0.0}
         setup_s = t.seconds(m["setup"]["hops"] + once["hops"],
                             m["setup"]["crit_bytes"] + once["crit_bytes"])
+        per = m.get("periodic")
+        per_s = (per["compute_s"] + t.seconds(per["hops"], per["crit_bytes"])) if per else 0.0
         tta = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
+            work = _work_needed(p, base_work)
             # expected time: a strategy that gets there in half the runs costs twice
-            tta = (setup_s + _work_needed(p, base_work) * epoch_s) / p["reach"]
+            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / p["reach"]
         comm_s = epoch_s - m["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
         extra = (f" + {_human(once['bytes'])} once" if once.get("bytes") else "")
+        if per and per.get("every"):
+            extra += f" + {_human(per['bytes'])} every {per['every']} epochs"
         row.update(bytes_per_epoch=m["bytes"], once_bytes=once.get("bytes", 0.0),
                    epoch_seconds=epoch_s,
                    predicted_seconds_to_target=tta,

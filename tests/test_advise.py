@@ -146,3 +146,35 @@ def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
     assert m["compute_s"] == pytest.approx(0.1)          # the warm-up epoch left out
     flat = _per_work({"epochs": [row(0.2, 5e3, 2)] * 3})
     assert flat["once"] == {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+
+
+def test_periodic_work_is_charged_once_per_period_of_the_real_run():
+    from quietgnn.advisor import _per_work
+
+    def row(ep, compute, nbytes, hops):
+        return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
+                "crit_bytes": nbytes / 4, "train_bytes": nbytes, "data_bytes": 0}
+    # grappa-like probe at period 2: epoch 2 reloads a chunk (bytes, hops, compute)
+    m = _per_work({"epochs": [row(0, 0.5, 1e3, 2), row(1, 0.1, 1e3, 2), row(2, 0.4, 9e6, 11),
+                              row(3, 0.1, 1e3, 2)]}, period=2)
+    assert m["compute_s"] == pytest.approx(0.1)          # the boundary left out of the mean
+    assert m["once"]["bytes"] == 0.0
+    per = m["periodic"]
+    assert per["bytes"] == pytest.approx(9e6 - 1e3) and per["hops"] == pytest.approx(9.0)
+    assert per["compute_s"] == pytest.approx(0.3)
+    # ranked: every `every` epochs of the run pays one reload; a run within the first
+    # period pays none
+    per["every"] = 10
+    meas = {"parts": 4, "model": "gcn", "strategies": {"grappa": {
+        **m, "setup": {"hops": 0.0, "crit_bytes": 0.0}}}}
+    s = {"epochs_ratio": 1.0, "reach": 1.0, "gap_pp": 0.0, "worst_gap_pp": 0.0, "cells": 2}
+    t = TIERS["wan"]
+    reload_s = 0.3 + t.seconds(9.0, (9e6 - 1e3) / 4)
+    epoch_s = 0.1 + t.seconds(2.0, 1e3 / 4)
+
+    def predicted(ref):
+        prior = {"reference_epochs_to_target": ref, "strategies": {"grappa": s}}
+        return rank(meas, t, prior)["ranking"][0]["predicted_seconds_to_target"]
+    assert predicted(10.0) == pytest.approx(10 * epoch_s)                  # epochs 0..9
+    assert predicted(11.0) == pytest.approx(11 * epoch_s + reload_s)       # epoch 10 reloads
+    assert predicted(35.0) == pytest.approx(35 * epoch_s + 3 * reload_s)   # 10, 20, 30
