@@ -217,11 +217,16 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         if tmp is not None:
             tmp.cleanup()
     measured: dict[str, Any] = {}
-    ref_work = None
+    ref_work = ref_compute = None
     for spec, res in zip(specs, results):
         if spec is ref_spec:
             if res.get("status") == "ok" and res.get("curve"):
                 ref_work = _work_to_target(res["curve"], TARGET_FRAC * res["summary"]["test_acc"])
+                # the machine's pace at probe time: the same run elsewhere says how much
+                # faster or slower that machine (or its load then) is than this one now
+                ref_compute = statistics.median(
+                    float(r["compute_s"]) / (float(r.get("work", 1.0)) or 1.0)
+                    for r in res["curve"]["epochs"][1:] or res["curve"]["epochs"])
             continue
         if res.get("status") != "ok" or not res.get("curve"):
             err = (res.get("error") or res.get("curve_error") or "no result").strip()
@@ -237,7 +242,8 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         m["partitioner"] = res["summary"].get("partitioner")
         measured[spec.strategy] = m
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
-            "parameters": params, "reference_epochs": ref_work, "strategies": measured}
+            "parameters": params, "reference_epochs": ref_work,
+            "reference_compute_s": ref_compute, "strategies": measured}
 
 
 # ---------------------------------------------------------------------- 2. the prior
@@ -264,7 +270,8 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
         groups.setdefault((r["dataset"], r["model"]), {}) \
             .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
     ratios: dict[str, list[float]] = {}
-    pairs: dict[str, list[tuple[float, float]]] = {}   # (centralized's work, the strategy's)
+    # (graph, centralized's work, the strategy's)
+    pairs: dict[str, list[tuple[str, float, float]]] = {}
     reached: dict[str, list[int]] = {}
     gaps: dict[str, list[float]] = {}
     ref_work: list[float] = []
@@ -289,7 +296,7 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
                 gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
                 if w is not None:
                     ratios.setdefault(s, []).append(w / w_ref)
-                    pairs.setdefault(s, []).append((w_ref, w))
+                    pairs.setdefault(s, []).append((ds, w_ref, w))
     strategies = {}
     for s in reached:
         rs = ratios.get(s, [])
@@ -298,34 +305,69 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
             "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
             "reach": sum(reached[s]) / len(reached[s]),
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
-            "cells": len(reached[s]), "fit": _power_fit(pairs.get(s, []))}
+            "cells": len(reached[s]), "fit": _choose_fit(pairs.get(s, []))}
     return {"target_frac": target_frac, "cells": sorted(cells),
             # the fallback where the probe could not run `centralized` (a prepared graph)
             "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
             "strategies": strategies}
 
 
-def _power_fit(pairs: Sequence[tuple[float, float]]) -> Optional[dict[str, float]]:
-    """Least squares of log(strategy's work) on log(centralized's work): ``work = exp(a) *
-    ref ** b``. A constant ratio is b = 1; ``tma``'s work barely follows centralized's (b near
-    0: it needs a few averaging periods whatever the graph), so a ratio alone would be off by
-    the ratio of the graphs' paces. None below three graphs or without spread."""
-    if len(pairs) < 3:
+def _fit(pairs: Sequence[tuple[float, float]], kind: str) -> Optional[dict[str, Any]]:
+    """Least squares in log space of the strategy's work on centralized's: ``work = exp(a) *
+    ref ** b`` with b = 1 (``ratio``: a constant multiple), b = 0 (``constant``: the same
+    work whatever the graph's pace; ``tma`` needs a few averaging periods), or b fitted
+    (``power``; None below three runs or without spread, b kept in [0, 2]: a pace that falls
+    as centralized's rises is noise)."""
+    if not pairs:
         return None
     xs = [math.log(x) for x, _ in pairs]
     ys = [math.log(y) for _, y in pairs]
     mx, my = statistics.mean(xs), statistics.mean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx < 1e-9:
-        return None
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    b = min(max(b, 0.0), 2.0)      # a pace that falls as centralized's rises is noise
-    return {"a": my - b * mx, "b": b}
+    if kind == "power":
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if len(pairs) < 3 or sxx < 1e-9:
+            return None
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        b = min(max(b, 0.0), 2.0)
+    else:
+        b = 1.0 if kind == "ratio" else 0.0
+    return {"a": my - b * mx, "b": b, "kind": kind}
+
+
+#: the shapes :func:`_choose_fit` picks from, simplest first (a tie keeps the simpler)
+_FITS = ("ratio", "constant", "power")
+
+
+def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str, Any]]:
+    """The shape of a strategy's work against centralized's that best predicts a graph it
+    was not fitted on: each of :data:`_FITS` is fitted on all graphs but one and scored
+    (squared log error) on the one left out, in turn. Four graphs cannot pin a power law
+    down (fitted on paces 6 to 40 it extrapolates to 150 badly), so the more flexible shape
+    has to earn its place on graphs it has not seen. Below three graphs: the power fit where
+    there is one, else the ratio."""
+    graphs = sorted({g for g, _, _ in pairs})
+    xy = [(x, y) for _, x, y in pairs]
+    if len(graphs) < 3:
+        return _fit(xy, "power") or _fit(xy, "ratio")
+    best, best_err = None, float("inf")
+    for kind in _FITS:
+        err = 0.0
+        for g in graphs:
+            f = _fit([(x, y) for gg, x, y in pairs if gg != g], kind)
+            if f is None:
+                err = float("inf")
+                break
+            err += sum((math.log(y) - f["a"] - f["b"] * math.log(x)) ** 2
+                       for gg, x, y in pairs if gg == g)
+        if err < best_err - 1e-12:
+            best, best_err = kind, err
+    return _fit(xy, best) if best else _fit(xy, "ratio")
 
 
 def _work_needed(p: dict[str, Any], ref_work: float) -> float:
     """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
-    ``ref_work``: the power fit where there is one, else the mean ratio."""
+    ``ref_work``: the chosen fit (:func:`_choose_fit`) where there is one, else the mean
+    ratio."""
     f = p.get("fit")
     if f:
         return math.exp(f["a"]) * ref_work ** f["b"]

@@ -178,3 +178,19 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
     assert predicted(10.0) == pytest.approx(10 * epoch_s)                  # epochs 0..9
     assert predicted(11.0) == pytest.approx(11 * epoch_s + reload_s)       # epoch 10 reloads
     assert predicted(35.0) == pytest.approx(35 * epoch_s + 3 * reload_s)   # 10, 20, 30
+
+
+def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
+    from quietgnn.advisor import _choose_fit, _work_needed
+    # a few averaging periods whatever the graph's pace (tma-like), with noise: a power law
+    # fitted on paces 5..40 would extrapolate; the held-out graphs say constant
+    flat = [("a", 5.0, 60.0), ("b", 10.0, 50.0), ("c", 20.0, 75.0), ("d", 40.0, 50.0)]
+    f = _choose_fit(flat)
+    assert f["kind"] == "constant" and f["b"] == 0.0
+    assert _work_needed({"fit": f}, 150.0) == pytest.approx(_work_needed({"fit": f}, 5.0))
+    # halo-like: exactly centralized's pace, twice
+    twice = [(g, x, 2 * x) for g, x in (("a", 5.0), ("b", 10.0), ("c", 20.0), ("d", 40.0))]
+    f = _choose_fit(twice)
+    assert f["kind"] == "ratio" and _work_needed({"fit": f}, 150.0) == pytest.approx(300.0)
+    # two graphs cannot be held out against each other: the ratio
+    assert _choose_fit([("a", 5.0, 10.0), ("b", 8.0, 12.0)])["kind"] == "ratio"
