@@ -162,7 +162,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
         prior = build_prior(results, exclude=[ds])
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
-        # run to theirs on this graph (one factor for every strategy; --raw ranks unscaled)
+        # run to theirs on this graph (one factor for every strategy; unscaled kept beside)
         ref = next(r for r in results if (r["dataset"], r["model"], r["strategy"])
                    == (ds, model, "centralized"))
         factor = (m["reference_compute_s"] / pace(ref)) if m.get("reference_compute_s") else 1.0
