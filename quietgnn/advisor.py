@@ -316,7 +316,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         if per and per.get("every"):
             extra += f" + {_human(per['bytes'])} every {per['every']} epochs"
         row.update(bytes_per_epoch=m["bytes"], once_bytes=once.get("bytes", 0.0),
-                   epoch_seconds=epoch_s,
+                   periodic_bytes=per["bytes"] if per else 0.0,
+                   period_epochs=per.get("every") if per else None, epoch_seconds=epoch_s,
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "

@@ -178,6 +178,10 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
     assert predicted(10.0) == pytest.approx(10 * epoch_s)                  # epochs 0..9
     assert predicted(11.0) == pytest.approx(11 * epoch_s + reload_s)       # epoch 10 reloads
     assert predicted(35.0) == pytest.approx(35 * epoch_s + 3 * reload_s)   # 10, 20, 30
+    row = rank(meas, t, {"reference_epochs_to_target": 35.0,
+                         "strategies": {"grappa": s}})["ranking"][0]
+    assert row["periodic_bytes"] == pytest.approx(9e6 - 1e3) and row["period_epochs"] == 10
+    assert "every 10 epochs" in row["reason"]
 
 
 def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
