@@ -10,13 +10,15 @@ can reuse them:
    epochs ``centralized`` (one process) needs to reach 98 % of its own accuracy here.
 2. :func:`build_prior` turns quietgnn's own measured runs (the headline study: every
    strategy trained to the end on real graphs) into what a few epochs cannot show: how many
-   epoch-equivalents a strategy needs relative to ``centralized`` on the same graph, how
-   often it got there at all, and its accuracy gap.  The shipped table is
-   :mod:`quietgnn._advise_prior` (rebuilt by ``bench_advise.py --write-prior``).
+   epoch-equivalents a strategy needs as a function of what ``centralized`` needs on the
+   same graph (a ratio, a constant or a power law: whichever predicts a left-out graph
+   best), how often it got there at all, and its accuracy gap (:mod:`quietgnn._advise_fit`).
+   The shipped table is :mod:`quietgnn._advise_prior` (``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
-   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by
-   ``centralized``'s epochs here and the strategy's ratio, adds what is sent once, divides
-   by its chance of reaching the target, and sorts.
+   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
+   it needs given ``centralized``'s here, adds what is sent once and what recurs every few
+   epochs (once per period crossed), divides by its chance of reaching the target, and
+   sorts.
 
 The prediction is only as good as its parts: the costs and ``centralized``'s pace are
 measured on the user's graph, the strategies' ratios are borrowed from other graphs;
@@ -32,8 +34,10 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
+from ._advise_fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
+                          _work_to_target, build_prior)
 from .comm.network import TIERS, Tier, parse_tier
 
 __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
@@ -43,14 +47,21 @@ CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
 
 # Per strategy, how one probe epoch is made comparable with the headline runs the prior
 # comes from: tma's epoch is one averaging period of 25 local passes, so 2 epochs already
-# hold 50 passes; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is
-# left out of the per-epoch figures.
-_PROBE_EPOCHS = {"tma": 2}
+# hold 50 passes; grappa runs 4 so that one repartitioning (below) falls between two plain
+# epochs; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is left
+# out of the per-epoch figures.
+_PROBE_EPOCHS = {"tma": 2, "grappa": 4}
 _DEFAULT_PROBE_EPOCHS = 3
+#: work a strategy repeats every few epochs, by the option that sets the period in epochs
+#: (grappa reloads a chunk every ``repart_every`` epochs). A few probe epochs at the real
+#: period (50 by default) never see it, and charging it once would undercount a run that
+#: needs several periods: the probe runs the option at ``_PROBE_PERIOD`` instead, so epoch
+#: ``_PROBE_PERIOD`` holds one repetition, and :func:`rank` charges it once per period of the
+#: real run.
+_PERIODIC = {"grappa": "repart_every"}
+_PROBE_PERIOD = 2
 #: epochs of ``centralized`` the probe runs to see how fast this graph is learned
 REFERENCE_EPOCHS = 200
-#: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
-TARGET_FRAC = 0.98
 
 
 def _tier(spec: str | Tier) -> Tier:
@@ -106,12 +117,15 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
     return sum(p.numel() for p in net.parameters())
 
 
-def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
-    """Per epoch-equivalent costs of a probe, split into what every epoch pays and what is
-    paid once. The last epoch is the steady state (``retexo``'s first rounds of a layer carry
-    that layer's one boundary exchange; ``halo``'s first epoch nothing extra): traffic above
-    it in earlier epochs is charged once, not per epoch. Compute is the mean over the epochs
-    after the first (warm-up: lazy set-up, the allocator)."""
+def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
+    """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
+    once and (with ``period``: the probe's period of a :data:`_PERIODIC` strategy) what is
+    paid at every period boundary (epochs ``period``, ``2 period``, ...). The last epoch is
+    the steady state (``retexo``'s first rounds of a layer carry that layer's one boundary
+    exchange; ``halo``'s first epoch nothing extra): traffic above it in earlier epochs is
+    charged once (or per period), not per epoch. Compute is the mean over the epochs after
+    the first (warm-up: lazy set-up, the allocator) that are no boundary; a boundary's
+    compute above that mean is part of its periodic cost."""
     rows = curve.get("epochs") or []
     if not rows:
         return None
@@ -119,18 +133,41 @@ def _per_work(curve: dict[str, Any]) -> Optional[dict[str, float]]:
     w_last = float(last.get("work", 1.0)) or 1.0
     steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
     steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
-    once = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
-    for r in rows[:-1]:
-        w = float(r.get("work", 1.0))
-        once["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
-        once["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
-        once["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
-                             - steady["bytes"] * w)
-    timed = rows[1:] or rows
+
+    def boundary(r: dict[str, Any]) -> bool:
+        return period > 0 and int(r.get("epoch", 0)) > 0 and int(r["epoch"]) % period == 0
+
+    def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
+        out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+        for r in sel:
+            w = float(r.get("work", 1.0))
+            out["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
+            out["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
+            out["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
+                                - steady["bytes"] * w)
+        return out
+
+    once = excess([r for r in rows[:-1] if not boundary(r)])
+    timed = [r for r in rows[1:] if not boundary(r)] or rows
     work = sum(float(r.get("work", 1.0)) for r in timed)
-    return {**steady, "compute_s": sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12),
-            "once": once,
-            "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
+    compute = sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12)
+    out = {**steady, "compute_s": compute, "once": once,
+           "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
+    marks = [r for r in rows if boundary(r)]
+    if marks:
+        per = excess(marks)
+        per["compute_s"] = sum(max(0.0, float(r["compute_s"]) - compute
+                                   * float(r.get("work", 1.0))) for r in marks)
+        # one period's worth: the probe may hold more than one boundary
+        out["periodic"] = {k: v / len(marks) for k, v in per.items()}
+    return out
+
+
+def _real_period(strategy: str, option: str) -> int:
+    """The period in epochs the user's run would have: the strategy's default (``advise``
+    passes no strategy options)."""
+    from .strategies import get_strategy
+    return int(getattr(get_strategy(strategy).Options(), option))
 
 
 def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
@@ -161,9 +198,10 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     specs = []
     for s in strategies:
         k = _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
+        opts = {_PERIODIC[s]: _PROBE_PERIOD} if s in _PERIODIC else {}
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
-                             root=root, overrides={**common, "train.epochs": k,
-                                                   "train.eval_every": k}))
+                             root=root, options=opts,
+                             overrides={**common, "train.epochs": k, "train.eval_every": k}))
     ref_spec = None
     if not prepared and reference_epochs > 0:
         ref_spec = RunSpec(dataset=dataset, strategy="centralized", parts=1, model=model,
@@ -181,116 +219,45 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         if tmp is not None:
             tmp.cleanup()
     measured: dict[str, Any] = {}
-    ref_work = None
+    ref_work = ref_compute = None
     for spec, res in zip(specs, results):
         if spec is ref_spec:
             if res.get("status") == "ok" and res.get("curve"):
                 ref_work = _work_to_target(res["curve"], TARGET_FRAC * res["summary"]["test_acc"])
+                # the machine's pace at probe time: the same run elsewhere says how much
+                # faster or slower that machine (or its load then) is than this one now
+                ref_compute = statistics.median(
+                    float(r["compute_s"]) / (float(r.get("work", 1.0)) or 1.0)
+                    for r in res["curve"]["epochs"][1:] or res["curve"]["epochs"])
             continue
         if res.get("status") != "ok" or not res.get("curve"):
             err = (res.get("error") or res.get("curve_error") or "no result").strip()
             measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
             continue
-        m = _per_work(res["curve"]) or {"error": "no complete epoch"}
+        period = _PROBE_PERIOD if spec.strategy in _PERIODIC else 0
+        m = _per_work(res["curve"], period) or {"error": "no complete epoch"}
+        if "periodic" in m:
+            m["periodic"]["every"] = _real_period(spec.strategy, _PERIODIC[spec.strategy])
         setup = res["curve"].get("setup") or {}
         m["setup"] = {"hops": float(setup.get("hops", 0)),
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
         m["partitioner"] = res["summary"].get("partitioner")
         measured[spec.strategy] = m
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
-            "parameters": params, "reference_epochs": ref_work, "strategies": measured}
+            "parameters": params, "reference_epochs": ref_work,
+            "reference_compute_s": ref_compute, "strategies": measured}
 
 
 # ---------------------------------------------------------------------- 2. the prior
-def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
-    done = 0.0
-    for row in curve.get("epochs") or []:
-        done += float(row.get("work", 1.0))
-        acc = row.get("test_acc")
-        if acc is not None and acc >= target:
-            return done
-    return None
+# build_prior, _work_to_target, _choose_fit, _work_needed: quietgnn/_advise_fit.py
 
 
-def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
-                target_frac: float = TARGET_FRAC) -> dict[str, Any]:
-    """Epochs-to-target ratios (to ``centralized``'s on the same graph and model), reach
-    rates and accuracy gaps per strategy from finished
-    ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
-    ``exclude`` left out: the validation holds each dataset out of its own prior)."""
-    groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
-    for r in results:
-        if r.get("status") != "ok" or not r.get("curve") or r["dataset"] in exclude:
-            continue
-        groups.setdefault((r["dataset"], r["model"]), {}) \
-            .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
-    ratios: dict[str, list[float]] = {}
-    pairs: dict[str, list[tuple[float, float]]] = {}   # (centralized's work, the strategy's)
-    reached: dict[str, list[int]] = {}
-    gaps: dict[str, list[float]] = {}
-    ref_work: list[float] = []
-    cells = []
-    for (ds, model), by in groups.items():
-        if "centralized" not in by:
-            continue
-        ref = statistics.mean(r["summary"]["test_acc"] for r in by["centralized"])
-        target = target_frac * ref
-        w_c = [w for w in (_work_to_target(r["curve"], target) for r in by["centralized"]) if w]
-        if not w_c:
-            continue
-        w_ref = statistics.mean(w_c)
-        ref_work.append(w_ref)
-        cells.append(f"{ds}/{model}")
-        for s, runs in by.items():
-            if s == "centralized":
-                continue
-            for r in runs:
-                w = _work_to_target(r["curve"], target)
-                reached.setdefault(s, []).append(int(w is not None))
-                gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
-                if w is not None:
-                    ratios.setdefault(s, []).append(w / w_ref)
-                    pairs.setdefault(s, []).append((w_ref, w))
-    strategies = {}
-    for s in reached:
-        rs = ratios.get(s, [])
-        strategies[s] = {
-            # geometric mean: a ratio of 2 and one of 1/2 should average to 1
-            "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
-            "reach": sum(reached[s]) / len(reached[s]),
-            "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
-            "cells": len(reached[s]), "fit": _power_fit(pairs.get(s, []))}
-    return {"target_frac": target_frac, "cells": sorted(cells),
-            # the fallback where the probe could not run `centralized` (a prepared graph)
-            "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
-            "strategies": strategies}
-
-
-def _power_fit(pairs: Sequence[tuple[float, float]]) -> Optional[dict[str, float]]:
-    """Least squares of log(strategy's work) on log(centralized's work): ``work = exp(a) *
-    ref ** b``. A constant ratio is b = 1; ``tma``'s work barely follows centralized's (b near
-    0: it needs a few averaging periods whatever the graph), so a ratio alone would be off by
-    the ratio of the graphs' paces. None below three graphs or without spread."""
-    if len(pairs) < 3:
-        return None
-    xs = [math.log(x) for x, _ in pairs]
-    ys = [math.log(y) for _, y in pairs]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx < 1e-9:
-        return None
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    b = min(max(b, 0.0), 2.0)      # a pace that falls as centralized's rises is noise
-    return {"a": my - b * mx, "b": b}
-
-
-def _work_needed(p: dict[str, Any], ref_work: float) -> float:
-    """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
-    ``ref_work``: the power fit where there is one, else the mean ratio."""
-    f = p.get("fit")
-    if f:
-        return math.exp(f["a"]) * ref_work ** f["b"]
-    return ref_work * p["epochs_ratio"]
+def _periods(work: float, per: Optional[dict[str, Any]]) -> int:
+    """Period boundaries a run of ``work`` epochs crosses: the repeated work happens at the
+    start of epochs ``every``, ``2 every``, ... (epoch 0's is the set-up, charged there)."""
+    if not per or not per.get("every"):
+        return 0
+    return max(0, math.ceil(work) - 1) // int(per["every"])
 
 
 def default_prior() -> dict[str, Any]:
@@ -335,16 +302,22 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         once = m.get("once") or {"hops": 0.0, "crit_bytes": 0.0}
         setup_s = t.seconds(m["setup"]["hops"] + once["hops"],
                             m["setup"]["crit_bytes"] + once["crit_bytes"])
+        per = m.get("periodic")
+        per_s = (per["compute_s"] + t.seconds(per["hops"], per["crit_bytes"])) if per else 0.0
         tta = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
+            work = _work_needed(p, base_work)
             # expected time: a strategy that gets there in half the runs costs twice
-            tta = (setup_s + _work_needed(p, base_work) * epoch_s) / p["reach"]
+            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / p["reach"]
         comm_s = epoch_s - m["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
         extra = (f" + {_human(once['bytes'])} once" if once.get("bytes") else "")
+        if per and per.get("every"):
+            extra += f" + {_human(per['bytes'])} every {per['every']} epochs"
         row.update(bytes_per_epoch=m["bytes"], once_bytes=once.get("bytes", 0.0),
-                   epoch_seconds=epoch_s,
+                   periodic_bytes=per["bytes"] if per else 0.0,
+                   period_epochs=per.get("every") if per else None, epoch_seconds=epoch_s,
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "

@@ -146,3 +146,55 @@ def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
     assert m["compute_s"] == pytest.approx(0.1)          # the warm-up epoch left out
     flat = _per_work({"epochs": [row(0.2, 5e3, 2)] * 3})
     assert flat["once"] == {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+
+
+def test_periodic_work_is_charged_once_per_period_of_the_real_run():
+    from quietgnn.advisor import _per_work
+
+    def row(ep, compute, nbytes, hops):
+        return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
+                "crit_bytes": nbytes / 4, "train_bytes": nbytes, "data_bytes": 0}
+    # grappa-like probe at period 2: epoch 2 reloads a chunk (bytes, hops, compute)
+    m = _per_work({"epochs": [row(0, 0.5, 1e3, 2), row(1, 0.1, 1e3, 2), row(2, 0.4, 9e6, 11),
+                              row(3, 0.1, 1e3, 2)]}, period=2)
+    assert m["compute_s"] == pytest.approx(0.1)          # the boundary left out of the mean
+    assert m["once"]["bytes"] == 0.0
+    per = m["periodic"]
+    assert per["bytes"] == pytest.approx(9e6 - 1e3) and per["hops"] == pytest.approx(9.0)
+    assert per["compute_s"] == pytest.approx(0.3)
+    # ranked: every `every` epochs of the run pays one reload; a run within the first
+    # period pays none
+    per["every"] = 10
+    meas = {"parts": 4, "model": "gcn", "strategies": {"grappa": {
+        **m, "setup": {"hops": 0.0, "crit_bytes": 0.0}}}}
+    s = {"epochs_ratio": 1.0, "reach": 1.0, "gap_pp": 0.0, "worst_gap_pp": 0.0, "cells": 2}
+    t = TIERS["wan"]
+    reload_s = 0.3 + t.seconds(9.0, (9e6 - 1e3) / 4)
+    epoch_s = 0.1 + t.seconds(2.0, 1e3 / 4)
+
+    def predicted(ref):
+        prior = {"reference_epochs_to_target": ref, "strategies": {"grappa": s}}
+        return rank(meas, t, prior)["ranking"][0]["predicted_seconds_to_target"]
+    assert predicted(10.0) == pytest.approx(10 * epoch_s)                  # epochs 0..9
+    assert predicted(11.0) == pytest.approx(11 * epoch_s + reload_s)       # epoch 10 reloads
+    assert predicted(35.0) == pytest.approx(35 * epoch_s + 3 * reload_s)   # 10, 20, 30
+    row = rank(meas, t, {"reference_epochs_to_target": 35.0,
+                         "strategies": {"grappa": s}})["ranking"][0]
+    assert row["periodic_bytes"] == pytest.approx(9e6 - 1e3) and row["period_epochs"] == 10
+    assert "every 10 epochs" in row["reason"]
+
+
+def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
+    from quietgnn.advisor import _choose_fit, _work_needed
+    # a few averaging periods whatever the graph's pace (tma-like), with noise: a power law
+    # fitted on paces 5..40 would extrapolate; the held-out graphs say constant
+    flat = [("a", 5.0, 60.0), ("b", 10.0, 50.0), ("c", 20.0, 75.0), ("d", 40.0, 50.0)]
+    f = _choose_fit(flat)
+    assert f["kind"] == "constant" and f["b"] == 0.0
+    assert _work_needed({"fit": f}, 150.0) == pytest.approx(_work_needed({"fit": f}, 5.0))
+    # halo-like: exactly centralized's pace, twice
+    twice = [(g, x, 2 * x) for g, x in (("a", 5.0), ("b", 10.0), ("c", 20.0), ("d", 40.0))]
+    f = _choose_fit(twice)
+    assert f["kind"] == "ratio" and _work_needed({"fit": f}, 150.0) == pytest.approx(300.0)
+    # two graphs cannot be held out against each other: the ratio
+    assert _choose_fit([("a", 5.0, 10.0), ("b", 8.0, 12.0)])["kind"] == "ratio"

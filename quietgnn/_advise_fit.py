@@ -1,0 +1,139 @@
+"""The prior of ``quietgnn advise`` (step 2 of :mod:`quietgnn.advisor`): from finished
+``quietgnn bench`` runs, how many epoch-equivalents each strategy needs relative to
+``centralized`` on the same graph, how often it got there, and its accuracy gap."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable, Optional, Sequence
+
+#: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
+TARGET_FRAC = 0.98
+
+
+def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
+    done = 0.0
+    for row in curve.get("epochs") or []:
+        done += float(row.get("work", 1.0))
+        acc = row.get("test_acc")
+        if acc is not None and acc >= target:
+            return done
+    return None
+
+
+def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
+                target_frac: float = TARGET_FRAC) -> dict[str, Any]:
+    """Epochs-to-target ratios (to ``centralized``'s on the same graph and model), reach
+    rates and accuracy gaps per strategy from finished
+    ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
+    ``exclude`` left out: the validation holds each dataset out of its own prior)."""
+    groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        if r.get("status") != "ok" or not r.get("curve") or r["dataset"] in exclude:
+            continue
+        groups.setdefault((r["dataset"], r["model"]), {}) \
+            .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
+    ratios: dict[str, list[float]] = {}
+    # (graph, centralized's work, the strategy's)
+    pairs: dict[str, list[tuple[str, float, float]]] = {}
+    reached: dict[str, list[int]] = {}
+    gaps: dict[str, list[float]] = {}
+    ref_work: list[float] = []
+    cells = []
+    for (ds, model), by in groups.items():
+        if "centralized" not in by:
+            continue
+        ref = statistics.mean(r["summary"]["test_acc"] for r in by["centralized"])
+        target = target_frac * ref
+        w_c = [w for w in (_work_to_target(r["curve"], target) for r in by["centralized"]) if w]
+        if not w_c:
+            continue
+        w_ref = statistics.mean(w_c)
+        ref_work.append(w_ref)
+        cells.append(f"{ds}/{model}")
+        for s, runs in by.items():
+            if s == "centralized":
+                continue
+            for r in runs:
+                w = _work_to_target(r["curve"], target)
+                reached.setdefault(s, []).append(int(w is not None))
+                gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
+                if w is not None:
+                    ratios.setdefault(s, []).append(w / w_ref)
+                    pairs.setdefault(s, []).append((ds, w_ref, w))
+    strategies = {}
+    for s in reached:
+        rs = ratios.get(s, [])
+        strategies[s] = {
+            # geometric mean: a ratio of 2 and one of 1/2 should average to 1
+            "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
+            "reach": sum(reached[s]) / len(reached[s]),
+            "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
+            "cells": len(reached[s]), "fit": _choose_fit(pairs.get(s, []))}
+    return {"target_frac": target_frac, "cells": sorted(cells),
+            # the fallback where the probe could not run `centralized` (a prepared graph)
+            "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
+            "strategies": strategies}
+
+
+def _fit(pairs: Sequence[tuple[float, float]], kind: str) -> Optional[dict[str, Any]]:
+    """Least squares in log space of the strategy's work on centralized's: ``work = exp(a) *
+    ref ** b`` with b = 1 (``ratio``: a constant multiple), b = 0 (``constant``: the same
+    work whatever the graph's pace; ``tma`` needs a few averaging periods), or b fitted
+    (``power``; None below three runs or without spread, b kept in [0, 2]: a pace that falls
+    as centralized's rises is noise)."""
+    if not pairs:
+        return None
+    xs = [math.log(x) for x, _ in pairs]
+    ys = [math.log(y) for _, y in pairs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    if kind == "power":
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if len(pairs) < 3 or sxx < 1e-9:
+            return None
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        b = min(max(b, 0.0), 2.0)
+    else:
+        b = 1.0 if kind == "ratio" else 0.0
+    return {"a": my - b * mx, "b": b, "kind": kind}
+
+
+#: the shapes :func:`_choose_fit` picks from, simplest first (a tie keeps the simpler)
+_FITS = ("ratio", "constant", "power")
+
+
+def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str, Any]]:
+    """The shape of a strategy's work against centralized's that best predicts a graph it
+    was not fitted on: each of :data:`_FITS` is fitted on all graphs but one and scored
+    (squared log error) on the one left out, in turn. Four graphs cannot pin a power law
+    down (fitted on paces 6 to 40 it extrapolates to 150 badly), so the more flexible shape
+    has to earn its place on graphs it has not seen. Below three graphs: the power fit where
+    there is one, else the ratio."""
+    graphs = sorted({g for g, _, _ in pairs})
+    xy = [(x, y) for _, x, y in pairs]
+    if len(graphs) < 3:
+        return _fit(xy, "power") or _fit(xy, "ratio")
+    best, best_err = None, float("inf")
+    for kind in _FITS:
+        err = 0.0
+        for g in graphs:
+            f = _fit([(x, y) for gg, x, y in pairs if gg != g], kind)
+            if f is None:
+                err = float("inf")
+                break
+            err += sum((math.log(y) - f["a"] - f["b"] * math.log(x)) ** 2
+                       for gg, x, y in pairs if gg == g)
+        if err < best_err - 1e-12:
+            best, best_err = kind, err
+    return _fit(xy, best) if best else _fit(xy, "ratio")
+
+
+def _work_needed(p: dict[str, Any], ref_work: float) -> float:
+    """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
+    ``ref_work``: the chosen fit (:func:`_choose_fit`) where there is one, else the mean
+    ratio."""
+    f = p.get("fit")
+    if f:
+        return math.exp(f["a"]) * ref_work ** f["b"]
+    return ref_work * p["epochs_ratio"]
