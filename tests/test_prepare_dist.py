@@ -224,6 +224,14 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
     # the options of the single-process prepare that do not apply
     for rc, o, e in _ranks(argv + ["--partitioner", "ldg"], tmp_path):
         assert rc == 2 and "under torchrun the parts are the ranks' slices" in e, e
+    # the same number of features from other columns: named, on every rank
+    t1 = pq.read_table(tmp_path / "nodes-1.parquet")
+    x = np.array(t1.column("x").to_pylist())
+    cols = {c: t1.column(c) for c in t1.column_names if c != "x"}
+    cols.update({f"f{i}": pa.array(x[:, i]) for i in range(x.shape[1])})
+    pq.write_table(pa.table(cols), tmp_path / "nodes-1.parquet")
+    for rc, o, e in _ranks(argv, tmp_path):
+        assert rc == 2 and "the ranks disagree on the feature columns" in e, e
     # one rank's edge table that is not integer ids: its reason, on every rank
     _slices(tmp_path, n=60, seed=1)
     e1 = pq.read_table(tmp_path / "edges-1.parquet")

@@ -211,13 +211,15 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     _agree(comm, problem or eproblem)
     mine = {"count": src_nodes.count, "lo": int(src_nodes.lo), "hi": int(src_nodes.hi),
             "ymax": int(src_nodes.ymax), "features": src_nodes.num_features,
+            "columns": list(src_nodes.x_cols) if not src_nodes.x_list else ["x (list)"],
             "split": src_nodes.split_col is not None, "directed": directed, "x_dtype": x_dtype,
             "split_seed": split_seed, "world": P}
     every = comm.all_gather_object(mine, "prepare_control", carries=Traffic.CONTROL)
     n = sum(e["count"] for e in every)
     problem = None
     for key, what in (("world", "the number of parts (world size)"),
-                      ("features", "the number of features"), ("split", "a split column"),
+                      ("features", "the number of features"),
+                      ("columns", "the feature columns"), ("split", "a split column"),
                       ("directed", "--directed"), ("x_dtype", "--x-dtype"),
                       ("split_seed", "--dataset.split_seed")):
         if any(e[key] != every[0][key] for e in every):
