@@ -225,6 +225,7 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
     for rc, o, e in _ranks(argv + ["--partitioner", "ldg"], tmp_path):
         assert rc == 2 and "under torchrun the parts are the ranks' slices" in e, e
     # the same number of features from other columns: named, on every rank
+    _slices(tmp_path, n=60, seed=1)
     t1 = pq.read_table(tmp_path / "nodes-1.parquet")
     x = np.array(t1.column("x").to_pylist())
     cols = {c: t1.column(c) for c in t1.column_names if c != "x"}
