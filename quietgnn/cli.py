@@ -87,6 +87,8 @@ def print_summary(s: dict[str, Any]) -> None:
           f"{_human_bytes(s['train_bytes'])} in all")
     how = {"local": "selected on each rank's graph, then 1 exact", "exact": "exact"}.get(
         s.get("selected_by", ""), "")
+    if s.get("eval_sample_nodes"):
+        how = f"on a fixed sample of ~{s['eval_sample_nodes']} nodes per split"
     ratio = f", {100 * s['eval_bytes'] / s['train_bytes']:.1f}% of training" \
         if s["train_bytes"] else ""
     print(f"  eval bytes      {_human_bytes(s['eval_bytes'])} "

@@ -98,6 +98,9 @@ def test_tma_rank0_evaluates_from_the_book_without_the_whole_graph(book, tmp_pat
     sampled = quietgnn.train(pb.path, "tma", **common, run_name="sampled")
     for k in ("test_acc", "val_acc", "train_acc"):
         assert sampled.summary[k] == pytest.approx(exact.summary[k], abs=1e-6)
+    # the summary says the evaluation was on a sample, and how large
+    assert sampled.summary["eval_sample_nodes"] == 10_000
+    assert exact.summary["eval_sample_nodes"] is None
     with pytest.raises(ValueError, match="eval_nodes"):
         quietgnn.train(pb.path, "tma", epochs=1, out=str(tmp_path), run_name="bad",
                        options={"eval_nodes": 5, "eval_graph": "gather"})

@@ -323,6 +323,9 @@ class Trainer:
             # how the reported state was chosen: the best validation accuracy of evaluations
             # made this way ('local': then evaluated exactly once at the end)
             "selected_by": "local" if "local_val_acc" in self.best else "exact",
+            # a strategy's options.eval_nodes: its evaluations ran on a fixed sample of about
+            # that many nodes per split, not on the whole graph (None: the whole graph)
+            "eval_sample_nodes": getattr(self.strategy.options, "eval_nodes", 0) or None,
             "local_val_acc": self.best.get("local_val_acc"),
             "evaluations": sum(1 for e in hist[0] if e.get("evaluated")),
             "stopped_early": self.stop,
