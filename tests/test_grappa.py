@@ -76,7 +76,8 @@ def _traffic(comm, graph, parts, variants, epochs, repart, eval_every):
                         "recs": [(r.phase, r.kind, r.op, r.bytes_sent, r.epoch)
                                  for r in comm.take_records()]})
         out[name] = {"log": log, "nparams": sum(p.numel() for p in s.params),
-                     "shapes": [tuple(p.shape) for p in s.params]}
+                     "shapes": [tuple(p.shape) for p in s.params],
+                     "part": (part.n_own, part.n_halo, int(part.indices.numel()))}
     return out
 
 
@@ -132,6 +133,13 @@ def test_training_sends_only_gradients(graph, parts):
                 # chunk reloads: only at super-epoch boundaries, only in the data phase
                 if e % repart == 0 and e > 0:
                     assert {x[1] for x in data} >= CHUNK_KINDS
+                    # the chunk's structure goes to the one rank that asked for it: node
+                    # fields as int64, the part's edges as int32 (padded to whole words)
+                    n_o, n_h, nnz = r["part"]
+                    askers = sum(rotating_chunk(q, P, e // repart) == rank for q in range(P))
+                    want = (askers * (8 * (3 + 3 * n_o + 3 * n_h) + 4 * (nnz + nnz % 2))
+                            + 8 * (P - 1))              # + the all-to-all's size handshake
+                    assert sum(x[3] for x in data if x[1] == "chunk_structure") == want
                     assert {x[1] for x in data} <= CHUNK_KINDS | {"grappa_norm"}
                 else:
                     assert data == []

@@ -113,7 +113,7 @@ def test_15d_sampler_law(graph, results):
 def test_replicated_topology_and_features(graph, results):
     for res in results:
         owner, ip, ix = res["topology"]
-        assert torch.equal(ip, graph.indptr) and torch.equal(ix, graph.indices)
+        assert torch.equal(ip, graph.indptr) and torch.equal(ix.long(), graph.indices)
         assert torch.equal(res["x"], graph.x[res["want"]])
 
 

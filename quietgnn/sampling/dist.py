@@ -61,7 +61,8 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
     """Owner map and CSR rows of the nodes owned by the ranks in ``group`` (global ids).
 
     Returns ``(owner [N], indptr [N + 1], indices)``: rows of nodes outside the group are
-    empty. Cost (setup, kinds ``topology_ids`` and ``topology``): every rank's owned ids to
+    empty; ``indices`` is int32 while global ids fit (half the memory of the rank's edges, the
+    largest array a sampler holds). Cost (setup, kinds ``topology_ids`` and ``topology``): every rank's owned ids to
     every rank (N int64 in all), and its rows to the other members of ``group``.
     """
     P, N = comm.world_size, part.num_nodes_global
@@ -89,9 +90,9 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
         rows.append((ids, b[1 + 2 * m:]))
     indptr = torch.zeros(N + 1, dtype=torch.int64)
     torch.cumsum(deg, 0, out=indptr[1:])
-    indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
+    indices = torch.empty(int(indptr[-1]), dtype=torch.int32 if N < 2 ** 31 else torch.int64)
     for ids, c in rows:  # entries of ids' rows, row after row, land in their CSR slots
-        indices[expand_rows(indptr, ids)[1]] = c
+        indices[expand_rows(indptr, ids)[1]] = c.to(indices.dtype)
     return owner, indptr, indices
 
 
@@ -179,7 +180,8 @@ class Sampler15D:
         members = list(range(self.g * c, self.g * c + c))
         self.members = members
         self.owner, self.indptr, self.indices = fetch_topology(comm, part, members)
-        self.block = self.owner // c           # row group (block-row) of every node
+        # row group (block-row) of every node; one group per rank: the owner map itself
+        self.block = self.owner if c == 1 else self.owner // c
         self.num_nodes = part.num_nodes_global
         self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
         self._buf: Optional[Tensor] = None   # local columns + fetched rows (see _local_then)
@@ -233,8 +235,8 @@ class Sampler15D:
         if self._buf is None or self._buf.numel() < need:
             self._buf = torch.empty(need + need // 4, dtype=self.indices.dtype)
             self._buf[:L] = self.indices
-        if pieces:
-            torch.cat(pieces, out=self._buf[L:need])
+        if pieces:   # fetched rows arrive as int64; the copy narrows them to the buffer's type
+            self._buf[L:need].copy_(torch.cat(pieces))
         return self._buf[:need]
 
     def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:

@@ -61,7 +61,7 @@ def sample_rows(starts: Tensor, deg: Tensor, fanout: int, keys: Tensor, indices:
         pos = _positions(starts[r0:r1], deg[r0:r1], counts[r0:r1], ptr[r0:r1 + 1] - e0, s,
                          keys[r0:r1], weights)
         torch.index_select(indices, 0, pos, out=out[e0:e1])
-    return counts, out
+    return counts, out.long()     # a narrow (int32) column array: the sampled few widened
 
 
 def _positions(starts: Tensor, deg: Tensor, counts: Tensor, ptr: Tensor, s: int, keys: Tensor,

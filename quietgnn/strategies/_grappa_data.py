@@ -29,6 +29,7 @@ from ..comm.traffic import Traffic
 from ..nn import SparseAdj
 from ..partition import LocalPartition
 from ..partition.local import gather_rows
+from ..sampling.renumber import chunk_bounds
 
 __all__ = ["rotating_chunk", "LocalGraph", "ChunkLoader", "coverage", "expand"]
 
@@ -68,8 +69,8 @@ class ChunkLoader:
     """Loads the rotating chunk (structure + features) and the leaves' features from their
     owners. All ranks must call :meth:`load` with the same ``super_epoch`` at the same time.
 
-    Per load, in the ``data`` phase: ``chunk_structure`` (one int64 all-to-all: the chunk's
-    ids, global degrees, halo table and CSR), ``chunk_request`` (ids asked of each owner) and
+    Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
+    ids, global degrees, halo table and row lengths as int64, its column ids as int32), ``chunk_request`` (ids asked of each owner) and
     ``chunk_features`` (the rows). The features of the rank's own halo are fetched once
     (first load) and kept, since those leaves never change.
     """
@@ -98,11 +99,14 @@ class ChunkLoader:
 
     def _packed(self) -> Tensor:
         """What this rank sends when its chunk is requested: built per request, not kept (a
-        second copy of the part's edges for the whole run, for one send per super-epoch)."""
+        second copy of the part's edges for the whole run, for one send per super-epoch). The
+        local column ids travel as int32 pairs in the int64 message (they index the part's own
+        rows, far below 2^31): the largest field at half the bytes."""
         p = self.part
+        cols = _int32_words(p.indices)
         header = torch.tensor([p.n_own, p.n_halo, int(p.indices.numel())], dtype=torch.int64)
         return torch.cat([header, p.owned, p.in_degree, p.halo, p.halo_owner,
-                          p.indptr[1:] - p.indptr[:-1], p.indices])
+                          p.indptr[1:] - p.indptr[:-1], cols])
 
     def _exchange_structure(self, chunk: int, super_epoch: int) -> Tensor:
         P, me = self.comm.world_size, self.comm.rank
@@ -128,12 +132,13 @@ class ChunkLoader:
         buf = self._exchange_structure(chunk, super_epoch)
         n_o, n_h, e = (int(v) for v in buf[:3])
         o = 3
-        j_owned = buf[o:o + n_o]; o += n_o
-        j_deg = buf[o:o + n_o + n_h]; o += n_o + n_h
-        j_halo = buf[o:o + n_h]; o += n_h
-        j_halo_owner = buf[o:o + n_h]; o += n_h
-        j_counts = buf[o:o + n_o]; o += n_o
-        j_cols = buf[o:o + e]
+        # the node fields copied out, so the message (mostly edges) is freed once mapped
+        j_owned = buf[o:o + n_o].clone(); o += n_o
+        j_deg = buf[o:o + n_o + n_h].clone(); o += n_o + n_h
+        j_halo = buf[o:o + n_h].clone(); o += n_h
+        j_halo_owner = buf[o:o + n_h].clone(); o += n_h
+        j_counts = buf[o:o + n_o].clone(); o += n_o
+        j_cols = buf[o:].view(torch.int32)[:e]
         j_ids = torch.cat([j_owned, j_halo])
 
         # leaves: in-neighbours of either chunk outside both chunks (with their owners)
@@ -156,7 +161,18 @@ class ChunkLoader:
         counts[p.n_own:n_int] = j_counts
         indptr = torch.zeros(gid.numel() + 1, dtype=torch.int64)
         indptr[1:] = counts.cumsum(0)
-        indices = torch.cat([to_local(own_ids[p.indices]), to_local(j_ids[j_cols])])
+        # half the graph's edges at P = 4: int32 local ids, mapped a slice at a time (the
+        # whole-array temporaries of the mapping would be three int64 copies of them)
+        e_own = int(p.indices.numel())
+        indices = torch.empty(e_own + e, dtype=torch.int32 if gid.numel() < 2 ** 31
+                              else torch.int64)
+        for lo in range(0, e_own, _SLICE):
+            hi = min(e_own, lo + _SLICE)
+            indices[lo:hi] = to_local(own_ids[p.indices[lo:hi]])
+        for lo in range(0, e, _SLICE):
+            hi = min(e, lo + _SLICE)
+            indices[e_own + lo:e_own + hi] = to_local(j_ids[j_cols[lo:hi]])
+        del buf, j_cols
 
         # features: own chunk held, own halo cached, the rest (chunk j, new leaves) fetched
         need = torch.cat([j_owned, leaf])
@@ -169,6 +185,21 @@ class ChunkLoader:
         x = torch.cat([p.x, x_need])
         deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
         return LocalGraph(gid, x, deg, indptr, indices, p.n_own, n_int, chunk, super_epoch)
+
+
+#: edges mapped per slice when building the local graph (bounds its temporaries)
+_SLICE = 1 << 22
+
+
+def _int32_words(t: Tensor) -> Tensor:
+    """``t`` as int32, padded to an even count and viewed as int64 words (for an int64
+    message; the receiver views the words back as int32 and trims)."""
+    if t.numel() and int(t.max()) >= 2 ** 31:
+        raise ValueError(f"a part with {int(t.max()) + 1} local rows: its column ids do not fit "
+                         f"int32; use more parts")
+    w = torch.zeros(t.numel() + t.numel() % 2, dtype=torch.int32)
+    w[: t.numel()] = t
+    return w.view(torch.int64)
 
 
 def _unique_first(t: Tensor) -> tuple[Tensor, Tensor]:
@@ -198,10 +229,18 @@ def coverage(lg: LocalGraph, layers: int, kind: str = "mean") -> Tensor:
     d_loc = lg.local_in_degree().to(torch.float64)
     complete = d == 0
     a = torch.where(complete, torch.ones_like(d), d_loc / d.clamp(min=1))
-    row = torch.repeat_interleave(torch.arange(lg.n_loc), lg.local_in_degree())
+    counts = lg.local_in_degree()
+    # rows a slice of edges at a time: the per-edge temporaries (row ids, gathered values)
+    # of all of the local graph's edges at once would be two float64/int64 copies of them
+    bounds = chunk_bounds(lg.indptr, _SLICE)
     levels = [a]
     for _ in range(layers - 1):
-        s = torch.zeros_like(d).index_add_(0, row, a[lg.indices])
+        s = torch.zeros_like(d)
+        for r0, r1 in bounds:
+            e0, e1 = int(lg.indptr[r0]), int(lg.indptr[r1])
+            row = torch.repeat_interleave(torch.arange(r0, r1), counts[r0:r1],
+                                          output_size=e1 - e0)
+            s.index_add_(0, row, a[lg.indices[e0:e1]])
         a = torch.where(complete, torch.ones_like(d), s / d.clamp(min=1))
         levels.append(a)
     if kind == "mean":
@@ -227,6 +266,7 @@ def expand(lg: LocalGraph, seeds: Tensor, fanouts: Sequence[Optional[int]],
     pos = torch.full((lg.n_loc,), -1, dtype=torch.int64)
     for f in fanouts:
         indptr, src = gather_rows(lg.indptr, lg.indices, nodes)
+        src = src.long()     # the local graph's ids may be int32; a block's are int64
         counts = indptr[1:] - indptr[:-1]
         if f is not None and src.numel():
             row = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
