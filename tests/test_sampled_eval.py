@@ -13,7 +13,6 @@ from quietgnn.nn import ModelConfig, SparseAdj, build_model
 from quietgnn.partition import PartitionBook, build_partitions
 from quietgnn.partition.book import make_book
 from quietgnn.sampling.book import BookEvaluator
-from quietgnn.sampling.evaluate import pick_sample
 
 from helpers import small_graph
 
@@ -52,15 +51,43 @@ def test_every_neighbour_gives_the_exact_accuracy(book, arch):
         assert got[s] == pytest.approx(exact[s], abs=1e-6), s
 
 
+def _collective_sample(comm, book_path, eval_nodes, seed):
+    """This rank's share of the collective evaluator's sample (global ids, split, label)."""
+    from quietgnn.sampling.evaluate import SampledEvaluator
+    part = PartitionBook.open(book_path).load_part(comm.rank, comm.world_size)
+    ev = SampledEvaluator(comm, part, [3, 2], eval_nodes, batch_size=5, seed=seed)
+    return ev.targets.clone(), ev.split.clone(), ev.y.clone()
+
+
 def test_sample_is_the_collective_evaluators(book):
+    """The book's sample is the node set the collective SampledEvaluator picks in a real
+    P-rank run (rank order, same splits and labels), and it has the rule's properties on the
+    original graph: ceil(k / P) of each part's nodes per split (all when fewer), each in its
+    split's mask, no repeats, fixed per seed and another for another seed."""
+    from quietgnn.runtime.launcher import spawn_function
     g, pb = book
-    ev = BookEvaluator(PartitionBook.open(pb.path), [3, 2], 12, batch_size=5, seed=7)
-    want = []
-    for j in range(pb.num_parts):
-        part = pb.load_part(j)
-        local, split = pick_sample(part, 4, 7)
-        want.append(part.owned[local].numpy())
-    assert np.array_equal(ev.targets, np.concatenate(want))
+    P, k, seed = pb.num_parts, 12, 7
+    ev = BookEvaluator(PartitionBook.open(pb.path), [3, 2], k, batch_size=5, seed=seed)
+    got = spawn_function(_collective_sample, P, args=(str(pb.path), k, seed))
+    assert np.array_equal(ev.targets, torch.cat([t for t, _, _ in got]).numpy())
+    assert torch.equal(ev.split, torch.cat([s for _, s, _ in got]))
+    assert torch.equal(ev.y, torch.cat([y for _, _, y in got]))
+    # independent of how either evaluator picks: checked against the graph and the assignment
+    assign = np.asarray(pb.assignment())
+    share = -(-k // P)
+    t = torch.from_numpy(ev.targets)
+    assert np.unique(ev.targets).size == ev.targets.size
+    assert torch.equal(ev.y, g.y[t])
+    for s, mask in enumerate((g.train_mask, g.val_mask, g.test_mask)):
+        mine = t[ev.split == s]
+        assert bool(mask[mine].all()), s
+        for j in range(P):
+            have = int((mask & torch.from_numpy(assign == j)).sum())
+            assert int((assign[mine.numpy()] == j).sum()) == min(share, have), (s, j)
+    again = BookEvaluator(PartitionBook.open(pb.path), [3, 2], k, batch_size=5, seed=seed)
+    assert np.array_equal(again.targets, ev.targets)
+    other = BookEvaluator(PartitionBook.open(pb.path), [3, 2], k, batch_size=5, seed=seed + 1)
+    assert set(other.targets.tolist()) != set(ev.targets.tolist())
 
 
 def test_draws_are_fixed_and_within_the_fanout(book):
