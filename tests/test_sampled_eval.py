@@ -5,10 +5,13 @@ whole graph."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
+from quietgnn.comm.store import HEADER_BYTES
 from quietgnn.nn import ModelConfig, SparseAdj, build_model
 from quietgnn.partition import PartitionBook, build_partitions
 from quietgnn.partition.book import make_book
@@ -128,6 +131,48 @@ def test_tma_rank0_evaluates_from_the_book_without_the_whole_graph(book, tmp_pat
     # the summary says the evaluation was on a sample, and how large
     assert sampled.summary["eval_sample_nodes"] == 10_000
     assert exact.summary["eval_sample_nodes"] is None
+    # rank 0 told every rank at setup that it has its evaluator: one message from the hub,
+    # a 20-byte header + b"Jnull" (None) per spoke, control traffic; the exact run sends none
+    P, msg = pb.num_parts, HEADER_BYTES + 5
+    for run, want in ((sampled, 1), (exact, 0)):
+        for r in range(P):
+            first = json.loads((run.run_dir / "metrics" / f"rank-{r}.jsonl").read_text()
+                               .splitlines()[0])
+            assert first["phase"] == "setup"
+            got = [(x[3], x[4]) for x in first["rounds"] if x[1] == "eval_setup"]
+            assert got == [((P - 1) * msg, 0) if r == 0 else (0, msg)] * want, (r, got)
     with pytest.raises(ValueError, match="eval_nodes"):
         quietgnn.train(pb.path, "tma", epochs=1, out=str(tmp_path), run_name="bad",
                        options={"eval_nodes": 5, "eval_graph": "gather"})
+
+
+def test_tma_stops_every_rank_when_rank0_cannot_read_the_evaluation_sample(tmp_path):
+    """Only rank 0's evaluator reads ``assignment.npy`` (a trainer maps its own part only).
+    Altered in place (same size: the launcher's size check passes), every rank stops at setup,
+    each naming the file (the trainers with rank 0's reason), long before the 2 x 30 + 5 s a
+    trainer would wait for a silent hub, and nobody trains an epoch."""
+    import time
+
+    import quietgnn
+    from quietgnn.runtime.launcher import LaunchError
+    g = small_graph(n=150, avg_deg=5, seed=3)
+    pb = make_book(tmp_path / "book", g, "random", 3, seed=1)
+    f = pb.path / "assignment.npy"
+    raw = bytearray(f.read_bytes())
+    raw[-1] ^= 1
+    f.write_bytes(bytes(raw))
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as ei:
+        quietgnn.train(pb.path, "tma", epochs=2, out=str(tmp_path / "runs"), run_name="bad",
+                       options={"mode": "full", "period_epochs": 1.0, "eval_nodes": 30},
+                       runtime={"threads": 1, "timeout_s": 30, "progress": False})
+    assert time.monotonic() - t0 < 30
+    text = str(ei.value)
+    assert ei.value.input_error and "stopped responding" not in text, text
+    for r in range(pb.num_parts):
+        line = next(x for x in text.splitlines() if x.startswith(f"rank {r} exited with code"))
+        assert "ValueError" in line and f"{f}" in line and "does not match the checksum" in line
+        if r:
+            assert "rank 0 could not open the evaluation sample" in line, line
+    for m in (tmp_path / "runs").rglob("metrics/rank-*.jsonl"):
+        assert all(json.loads(x)["epoch"] < 0 for x in m.read_text().splitlines()), m
