@@ -176,3 +176,29 @@ def test_tma_stops_every_rank_when_rank0_cannot_read_the_evaluation_sample(tmp_p
             assert "rank 0 could not open the evaluation sample" in line, line
     for m in (tmp_path / "runs").rglob("metrics/rank-*.jsonl"):
         assert all(json.loads(x)["epoch"] < 0 for x in m.read_text().splitlines()), m
+
+
+def test_a_trainer_that_waits_too_long_for_the_evaluation_sample_says_so():
+    """A trainer waits for rank 0's eval_setup message as long as for any reply of the hub;
+    when that runs out (rank 0 still hashing a large book, or gone), its error says what rank 0
+    was doing and which timeouts to raise. Rank 0's own failures pass through unchanged."""
+    from types import SimpleNamespace
+
+    from quietgnn.comm.communicator import CommError
+    from quietgnn.strategies.tma import TMA, TMAOptions
+
+    class _SilentHub:
+        def broadcast_object(self, obj, kind, *, carries=None):
+            assert kind == "eval_setup"
+            raise CommError("rank 1: lost the averaging hub (rank 0) in round 2")
+
+    s = TMA(SimpleNamespace(rank=1, seed=0), TMAOptions(eval_nodes=8))
+    s.chan = _SilentHub()
+    with pytest.raises(CommError, match=r"lost the averaging hub .*while rank 0 was opening the "
+                                        r"evaluation sample \(options.eval_nodes = 8\) from the "
+                                        r"partition book '/b'.*raise options.fail_timeout_s"):
+        s._open_book_eval("/b")
+    s = TMA(SimpleNamespace(rank=0, seed=0), TMAOptions(eval_nodes=8))
+    s.chan, s._eval_fanouts = _SilentHub(), [2, 2]
+    with pytest.raises(ValueError, match="no partition book at '/b'"):
+        s._open_book_eval("/b")

@@ -332,7 +332,20 @@ class TMA(Strategy):
                 failure = exc
                 why = [isinstance(exc, ValueError), f"{type(exc).__name__}: {exc}"]
         # None when rank 0 has its evaluator, else [input error?, its error]
-        why = self.chan.broadcast_object(why, kind="eval_setup", carries=Traffic.CONTROL)
+        try:
+            why = self.chan.broadcast_object(why, kind="eval_setup", carries=Traffic.CONTROL)
+        except CommError as exc:
+            if ctx.rank == 0:
+                if failure is not None:
+                    raise failure from exc      # the book's error is the cause
+                raise
+            # the trainers wait here (up to the channel's 2 x timeout + 5 s) while rank 0
+            # checks the sha256 of every file of the book it reads: say so when that ran out
+            raise CommError(f"{exc}. It happened while rank 0 was opening the evaluation sample "
+                            f"(options.eval_nodes = {k}) from the partition book {book!r}, "
+                            f"which checks every file of the book it reads against its sha256: "
+                            f"if rank 0 is alive and the book is large, raise "
+                            f"options.fail_timeout_s or runtime.timeout_s") from exc
         if failure is not None:
             raise failure
         if why is not None:
