@@ -103,7 +103,8 @@ def _until(pred, timeout):
 @pytest.mark.parametrize("strategy", ["halo"])
 def test_a_host_that_disappears(tmp_path, strategy):
     """Host 2's link goes down mid-run: `halo` stops on every rank within the timeout (each
-    rank's one-line error names the operation and says a peer died or is stuck); `tma`
+    rank's one-line error names the operation and says a peer died or is stuck; the survivors
+    name host 2 by its address, host 2 says it lost its link); `tma`
     finishes on the survivors. The vanished host's own torchrun agent is not waited for: it can
     no longer reach the rendezvous, and its host is gone."""
     d = tmp_path / "d"
@@ -115,6 +116,7 @@ def test_a_host_that_disappears(tmp_path, strategy):
             "--runtime.timeout_s", "20", "--out", str(tmp_path), "--run-name", "r",
             "--summary-json", str(tmp_path / "s.json"), *extra]
     with Cluster(3, rate="100mbit") as c:
+        addrs = c.addrs
         procs = c.torchrun(args, run_id="gone", log_dir=tmp_path)
         metrics = tmp_path / "r" / "metrics" / "rank-2.jsonl"
         assert _until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 3,
@@ -137,3 +139,8 @@ def test_a_host_that_disappears(tmp_path, strategy):
         for i in range(3):                                  # the vanished host's rank too
             err = (tmp_path / "r" / "logs" / f"rank-{i}.error").read_text()
             assert f"CommError: rank {i}: " in err and "peer rank probably died" in err
+            if i < 2:   # the survivors name the host whose heartbeat stopped, by address
+                assert f"rank 2 on " in err and f"({addrs[2]})" in err, err[-1500:]
+                assert "rank 1 on" not in err.splitlines()[-1].split("Silent")[-1]
+            else:       # the vanished host cannot reach the store: it says so
+                assert "this host lost its link" in err, err[-1500:]

@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..serial import dumps, loads
+from .liveness import Liveness, host_label
 from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
 from .traffic import Traffic, check_traffic
 
@@ -176,6 +177,8 @@ class Communicator:
         self.residency = "none"
         #: bytes sent by this rank per traffic class, every op of the run (never drained)
         self.sent_by_class: dict[str, int] = {}
+        #: host labels and heartbeat (set by :meth:`init` on a multi-process group)
+        self.liveness: Liveness | None = None
 
     # ------------------------------------------------------------------ life cycle
     @classmethod
@@ -197,10 +200,13 @@ class Communicator:
                 base = _tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                   world_size, not agent and rank == 0, timeout,
                                   multi_tenant=not agent)
-                store = dist.PrefixStore(f"quietgnn/generation-{_generation(base, world_size)}",
-                                         base)
+                prefix = f"quietgnn/generation-{_generation(base, world_size)}"
+                store = dist.PrefixStore(prefix, base)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
+                comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
+                comm._watch(store, prefix, multi_tenant=not agent)
+                return comm
             elif init_method == "env://":
                 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
                 if backend == "gloo":
@@ -208,12 +214,34 @@ class Communicator:
                 store = _tcp_store(addr, port, world_size, rank == 0, timeout)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
+                comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
+                comm._watch(store, None, multi_tenant=False)
+                return comm
             else:
                 dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
                                         world_size=world_size, timeout=timeout)
         return cls(rank, world_size, timeout_s=timeout_s, device=device)
 
+    def _watch(self, store: Any, prefix: str | None, multi_tenant: bool) -> None:
+        """Host labels and, across hosts, the heartbeat that names a vanished host in the
+        error of a failed collective (comm/liveness.py)."""
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+        def connect(timeout: timedelta) -> Any:
+            client = dist.TCPStore(addr, port, self.world_size, is_master=False,
+                                   timeout=timeout, multi_tenant=multi_tenant)
+            return dist.PrefixStore(prefix, client) if prefix else client
+
+        def count(n: int) -> None:
+            c = Traffic.CONTROL.value
+            self.sent_by_class[c] = self.sent_by_class.get(c, 0) + n
+
+        self.liveness = Liveness(store, self.rank, self.world_size, host_label(addr, port),
+                                 connect, count)
+
     def close(self) -> None:
+        if self.liveness is not None:
+            self.liveness.stop()
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -296,7 +324,8 @@ class Communicator:
             raise CommError(
                 f"rank {self.rank}: {what} ({kind or 'n/a'}, round {self.round - 1}, epoch "
                 f"{self.epoch}) failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}. "
-                f"A peer rank probably died or is stuck (timeout {self.timeout_s:g}s)") from exc
+                f"A peer rank probably died or is stuck (timeout {self.timeout_s:g}s)."
+                f"{self.liveness.diagnose() if self.liveness is not None else ''}") from exc
 
     def _check(self, t: Tensor, what: str) -> None:
         if not isinstance(t, Tensor):
