@@ -9,7 +9,10 @@ The runs are the matrix of ``benchmarks/scale.yaml`` through :func:`quietgnn.ben
 a rerun), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
 peak, extrapolated linearly in edges from the strategy's two previous sizes, times P exceeds
 ``--mem-frac`` of the memory available now; it is recorded as skipped with that estimate,
-which is where the limit is.
+which is where the limit is. ``--attempt LABEL@EDGES`` (e.g. ``grappa-minibatch@1e+08``) runs
+one anyway, under a watchdog that kills it when less than ``--floor-mb`` of memory is left
+(recorded as stopped, with the largest per-rank resident set seen): a measured limit instead
+of an estimate.
 
 Per run: edges (undirected), nodes, the prepare's time and peak memory (from
 ``benchmarks/results/prepare-scale/prepare.json``), the prepared data on disk (what the
@@ -27,7 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +106,64 @@ def epoch_figures(run_dir: Path) -> dict:
             "setup_peak_rss_rank_mb": max(setup) if setup else None}
 
 
+class Watchdog:
+    """Stops a run whose processes leave less than ``floor_mb`` of memory available (SIGKILL
+    to every process whose command line names the run), so an attempt past the estimate
+    cannot take the machine down; records the largest resident set it saw per process."""
+
+    def __init__(self, run_id: str, floor_mb: float) -> None:
+        self.run_id, self.floor_mb = run_id, floor_mb
+        self.fired, self.peak_mb, self.ranks = False, 0.0, 0
+        self._stop = threading.Event()
+
+    def _procs(self) -> list[tuple[int, float]]:
+        """(pid, resident MiB) of the run's launcher (its command line names the run) and of
+        every process below it (the workers are spawned with another command line)."""
+        parent, rss, roots = {}, {}, []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                rss[int(d.name)] = next(int(x.split()[1]) for x in
+                                        (d / "status").read_text().splitlines()
+                                        if x.startswith("VmRSS:")) / 1024.0
+                if self.run_id.encode() in (d / "cmdline").read_bytes():
+                    roots.append(int(d.name))
+            except (OSError, StopIteration, ValueError, IndexError):
+                continue
+        mine = set(roots) - {os.getpid()}
+        grew = True
+        while grew:
+            new = {p for p, q in parent.items() if q in mine} - mine
+            grew, mine = bool(new), mine | new
+        return [(p, rss[p]) for p in mine if p in rss]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            procs = self._procs()
+            if procs:
+                self.peak_mb = max(self.peak_mb, max(m for _, m in procs))
+                self.ranks = max(self.ranks, sum(1 for _, m in procs if m > 200))
+            if procs and mem_available_mb() < self.floor_mb:
+                self.fired = True
+                for pid, _ in procs:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def __enter__(self) -> "Watchdog":
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def estimate_mb(done: list[dict], edges: int) -> float | None:
     """Per-rank peak at ``edges``, linear in edges through the two largest earlier sizes."""
     pts = sorted((r["edges"], r["peak_rss_rank_mb"]) for r in done if r.get("ok"))
@@ -162,15 +226,24 @@ def run(args: argparse.Namespace) -> list[dict]:
                    "status": "skipped", "reason": "a smaller size did not train",
                    "run": spec.id}
         elif est is not None and est * spec.parts > args.mem_frac * avail and \
-                not (out / "results" / f"{spec.id}.json").is_file():
+                not (out / "results" / f"{spec.id}.json").is_file() and \
+                f"{name}@{facts['edges']:.0e}" not in args.attempt:
             rec = {"strategy": name, **facts, "parts": spec.parts, "ok": False,
                    "status": "skipped", "estimated_peak_rss_rank_mb": est,
                    "reason": f"estimated {est:.0f} MiB/rank x {spec.parts} ranks = "
                              f"{est * spec.parts / 1024:.1f} GiB > {args.mem_frac:.0%} of the "
                              f"{avail / 1024:.1f} GiB available", "run": spec.id}
         else:
-            res = run_matrix([spec], out, timeout_s=float(matrix.get("run_timeout_s", 3600)))[0]
+            with Watchdog(spec.id, args.floor_mb) as dog:
+                res = run_matrix([spec], out,
+                                 timeout_s=float(matrix.get("run_timeout_s", 3600)))[0]
             rec = record(spec, res, facts, prep, previous)
+            if dog.fired:   # the measured limit, not an estimate
+                rec.update(status="stopped", peak_rss_rank_mb=None,
+                           peak_rss_rank_seen_mb=dog.peak_mb, estimated_peak_rss_rank_mb=est,
+                           reason=f"stopped by the watchdog when free memory fell below "
+                                  f"{args.floor_mb} MiB: {dog.ranks} ranks at up to "
+                                  f"{dog.peak_mb:.0f} MiB each")
         print(json.dumps({k: rec.get(k) for k in ("strategy", "edges", "status",
                                                   "peak_rss_rank_mb", "reason")}),
               file=sys.stderr, flush=True)
@@ -241,6 +314,11 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-frac", type=float, default=0.8,
                     help="fraction of the memory available now a run may be estimated to use")
     ap.add_argument("--render", action="store_true", help="only rebuild the tables")
+    ap.add_argument("--attempt", action="append", default=[], metavar="LABEL@EDGES",
+                    help="run this one even if its estimate does not fit, e.g. "
+                         "grappa-minibatch@1e+08 (the watchdog stops it if memory runs out)")
+    ap.add_argument("--floor-mb", type=float, default=1536.0,
+                    help="the watchdog stops a run when less memory than this is available")
     args = ap.parse_args(argv)
     jpath = ROOT / "benchmarks/results/scale.json"
     if args.render:

@@ -36,7 +36,7 @@ Derived / simplified here (the paper body was not available):
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ from ..comm import Communicator
 from ..comm.traffic import Traffic
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
-from .renumber import Renumberer, cumsum0
+from .renumber import Renumberer, chunk_bounds, cumsum0
 from .rng import row_keys
 from .sage import check_targets, sample_rows
 
@@ -62,8 +62,9 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
 
     Returns ``(owner [N], indptr [N + 1], indices)``: rows of nodes outside the group are
     empty; ``indices`` is int32 while global ids fit (half the memory of the rank's edges, the
-    largest array a sampler holds). Cost (setup, kinds ``topology_ids`` and ``topology``): every rank's owned ids to
-    every rank (N int64 in all), and its rows to the other members of ``group``.
+    largest array a sampler holds). Cost (setup, kinds ``topology_ids`` and ``topology``):
+    every rank's owned ids to every rank (N int64 in all), and its rows to the other members
+    of ``group`` (a rank's own rows are read from its part, never sent to itself).
     """
     P, N = comm.world_size, part.num_nodes_global
     owned = part.owned
@@ -75,24 +76,40 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
         raise ValueError("fetch_topology: some nodes are owned by no rank; the partition book "
                          "does not cover the graph")
     counts = part.indptr[1:] - part.indptr[:-1]
-    cols = part.local_ids()[part.indices]
-    mine = _pack([torch.tensor([owned.numel()]), owned, counts, cols])
+    me = comm.rank
+    others = [j for j in group if j != me]
+    # the rank's own rows never travel (they are read from the part where they are needed);
+    # the other members get them packed (int64: ids, row lengths, global column ids)
+    mine = (_pack([torch.tensor([owned.numel()]), owned, counts,
+                   part.local_ids()[part.indices]]) if others else owned[:0])
     empty = mine[:0]
-    blocks = comm.all_to_all([mine if j in group else empty for j in range(P)], "topology",
+    blocks = comm.all_to_all([mine if j in others else empty for j in range(P)], "topology",
                              carries=Traffic.STRUCTURE)
+    del mine
     deg = torch.zeros(N, dtype=torch.int64)
-    rows: list[tuple[Tensor, Tensor]] = []
-    for r in group:
+    lid = part.local_ids()
+    # (row ids, row pointer into their columns, columns of an edge slice)
+    rows: list[tuple[Tensor, Tensor, Any]] = []
+    if me in group:
+        deg[owned] = counts
+        rows.append((owned, part.indptr - part.indptr[0],
+                     lambda e0, e1: lid.index_select(0, part.indices[e0:e1].long())))
+    for r in others:
         b = blocks[r]
         m = int(b[0])
         ids = b[1:1 + m]
         deg[ids] = b[1 + m:1 + 2 * m]
-        rows.append((ids, b[1 + 2 * m:]))
+        rows.append((ids, cumsum0(b[1 + m:1 + 2 * m]),
+                     lambda e0, e1, c=b[1 + 2 * m:]: c[e0:e1]))
     indptr = torch.zeros(N + 1, dtype=torch.int64)
     torch.cumsum(deg, 0, out=indptr[1:])
     indices = torch.empty(int(indptr[-1]), dtype=torch.int32 if N < 2 ** 31 else torch.int64)
-    for ids, c in rows:  # entries of ids' rows, row after row, land in their CSR slots
-        indices[expand_rows(indptr, ids)[1]] = c.to(indices.dtype)
+    for ids, ptr, cols in rows:  # entries of ids' rows, row after row, land in their CSR slots
+        # a slice of rows at a time: the positions of all of a rank's edges at once would be
+        # several int64 temporaries of the rank's edges, the peak of a sampler's set-up
+        for r0, r1 in chunk_bounds(ptr, 1 << 22):
+            e0, e1 = int(ptr[r0]), int(ptr[r1])
+            indices[expand_rows(indptr, ids[r0:r1])[1]] = cols(e0, e1).to(indices.dtype)
     return owner, indptr, indices
 
 
@@ -235,8 +252,10 @@ class Sampler15D:
         if self._buf is None or self._buf.numel() < need:
             self._buf = torch.empty(need + need // 4, dtype=self.indices.dtype)
             self._buf[:L] = self.indices
-        if pieces:   # fetched rows arrive as int64; the copy narrows them to the buffer's type
-            self._buf[L:need].copy_(torch.cat(pieces))
+        at = L   # fetched rows arrive as int64: each copy narrows its piece, no joined copy
+        for p in pieces:
+            self._buf[at:at + p.numel()].copy_(p)
+            at += p.numel()
         return self._buf[:need]
 
     def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:
