@@ -12,20 +12,6 @@ from ..nn import SparseAdj
 from ..partition.local import gather_rows
 
 
-def _parse_fanouts(v: Any) -> list[int]:
-    if isinstance(v, int):
-        v = [v]
-    elif isinstance(v, str):
-        v = [s for s in v.replace("[", "").replace("]", "").split(",") if s.strip()]
-    try:
-        out = [int(x) for x in v]
-    except (TypeError, ValueError):
-        out = []
-    if not out or any(f < 1 for f in out):
-        raise ValueError(f"options.fanouts = {v!r}; expected positive ints, e.g. '10,25'")
-    return out
-
-
 # ---------------------------------------------------------------------- sampling
 class LocalSampler:
     """Uniform neighbour sampling on a CSR (the trainer's induced subgraph), vectorised.

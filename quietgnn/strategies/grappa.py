@@ -63,6 +63,7 @@ from ..comm.lowrank import LowRankReducer
 from ..comm.traffic import Traffic
 from ..nn import SparseFeatures, maybe_sparse
 from ..sampling.evaluate import SampledEvaluator
+from ..sampling.fanouts import parse_fanouts
 from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
@@ -137,16 +138,8 @@ class GrappaOptions:
             raise ValueError(f"options.steps_per_epoch = {self.steps_per_epoch} applies to "
                              f"mode 'minibatch' only (a full-mode epoch is one step); add "
                              f"--options.mode minibatch or leave it out")
-        if isinstance(self.fanouts, str):
-            self.fanouts = [int(v) for v in self.fanouts.strip("[]() ").split(",") if v.strip()]
-        if isinstance(self.fanouts, int):
-            self.fanouts = [self.fanouts]
-        if self.fanouts is not None:
-            if not (isinstance(self.fanouts, (list, tuple)) and all(
-                    isinstance(f, int) and (f == -1 or f >= 1) for f in self.fanouts)):
-                raise ValueError(f"options.fanouts = {self.fanouts!r}; expected a list of ints "
-                                 f">= 1 (or -1 for all neighbours), one per layer, e.g. [25,10]")
-            self.fanouts = list(self.fanouts)
+        if self.fanouts is not None:   # None: the defaults per depth (DEFAULT_FANOUTS)
+            self.fanouts = parse_fanouts(self.fanouts)
 
 
 @register

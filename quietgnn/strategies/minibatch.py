@@ -59,22 +59,11 @@ from ..sampling import NeighborSampler
 from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 from ..sampling.evaluate import SampledEvaluator, global_in_degree
+from ..sampling.fanouts import parse_fanouts
 from ..sampling.ladies import LadiesSampler
 from ..sampling.loader import iterate_bulks, plan_epoch, step_totals, truncate_plan
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
-
-
-def _fanouts(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, str):
-        value = [v for v in value.replace(" ", ",").split(",") if v]
-    try:
-        return [int(v) for v in value]
-    except (TypeError, ValueError):
-        raise ValueError(f"options.fanouts = {value!r}; expected one int per layer, e.g. "
-                         f"'15,10,5' or [25, 10]") from None
 
 
 @register
@@ -102,14 +91,11 @@ class MiniBatch(Strategy):
         grad_bits: int = 32
 
         def __post_init__(self) -> None:
-            self.fanouts = _fanouts(self.fanouts)
+            self.fanouts = parse_fanouts(self.fanouts)
             if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, (int, float)) \
                     or not self.cache_mb >= 0:
                 raise ValueError(f"options.cache_mb = {self.cache_mb!r}; expected MiB >= 0 "
                                  f"(0: no feature cache)")
-            if any(f == 0 or f < -1 for f in self.fanouts):
-                raise ValueError(f"options.fanouts = {self.fanouts}; expected positive ints "
-                                 f"(or -1 = all neighbours)")
             for key in ("batch_size", "bulk", "replication"):
                 v = getattr(self, key)
                 if not isinstance(v, int) or v < 1:

@@ -122,7 +122,8 @@ from ..comm.communicator import CommError
 from ..comm.store import StarChannel
 from ..comm.traffic import Traffic
 from ..nn import SparseAdj, SparseFeatures, maybe_sparse
-from ._tma_data import LocalSampler, _parse_fanouts, _part_pieces, assemble_graph
+from ..sampling.fanouts import parse_fanouts
+from ._tma_data import LocalSampler, _part_pieces, assemble_graph
 from .base import EpochResult, Strategy, register
 
 __all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
@@ -187,7 +188,7 @@ class TMAOptions:
                              f"> 0 (e.g. 200, or 0.5 for half a pass)")
         if self.mode not in ("full", "minibatch"):
             raise ValueError(f"options.mode = {self.mode!r}; expected 'full' or 'minibatch'")
-        self.fanouts = _parse_fanouts(self.fanouts)
+        self.fanouts = parse_fanouts(self.fanouts, allow_all=False)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
         if not float(self.clip) >= 0:
