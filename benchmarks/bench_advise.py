@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.advisor import CANDIDATES, build_prior, probe, rank  # noqa: E402
+from quietgnn.advisor import (CANDIDATES, _graph_and_partitions, build_prior, probe,  # noqa: E402
+                              rank, updates_per_pass)
 from quietgnn.comm.network import TIERS  # noqa: E402
 from quietgnn.report import build_report  # noqa: E402
 
@@ -135,8 +136,21 @@ def measured(report: dict, results: list[dict], ds: str, model: str,
     return out
 
 
-def write_prior() -> None:
-    prior = build_prior(current_results())
+def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[str, int]]:
+    """Optimizer updates per epoch-equivalent of every candidate on each dataset of
+    ``results`` at P = 4 with default options (what the measured runs used), from the graph's
+    training nodes per part of each strategy's partitioner: the prior counts work in
+    updates (:mod:`quietgnn._advise_fit`)."""
+    out = {}
+    for ds in sorted({r["dataset"] for r in results}):
+        _, parts = _graph_and_partitions(ds, str(data_root / ROOTS[ds]), None, 4, CANDIDATES, {})
+        out[ds] = {s: updates_per_pass(s, parts) for s in CANDIDATES}
+    return out
+
+
+def write_prior(data_root: Path) -> None:
+    results = current_results()
+    prior = build_prior(results, updates=updates_by_dataset(data_root, results))
     prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,"
                        "minibatch-cache,headline-grappa}: every strategy at P = 4, GCN and SAGE "
                        "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS")
@@ -151,6 +165,7 @@ def write_prior() -> None:
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
     results = training_only(current_results())
     report = build_report(results, dict(TIERS))
+    updates = updates_by_dataset(data_root, results)
     records = []
     for g in report["groups"]:
         ds, model = g["dataset"], g["model"]
@@ -162,7 +177,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
-        prior = build_prior(results, exclude=[ds])
+        prior = build_prior(results, exclude=[ds], updates=updates)
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
         # run to theirs on this graph (one factor for every strategy; unscaled kept beside)
@@ -263,7 +278,7 @@ def main() -> int:
     ap.add_argument("--datasets", default="", help="comma-separated subset")
     args = ap.parse_args()
     if args.write_prior:
-        write_prior()
+        write_prior(Path(args.data_root))
         return 0
     jpath = ROOT / "benchmarks/results/advise.json"
     if args.render:

@@ -79,8 +79,12 @@ def _tier(spec: str | Tier) -> Tier:
 def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[str],
                           parts: int, strategies: Sequence[str],
                           set_: dict[str, Any]) -> tuple[dict, dict]:
-    """The graph's size, and edge cut / halo / replication of each strategy's default
-    partitioner (of the directory's partition for a prepared graph: nothing is loaded)."""
+    """The graph's size, and edge cut / halo / replication and training nodes per part of
+    each strategy's default partitioner (of the directory's partition for a prepared graph:
+    nothing is loaded but the parts' training masks)."""
+    import numpy as np
+    import torch
+
     from .strategies import get_strategy
     if prepared:
         from .partition import PartitionBook
@@ -89,7 +93,13 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
         info = {"name": g.get("name"), "nodes": g.get("num_nodes"), "edges": g.get("num_edges"),
                 "features": g.get("num_features"), "classes": g.get("num_classes"),
                 "parts": book.num_parts}
-        return info, {book.method: dict(book.stats)}
+        st = dict(book.stats)
+        try:
+            st["train_per_part"] = [int(np.asarray(book.mapped(f"part-{r}/train_mask.npy")).sum())
+                                    for r in range(book.num_parts)]
+        except (ValueError, OSError):
+            pass   # an older book: the updates per pass are then taken as 1
+        return info, {book.method: st}
     from .datasets import load_dataset
     from .partition.local import partition_stats
     from .partition.partitioners import partition_nodes
@@ -99,12 +109,28 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
     for method in sorted({get_strategy(s).default_partitioner for s in strategies}):
         if method == "given":
             continue
-        st = partition_stats(graph, partition_nodes(graph, method, parts))
+        assign = partition_nodes(graph, method, parts)
+        st = partition_stats(graph, assign)
         out[method] = {k: st[k] for k in ("edge_cut_fraction", "halo_total",
                                           "replication_factor", "balance")}
+        if graph.train_mask is not None:
+            a = torch.as_tensor(np.asarray(assign))[graph.train_mask]
+            out[method]["train_per_part"] = torch.bincount(a, minlength=parts).tolist()
     info = {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
             "features": graph.num_features, "classes": graph.num_classes}
     return info, out
+
+
+def updates_per_pass(strategy: str, partitions: dict[str, Any]) -> int:
+    """Optimizer updates in one epoch-equivalent of ``strategy`` with its default options on
+    its default partitioner's parts (``partitions``: :func:`probe`'s); 1 where the training
+    nodes per part are unknown (see :meth:`Strategy.updates_per_pass`)."""
+    from .strategies import get_strategy
+    cls = get_strategy(strategy)
+    counts = (partitions.get(cls.default_partitioner) or {}).get("train_per_part")
+    if not counts and len(partitions) == 1:   # a prepared graph: its one partition
+        counts = next(iter(partitions.values())).get("train_per_part")
+    return int(cls.updates_per_pass(cls.Options(), list(counts))) if counts else 1
 
 
 def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optional[int]:
@@ -242,6 +268,7 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         m["setup"] = {"hops": float(setup.get("hops", 0)),
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
         m["partitioner"] = res["summary"].get("partitioner")
+        m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
         measured[spec.strategy] = m
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
@@ -304,9 +331,11 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                             m["setup"]["crit_bytes"] + once["crit_bytes"])
         per = m.get("periodic")
         per_s = (per["compute_s"] + t.seconds(per["hops"], per["crit_bytes"])) if per else 0.0
-        tta = None
+        tta = work = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
-            work = _work_needed(p, base_work)
+            # the prior counts optimizer updates (centralized: one per epoch); a mini-batch
+            # epoch here holds several
+            work = _work_needed(p, base_work) / float(m.get("updates_per_epoch") or 1)
             # expected time: a strategy that gets there in half the runs costs twice
             tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / p["reach"]
         comm_s = epoch_s - m["compute_s"]
@@ -321,8 +350,10 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
-                           + (f"needs ~{_work_needed(p, base_work):.0f} epochs (centralized "
-                              f"{base_work:.0f}); " if p and p.get("epochs_ratio") else "")
+                           + (f"needs ~{work:.3g} epochs (centralized {base_work:.0f})"
+                              + (f" of {m['updates_per_epoch']} updates each"
+                                 if (m.get("updates_per_epoch") or 1) > 1 else "")
+                              + "; " if work is not None else "")
                            + risk_why))
         rows.append(row)
     never = float("inf")
