@@ -245,11 +245,13 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         if tmp is not None:
             tmp.cleanup()
     measured: dict[str, Any] = {}
-    ref_work = ref_compute = None
+    ref_work = ref_compute = target = None
+    curves = {}
     for spec, res in zip(specs, results):
         if spec is ref_spec:
             if res.get("status") == "ok" and res.get("curve"):
-                ref_work = _work_to_target(res["curve"], TARGET_FRAC * res["summary"]["test_acc"])
+                target = TARGET_FRAC * res["summary"]["test_acc"]
+                ref_work = _work_to_target(res["curve"], target)
                 # the machine's pace at probe time: the same run elsewhere says how much
                 # faster or slower that machine (or its load then) is than this one now
                 ref_compute = statistics.median(
@@ -270,6 +272,12 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         m["partitioner"] = res["summary"].get("partitioner")
         m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
         measured[spec.strategy] = m
+        curves[spec.strategy] = res["curve"]
+    if target is not None:
+        # a probe that already reached the target measured an upper bound of the work on
+        # this graph (its one evaluation is at its last epoch)
+        for s, curve in curves.items():
+            measured[s]["reached_at"] = _work_to_target(curve, target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}
@@ -336,8 +344,12 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
             # the prior counts optimizer updates (centralized: one per epoch); a mini-batch
             # epoch here holds several
             work = _work_needed(p, base_work) / float(m.get("updates_per_epoch") or 1)
-            # expected time: a strategy that gets there in half the runs costs twice
-            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / p["reach"]
+            # expected time: a strategy that gets there in half the runs costs twice; one
+            # whose probe got there here needs at most the probe's work, and does get there
+            reach = p["reach"]
+            if m.get("reached_at"):
+                work, reach = min(work, float(m["reached_at"])), 1.0
+            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / reach
         comm_s = epoch_s - m["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
@@ -353,6 +365,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                            + (f"needs ~{work:.3g} epochs (centralized {base_work:.0f})"
                               + (f" of {m['updates_per_epoch']} updates each"
                                  if (m.get("updates_per_epoch") or 1) > 1 else "")
+                              + (f", reached the target within the probe's "
+                                 f"{m['reached_at']:.3g}" if m.get("reached_at") else "")
                               + "; " if work is not None else "")
                            + risk_why))
         rows.append(row)
