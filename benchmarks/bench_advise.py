@@ -48,10 +48,11 @@ def current_results() -> list[dict]:
     headline figures (as ``benchmarks/halo_ratios.py`` combines them; later studies win):
     the headline matrix; re-runs of some cells (``headline-tma``, ``headline-big``); the
     ``halo-baseline`` study, whose ``halo`` is today's (static inputs fetched once) and whose
-    ``centralized`` and ``adaqp`` ran at the same code; ``minibatch-cache``'s runs at the
-    headline's 200 epochs (today's ``minibatch``, with its feature cache; its 20-epoch CS runs
-    are not the headline's settings); and ``headline-grappa`` (``grappa`` and ``centralized``
-    on all four graphs: today's ``grappa`` keeps mostly-zero features sparse, which made its
+    ``centralized`` and ``adaqp`` ran at the same code; ``minibatch-cache``'s default-option
+    runs at the headline's 200 epochs (today's ``minibatch``, with its feature cache; its
+    20-epoch CS runs are not the headline's settings, its 4-bit gradient runs not the default
+    options the advisor probes); and ``headline-grappa`` (``grappa`` and ``centralized`` on
+    all four graphs: today's ``grappa`` keeps mostly-zero features sparse, which made its
     epochs several times cheaper than the headline's run measured). The advisor
     probes today's code: a run of older code is not what it predicts. The headline's own
     ``halo`` is the vanilla one, which re-sends its inputs every epoch."""
@@ -72,7 +73,9 @@ def current_results() -> list[dict]:
         if r["strategy"] != "halo-vanilla":
             add(r)
     for r in jsonl("minibatch-cache"):
-        if (r.get("overrides") or {}).get("train.epochs") == 200:
+        # its default-option runs: the advisor probes (and predicts) default options; the
+        # study's 4-bit gradient variant is another configuration of the same strategy name
+        if (r.get("overrides") or {}).get("train.epochs") == 200 and not r.get("options"):
             add(r)
     # only its grappa: its centralized and halo ran on a loaded machine, and the others they
     # race (tma, adaqp, minibatch) were measured on a quiet one; grappa's compute is brought
