@@ -146,8 +146,8 @@ def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str,
 
 
 def _work_needed(p: dict[str, Any], ref_work: float) -> float:
-    """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
-    ``ref_work``: the chosen fit (:func:`_choose_fit`) where there is one, else the mean
+    """Updates the strategy is expected to need where ``centralized`` needs ``ref_work``
+    (one per epoch): the chosen fit (:func:`_choose_fit`) where there is one, else the mean
     ratio."""
     f = p.get("fit")
     if f:

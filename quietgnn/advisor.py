@@ -10,13 +10,15 @@ can reuse them:
    epochs ``centralized`` (one process) needs to reach 98 % of its own accuracy here.
 2. :func:`build_prior` turns quietgnn's own measured runs (the headline study: every
    strategy trained to the end on real graphs) into what a few epochs cannot show: how many
-   epoch-equivalents a strategy needs as a function of what ``centralized`` needs on the
+   optimizer updates a strategy needs as a function of what ``centralized`` needs on the
    same graph (a ratio, a constant or a power law: whichever predicts a left-out graph
    best), how often it got there at all, and its accuracy gap (:mod:`quietgnn._advise_fit`).
    The shipped table is :mod:`quietgnn._advise_prior` (``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
    slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
-   it needs given ``centralized``'s here, adds what is sent once and what recurs every few
+   it needs given ``centralized``'s here (the updates it needs over its updates per epoch on
+   this graph's parts: :func:`updates_per_pass`; at most the probe's epochs where its probe
+   already reached the target), adds what is sent once and what recurs every few
    epochs (once per period crossed), divides by its chance of reaching the target, and
    sorts.
 
