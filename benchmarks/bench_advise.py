@@ -178,6 +178,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
             r["strategy"] == s and r["parts"] == 4 for r in g["rows"])]
         m = probe(ds, root=str(data_root / ROOTS[ds]), parts=4, model=model,
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
+                  run_epochs=200,   # the measured runs' (retexo's schedule: 100 rounds a layer)
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
         prior = build_prior(results, exclude=[ds], updates=updates)
@@ -213,8 +214,8 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
 
 
 def on_machine(m: dict, factor: float) -> dict:
-    """The probe ``m`` with every strategy's compute (per epoch and per period) times
-    ``factor``."""
+    """The probe ``m`` with every strategy's compute (per epoch, per period and per phase)
+    times ``factor``."""
     out = {**m, "strategies": {}}
     for s, v in m["strategies"].items():
         v = dict(v)
@@ -223,6 +224,11 @@ def on_machine(m: dict, factor: float) -> dict:
         if v.get("periodic"):
             v["periodic"] = {**v["periodic"],
                              "compute_s": v["periodic"]["compute_s"] * factor}
+        if v.get("phases"):
+            def times(c: dict) -> dict:
+                return {**c, "compute_s": c["compute_s"] * factor}
+            v["phases"] = [{**times(ph), "start": times(ph["start"]), "end": times(ph["end"])}
+                           for ph in v["phases"]]
         out["strategies"][s] = v
     return out
 

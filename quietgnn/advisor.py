@@ -40,6 +40,7 @@ from typing import Any, Optional, Sequence
 
 from ._advise_fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
                           _work_to_target, build_prior)
+from ._advise_phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from .comm.network import TIERS, Tier, parse_tier
 
 __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
@@ -145,6 +146,12 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
     return sum(p.numel() for p in net.parameters())
 
 
+def _layers(model: str, set_: dict[str, Any]) -> int:
+    from .nn.model import ModelConfig
+    keys = {k.split(".", 1)[1]: v for k, v in set_.items() if k.startswith("model.")}
+    return int(ModelConfig(arch=model, **keys).layers)
+
+
 def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
     """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
     once and (with ``period``: the probe's period of a :data:`_PERIODIC` strategy) what is
@@ -202,10 +209,14 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
           prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
           strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
           set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
-          reference_epochs: int = REFERENCE_EPOCHS, log: Any = None) -> dict[str, Any]:
+          reference_epochs: int = REFERENCE_EPOCHS, log: Any = None,
+          run_epochs: Optional[int] = None) -> dict[str, Any]:
     """Measure every strategy of ``strategies`` for a few epochs, and how many epochs
     ``centralized`` needs on this graph (``reference_epochs`` of it, one process; skipped for
-    a prepared graph, which may not fit one process, and with 0); returns ``{"graph",
+    a prepared graph, which may not fit one process, and with 0); ``run_epochs``: the
+    ``train.epochs`` of the run being planned (default: ``set_``'s, else the trainer's
+    default), which sets a phased strategy's schedule (:mod:`quietgnn._advise_phases`);
+    returns ``{"graph",
     "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
     from .bench import RunSpec, run_matrix
     from .strategies import available_strategies
@@ -223,10 +234,16 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         # the directory names its graph and its parts
         common["dataset.prepared"] = str(prepared)
         dataset, parts = str(info["name"]), int(info["parts"])
+    layers = _layers(model, common)
+    if run_epochs is None:
+        from .strategies.base import TrainConfig
+        run_epochs = int(common.get("train.epochs", TrainConfig().epochs))
     specs = []
     for s in strategies:
         k = _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
         opts = {_PERIODIC[s]: _PROBE_PERIOD} if s in _PERIODIC else {}
+        if s in PHASED:
+            k, opts = PROBE_PHASE * layers, {PHASED[s]: PROBE_PHASE}
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
                              root=root, options=opts,
                              overrides={**common, "train.epochs": k, "train.eval_every": k}))
@@ -273,13 +290,19 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
         m["partitioner"] = res["summary"].get("partitioner")
         m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
+        if spec.strategy in PHASED:
+            from .strategies import get_strategy
+            sched = get_strategy(spec.strategy).Options().schedule(layers, run_epochs)
+            m["phases"] = phase_costs(res["curve"], layers, sched)
         measured[spec.strategy] = m
         curves[spec.strategy] = res["curve"]
     if target is not None:
         # a probe that already reached the target measured an upper bound of the work on
-        # this graph (its one evaluation is at its last epoch)
+        # this graph (its one evaluation is at its last epoch); not one probed at another
+        # schedule than the real run's (a phased or periodic strategy's)
         for s, curve in curves.items():
-            measured[s]["reached_at"] = _work_to_target(curve, target)
+            if s not in PHASED and s not in _PERIODIC:
+                measured[s]["reached_at"] = _work_to_target(curve, target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}
@@ -335,8 +358,13 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                          "predicted_seconds_to_target": None,
                          "reason": f"probe failed: {m['error']}"})
             continue
-        epoch_s = m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"])
-        once = m.get("once") or {"hops": 0.0, "crit_bytes": 0.0}
+        phases = m.get("phases")
+        # a phased strategy's epoch is its first phase's (where a run spends its first
+        # epochs), its once-only traffic the first phase's; later phases' at their start
+        epoch_s = (phases[0]["compute_s"] + t.seconds(phases[0]["hops"], phases[0]["crit_bytes"])
+                   if phases else m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"]))
+        once = (phases[0]["start"] if phases else m.get("once")) or {"hops": 0.0,
+                                                                     "crit_bytes": 0.0}
         setup_s = t.seconds(m["setup"]["hops"] + once["hops"],
                             m["setup"]["crit_bytes"] + once["crit_bytes"])
         per = m.get("periodic")
@@ -351,8 +379,9 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
             reach = p["reach"]
             if m.get("reached_at"):
                 work, reach = min(work, float(m["reached_at"])), 1.0
-            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / reach
-        comm_s = epoch_s - m["compute_s"]
+            train_s = phased_seconds(phases, work, t.seconds) if phases else work * epoch_s
+            tta = (setup_s + train_s + _periods(work, per) * per_s) / reach
+        comm_s = epoch_s - (phases[0] if phases else m)["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
         extra = (f" + {_human(once['bytes'])} once" if once.get("bytes") else "")

@@ -278,3 +278,47 @@ def test_a_probe_that_reached_the_target_bounds_the_work_it_needs():
     m["strategies"]["tma"]["reached_at"] = 900.0   # a bound above the prior changes nothing
     tma = next(r for r in rank(m, "edge", prior)["ranking"] if r["strategy"] == "tma")
     assert tma["predicted_seconds_to_target"] == pytest.approx(500.0 * epoch)
+
+
+def test_a_phased_strategy_is_charged_each_layers_cost_for_the_epochs_it_spends_there():
+    from quietgnn._advise_phases import phase_costs, phased_seconds
+    from quietgnn.advisor import _per_work
+
+    def row(ep, compute, hops, crit):
+        return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
+                "crit_bytes": crit, "train_bytes": 4 * crit, "data_bytes": 0}
+    # a probe at 3 rounds per layer: layer 1 on raw features (dear), layer 2 on a hidden
+    # embedding (cheap); a layer's first round starts it (layer 1's: the warm-up), its last
+    # computes its output and exchanges its boundary rows
+    curve = {"epochs": [row(0, 0.5, 6.0, 9e3), row(1, 0.03, 4.0, 1e3),
+                        row(2, 0.1, 9.0, 4.1e4),
+                        row(3, 0.005, 4.0, 1e3), row(4, 0.003, 4.0, 1e3),
+                        row(5, 0.003, 4.0, 1e3)]}
+    ph = phase_costs(curve, 2, [100, 100])
+    assert [p["epochs"] for p in ph] == [100, 100]
+    assert ph[0]["compute_s"] == pytest.approx(0.03) and ph[1]["compute_s"] == pytest.approx(0.003)
+    assert ph[0]["start"]["compute_s"] == 0.0                # warm-up, not work
+    assert ph[0]["start"]["crit_bytes"] == pytest.approx(8e3)
+    end = ph[0]["end"]
+    assert end["crit_bytes"] == pytest.approx(4e4) and end["hops"] == 5.0
+    assert end["compute_s"] == pytest.approx(0.07)
+    assert ph[1]["start"]["compute_s"] == pytest.approx(0.002)
+    assert phase_costs({"epochs": curve["epochs"][:5]}, 2, [100, 100]) is None
+    t = TIERS["wan"]
+    e0, e1 = 0.03 + t.seconds(4.0, 1e3), 0.003 + t.seconds(4.0, 1e3)
+    layer_end = 0.07 + t.seconds(5.0, 4e4)
+    assert phased_seconds(ph, 76.0, t.seconds) == pytest.approx(76 * e0)   # all in layer 1
+    assert phased_seconds(ph, 150.0, t.seconds) == pytest.approx(
+        100 * e0 + layer_end + 0.002 + 50 * e1)
+    # past the schedule: the last layer's epochs
+    assert phased_seconds(ph, 250.0, t.seconds) == pytest.approx(
+        100 * e0 + layer_end + 0.002 + 150 * e1)
+    # the ranking uses them: 76 epochs of layer 1 (not a mix of the two layers' costs)
+    m = {"parts": 4, "model": "gcn", "reference_epochs": 10.0, "strategies": {"retexo": {
+        **_per_work(curve), "setup": {"hops": 0.0, "crit_bytes": 0.0}, "phases": ph}}}
+    prior = {"strategies": {"retexo": {"epochs_ratio": 7.6, "reach": 1.0, "gap_pp": 0.0,
+                                       "worst_gap_pp": 0.0, "cells": 4}}}
+    r = rank(m, "wan", prior)["ranking"][0]
+    assert r["epoch_seconds"] == pytest.approx(e0)
+    assert r["predicted_seconds_to_target"] == pytest.approx(
+        t.seconds(2.0, 8e3) + 76 * e0)                      # + layer 1's first-round excess
