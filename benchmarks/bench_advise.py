@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.advisor import CANDIDATES, build_prior, probe, rank  # noqa: E402
+from quietgnn.advisor import (CANDIDATES, _graph_and_partitions, build_prior, probe,  # noqa: E402
+                              rank, updates_per_pass)
 from quietgnn.comm.network import TIERS  # noqa: E402
 from quietgnn.report import build_report  # noqa: E402
 
@@ -47,10 +48,11 @@ def current_results() -> list[dict]:
     headline figures (as ``benchmarks/halo_ratios.py`` combines them; later studies win):
     the headline matrix; re-runs of some cells (``headline-tma``, ``headline-big``); the
     ``halo-baseline`` study, whose ``halo`` is today's (static inputs fetched once) and whose
-    ``centralized`` and ``adaqp`` ran at the same code; ``minibatch-cache``'s runs at the
-    headline's 200 epochs (today's ``minibatch``, with its feature cache; its 20-epoch CS runs
-    are not the headline's settings); and ``headline-grappa`` (``grappa`` and ``centralized``
-    on all four graphs: today's ``grappa`` keeps mostly-zero features sparse, which made its
+    ``centralized`` and ``adaqp`` ran at the same code; ``minibatch-cache``'s default-option
+    runs at the headline's 200 epochs (today's ``minibatch``, with its feature cache; its
+    20-epoch CS runs are not the headline's settings, its 4-bit gradient runs not the default
+    options the advisor probes); and ``headline-grappa`` (``grappa`` and ``centralized`` on
+    all four graphs: today's ``grappa`` keeps mostly-zero features sparse, which made its
     epochs several times cheaper than the headline's run measured). The advisor
     probes today's code: a run of older code is not what it predicts. The headline's own
     ``halo`` is the vanilla one, which re-sends its inputs every epoch."""
@@ -71,7 +73,9 @@ def current_results() -> list[dict]:
         if r["strategy"] != "halo-vanilla":
             add(r)
     for r in jsonl("minibatch-cache"):
-        if (r.get("overrides") or {}).get("train.epochs") == 200:
+        # its default-option runs: the advisor probes (and predicts) default options; the
+        # study's 4-bit gradient variant is another configuration of the same strategy name
+        if (r.get("overrides") or {}).get("train.epochs") == 200 and not r.get("options"):
             add(r)
     # only its grappa: its centralized and halo ran on a loaded machine, and the others they
     # race (tma, adaqp, minibatch) were measured on a quiet one; grappa's compute is brought
@@ -135,8 +139,21 @@ def measured(report: dict, results: list[dict], ds: str, model: str,
     return out
 
 
-def write_prior() -> None:
-    prior = build_prior(current_results())
+def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[str, int]]:
+    """Optimizer updates per epoch-equivalent of every candidate on each dataset of
+    ``results`` at P = 4 with default options (what the measured runs used), from the graph's
+    training nodes per part of each strategy's partitioner: the prior counts work in
+    updates (:mod:`quietgnn._advise_fit`)."""
+    out = {}
+    for ds in sorted({r["dataset"] for r in results}):
+        _, parts = _graph_and_partitions(ds, str(data_root / ROOTS[ds]), None, 4, CANDIDATES, {})
+        out[ds] = {s: updates_per_pass(s, parts) for s in CANDIDATES}
+    return out
+
+
+def write_prior(data_root: Path) -> None:
+    results = current_results()
+    prior = build_prior(results, updates=updates_by_dataset(data_root, results))
     prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,"
                        "minibatch-cache,headline-grappa}: every strategy at P = 4, GCN and SAGE "
                        "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS")
@@ -151,6 +168,7 @@ def write_prior() -> None:
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
     results = training_only(current_results())
     report = build_report(results, dict(TIERS))
+    updates = updates_by_dataset(data_root, results)
     records = []
     for g in report["groups"]:
         ds, model = g["dataset"], g["model"]
@@ -160,9 +178,10 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
             r["strategy"] == s and r["parts"] == 4 for r in g["rows"])]
         m = probe(ds, root=str(data_root / ROOTS[ds]), parts=4, model=model,
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
+                  run_epochs=200,   # the measured runs' (retexo's schedule: 100 rounds a layer)
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
-        prior = build_prior(results, exclude=[ds])
+        prior = build_prior(results, exclude=[ds], updates=updates)
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
         # run to theirs on this graph (one factor for every strategy; unscaled kept beside)
@@ -195,8 +214,8 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
 
 
 def on_machine(m: dict, factor: float) -> dict:
-    """The probe ``m`` with every strategy's compute (per epoch and per period) times
-    ``factor``."""
+    """The probe ``m`` with every strategy's compute (per epoch, per period and per phase)
+    times ``factor``."""
     out = {**m, "strategies": {}}
     for s, v in m["strategies"].items():
         v = dict(v)
@@ -205,6 +224,11 @@ def on_machine(m: dict, factor: float) -> dict:
         if v.get("periodic"):
             v["periodic"] = {**v["periodic"],
                              "compute_s": v["periodic"]["compute_s"] * factor}
+        if v.get("phases"):
+            def times(c: dict) -> dict:
+                return {**c, "compute_s": c["compute_s"] * factor}
+            v["phases"] = [{**times(ph), "start": times(ph["start"]), "end": times(ph["end"])}
+                           for ph in v["phases"]]
         out["strategies"][s] = v
     return out
 
@@ -263,7 +287,7 @@ def main() -> int:
     ap.add_argument("--datasets", default="", help="comma-separated subset")
     args = ap.parse_args()
     if args.write_prior:
-        write_prior()
+        write_prior(Path(args.data_root))
         return 0
     jpath = ROOT / "benchmarks/results/advise.json"
     if args.render:

@@ -1,6 +1,12 @@
 """The prior of ``quietgnn advise`` (step 2 of :mod:`quietgnn.advisor`): from finished
-``quietgnn bench`` runs, how many epoch-equivalents each strategy needs relative to
-``centralized`` on the same graph, how often it got there, and its accuracy gap."""
+``quietgnn bench`` runs, how many optimizer updates each strategy needs relative to
+``centralized`` on the same graph, how often it got there, and its accuracy gap.
+
+Work is counted in updates, not epochs: ``centralized`` and the full-batch strategies take
+one gradient step per pass over the training set, ``minibatch`` one per batch, so the number
+of its steps in an epoch grows with the graph's training set (one on a graph with fewer
+training nodes per part than a batch, several on a larger one). A ratio of epochs learned
+where an epoch is one step would not carry over to a graph where it is five."""
 
 from __future__ import annotations
 
@@ -23,11 +29,15 @@ def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
 
 
 def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
-                target_frac: float = TARGET_FRAC) -> dict[str, Any]:
-    """Epochs-to-target ratios (to ``centralized``'s on the same graph and model), reach
+                target_frac: float = TARGET_FRAC,
+                updates: Optional[dict[str, dict[str, int]]] = None) -> dict[str, Any]:
+    """Updates-to-target ratios (to ``centralized``'s on the same graph and model), reach
     rates and accuracy gaps per strategy from finished
     ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
-    ``exclude`` left out: the validation holds each dataset out of its own prior)."""
+    ``exclude`` left out: the validation holds each dataset out of its own prior).
+    ``updates[dataset][strategy]``: optimizer updates per epoch-equivalent of that strategy's
+    runs on that dataset (:func:`quietgnn.advisor.updates_per_pass`); 1 where not given."""
+    updates = updates or {}
     groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
     for r in results:
         if r.get("status") != "ok" or not r.get("curve") or r["dataset"] in exclude:
@@ -57,6 +67,8 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
                 continue
             for r in runs:
                 w = _work_to_target(r["curve"], target)
+                if w is not None:
+                    w *= float((updates.get(ds) or {}).get(s, 1))
                 reached.setdefault(s, []).append(int(w is not None))
                 gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
                 if w is not None:
@@ -71,7 +83,9 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
             "reach": sum(reached[s]) / len(reached[s]),
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
             "cells": len(reached[s]), "fit": _choose_fit(pairs.get(s, []))}
-    return {"target_frac": target_frac, "cells": sorted(cells),
+    return {"target_frac": target_frac, "cells": sorted(cells), "work_unit": "updates",
+            "updates_per_epoch": {ds: dict(u) for ds, u in sorted(updates.items())
+                                  if ds not in exclude},
             # the fallback where the probe could not run `centralized` (a prepared graph)
             "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
             "strategies": strategies}
@@ -108,12 +122,14 @@ def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str,
     was not fitted on: each of :data:`_FITS` is fitted on all graphs but one and scored
     (squared log error) on the one left out, in turn. Four graphs cannot pin a power law
     down (fitted on paces 6 to 40 it extrapolates to 150 badly), so the more flexible shape
-    has to earn its place on graphs it has not seen. Below three graphs: the power fit where
-    there is one, else the ratio."""
+    has to earn its place on graphs it has not seen. Below three graphs nothing can earn it
+    (a power law or a constant through two graphs is fitted, never tested): the ratio, the
+    shape that assumes least (the same model and optimizer need work in proportion to what
+    ``centralized`` needs on the graph)."""
     graphs = sorted({g for g, _, _ in pairs})
     xy = [(x, y) for _, x, y in pairs]
     if len(graphs) < 3:
-        return _fit(xy, "power") or _fit(xy, "ratio")
+        return _fit(xy, "ratio")
     best, best_err = None, float("inf")
     for kind in _FITS:
         err = 0.0
@@ -130,8 +146,8 @@ def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str,
 
 
 def _work_needed(p: dict[str, Any], ref_work: float) -> float:
-    """Epoch-equivalents the strategy is expected to need where ``centralized`` needs
-    ``ref_work``: the chosen fit (:func:`_choose_fit`) where there is one, else the mean
+    """Updates the strategy is expected to need where ``centralized`` needs ``ref_work``
+    (one per epoch): the chosen fit (:func:`_choose_fit`) where there is one, else the mean
     ratio."""
     f = p.get("fit")
     if f:

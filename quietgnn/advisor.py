@@ -10,13 +10,15 @@ can reuse them:
    epochs ``centralized`` (one process) needs to reach 98 % of its own accuracy here.
 2. :func:`build_prior` turns quietgnn's own measured runs (the headline study: every
    strategy trained to the end on real graphs) into what a few epochs cannot show: how many
-   epoch-equivalents a strategy needs as a function of what ``centralized`` needs on the
+   optimizer updates a strategy needs as a function of what ``centralized`` needs on the
    same graph (a ratio, a constant or a power law: whichever predicts a left-out graph
    best), how often it got there at all, and its accuracy gap (:mod:`quietgnn._advise_fit`).
    The shipped table is :mod:`quietgnn._advise_prior` (``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
    slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
-   it needs given ``centralized``'s here, adds what is sent once and what recurs every few
+   it needs given ``centralized``'s here (the updates it needs over its updates per epoch on
+   this graph's parts: :func:`updates_per_pass`; at most the probe's epochs where its probe
+   already reached the target), adds what is sent once and what recurs every few
    epochs (once per period crossed), divides by its chance of reaching the target, and
    sorts.
 
@@ -38,6 +40,7 @@ from typing import Any, Optional, Sequence
 
 from ._advise_fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
                           _work_to_target, build_prior)
+from ._advise_phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from .comm.network import TIERS, Tier, parse_tier
 
 __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
@@ -79,8 +82,12 @@ def _tier(spec: str | Tier) -> Tier:
 def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[str],
                           parts: int, strategies: Sequence[str],
                           set_: dict[str, Any]) -> tuple[dict, dict]:
-    """The graph's size, and edge cut / halo / replication of each strategy's default
-    partitioner (of the directory's partition for a prepared graph: nothing is loaded)."""
+    """The graph's size, and edge cut / halo / replication and training nodes per part of
+    each strategy's default partitioner (of the directory's partition for a prepared graph:
+    nothing is loaded but the parts' training masks)."""
+    import numpy as np
+    import torch
+
     from .strategies import get_strategy
     if prepared:
         from .partition import PartitionBook
@@ -89,7 +96,13 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
         info = {"name": g.get("name"), "nodes": g.get("num_nodes"), "edges": g.get("num_edges"),
                 "features": g.get("num_features"), "classes": g.get("num_classes"),
                 "parts": book.num_parts}
-        return info, {book.method: dict(book.stats)}
+        st = dict(book.stats)
+        try:
+            st["train_per_part"] = [int(np.asarray(book.mapped(f"part-{r}/train_mask.npy")).sum())
+                                    for r in range(book.num_parts)]
+        except (ValueError, OSError):
+            pass   # an older book: the updates per pass are then taken as 1
+        return info, {book.method: st}
     from .datasets import load_dataset
     from .partition.local import partition_stats
     from .partition.partitioners import partition_nodes
@@ -99,12 +112,28 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
     for method in sorted({get_strategy(s).default_partitioner for s in strategies}):
         if method == "given":
             continue
-        st = partition_stats(graph, partition_nodes(graph, method, parts))
+        assign = partition_nodes(graph, method, parts)
+        st = partition_stats(graph, assign)
         out[method] = {k: st[k] for k in ("edge_cut_fraction", "halo_total",
                                           "replication_factor", "balance")}
+        if graph.train_mask is not None:
+            a = torch.as_tensor(np.asarray(assign))[graph.train_mask]
+            out[method]["train_per_part"] = torch.bincount(a, minlength=parts).tolist()
     info = {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
             "features": graph.num_features, "classes": graph.num_classes}
     return info, out
+
+
+def updates_per_pass(strategy: str, partitions: dict[str, Any]) -> int:
+    """Optimizer updates in one epoch-equivalent of ``strategy`` with its default options on
+    its default partitioner's parts (``partitions``: :func:`probe`'s); 1 where the training
+    nodes per part are unknown (see :meth:`Strategy.updates_per_pass`)."""
+    from .strategies import get_strategy
+    cls = get_strategy(strategy)
+    counts = (partitions.get(cls.default_partitioner) or {}).get("train_per_part")
+    if not counts and len(partitions) == 1:   # a prepared graph: its one partition
+        counts = next(iter(partitions.values())).get("train_per_part")
+    return int(cls.updates_per_pass(cls.Options(), list(counts))) if counts else 1
 
 
 def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optional[int]:
@@ -115,6 +144,12 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
     net = build_model(ModelConfig(arch=model, **keys), int(info["features"]),
                       int(info["classes"]), seed=0)
     return sum(p.numel() for p in net.parameters())
+
+
+def _layers(model: str, set_: dict[str, Any]) -> int:
+    from .nn.model import ModelConfig
+    keys = {k.split(".", 1)[1]: v for k, v in set_.items() if k.startswith("model.")}
+    return int(ModelConfig(arch=model, **keys).layers)
 
 
 def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
@@ -174,10 +209,14 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
           prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
           strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
           set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
-          reference_epochs: int = REFERENCE_EPOCHS, log: Any = None) -> dict[str, Any]:
+          reference_epochs: int = REFERENCE_EPOCHS, log: Any = None,
+          run_epochs: Optional[int] = None) -> dict[str, Any]:
     """Measure every strategy of ``strategies`` for a few epochs, and how many epochs
     ``centralized`` needs on this graph (``reference_epochs`` of it, one process; skipped for
-    a prepared graph, which may not fit one process, and with 0); returns ``{"graph",
+    a prepared graph, which may not fit one process, and with 0); ``run_epochs``: the
+    ``train.epochs`` of the run being planned (default: ``set_``'s, else the trainer's
+    default), which sets a phased strategy's schedule (:mod:`quietgnn._advise_phases`);
+    returns ``{"graph",
     "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
     from .bench import RunSpec, run_matrix
     from .strategies import available_strategies
@@ -195,10 +234,16 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         # the directory names its graph and its parts
         common["dataset.prepared"] = str(prepared)
         dataset, parts = str(info["name"]), int(info["parts"])
+    layers = _layers(model, common)
+    if run_epochs is None:
+        from .strategies.base import TrainConfig
+        run_epochs = int(common.get("train.epochs", TrainConfig().epochs))
     specs = []
     for s in strategies:
         k = _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
         opts = {_PERIODIC[s]: _PROBE_PERIOD} if s in _PERIODIC else {}
+        if s in PHASED:
+            k, opts = PROBE_PHASE * layers, {PHASED[s]: PROBE_PHASE}
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
                              root=root, options=opts,
                              overrides={**common, "train.epochs": k, "train.eval_every": k}))
@@ -219,11 +264,13 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         if tmp is not None:
             tmp.cleanup()
     measured: dict[str, Any] = {}
-    ref_work = ref_compute = None
+    ref_work = ref_compute = target = None
+    curves = {}
     for spec, res in zip(specs, results):
         if spec is ref_spec:
             if res.get("status") == "ok" and res.get("curve"):
-                ref_work = _work_to_target(res["curve"], TARGET_FRAC * res["summary"]["test_acc"])
+                target = TARGET_FRAC * res["summary"]["test_acc"]
+                ref_work = _work_to_target(res["curve"], target)
                 # the machine's pace at probe time: the same run elsewhere says how much
                 # faster or slower that machine (or its load then) is than this one now
                 ref_compute = statistics.median(
@@ -242,7 +289,20 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         m["setup"] = {"hops": float(setup.get("hops", 0)),
                       "crit_bytes": float(setup.get("crit_bytes", 0))}
         m["partitioner"] = res["summary"].get("partitioner")
+        m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
+        if spec.strategy in PHASED:
+            from .strategies import get_strategy
+            sched = get_strategy(spec.strategy).Options().schedule(layers, run_epochs)
+            m["phases"] = phase_costs(res["curve"], layers, sched)
         measured[spec.strategy] = m
+        curves[spec.strategy] = res["curve"]
+    if target is not None:
+        # a probe that already reached the target measured an upper bound of the work on
+        # this graph (its one evaluation is at its last epoch); not one probed at another
+        # schedule than the real run's (a phased or periodic strategy's)
+        for s, curve in curves.items():
+            if s not in PHASED and s not in _PERIODIC:
+                measured[s]["reached_at"] = _work_to_target(curve, target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}
@@ -298,18 +358,30 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                          "predicted_seconds_to_target": None,
                          "reason": f"probe failed: {m['error']}"})
             continue
-        epoch_s = m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"])
-        once = m.get("once") or {"hops": 0.0, "crit_bytes": 0.0}
+        phases = m.get("phases")
+        # a phased strategy's epoch is its first phase's (where a run spends its first
+        # epochs), its once-only traffic the first phase's; later phases' at their start
+        epoch_s = (phases[0]["compute_s"] + t.seconds(phases[0]["hops"], phases[0]["crit_bytes"])
+                   if phases else m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"]))
+        once = (phases[0]["start"] if phases else m.get("once")) or {"hops": 0.0,
+                                                                     "crit_bytes": 0.0}
         setup_s = t.seconds(m["setup"]["hops"] + once["hops"],
                             m["setup"]["crit_bytes"] + once["crit_bytes"])
         per = m.get("periodic")
         per_s = (per["compute_s"] + t.seconds(per["hops"], per["crit_bytes"])) if per else 0.0
-        tta = None
+        tta = work = None
         if p and p.get("epochs_ratio") and p["reach"] > 0:
-            work = _work_needed(p, base_work)
-            # expected time: a strategy that gets there in half the runs costs twice
-            tta = (setup_s + work * epoch_s + _periods(work, per) * per_s) / p["reach"]
-        comm_s = epoch_s - m["compute_s"]
+            # the prior counts optimizer updates (centralized: one per epoch); a mini-batch
+            # epoch here holds several
+            work = _work_needed(p, base_work) / float(m.get("updates_per_epoch") or 1)
+            # expected time: a strategy that gets there in half the runs costs twice; one
+            # whose probe got there here needs at most the probe's work, and does get there
+            reach = p["reach"]
+            if m.get("reached_at"):
+                work, reach = min(work, float(m["reached_at"])), 1.0
+            train_s = phased_seconds(phases, work, t.seconds) if phases else work * epoch_s
+            tta = (setup_s + train_s + _periods(work, per) * per_s) / reach
+        comm_s = epoch_s - (phases[0] if phases else m)["compute_s"]
         vs = (f"{m['bytes'] / halo['bytes']:.2g}x halo's bytes"
               if halo.get("bytes") and s != "halo" else f"{_human(m['bytes'])}/epoch")
         extra = (f" + {_human(once['bytes'])} once" if once.get("bytes") else "")
@@ -321,8 +393,12 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                    predicted_seconds_to_target=tta,
                    reason=(f"{vs}{extra}; epoch {epoch_s:.3g}s on {t.name} "
                            f"({100 * comm_s / epoch_s if epoch_s else 0:.0f}% network); "
-                           + (f"needs ~{_work_needed(p, base_work):.0f} epochs (centralized "
-                              f"{base_work:.0f}); " if p and p.get("epochs_ratio") else "")
+                           + (f"needs ~{work:.3g} epochs (centralized {base_work:.0f})"
+                              + (f" of {m['updates_per_epoch']} updates each"
+                                 if (m.get("updates_per_epoch") or 1) > 1 else "")
+                              + (f", reached the target within the probe's "
+                                 f"{m['reached_at']:.3g}" if m.get("reached_at") else "")
+                              + "; " if work is not None else "")
                            + risk_why))
         rows.append(row)
     never = float("inf")

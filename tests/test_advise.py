@@ -123,6 +123,15 @@ def test_advise_on_a_prepared_graph(tmp_path):
              "--set", "model.hidden=8")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recommendation: grappa" in r.stdout and "| 1 | grappa |" in r.stdout
+    # the parts' training nodes are read from the book: a mini-batch pass's updates follow
+    from quietgnn.advisor import _graph_and_partitions, updates_per_pass
+    from quietgnn.partition import PartitionBook
+    _, parts = _graph_and_partitions("synthetic", None, str(d), 2, ["minibatch"], {})
+    (st,) = parts.values()
+    book = PartitionBook.open(d)
+    assert st["train_per_part"] == [int(book.load_part(r).train_mask.sum()) for r in range(2)]
+    assert sum(st["train_per_part"]) > 0
+    assert updates_per_pass("minibatch", parts) == math.ceil(max(st["train_per_part"]) / 512)
 
 
 def test_bad_arguments_say_what_is_expected():
@@ -198,3 +207,118 @@ def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
     assert f["kind"] == "ratio" and _work_needed({"fit": f}, 150.0) == pytest.approx(300.0)
     # two graphs cannot be held out against each other: the ratio
     assert _choose_fit([("a", 5.0, 10.0), ("b", 8.0, 12.0)])["kind"] == "ratio"
+
+
+def test_updates_per_pass_is_the_steps_the_minibatch_loader_takes():
+    import torch
+
+    from quietgnn.advisor import updates_per_pass
+    from quietgnn.sampling.loader import plan_epoch
+    from quietgnn.strategies import get_strategy
+    mb, halo = get_strategy("minibatch"), get_strategy("halo")
+    for counts, batch in (([2063, 2070, 2040, 2078], 512), ([140, 0, 0, 0], 512),
+                          ([600, 10, 700, 5], 64), ([0, 0], 8)):
+        opts = mb.Options(batch_size=batch)
+        # what a rank's epoch plan holds (every rank takes the largest group's steps)
+        plan = plan_epoch(torch.arange(counts[0]), 0, counts, 1, batch, 0, 0)
+        assert mb.updates_per_pass(opts, counts) == plan.steps
+        assert halo.updates_per_pass(halo.Options(), counts) == 1   # full batch: one step
+    # 1.5d: the c replicas of a group split its minibatches, a step is c of them
+    opts = mb.Options(batch_size=100, topology="1.5d", replication=2)
+    assert mb.updates_per_pass(opts, [150, 150, 30, 30]) == 2      # ceil(300 / (2 x 100))
+    parts = {"metis": {"train_per_part": [2063, 2070, 2040, 2078]}, "random": {}}
+    assert updates_per_pass("minibatch", parts) == 5
+    assert updates_per_pass("grappa", parts) == 1                  # no counts, full batch
+
+
+def _mb_results():
+    """centralized and minibatch on three graphs; minibatch needs as many *updates* as
+    centralized everywhere, which is 1 epoch per update on a and b and 5 on c."""
+    out = []
+    for ds, ref, steps in (("a", 4, 1), ("b", 6, 1), ("c", 20, 5)):
+        ramp = [0.5] * (ref - 1) + [1.0]
+        out += [_run(ds, "centralized", ramp),
+                _run(ds, "minibatch", [0.5] * (ref // steps - 1) + [1.0, 1.0])]
+    return out, {"a": {"minibatch": 1}, "b": {"minibatch": 1}, "c": {"minibatch": 5}}
+
+
+def test_the_prior_counts_updates_so_a_graph_with_more_steps_per_epoch_is_predicted():
+    results, updates = _mb_results()
+    p = build_prior(results, updates=updates)["strategies"]["minibatch"]
+    assert p["epochs_ratio"] == pytest.approx(1.0)          # per update, the same on all three
+    # held out, c is predicted from a and b (one update per epoch there): 20 updates are 4
+    # epochs of c's 5; counted in epochs the prior would have said 20
+    held = build_prior(results, exclude=["c"], updates=updates)
+    probe = {"parts": 4, "model": "gcn", "reference_epochs": 20.0, "strategies": {
+        "minibatch": {"compute_s": 0.1, "hops": 0.0, "crit_bytes": 0.0, "bytes": 1.0,
+                      "setup": {"hops": 0.0, "crit_bytes": 0.0}, "updates_per_epoch": 5}}}
+    r = rank(probe, "datacenter", held)["ranking"][0]
+    assert r["predicted_seconds_to_target"] == pytest.approx(4 * 0.1)
+    assert "of 5 updates each" in r["reason"]
+    probe["strategies"]["minibatch"]["updates_per_epoch"] = 1
+    r = rank(probe, "datacenter", held)["ranking"][0]
+    assert r["predicted_seconds_to_target"] == pytest.approx(20 * 0.1)
+    # without the updates the epochs ratio on c (1/5) would pull the shared ratio down
+    assert build_prior(results)["strategies"]["minibatch"]["epochs_ratio"] < 0.6
+
+
+def test_a_probe_that_reached_the_target_bounds_the_work_it_needs():
+    m = _measured()
+    prior = _prior()
+    prior["strategies"]["tma"]["reach"] = 0.5
+    base = rank(m, "edge", prior)
+    tma = next(r for r in base["ranking"] if r["strategy"] == "tma")
+    t = TIERS["edge"]
+    epoch = 0.002 + t.seconds(0.1, 1e4 / 4)
+    assert tma["predicted_seconds_to_target"] == pytest.approx(500.0 * epoch / 0.5)
+    m["strategies"]["tma"]["reached_at"] = 8.0     # its probe got there in 8 epoch-equivalents
+    tma = next(r for r in rank(m, "edge", prior)["ranking"] if r["strategy"] == "tma")
+    assert tma["predicted_seconds_to_target"] == pytest.approx(8.0 * epoch)
+    assert "within the probe's 8" in tma["reason"]
+    m["strategies"]["tma"]["reached_at"] = 900.0   # a bound above the prior changes nothing
+    tma = next(r for r in rank(m, "edge", prior)["ranking"] if r["strategy"] == "tma")
+    assert tma["predicted_seconds_to_target"] == pytest.approx(500.0 * epoch)
+
+
+def test_a_phased_strategy_is_charged_each_layers_cost_for_the_epochs_it_spends_there():
+    from quietgnn._advise_phases import phase_costs, phased_seconds
+    from quietgnn.advisor import _per_work
+
+    def row(ep, compute, hops, crit):
+        return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
+                "crit_bytes": crit, "train_bytes": 4 * crit, "data_bytes": 0}
+    # a probe at 3 rounds per layer: layer 1 on raw features (dear), layer 2 on a hidden
+    # embedding (cheap); a layer's first round starts it (layer 1's: the warm-up), its last
+    # computes its output and exchanges its boundary rows
+    curve = {"epochs": [row(0, 0.5, 6.0, 9e3), row(1, 0.03, 4.0, 1e3),
+                        row(2, 0.1, 9.0, 4.1e4),
+                        row(3, 0.005, 4.0, 1e3), row(4, 0.003, 4.0, 1e3),
+                        row(5, 0.003, 4.0, 1e3)]}
+    ph = phase_costs(curve, 2, [100, 100])
+    assert [p["epochs"] for p in ph] == [100, 100]
+    assert ph[0]["compute_s"] == pytest.approx(0.03) and ph[1]["compute_s"] == pytest.approx(0.003)
+    assert ph[0]["start"]["compute_s"] == 0.0                # warm-up, not work
+    assert ph[0]["start"]["crit_bytes"] == pytest.approx(8e3)
+    end = ph[0]["end"]
+    assert end["crit_bytes"] == pytest.approx(4e4) and end["hops"] == 5.0
+    assert end["compute_s"] == pytest.approx(0.07)
+    assert ph[1]["start"]["compute_s"] == pytest.approx(0.002)
+    assert phase_costs({"epochs": curve["epochs"][:5]}, 2, [100, 100]) is None
+    t = TIERS["wan"]
+    e0, e1 = 0.03 + t.seconds(4.0, 1e3), 0.003 + t.seconds(4.0, 1e3)
+    layer_end = 0.07 + t.seconds(5.0, 4e4)
+    assert phased_seconds(ph, 76.0, t.seconds) == pytest.approx(76 * e0)   # all in layer 1
+    assert phased_seconds(ph, 150.0, t.seconds) == pytest.approx(
+        100 * e0 + layer_end + 0.002 + 50 * e1)
+    # past the schedule: the last layer's epochs
+    assert phased_seconds(ph, 250.0, t.seconds) == pytest.approx(
+        100 * e0 + layer_end + 0.002 + 150 * e1)
+    # the ranking uses them: 76 epochs of layer 1 (not a mix of the two layers' costs)
+    m = {"parts": 4, "model": "gcn", "reference_epochs": 10.0, "strategies": {"retexo": {
+        **_per_work(curve), "setup": {"hops": 0.0, "crit_bytes": 0.0}, "phases": ph}}}
+    prior = {"strategies": {"retexo": {"epochs_ratio": 7.6, "reach": 1.0, "gap_pp": 0.0,
+                                       "worst_gap_pp": 0.0, "cells": 4}}}
+    r = rank(m, "wan", prior)["ranking"][0]
+    assert r["epoch_seconds"] == pytest.approx(e0)
+    assert r["predicted_seconds_to_target"] == pytest.approx(
+        t.seconds(2.0, 8e3) + 76 * e0)                      # + layer 1's first-round excess

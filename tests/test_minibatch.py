@@ -162,6 +162,9 @@ def test_steps_per_epoch_cuts_the_pass_short_on_every_rank(graph):
     cut = spawn_function(_capped, 2, args=(graph, parts, 3))
     T = full[0][0]
     assert T > 3 and all(f[0] == T and f[1] == 1.0 for f in full)
+    # what the advisor counts an epoch's updates as, from the parts' training nodes alone
+    train = np.bincount(np.asarray(parts)[graph.train_mask.numpy()], minlength=2).tolist()
+    assert MiniBatch.updates_per_pass(MiniBatch.Options(batch_size=16), train) == T
     assert all(c[0] == 3 and c[1] == pytest.approx(3 / T) for c in cut)
     assert 0 < cut[0][2] < full[0][2]   # fewer bulks fetched
     with pytest.raises(ValueError, match="steps_per_epoch"):

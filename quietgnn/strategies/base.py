@@ -152,6 +152,14 @@ class Strategy(ABC):
     #: what it sends that a stricter level forbids (one clause, for the refusal)
     residency_traffic: ClassVar[str] = "traffic it has not declared residency-safe"
 
+    @classmethod
+    def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
+        """Optimizer updates in one epoch-equivalent (one pass over the training set) with
+        ``options`` when part r owns ``train_per_part[r]`` training nodes: 1 for a full-batch
+        strategy (one gradient step per pass); a mini-batch strategy takes one per batch. The
+        advisor counts a strategy's work to the target in updates, not passes."""
+        return 1
+
     def __init__(self, ctx: WorkerContext, options: Any = None) -> None:
         self.ctx = ctx
         self.options = options if options is not None else self.Options()

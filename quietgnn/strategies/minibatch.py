@@ -61,7 +61,8 @@ from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 from ..sampling.evaluate import SampledEvaluator, global_in_degree
 from ..sampling.fanouts import parse_fanouts
 from ..sampling.ladies import LadiesSampler
-from ..sampling.loader import iterate_bulks, plan_epoch, step_totals, truncate_plan
+from ..sampling.loader import (iterate_bulks, plan_epoch, step_totals, steps_per_epoch,
+                               truncate_plan)
 from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
                    sync_gradients)
 
@@ -171,6 +172,13 @@ class MiniBatch(Strategy):
         else:
             self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
         self.epochs_done = 0
+
+    @classmethod
+    def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
+        # the loader's schedule: every rank takes the steps of the largest group's pass
+        c = options.replication if options.topology == "1.5d" else 1
+        groups = [sum(train_per_part[g * c:(g + 1) * c]) for g in range(len(train_per_part) // c)]
+        return steps_per_epoch(groups or [0], c, options.batch_size)
 
     def _reachable(self) -> torch.Tensor:
         """Global ids within ``L`` hops (in-neighbours) of this rank's seeds: every row a
