@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..serial import dumps, loads
-from .liveness import Liveness, host_label
+from .liveness import Liveness, watch
 from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
 from .traffic import Traffic, check_traffic
 
@@ -160,6 +160,18 @@ def _split_rows(flat: Tensor, counts: Sequence[int], row_shape: tuple[int, ...])
     return list(torch.split(rows, list(counts), dim=0))
 
 
+def _connector(world_size: int, prefix: str | None, multi_tenant: bool) -> Any:
+    """Makes another client of the group's store (MASTER_ADDR:MASTER_PORT, the key space
+    ``prefix``) with a given timeout: the heartbeat's own connection (comm/liveness.py)."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+    def connect(timeout: timedelta) -> Any:
+        client = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout,
+                               multi_tenant=multi_tenant)
+        return dist.PrefixStore(prefix, client) if prefix else client
+    return connect
+
+
 class Communicator:
     """Counted, time-limited collectives for one rank (see the module docstring)."""
 
@@ -205,7 +217,7 @@ class Communicator:
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
-                comm._watch(store, prefix, multi_tenant=not agent)
+                comm.liveness = watch(comm, store, _connector(world_size, prefix, not agent))
                 return comm
             elif init_method == "env://":
                 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -215,29 +227,12 @@ class Communicator:
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
-                comm._watch(store, None, multi_tenant=False)
+                comm.liveness = watch(comm, store, _connector(world_size, None, False))
                 return comm
             else:
                 dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
                                         world_size=world_size, timeout=timeout)
         return cls(rank, world_size, timeout_s=timeout_s, device=device)
-
-    def _watch(self, store: Any, prefix: str | None, multi_tenant: bool) -> None:
-        """Host labels and, across hosts, the heartbeat that names a vanished host in the
-        error of a failed collective (comm/liveness.py)."""
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-
-        def connect(timeout: timedelta) -> Any:
-            client = dist.TCPStore(addr, port, self.world_size, is_master=False,
-                                   timeout=timeout, multi_tenant=multi_tenant)
-            return dist.PrefixStore(prefix, client) if prefix else client
-
-        def count(n: int) -> None:
-            c = Traffic.CONTROL.value
-            self.sent_by_class[c] = self.sent_by_class.get(c, 0) + n
-
-        self.liveness = Liveness(store, self.rank, self.world_size, host_label(addr, port),
-                                 connect, count)
 
     def close(self) -> None:
         if self.liveness is not None:

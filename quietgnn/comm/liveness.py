@@ -17,13 +17,14 @@ bytes by class; not part of any epoch's operations.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
-__all__ = ["Liveness", "host_label", "PERIOD_S"]
+__all__ = ["Liveness", "host_label", "watch", "PERIOD_S"]
 
 #: seconds between two heartbeats of a rank
 PERIOD_S = 2.0
@@ -109,3 +110,14 @@ class Liveness:
         names = ", ".join(self.who(r) for r in silent)
         return (f" Silent for {wait:g}s: {names} (its process died, or its host is down or "
                 f"unreachable).")
+
+
+
+def watch(comm: Any, store: Any, connect: Callable[[timedelta], Any]) -> Liveness:
+    """The :class:`Liveness` of ``comm``'s rank on the group's ``store``; ``connect`` makes
+    another client of it; heartbeats count as ``control`` bytes of ``comm``."""
+    def count(n: int) -> None:
+        comm.sent_by_class["control"] = comm.sent_by_class.get("control", 0) + n
+
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return Liveness(store, comm.rank, comm.world_size, host_label(addr, port), connect, count)
