@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .errors import is_consequence
+
 __all__ = ["main"]
 
 
@@ -398,7 +400,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if isinstance(exc, LaunchError):
             print(f"quietgnn: run failed: {exc}", file=sys.stderr)
             return 2 if exc.input_error else 1
-        if type(exc).__name__ in ("CommError", "NonFiniteError", "CheckpointError"):
+        if is_consequence(exc):
             # under torchrun the worker runs in this process: its one line names rank,
             # operation and epoch; the traceback adds nothing (torchrun restarts or reports)
             print(f"quietgnn: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -200,3 +200,20 @@ def test_poisoned_feature_stops_all_ranks_together():
         assert "1]" in out["msg"] and "in epoch 0" in out["msg"]
         assert out["unchanged"], "an optimizer step ran despite the NaN"
     assert res[0]["msg"] == res[1]["msg"]
+
+
+def test_one_classification_for_exceptions_and_tracebacks():
+    """quietgnn/errors.py: the worker (an exception) and the supervisor (a rank's traceback
+    text) classify alike."""
+    from quietgnn.comm import CommError
+    from quietgnn.errors import is_consequence, is_explained, is_input_error
+    from quietgnn.comm.traffic import ResidencyError
+    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+          "quietgnn.comm.communicator.CommError: rank 1: all_to_all failed: a: b\n")
+    assert is_consequence(tb) and is_consequence(CommError("x")) and is_explained(tb)
+    assert not is_input_error(tb)
+    assert is_input_error("...\nValueError: options.fanouts = 0; expected ...\n")
+    assert is_input_error(ValueError("x")) and not is_consequence(ValueError("x"))
+    assert is_explained(ResidencyError("x")) and not is_input_error(ResidencyError("x"))
+    assert not is_explained(KeyError("x")) and not is_explained("...\nKeyError: 'a'\n")
+    assert not is_consequence("")

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..errors import is_consequence, is_input_error
+
 __all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
            "is_consequence", "is_input_error"]
 
@@ -190,15 +192,3 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
     if first_tb and not is_input_error(first_tb):
         lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
     return "\n".join(lines)
-
-
-def is_consequence(traceback_text: str) -> bool:
-    """A rank that failed because a peer died or hung (or that stopped with every rank on a
-    NaN, or on a checkpoint that could not be written): its one line says it all."""
-    last = _last_line(traceback_text)
-    return any(k in last.split(":")[0] for k in ("CommError", "NonFiniteError",
-                                                 "CheckpointError"))
-
-
-def is_input_error(traceback_text: str) -> bool:
-    return _last_line(traceback_text).startswith("ValueError")

@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import is_explained
+
 __all__ = ["run_worker", "worker_env", "load_local_partition"]
 
 
@@ -106,9 +108,6 @@ def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[
     return summary
 
 
-#: exceptions whose message says everything (a peer's failure seen from here, NaN, bad input):
-#: stderr gets one line, the traceback goes to the .error file only
-_EXPLAINED = ("CommError", "NonFiniteError", "ValueError", "CheckpointError", "ResidencyError")
 
 
 def _report_failure(run_dir: Path, rank: int) -> str:
@@ -135,7 +134,8 @@ def _report_failure(run_dir: Path, rank: int) -> str:
             os.write(int(fd), tb.encode("utf-8", "replace")[-16000:])
         except (OSError, ValueError):
             pass
-    if exc is not None and type(exc).__name__ in _EXPLAINED:
+    # one line on stderr when the message says everything; the traceback is in the .error file
+    if exc is not None and is_explained(exc):
         sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc} ({where})\n")
     else:
         sys.stderr.write(f"[rank {rank}] {tb}" + ("" if where.startswith("traceback") else
