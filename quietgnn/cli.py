@@ -19,6 +19,7 @@ are rejected with the valid ones listed.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -295,24 +296,17 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def _extra_commands() -> dict[str, Any]:
-    """Commands contributed by optional modules (bench, report) when present."""
-    out = {}
-    for name, mod in (("bench", "quietgnn.bench"), ("report", "quietgnn.report"),
-                      ("advise", "quietgnn.advisor")):
-        try:
-            m = __import__(mod, fromlist=["cli_main"])
-            out[name] = m.cli_main
-        except ImportError:
-            continue
-    return out
+#: commands with their own argument parsers, imported only when run (the report pulls in
+#: plotting, the advisor the strategies' probes); an import error is a broken install and is
+#: raised, not hidden behind "invalid choice"
+EXTRA_COMMANDS = {"bench": "quietgnn.bench", "report": "quietgnn.report",
+                  "advise": "quietgnn.advisor"}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = _extra_commands()
-    if argv and argv[0] in extra:
-        return int(extra[argv[0]](argv[1:]) or 0)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        return int(importlib.import_module(EXTRA_COMMANDS[argv[0]]).cli_main(argv[1:]) or 0)
     from . import __version__
     ap = argparse.ArgumentParser(prog="quietgnn", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -363,7 +357,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                            "<run>/predict-<dataset>.npy) or .parquet")
             p.add_argument("--embed", action="store_true",
                            help="write the last hidden layer instead of class probabilities")
-    for name in extra:
+    for name in EXTRA_COMMANDS:
         sub.add_parser(name, help=f"see `quietgnn {name} --help`")
     # prepare's optional SOURCE is taken by hand: as an argparse positional it would swallow
     # the value of an option argparse does not know (`prepare --dataset cora` -> "cora")
