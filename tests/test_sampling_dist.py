@@ -59,12 +59,25 @@ def _work(comm, graph, parts):
     cand = torch.arange(100)
     cached.fill_cache(cand, graph.in_degree()[cand], 40)
     fill = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+    # the same cache fetched in rounds of 7 rows, and every node as candidate given as None
+    import quietgnn.sampling.dist as dist_mod
+    dist_mod.FILL_ROUND_BYTES = 7 * graph.x.shape[1] * graph.x.element_size()
+    rounds = FeatureFetcher(comm, part, owner)
+    rounds.fill_cache(cand, graph.in_degree()[cand], 40)
+    n_round_records = len(comm.take_records())
+    every, every_none = FeatureFetcher(comm, part, owner), FeatureFetcher(comm, part, owner)
+    every.fill_cache(torch.arange(graph.num_nodes), graph.in_degree(), 40)
+    every_none.fill_cache(None, graph.in_degree(), 40)
+    comm.take_records()
+    cache_forms = (rounds.cache_ids, rounds.cache_x, n_round_records, every.cache_ids,
+                   every_none.cache_ids, every.cache_x, every_none.cache_x)
     many = torch.randint(0, 150, (300,), generator=torch.Generator().manual_seed(comm.rank))
     plain, with_cache = ff.fetch(many), cached.fetch(many)
     comm.take_records()
     return {"bulks": out, "topology": (owner, ip, ix), "x": x, "want": want, "records": recs,
             "remote": int(remote.numel()), "cache": (plain, with_cache, cached.cache_ids, fill,
-                                                     cached.hits, cached.requests, many, owner)}
+                                                     cached.hits, cached.requests, many, owner),
+            "cache_forms": cache_forms, "cache_x": cached.cache_x}
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +160,13 @@ def test_feature_fetch_bytes_are_analytic(graph, results):
         assert recs["feature_fetch_ids"][0] == 8 * n + 8 * (P - 1)
         # rows come back with known sizes: 4 F bytes per remote unique id, no handshake
         assert recs["feature_fetch"][1] == 4 * F * n
+
+
+def test_cache_in_rounds_and_with_every_node_as_candidate_is_the_same_cache(graph, results):
+    for res in results:
+        ids_r, x_r, n_rec, ids_all, ids_none, x_all, x_none = res["cache_forms"]
+        ids = res["cache"][2]
+        assert torch.equal(ids_r, ids) and torch.equal(x_r, res["cache_x"])
+        assert n_rec == 2 * -(-40 // 7)               # ids out and rows back, per round
+        assert torch.equal(ids_all, ids_none) and torch.equal(x_all, x_none)
+        assert torch.equal(x_none, graph.x[ids_none])

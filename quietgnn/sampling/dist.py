@@ -113,6 +113,10 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
     return owner, indptr, indices
 
 
+#: features fetched per round when a cache is filled (see FeatureFetcher.fill_cache)
+FILL_ROUND_BYTES = 64 << 20
+
+
 class FeatureFetcher:
     """Rows of node features (or any per-node tensor) fetched from their owners.
 
@@ -133,16 +137,28 @@ class FeatureFetcher:
         self.cache_x = self.x.new_zeros((0, self.x.shape[1]))
         self.hits = self.requests = 0
 
-    def fill_cache(self, candidates: Tensor, priority: Tensor, max_rows: int) -> None:
-        """Keep the ``max_rows`` remote ``candidates`` (global ids) of highest ``priority``
-        (one value per candidate; ties broken by id). Collective: every rank calls it."""
-        cand = candidates[self.owner[candidates] != self.comm.rank]
-        pri = priority[self.owner[candidates] != self.comm.rank]
+    def fill_cache(self, candidates: Optional[Tensor], priority: Tensor, max_rows: int) -> None:
+        """Keep the ``max_rows`` remote ``candidates`` (global ids; None: every node, with
+        ``priority`` indexed by global id) of highest ``priority`` (one value per candidate;
+        ties broken by id). Collective: every rank calls it with the same ``max_rows``.
+
+        The rows arrive in rounds of at most :data:`FILL_ROUND_BYTES` of features, the same
+        number of rounds on every rank: a cache of a few hundred MiB fetched in one piece
+        would hold its requests, the served rows and the received rows at once."""
+        mask = (self.owner if candidates is None else self.owner[candidates]) != self.comm.rank
+        cand = torch.nonzero(mask).flatten() if candidates is None else candidates[mask]
+        pri = priority[mask]
+        del mask
         if cand.numel() > max_rows:
             order = torch.argsort(pri, descending=True, stable=True)
             cand = cand[order[:max_rows]]
+        del pri
         ids = torch.sort(cand).values
-        self.cache_x = self._remote(ids, "data")
+        row = max(1, self.x.shape[1] * self.x.element_size())
+        per = max(1, FILL_ROUND_BYTES // row)
+        self.cache_x = torch.empty(ids.numel(), self.x.shape[1], dtype=self.x.dtype)
+        for r in range(max(1, -(-int(max_rows) // per))):
+            self.cache_x[r * per:(r + 1) * per] = self._remote(ids[r * per:(r + 1) * per], "data")
         self.cache_ids = ids
 
     def _remote(self, ids: Tensor, kind: str) -> Tensor:

@@ -159,8 +159,10 @@ class MiniBatch(Strategy):
         self.fetcher = FeatureFetcher(comm, part, owner)
         if o.cache_mb > 0:
             row = part.x.shape[1] * part.x.element_size()
-            cand = self._reachable() if o.topology == "replicated" else torch.arange(N)
-            self.fetcher.fill_cache(cand, self.in_degree[cand], int(o.cache_mb * 2 ** 20) // row)
+            # 1.5D: every node is a candidate (no O(N) copies of ids and degrees for it)
+            cand = self._reachable() if o.topology == "replicated" else None
+            self.fetcher.fill_cache(cand, self.in_degree if cand is None else self.in_degree[cand],
+                                    int(o.cache_mb * 2 ** 20) // row)
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
