@@ -195,5 +195,9 @@ def maybe_sparse(x: Tensor, max_density: float = SPARSE_MAX_DENSITY) -> Tensor |
     """``x`` as :class:`SparseFeatures` when at most ``max_density`` of it is non-zero."""
     if x.dim() != 2 or x.numel() == 0 or x.is_sparse or x.layout != torch.strided:
         return x
-    density = float((x != 0).sum()) / x.numel()
+    # counted a slice of rows at a time: (x != 0) of a whole feature matrix, summed, makes a
+    # bool and an int64 temporary of all of it (gigabytes for a large local graph)
+    step = max(1, (1 << 24) // max(1, x.shape[1]))
+    nnz = sum(int(torch.count_nonzero(x[i:i + step])) for i in range(0, x.shape[0], step))
+    density = nnz / x.numel()
     return SparseFeatures.from_dense(x) if density <= max_density else x

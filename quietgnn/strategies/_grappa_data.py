@@ -94,7 +94,8 @@ class ChunkLoader:
         got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
                                  carries=Traffic.FEATURES)
         out = torch.empty(gids.numel(), self.part.num_features, dtype=self.part.x.dtype)
-        out[order] = torch.cat(got) if got else out[:0]
+        for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
+            out[where] = rows_j
         return out
 
     def _packed(self) -> Tensor:
@@ -178,11 +179,14 @@ class ChunkLoader:
         need = torch.cat([j_owned, leaf])
         need_owner = torch.cat([torch.full((n_o,), chunk, dtype=torch.int64), leaf_owner])
         cached = torch.isin(need, p.halo)
-        x_need = torch.empty(need.numel(), p.num_features, dtype=p.x.dtype)
+        # one allocation for all local rows, filled in place (not the fetched rows joined to
+        # the own ones: two copies of the local graph's features at once)
+        x = torch.empty(p.n_own + need.numel(), p.num_features, dtype=p.x.dtype)
+        x[: p.n_own] = p.x
+        x_need = x[p.n_own:]
         x_need[~cached] = self._fetch_features(need[~cached], need_owner[~cached])
         hit = self._halo_order[torch.searchsorted(self._halo_sorted, need[cached])]
         x_need[cached] = self._halo_x[hit]
-        x = torch.cat([p.x, x_need])
         deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
         return LocalGraph(gid, x, deg, indptr, indices, p.n_own, n_int, chunk, super_epoch)
 
