@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics as st
 import sys
 import time
@@ -57,49 +56,15 @@ def load_graph(name: str):
 
 
 # ---------------------------------------------------------------------- one run
-def _run_job(comm, graph, job: dict[str, Any]) -> dict[str, Any]:
-    """Train one configuration on this rank, recording what the trainer would record."""
-    from quietgnn.nn import ModelConfig
-    from quietgnn.partition import build_partitions
-    from quietgnn.runtime.metrics import summarize_ops
-    from quietgnn.strategies import base
-    from quietgnn.strategies.base import TrainConfig, WorkerContext, get_strategy
-
-    part = build_partitions(graph, job["parts"], ranks=[comm.rank])[0]
-    torch.manual_seed(job["seed"] * 1000 + comm.rank)
-    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                        model_cfg=ModelConfig(**job["model"]),
-                        train_cfg=TrainConfig(**job["train"]), log=lambda m: None)
-    cls = get_strategy(job["strategy"])
-    s = cls(ctx, base.options_from_dict(cls, job["options"]))
-    comm.take_records()
-    with comm.phase("setup"):
-        s.setup()
-    setup = summarize_ops(comm.take_records())
-    recs = [{"epoch": -1, "rounds": setup["rounds"], "bytes": setup["bytes"]}]
-    epochs, ev = job["train"]["epochs"], job["eval_every"]
-    for e in range(epochs):
-        comm.epoch = e
-        c0 = time.thread_time()
-        with comm.phase("train"):
-            res = s.train_epoch(e)
-        c_train = time.thread_time() - c0
-        acc = None
-        if (e + 1) % ev == 0 or e == epochs - 1:
-            with comm.phase("eval"):
-                acc = s.evaluate()
-        ops = summarize_ops(comm.take_records())
-        recs.append({"epoch": e, "loss": res.loss, "compute_s": max(0.0, c_train -
-                     ops["comm_cpu_s"]), "rounds": ops["rounds"], "bytes": ops["bytes"],
-                     "bytes_by_kind": ops["bytes_by_kind"],
-                     "test_acc": acc and acc["test"], "val_acc": acc and acc["val"],
-                     "train_acc": acc and acc["train"]})
-    return {"rank": comm.rank, "records": recs}
-
-
 def _run_jobs(comm, graph, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every job on this rank's part of its own assignment, through the package's trainer
+    (``_study``): the records ``quietgnn train`` writes."""
+    from _study import run_job
+    from quietgnn.partition import build_partitions
     torch.set_num_threads(1)
-    return [_run_job(comm, graph, j) for j in jobs]
+    return [{"rank": comm.rank, "records": run_job(
+        comm, build_partitions(graph, j["parts"], ranks=[comm.rank])[0], j)["records"]}
+        for j in jobs]
 
 
 def summarise(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:

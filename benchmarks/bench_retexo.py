@@ -35,7 +35,6 @@ import argparse
 import json
 import statistics as st
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,52 +56,12 @@ def load_graph(name: str):
 
 
 # ---------------------------------------------------------------------- one run
-def _run_job(comm, part, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """Train one configuration on this rank the way the trainer does; per-epoch records."""
-    from quietgnn.nn import ModelConfig
-    from quietgnn.runtime.metrics import summarize_ops
-    from quietgnn.strategies.base import (TrainConfig, WorkerContext, get_strategy,
-                                          options_from_dict)
-    torch.manual_seed(job["seed"] * 1000 + comm.rank)
-    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                        model_cfg=ModelConfig(**job["model"]),
-                        train_cfg=TrainConfig(**job["train"]), log=lambda m: None)
-    cls = get_strategy(job["strategy"])
-    s = cls(ctx, options_from_dict(cls, job["options"]))
-    comm.take_records()
-    with comm.phase("setup"):
-        s.setup()
-    setup = summarize_ops(comm.take_records())
-    recs = [{"epoch": -1, "rounds": setup["rounds"], "bytes": setup["bytes"]}]
-    epochs, ev = job["train"]["epochs"], job["eval_every"]
-    for e in range(epochs):
-        comm.epoch = e
-        c0 = time.thread_time()
-        with comm.phase("train"):
-            res = s.train_epoch(e)
-        c_train = time.thread_time() - c0
-        acc = None
-        if (e + 1) % ev == 0 or e == epochs - 1 or s.finished():
-            with comm.phase("eval"):
-                acc = s.evaluate()
-        ops = summarize_ops(comm.take_records())
-        recs.append({"epoch": e, "loss": res.loss,
-                     "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
-                     "rounds": ops["rounds"], "bytes": ops["bytes"],
-                     "bytes_by_kind": ops["bytes_by_kind"],
-                     "test_acc": acc and acc["test"], "val_acc": acc and acc["val"],
-                     "train_acc": acc and acc["train"]})
-        if s.finished():
-            break
-    return recs
-
-
-def _run_group(comm, part_dir: str, jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    from quietgnn.partition.local import LocalPartition
-    torch.set_num_threads(1)
-    part = LocalPartition.from_dict(torch.load(Path(part_dir) / f"part-{comm.rank}.pt",
-                                               weights_only=False))
-    return [_run_job(comm, part, j) for j in jobs]
+def _run_group(comm, graph, parts, jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Every job on this rank's part, through the package's trainer (``_study``)."""
+    from _study import run_jobs
+    from quietgnn.partition import build_partitions
+    return [run["records"] for run in
+            run_jobs(comm, build_partitions(graph, parts, ranks=[comm.rank])[0], jobs)]
 
 
 def summarise(job: dict[str, Any], metrics: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -151,6 +110,7 @@ def make_job(cfg, dataset: str, label: str, arch: str, P: int, seed: int) -> dic
 
 
 def run_matrix(cfg, runs: dict[str, Any], save) -> None:
+    from _study import run_job
     from quietgnn.comm import Communicator
     from quietgnn.partition import build_partitions, partition_nodes
     from quietgnn.runtime.launcher import spawn_function
@@ -172,7 +132,7 @@ def run_matrix(cfg, runs: dict[str, Any], save) -> None:
                       f"{graph.num_features} features", flush=True)
                 part1 = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
             t0 = time.time()
-            runs[job["key"]] = summarise(job, {0: _run_job(Communicator(0, 1), part1, job)})
+            runs[job["key"]] = summarise(job, {0: run_job(Communicator(0, 1), part1, job)["records"]})
             print(f"  {job['key']}: {time.time() - t0:.0f}s", flush=True)
             save(runs)
         if cfg.accuracy_only:
@@ -188,11 +148,8 @@ def run_matrix(cfg, runs: dict[str, Any], save) -> None:
             graph = graph if graph is not None else load_graph(dataset)
             parts = partition_nodes(graph, "metis", P, seed=0)
             t0 = time.time()
-            with tempfile.TemporaryDirectory(prefix="bench-retexo-") as tmp:
-                for i, p in enumerate(build_partitions(graph, parts)):
-                    torch.save(p.to_dict(), Path(tmp) / f"part-{i}.pt")
-                per_rank = spawn_function(_run_group, P, args=(tmp, jobs),
-                                          timeout_s=cfg.timeout, comm_timeout_s=600)
+            per_rank = spawn_function(_run_group, P, args=(graph, parts, jobs),
+                                      timeout_s=cfg.timeout, comm_timeout_s=600)
             for i, job in enumerate(jobs):
                 runs[job["key"]] = summarise(job, {r: per_rank[r][i] for r in range(P)})
             print(f"  {dataset} P={P}: {len(jobs)} runs in {time.time() - t0:.0f}s", flush=True)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from ..strategies.base import Strategy, WorkerContext
 from .metrics import MetricsWriter, peak_rss_mb, summarize_ops
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "train_on"]
 
 
 class Trainer:
@@ -35,6 +35,9 @@ class Trainer:
         self.best: dict[str, Any] = {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1,
                                      "train_acc": float("nan")}
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
+        #: every record this run wrote to its metrics file (the set-up's first), kept in memory
+        #: for callers that train in-process (:func:`train_on`)
+        self.records: list[dict[str, Any]] = []
         self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
         self.best_work = 0.0    # work_done when the best validation accuracy was found
         self.selected: Any = None   # Strategy.eval_state() of the best, when a local eval chose it
@@ -42,6 +45,7 @@ class Trainer:
         self.checkpointer: Any = None
         #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
         self.model_best: Optional[dict[str, Any]] = None
+        self.summary: Optional[dict[str, Any]] = None   # rank 0, once run() returned
         rt = cfg.runtime
         if rt.checkpoint_every or rt.resume:
             from .checkpoint import Checkpointer
@@ -58,13 +62,15 @@ class Trainer:
         start_epoch = self._maybe_resume()
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
-        metrics.write({"epoch": -1, "rank": rank, "phase": "setup", "bytes": setup["bytes"],
-                       "rounds": setup["rounds"], "peak_rss_mb": peak_rss_mb(),
-                       "setup_s": time.perf_counter() - t_start})
+        self.records.append({"epoch": -1, "rank": rank, "phase": "setup",
+                             "bytes": setup["bytes"], "rounds": setup["rounds"],
+                             "peak_rss_mb": peak_rss_mb(), "setup_s": time.perf_counter() - t_start})
+        metrics.write(self.records[-1])
         epochs = cfg.train.epochs
         epoch = start_epoch - 1
         for epoch in range(start_epoch, epochs):
             rec = self._epoch(epoch, last=epoch == epochs - 1)
+            self.records.append(rec)
             metrics.write(rec)
             self._progress(rec)
             if self.checkpointer and cfg.runtime.checkpoint_every and \
@@ -347,6 +353,36 @@ class Trainer:
             summary["strategy_report"] = report
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path,
+             log: Any = None, device: Any = None) -> Trainer:
+    """Train ``cfg``'s strategy on this rank's ``part`` over an open communicator, with the
+    loop ``quietgnn train`` runs; returns the finished :class:`Trainer` (``records``: this
+    rank's per-epoch records, the set-up's first; ``summary`` on rank 0).
+
+    The worker calls it once per process; a study calls it for several configurations in one
+    process group (start-up paid once), so the communicator is left as a fresh one would be:
+    records of an earlier run and its traffic totals do not leak into this one."""
+    import torch
+
+    from ..strategies.base import WorkerContext
+    comm.take_records()
+    comm.epoch = -1
+    comm.sent_by_class = {}
+    # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
+    torch.manual_seed(cfg.train.seed * 1000 + comm.rank)
+    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                        model_cfg=cfg.model, train_cfg=cfg.train,
+                        device=device if device is not None else torch.device("cpu"),
+                        run_dir=Path(run_dir), log=log or (lambda msg: None))
+    strategy = cfg.strategy_cls(ctx, cfg.options)
+    trainer = Trainer(ctx, strategy, cfg, Path(run_dir))
+    try:
+        trainer.summary = trainer.run()
+    finally:
+        strategy.close()
+    return trainer
 
 
 def _residency(level: str, everyone: list[dict[str, Any]]) -> dict[str, Any]:

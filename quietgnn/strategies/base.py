@@ -209,6 +209,11 @@ class Strategy(ABC):
         """True when the strategy's own schedule is done before ``train.epochs``."""
         return False
 
+    def close(self) -> None:
+        """Release what :meth:`setup` opened beside the communicator (sockets, threads), once
+        the run is over; a process that trains again (a study's next configuration) starts
+        clean. Default: nothing to release."""
+
     def export_model(self) -> Optional[GNN]:
         """The whole model :meth:`evaluate` scores, as a :class:`~quietgnn.nn.GNN` (what a run
         saves as its trained model), or None when what it scores is not one. Default: the

@@ -493,6 +493,9 @@ class TMA(Strategy):
     def finished(self) -> bool:
         return False
 
+    def close(self) -> None:
+        self.chan.close()
+
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
