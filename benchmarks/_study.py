@@ -12,6 +12,7 @@ A job is a plain dict (it crosses to the spawned ranks): ``strategy``, ``model``
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,3 +48,14 @@ def run_jobs(comm: Any, part: Any, jobs: list[dict[str, Any]]) -> list[dict[str,
     import torch
     torch.set_num_threads(1)
     return [run_job(comm, part, j) for j in jobs]
+
+
+def write_report(md: Path, lines: list[str], json_path: Path | None = None,
+                 payload: Any = None) -> None:
+    """A study's outputs: ``payload`` as JSON (when given) and its markdown table, which is
+    also printed."""
+    if json_path is not None:
+        json_path.write_text(json.dumps(payload, indent=1))
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

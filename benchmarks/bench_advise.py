@@ -290,16 +290,14 @@ def main() -> int:
         write_prior(Path(args.data_root))
         return 0
     jpath = ROOT / "benchmarks/results/advise.json"
+    from _study import write_report
     if args.render:
         records = json.loads(jpath.read_text())["cells"]
     else:
         records = validate(Path(args.data_root), [d for d in args.datasets.split(",") if d])
-        jpath.write_text(json.dumps({"command": "python benchmarks/bench_advise.py",
-                                     "cells": records}, indent=1))
-    md = ROOT / "benchmarks/results/advise/advise.md"
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text("\n".join(render(records)) + "\n")
-    print("\n".join(render(records)))
+    write_report(ROOT / "benchmarks/results/advise/advise.md", render(records),
+                 None if args.render else jpath,
+                 {"command": "python benchmarks/bench_advise.py", "cells": records})
     return 0
 
 

@@ -321,17 +321,12 @@ def main(argv=None) -> int:
                     help="the watchdog stops a run when less memory than this is available")
     args = ap.parse_args(argv)
     jpath = ROOT / "benchmarks/results/scale.json"
-    if args.render:
-        records = json.loads(jpath.read_text())["runs"]
-    else:
-        records = run(args)
-        jpath.write_text(json.dumps({"matrix": args.matrix, "command": "python benchmarks/"
-                                     "bench_scale.py " + " ".join(argv or sys.argv[1:]),
-                                     "runs": records}, indent=1))
-    md = ROOT / "benchmarks/results/scale/scale.md"
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text("\n".join(render(records)) + "\n")
-    print("\n".join(render(records)))
+    from _study import write_report
+    records = json.loads(jpath.read_text())["runs"] if args.render else run(args)
+    write_report(ROOT / "benchmarks/results/scale/scale.md", render(records),
+                 None if args.render else jpath,
+                 {"matrix": args.matrix, "command": "python benchmarks/bench_scale.py " +
+                  " ".join(argv or sys.argv[1:]), "runs": records})
     return 0
 
 
