@@ -46,8 +46,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "adaqp"
@@ -78,51 +76,30 @@ def book_for(name: str, P: int) -> str:
 
 
 def _worker(comm, book, model_kw, seed, strategies, epochs, eval_every):
-    """One rank: every strategy in turn on this rank's part; per-epoch rounds and compute."""
-    from quietgnn.nn import ModelConfig
+    """One rank: every strategy in turn on this rank's part, through the package's trainer
+    (``_study``); per epoch its training rounds, wall and compute seconds, and accuracies."""
+    from _study import run_jobs
     from quietgnn.partition import PartitionBook
-    from quietgnn.strategies import get_strategy
-    from quietgnn.strategies.base import TrainConfig, WorkerContext, options_from_dict
-    torch.set_num_threads(1)
     part = PartitionBook.open(book).load_part(comm.rank, comm.world_size)
-    out = {}
-    for label, (name, opts) in strategies.items():
-        torch.manual_seed(seed * 1000 + comm.rank)     # the same dropout masks per strategy
-        cls = get_strategy(name)
-        ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                            model_cfg=ModelConfig(arch=model_kw["arch"], hidden=model_kw["hidden"],
-                                                  layers=model_kw["layers"], dropout=0.5,
-                                                  norm=model_kw["norm"]),
-                            train_cfg=TrainConfig(epochs=epochs, lr=0.01, seed=seed),
-                            log=lambda m: None)
-        s = cls(ctx, options_from_dict(cls, dict(opts)))
-        comm.epoch = -1
-        comm.take_records()
-        with comm.phase("setup"):
-            s.setup()
-        comm.take_records()
-        rows = []
-        for ep in range(epochs):
-            comm.epoch = ep
-            t0, c0 = time.perf_counter(), time.thread_time()
-            with comm.phase("train"):
-                res = s.train_epoch(ep)
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            recs = comm.take_records()
-            row = {"epoch": ep, "wall_s": wall,
-                   "compute_s": max(0.0, cpu - sum(r.cpu_seconds for r in recs)),
-                   "rounds": [[r.round, r.kind, r.phase, r.bytes_sent, r.bytes_recv, r.hops]
-                              for r in recs],
-                   "bytes": {"train": {"sent": sum(r.bytes_sent for r in recs)}},
-                   "extra": res.extra, "loss": res.loss}
-            if (ep + 1) % eval_every == 0 or ep == epochs - 1:
-                with comm.phase("eval"):
-                    acc = s.evaluate()
-                comm.take_records()
-                row.update(test_acc=acc["test"], val_acc=acc["val"])
-            rows.append(row)
-        out[label] = rows
-    return out
+    jobs = [{"strategy": name, "options": dict(opts), "eval_every": eval_every,
+             "model": {"arch": model_kw["arch"], "hidden": model_kw["hidden"],
+                       "layers": model_kw["layers"], "dropout": 0.5, "norm": model_kw["norm"]},
+             "train": {"epochs": epochs, "lr": 0.01, "seed": seed}}
+            for name, opts in strategies.values()]
+    return {label: [_row(rec) for rec in run["records"][1:]]     # the set-up's left out
+            for label, run in zip(strategies, run_jobs(comm, part, jobs))}
+
+
+def _row(rec: dict) -> dict:
+    """A trainer record as this study reads it: the training phase's rounds, bytes and wall
+    time only (evaluation is not part of the exchange being studied)."""
+    row = {"epoch": rec["epoch"], "wall_s": rec["wall_s"] - rec["eval_s"],
+           "compute_s": rec["compute_s"], "extra": rec["extra"], "loss": rec["loss"],
+           "rounds": [r[:6] for r in rec["rounds"] if r[2] == "train"],
+           "bytes": {"train": {"sent": rec["bytes"].get("train", {}).get("sent", 0)}}}
+    if rec["test_acc"] is not None:
+        row.update(test_acc=rec["test_acc"], val_acc=rec["val_acc"])
+    return row
 
 
 def _lan_overlap_saving(per_rank: list[list[dict]], e: int, tier) -> float:

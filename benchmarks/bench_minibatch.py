@@ -39,58 +39,43 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _study import run_job  # noqa: E402
 from bench_sampling import load_real  # noqa: E402
 from quietgnn.comm import Communicator  # noqa: E402
-from quietgnn.nn import ModelConfig  # noqa: E402
 from quietgnn.partition import build_partitions, partition_nodes  # noqa: E402
 from quietgnn.runtime.launcher import spawn_function  # noqa: E402
-from quietgnn.strategies.base import TrainConfig, WorkerContext  # noqa: E402
-from quietgnn.strategies.halo import Halo  # noqa: E402
-from quietgnn.strategies.minibatch import MiniBatch  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "minibatch"
 MODEL = dict(arch="sage", hidden=64, layers=2, dropout=0.5)
 WD = 5e-4
 
 
-def _run(comm, graph, parts, strategy, opts, epochs, eval_every, lr, label=""):
+def _run(comm, graph, parts, strategy, opts, epochs, eval_every, lr):
+    """One configuration on this rank's part, through the package's trainer (``_study``)."""
     torch.set_num_threads(1)
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
-    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                        model_cfg=ModelConfig(**MODEL),
-                        train_cfg=TrainConfig(seed=0, lr=lr, weight_decay=WD))
-    s = MiniBatch(ctx, MiniBatch.Options(**opts)) if strategy == "minibatch" else Halo(ctx)
     t0 = time.perf_counter()
-    with comm.phase("setup"):
-        s.setup()
-    setup_bytes = sum(r.bytes_sent for r in comm.take_records())
-    best = {"val": -1.0, "test": float("nan"), "epoch": -1}
-    train_bytes, kinds, t_train = [], {}, 0.0
-    curve = []
-    for e in range(epochs):
-        comm.epoch = e
-        t1 = time.perf_counter()
-        with comm.phase("train"):
-            res = s.train_epoch(e)
-        t_train += time.perf_counter() - t1
-        recs = comm.take_records()
-        train_bytes.append(sum(r.bytes_sent for r in recs))
-        for r in recs:
-            kinds[r.kind] = kinds.get(r.kind, 0) + r.bytes_sent
-        if (e + 1) % eval_every == 0 or e == epochs - 1:
-            with comm.phase("eval"):
-                acc = s.evaluate()
-            comm.take_records()
-            curve.append((e, res.loss, acc["val"], acc["test"]))
-            if acc["val"] > best["val"]:
-                best = {"val": acc["val"], "test": acc["test"], "epoch": e}
-            if comm.rank == 0:
-                print(f"  {label} epoch {e}: loss {res.loss:.4f} val {acc['val']:.4f} "
-                      f"test {acc['test']:.4f} ({time.perf_counter() - t0:.0f}s)", flush=True)
-    return {"best": best, "setup_bytes": setup_bytes, "train_bytes_per_epoch":
-            float(np.mean(train_bytes)), "bytes_by_kind_per_epoch":
-            {k: v / epochs for k, v in kinds.items()}, "train_s": t_train,
-            "wall_s": time.perf_counter() - t0, "steps_per_epoch": res.steps, "curve": curve}
+    run = run_job(comm, part, {"strategy": strategy, "options": opts or {}, "model": MODEL,
+                               "eval_every": eval_every,
+                               "train": {"epochs": epochs, "lr": lr, "weight_decay": WD,
+                                         "seed": 0}})
+    setup, recs = run["records"][0], run["records"][1:]
+    kinds: dict[str, float] = {}
+    for r in recs:
+        for k, v in r["bytes_by_kind"].items():
+            if k.startswith("train/"):
+                kinds[k[len("train/"):]] = kinds.get(k[len("train/"):], 0) + v
+    curve = [(r["epoch"], r["loss"], r["val_acc"], r["test_acc"]) for r in recs
+             if r["val_acc"] is not None]
+    e, _, val, test = max(curve, key=lambda c: (c[2], -c[0]))    # the first of equals
+    return {"best": {"val": val, "test": test, "epoch": e},
+            "setup_bytes": sum(b["sent"] for b in setup["bytes"].values()),
+            "train_bytes_per_epoch": float(np.mean([r["bytes"].get("train", {}).get("sent", 0)
+                                                    for r in recs])),
+            "bytes_by_kind_per_epoch": {k: v / epochs for k, v in kinds.items()},
+            "train_s": sum(r["wall_s"] - r["eval_s"] for r in recs),
+            "wall_s": time.perf_counter() - t0, "steps_per_epoch": recs[-1]["steps"],
+            "curve": curve}
 
 
 def _per(spec: str) -> dict[str, int]:
@@ -143,8 +128,9 @@ def main() -> None:
             row["centralized"] = prev["centralized"]
         else:
             zero = np.zeros(g.num_nodes, dtype=np.int64)
-            c = _run(Communicator(0, 1), g, zero, "centralized", None, cep[name],
-                     args.central_eval_every, args.lr, f"{name} centralized")
+            # halo on one rank: the whole graph, nothing crosses (what this column has run)
+            c = _run(Communicator(0, 1), g, zero, "halo", None, cep[name],
+                     args.central_eval_every, args.lr)
             row["centralized"] = {"epochs": cep[name], "lr": args.lr, **c["best"],
                                   "wall_s": c["wall_s"], "curve": c["curve"], "command": cmd}
         print(name, "centralized", row["centralized"]["test"], flush=True)
@@ -153,8 +139,7 @@ def main() -> None:
         else:
             parts = partition_nodes(g, "metis", args.parts, seed=0)
             mb = spawn_function(_run, args.parts, args=(g, parts, "minibatch", opts, mep[name],
-                                                        args.mb_eval_every, args.lr,
-                                                        f"{name} minibatch"),
+                                                        args.mb_eval_every, args.lr),
                                 timeout_s=20000, comm_timeout_s=600)
             row["minibatch"] = {"P": args.parts, "epochs": mep[name], "lr": args.lr,
                                 **mb[0]["best"], "steps_per_epoch": mb[0]["steps_per_epoch"],

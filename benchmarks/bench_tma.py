@@ -65,102 +65,69 @@ def load_graph(name: str):
 
 
 # ---------------------------------------------------------------------- one process group
-def _phase_sum(recs, key):
-    return sum(r.as_dict()[key] for r in recs)
+def _train_rounds(rec):
+    """The training phase's rounds of a trainer record: [round, kind, phase, sent, recv, hops,
+    seconds] each."""
+    return [r for r in rec["rounds"] if r[2] == "train"]
+
+
+def _model(arch):
+    return {"arch": arch, "hidden": 64, "layers": 2, "dropout": 0.5}
 
 
 def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period,
            avg_bits=32, tma_lr=0.0, mode="full"):
-    """On every rank: each tma job (variant, arch, seed) for ``epochs`` averages of ``period``
-    epoch-equivalents, then ``halo`` for 3 epochs per arch. Returns per-average traffic /
-    compute / accuracy."""
-    from quietgnn.nn import ModelConfig
+    """On every rank, through the package's trainer (``_study``): each tma job (variant,
+    arch, seed) for ``epochs`` averages of ``period`` epoch-equivalents, evaluated after each,
+    then ``halo`` for 3 epochs per arch. Returns per-average traffic / compute / accuracy."""
+    from _study import run_job
     from quietgnn.partition import build_partitions
-    from quietgnn.strategies.base import TrainConfig, WorkerContext
-    from quietgnn.strategies.halo import Halo
-    from quietgnn.strategies.tma import TMA, TMAOptions
     torch.set_num_threads(1)
     out: dict[str, Any] = {"tma": [], "halo": []}
     parts_cache = {k: build_partitions(graph, a, ranks=[comm.rank])[0]
                    for k, a in assignments.items()}
     for variant, arch, seed in jobs:
-        torch.manual_seed(seed * 1000 + comm.rank)
-        ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm,
-                            part=parts_cache[(variant, seed)],
-                            model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
-                            train_cfg=TrainConfig(epochs=epochs, lr=0.01, seed=seed))
-        s = TMA(ctx, TMAOptions(mode=mode, period_epochs=period, eval_graph="gather",
-                                avg_bits=avg_bits, lr=tma_lr))
-        with comm.phase("setup"):
-            s.setup()
-        comm.take_records()
+        run = run_job(comm, parts_cache[(variant, seed)], {
+            "strategy": "tma", "model": _model(arch), "eval_every": 1,
+            "train": {"epochs": epochs, "lr": 0.01, "seed": seed},
+            "options": {"mode": mode, "period_epochs": period, "eval_graph": "gather",
+                        "avg_bits": avg_bits, "lr": tma_lr}})
         rows = []
-        for e in range(epochs):
-            comm.epoch = e
-            c0 = time.thread_time()
-            with comm.phase("train"):
-                res = s.train_epoch(e)
-            cpu = time.thread_time() - c0
-            recs = comm.take_records()
-            with comm.phase("eval"):
-                acc = s.evaluate()
-            comm.take_records()
-            rows.append({"sent": _phase_sum(recs, "bytes_sent"),
-                         "recv": _phase_sum(recs, "bytes_recv"),
-                         "hops": max([r.hops for r in recs] or [0]),
-                         "compute_s": max(0.0, cpu - _phase_sum(recs, "cpu_seconds")),
-                         "val": acc["val"], "test": acc["test"],
-                         "local_epochs": res.extra["local_epochs"]})
-        s.chan.close()
+        for rec in run["records"][1:]:
+            rounds = _train_rounds(rec)
+            rows.append({"sent": sum(r[3] for r in rounds), "recv": sum(r[4] for r in rounds),
+                         "hops": max([r[5] for r in rounds] or [0]),
+                         "compute_s": rec["compute_s"],
+                         "val": rec["val_acc"], "test": rec["test_acc"],
+                         "local_epochs": rec["extra"]["local_epochs"]})
+        report = (run["summary"] or {}).get("strategy_report", {})
         out["tma"].append({"variant": variant, "arch": arch, "seed": seed, "rows": rows,
-                           "model_floats": s.model_numel()})
+                           "model_floats": report.get("model_floats")})
     part = build_partitions(graph, halo_parts, ranks=[comm.rank])[0]
     for arch in halo_jobs:
-        ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
-                            model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
-                            train_cfg=TrainConfig(epochs=3, lr=0.01))
-        h = Halo(ctx)
-        with comm.phase("setup"):
-            h.setup()
-        comm.take_records()
-        rows = []
-        for e in range(3):
-            c0 = time.thread_time()
-            with comm.phase("train"):
-                h.train_epoch(e)
-            cpu = time.thread_time() - c0
-            recs = comm.take_records()
-            rows.append({"sent": _phase_sum(recs, "bytes_sent"),
-                         "rounds": [(r.round, r.hops, max(r.bytes_sent, r.bytes_recv))
-                                    for r in recs],
-                         "compute_s": max(0.0, cpu - _phase_sum(recs, "cpu_seconds"))})
-        out["halo"].append({"arch": arch, "rows": rows})
+        # evaluated once, after the last epoch (the trainer always does): not in these rows
+        run = run_job(comm, part, {"strategy": "halo", "model": _model(arch), "eval_every": 3,
+                                   "train": {"epochs": 3, "lr": 0.01}})
+        out["halo"].append({"arch": arch, "rows": [
+            {"sent": rec["bytes"].get("train", {}).get("sent", 0),
+             "rounds": [(r[0], r[5], max(r[3], r[4])) for r in _train_rounds(rec)],
+             "compute_s": rec["compute_s"]} for rec in run["records"][1:]]})
     return out
 
 
 def centralized_curve(graph, arch: str, seed: int, steps: int,
                       lr: float = 0.01) -> list[dict[str, float]]:
-    """Full-graph training in this process: per-step val/test accuracy and compute."""
+    """Full-graph training in this process (the trainer, evaluated every step): per-step
+    val/test accuracy and compute."""
+    from _study import run_job
     from quietgnn.comm import Communicator
-    from quietgnn.nn import ModelConfig
     from quietgnn.partition import build_partitions
-    from quietgnn.strategies.base import TrainConfig, WorkerContext
-    from quietgnn.strategies.centralized import Centralized
-    torch.manual_seed(seed * 1000)
     part = build_partitions(graph, torch.zeros(graph.num_nodes, dtype=torch.long))[0]
-    ctx = WorkerContext(rank=0, world_size=1, comm=Communicator(0, 1), part=part,
-                        model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
-                        train_cfg=TrainConfig(epochs=steps, lr=lr, seed=seed))
-    s = Centralized(ctx)
-    s.setup()
-    rows = []
-    for e in range(steps):
-        c0 = time.thread_time()
-        s.train_epoch(e)
-        cpu = time.thread_time() - c0
-        acc = s.evaluate()
-        rows.append({"compute_s": cpu, "val": acc["val"], "test": acc["test"]})
-    return rows
+    run = run_job(Communicator(0, 1), part, {
+        "strategy": "centralized", "model": _model(arch), "eval_every": 1,
+        "train": {"epochs": steps, "lr": lr, "seed": seed}})
+    return [{"compute_s": rec["compute_s"], "val": rec["val_acc"], "test": rec["test_acc"]}
+            for rec in run["records"][1:]]
 
 
 def best_test(rows):
