@@ -20,7 +20,7 @@ from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.grappa import Grappa, GrappaOptions
 from quietgnn.strategies.halo import Halo
-from quietgnn.strategies._grappa_data import LocalGraph, expand, rotating_chunk
+from quietgnn.strategies.grappa.data import LocalGraph, expand, rotating_chunk
 
 from helpers import small_graph
 

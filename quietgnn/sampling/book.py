@@ -10,7 +10,7 @@ opening the book checks every file's checksum (a pass over the book's bytes, onc
 
 The sample is the one :class:`~quietgnn.sampling.evaluate.SampledEvaluator` would take (the
 same seeded choice per part); neighbourhoods are drawn as ``tma``'s trainers draw theirs
-(:class:`~quietgnn.strategies._tma_data.LocalSampler`: all in-neighbours up to the fanout,
+(:class:`~quietgnn.sampling.local.LocalSampler`: all in-neighbours up to the fanout,
 else ``fanout`` uniform draws with replacement, kept distinct), from a generator re-seeded per
 minibatch, so every evaluation sees the same blocks.
 """

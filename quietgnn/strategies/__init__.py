@@ -1,4 +1,5 @@
-"""Communication strategies: one file each, discovered automatically (see ``base.py``)."""
+"""Communication strategies: one module each (a file, or a sub-package with
+its own helpers), discovered automatically (see ``base.py``)."""
 
 from .base import (EpochResult, NonFiniteError, Strategy, TrainConfig, WorkerContext,
                    available_strategies, get_strategy, register)

@@ -1,8 +1,8 @@
 """The strategy interface, the registry, and the pieces most strategies share.
 
-A strategy is one file in this package holding one :class:`Strategy` subclass decorated with
-:func:`register`; the registry discovers the files itself, so a new strategy touches nothing
-else. The trainer calls, on every rank::
+A strategy is one module in this package (a file, or a sub-package with its own helpers)
+holding one :class:`Strategy` subclass decorated with :func:`register`; the registry discovers
+them, so a new strategy touches nothing else. The trainer calls, on every rank::
 
     s = Strategy(ctx, options)     # ctx: WorkerContext; options: the strategy's Options
     s.setup()
@@ -292,6 +292,17 @@ def check_residency(cls: type[Strategy], level: str, partition_method: str) -> N
 
 
 # ---------------------------------------------------------------------- shared pieces
+def check_gradient_compression(grad_bits: Any, grad_rank: Any) -> None:
+    """``options.grad_bits`` / ``options.grad_rank`` of a strategy whose only training traffic
+    is a gradient all-reduce (``grappa``, ``retexo``): quantized or low-rank, or exact."""
+    if grad_bits not in (2, 4, 8, 32):
+        raise ValueError(f"options.grad_bits = {grad_bits!r}; expected 2, 4, 8 (the gradient "
+                         f"all-reduce stochastically quantized) or 32 (exact)")
+    if not isinstance(grad_rank, int) or isinstance(grad_rank, bool) or grad_rank < 0:
+        raise ValueError(f"options.grad_rank = {grad_rank!r}; expected an int >= 0 (0: exact "
+                         f"gradients; r >= 1: rank-r factors with error feedback)")
+
+
 def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> SparseAdj:
     """The local ``[owned | halo]`` block with global degrees (exact aggregation)."""
     return SparseAdj(part.indptr, part.indices, part.n_local, part.in_degree,

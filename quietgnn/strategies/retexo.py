@@ -78,8 +78,8 @@ from ..comm.lowrank import LowRankReducer
 from ..comm.traffic import Traffic
 from ..nn import GNN
 from ._retexo_layers import Pre, build_layers
-from .base import (EpochResult, Strategy, global_evaluate, partition_adj, register,
-                   sync_gradients)
+from .base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
+                   partition_adj, register, sync_gradients)
 
 __all__ = ["Retexo", "RetexoOptions"]
 
@@ -127,12 +127,7 @@ class RetexoOptions:
         if self.embed not in ("hidden", "logits"):
             raise ValueError(f"options.embed = {self.embed!r}; expected 'hidden' (pass hidden "
                              f"embeddings) or 'logits' (pass class logits, fewer bytes)")
-        if self.grad_bits not in (2, 4, 8, 32):
-            raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
-                             f"gradient all-reduce stochastically quantized) or 32 (exact)")
-        if not isinstance(self.grad_rank, int) or self.grad_rank < 0:
-            raise ValueError(f"options.grad_rank = {self.grad_rank!r}; expected an int >= 0 (0: "
-                             f"exact gradients; r >= 1: rank-r factors with error feedback)")
+        check_gradient_compression(self.grad_bits, self.grad_rank)
         if self.layer_norm is not None and not isinstance(self.layer_norm, bool):
             raise ValueError(f"options.layer_norm = {self.layer_norm!r}; expected true, false, "
                              f"or null (follow model.norm)")

@@ -118,13 +118,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..comm.communicator import CommError
-from ..comm.store import StarChannel
-from ..comm.traffic import Traffic
-from ..nn import SparseAdj, SparseFeatures, maybe_sparse
-from ..sampling.fanouts import parse_fanouts
-from ._tma_data import LocalSampler, _part_pieces, assemble_graph
-from .base import EpochResult, Strategy, register
+from ...comm.communicator import CommError
+from ...comm.store import StarChannel
+from ...comm.traffic import Traffic
+from ...nn import SparseAdj, SparseFeatures, maybe_sparse
+from ...sampling.fanouts import parse_fanouts
+from ...sampling.local import LocalSampler
+from ..base import EpochResult, Strategy, register
+from .data import _part_pieces, assemble_graph
 
 __all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
 
@@ -274,7 +275,7 @@ class TMA(Strategy):
         book = os.environ.get("QUIETGNN_BOOK")
         if not book:
             return
-        from ..partition import PartitionBook
+        from ...partition import PartitionBook
         got = PartitionBook.open(book).method
         if got != want:
             raise ValueError(f"options.variant = {self.options.variant!r} needs partition method "
@@ -299,7 +300,7 @@ class TMA(Strategy):
             return
         if how == "book":
             if ctx.rank == 0:
-                from ..partition import PartitionBook
+                from ...partition import PartitionBook
                 pb = PartitionBook.open(book)
                 pieces = [_part_pieces(p)] + [_part_pieces(pb.load_part(j))
                                               for j in range(1, ctx.world_size)]
@@ -324,8 +325,8 @@ class TMA(Strategy):
         ctx, k = self.ctx, self.options.eval_nodes
         ev, failure, why = None, None, None
         if ctx.rank == 0:
-            from ..partition import PartitionBook
-            from ..sampling.book import BookEvaluator
+            from ...partition import PartitionBook
+            from ...sampling.book import BookEvaluator
             try:
                 ev = BookEvaluator(PartitionBook.open(book), self._eval_fanouts, k,
                                    self.options.batch_size, ctx.seed)
@@ -485,7 +486,7 @@ class TMA(Strategy):
         method = None
         book = os.environ.get("QUIETGNN_BOOK")
         if book:
-            from ..partition import PartitionBook
+            from ...partition import PartitionBook
             method = PartitionBook.open(book).method
         return {"random": "RandomTMA", "supernode": "SuperTMA", "metis": "PSGD-PA"}.get(
             method or "", str(self.options.variant))

@@ -33,9 +33,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from ..comm import Communicator
-from ..comm.codecs import decode_rows, encode_rows, payload_bytes
-from ..comm.traffic import Traffic
+from ...comm import Communicator
+from ...comm.codecs import decode_rows, encode_rows, payload_bytes
+from ...comm.traffic import Traffic
 
 __all__ = ["QuantizedHalo"]
 

@@ -11,12 +11,12 @@ How it trains (rank ``k`` of ``P``):
   owns chunk ``k`` (its training seeds) and additionally holds the rotating chunk
   ``j_k(s) = k + 1 + (s mod (P-1)) (mod P)`` in super-epoch ``s = epoch // repart_every``.
   The local graph is both chunks with all their in-edges; outside sources are feature-only
-  leaves (see :mod:`._grappa_data`). Loading chunk ``j_k(s)`` (structure + features + the new
+  leaves (see :mod:`.data`). Loading chunk ``j_k(s)`` (structure + features + the new
   leaves' features) is the one bulk data movement, once per super-epoch, in the ``data`` phase.
 * Each step trains on the local graph alone (full graph, or uniform neighbour sampling on the
   local graph with the same number of steps on every rank) and all-reduces the gradient:
   **no features or activations cross ranks while training.**
-* Coverage ``w_v`` of each seed's ``L``-hop computation tree (:func:`._grappa_data.coverage`),
+* Coverage ``w_v`` of each seed's ``L``-hop computation tree (:func:`.data.coverage`),
   clipped to ``[w_min, 1]``, corrects the aggregation:
 
   - ``weighting='node'``: ``g = sum_k sum_{v in B_k} w~_v grad l_v / Z``, ``w~ = w^lam``,
@@ -59,14 +59,14 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from ..comm.lowrank import LowRankReducer
-from ..comm.traffic import Traffic
-from ..nn import SparseFeatures, maybe_sparse
-from ..sampling.evaluate import SampledEvaluator
-from ..sampling.fanouts import parse_fanouts
-from ._grappa_data import ChunkLoader, LocalGraph, coverage, expand
-from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
-                   sync_gradients)
+from ...comm.lowrank import LowRankReducer
+from ...comm.traffic import Traffic
+from ...nn import SparseFeatures, maybe_sparse
+from ...sampling.evaluate import SampledEvaluator
+from ...sampling.fanouts import parse_fanouts
+from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
+                    halo_forward, partition_adj, register, sync_gradients)
+from .data import ChunkLoader, LocalGraph, coverage, expand
 
 __all__ = ["Grappa", "GrappaOptions", "DEFAULT_FANOUTS"]
 
@@ -117,12 +117,7 @@ class GrappaOptions:
                              f"averaging, 1: full coverage correction)")
         if not 0.0 < float(self.w_min) <= 1.0:
             raise ValueError(f"options.w_min = {self.w_min!r}; expected a value in (0, 1]")
-        if self.grad_bits not in (2, 4, 8, 32):
-            raise ValueError(f"options.grad_bits = {self.grad_bits!r}; expected 2, 4, 8 (the "
-                             f"gradient all-reduce stochastically quantized) or 32 (exact)")
-        if not isinstance(self.grad_rank, int) or self.grad_rank < 0:
-            raise ValueError(f"options.grad_rank = {self.grad_rank!r}; expected an int >= 0 (0: "
-                             f"exact gradients; r >= 1: rank-r factors with error feedback)")
+        check_gradient_compression(self.grad_bits, self.grad_rank)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"options.batch_size = {self.batch_size!r}; expected an int >= 1")
         if isinstance(self.eval_nodes, bool) or not isinstance(self.eval_nodes, int) or \

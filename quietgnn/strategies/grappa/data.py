@@ -24,12 +24,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..comm import Communicator
-from ..comm.traffic import Traffic
-from ..nn import SparseAdj
-from ..partition import LocalPartition
-from ..partition.local import gather_rows
-from ..sampling.renumber import chunk_bounds
+from ...comm import Communicator
+from ...comm.traffic import Traffic
+from ...nn import SparseAdj
+from ...partition import LocalPartition
+from ...partition.local import gather_rows
+from ...sampling.renumber import chunk_bounds
 
 __all__ = ["rotating_chunk", "LocalGraph", "ChunkLoader", "coverage", "expand"]
 

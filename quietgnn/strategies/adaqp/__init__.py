@@ -22,8 +22,8 @@ GNN Training", MLSys 2023 (arXiv 2306.01381). ``halo``'s data flow, with three c
    from a network tier (``time_model="lan"``).
 3. **Overlap** (``overlap=True``). Owned nodes are ordered central | marginal; the central rows
    (no remote in-neighbour) are aggregated while the quantized messages fly, the marginal rows
-   after they land; the same in backward (:mod:`._adaqp_exchange`). Narrowing GCN/SAGE
-   layers transform the owned rows once, while the messages fly (:mod:`._adaqp_split`).
+   after they land; the same in backward (:mod:`.exchange`). Narrowing GCN/SAGE
+   layers transform the owned rows once, while the messages fly (:mod:`.split`).
    ``EpochResult.extra`` reports the time the exchanges were in flight (``exch_span_s``), the
    part of it this rank sat waiting (``exch_wait_s``), per exchange the CPU computed while it
    flew (``inflight``), and the rows sent per width (``bits_hist``, ``bits_by_key``).
@@ -52,15 +52,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..comm import fetch_static_rows
-from ..comm.bitassign import AssignProblem, solve
-from ..comm.traffic import Traffic
-from ..nn import SparseAdj
-from ..nn.keyed import keyed_dropout, mix_key
-from ..partition.local import gather_rows
-from ._adaqp_exchange import QuantizedHalo
-from ._adaqp_split import SplitConv
-from .base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
+from ...comm import fetch_static_rows
+from ...comm.bitassign import AssignProblem, solve
+from ...comm.traffic import Traffic
+from ...nn import SparseAdj
+from ...nn.keyed import keyed_dropout, mix_key
+from ...partition.local import gather_rows
+from ..base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
+from .exchange import QuantizedHalo
+from .split import SplitConv
 
 __all__ = ["AdaQP", "AdaQPOptions"]
 
@@ -117,7 +117,7 @@ class AdaQPOptions:
         if self.solver not in ("auto", "milp", "fast"):
             raise ValueError(f"options.solver = {self.solver!r}; expected auto, milp or fast")
         if self.time_model != "profile":
-            from ..comm.network import TIERS
+            from ...comm.network import TIERS
             if self.time_model not in TIERS:
                 raise ValueError(f"options.time_model = {self.time_model!r}; expected 'profile' "
                                  f"or one of {sorted(TIERS)}")
@@ -167,7 +167,7 @@ class AdaQP(Strategy):
 
     def _build_blocks(self) -> None:
         """Central block over ``[central | marginal]`` and marginal block over
-        ``[marginal | central | halo]`` (module docstring of ``_adaqp_exchange``)."""
+        ``[marginal | central | halo]`` (module docstring of ``adaqp.exchange``)."""
         p, n_own, nc = self.ctx.part, self.ctx.part.n_own, self.n_c
         nm = n_own - nc
         indptr, cols = gather_rows(p.indptr, p.indices, self.perm)
@@ -222,7 +222,7 @@ class AdaQP(Strategy):
                 a_fit, g_fit = np.polyfit(np.array(xs), np.array(ts), 1)
                 alpha[dst], gamma[dst] = max(float(a_fit), 1e-6), max(float(g_fit), 0.0)
         else:
-            from ..comm.network import TIERS
+            from ...comm.network import TIERS
             t = TIERS[o.time_model]
             alpha = [8e6 / t.bandwidth] * P
             gamma = [t.latency] * P

@@ -2,7 +2,7 @@
 
 Why. With ``d_out < d_in`` the stock layers transform before they aggregate
 (:mod:`quietgnn.nn.layers`). Run as two row blocks (central rows over ``[central | marginal]``,
-marginal rows over ``[marginal | central | halo]``, see :mod:`._adaqp_exchange`) every owned
+marginal rows over ``[marginal | central | halo]``, see :mod:`.exchange`) every owned
 row would be transformed twice -- on the first layer of a wide-feature graph (CS: 6805 -> 256)
 that is most of an epoch's compute. Split instead:
 
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import SparseAdj
-from ..nn.adj import spmm
-from ..nn.layers import GCNConv, SAGEConv
+from ...nn import SparseAdj
+from ...nn.adj import spmm
+from ...nn.layers import GCNConv, SAGEConv
 
 __all__ = ["SplitConv"]
 
