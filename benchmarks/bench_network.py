@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from netcluster import Cluster, _rate_bps, available  # noqa: E402
-from quietgnn.comm.network import TIERS, Tier, epoch_curve, project  # noqa: E402
+from quietgnn.comm.network import TIERS, Tier, epoch_curve, project, time_to_accuracy  # noqa: E402,E501
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/network"
@@ -49,15 +48,22 @@ DATA = {"computers": "amazon", "cs": "coauthor", "cora": "planetoid", "citeseer"
 TIER_OF = {"1gbit": "lan", "100mbit": "wan", "10mbit": "edge"}
 # per strategy, what makes an epoch comparable (as in benchmarks/headline.yaml)
 EXTRA = {"tma": ["--options.period_epochs", "1"]}
+# time to target: the headline's budget (benchmarks/headline.yaml) and evaluation cadence
+TARGET_EPOCHS, TARGET_EVAL_EVERY, FRACTIONS = 200, 5, (0.90, 0.95, 0.98)
 
 
-def _train_args(ds: str, data_root: Path, strategy: str, epochs: int, run: str) -> list[str]:
+def _train_args(ds: str, data_root: Path, strategy: str, epochs: int, run: str,
+                to_target: bool = False) -> list[str]:
+    """``quietgnn train`` of one run. ``to_target``: the headline's run (every strategy at its
+    defaults, exact evaluation every TARGET_EVAL_EVERY epoch-equivalents, so the epoch where
+    the target is reached is known); otherwise a few epochs timed, evaluated once."""
+    how = (["--train.eval_every", str(TARGET_EVAL_EVERY), "--train.eval_mode", "exact"]
+           if to_target else ["--train.eval_every", str(epochs), *EXTRA.get(strategy, [])])
     return ["-m", "quietgnn", "train", "--dataset", ds, "--root", str(data_root / DATA[ds]),
             "--strategy", strategy, "--parts", "4", "--model", "gcn", "--hidden", "64",
-            "--layers", "2", "--epochs", str(epochs), "--train.eval_every", str(epochs),
+            "--layers", "2", "--epochs", str(epochs), *how,
             "--runtime.progress", "false", "--runtime.timeout_s", "600",
-            "--runtime.overwrite", "true", "--out", str(OUT / "runs"), "--run-name", run,
-            *EXTRA.get(strategy, [])]
+            "--runtime.overwrite", "true", "--out", str(OUT / "runs"), "--run-name", run]
 
 
 def _measured(curve: dict) -> tuple[float, float]:
@@ -68,16 +74,20 @@ def _measured(curve: dict) -> tuple[float, float]:
 
 
 def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root: Path,
-            hosts: int = 4) -> dict:
-    run = f"{ds}-{strategy}-{rate or 'uncapped'}"
+            hosts: int = 4, central: Optional[float] = None) -> dict:
+    """One run on ``hosts`` emulated hosts. ``central``: ``centralized``'s test accuracy,
+    given for a run to target (measured and projected seconds to 90/95/98 % of it)."""
+    run = f"{ds}-{strategy}-{rate or 'uncapped'}" + ("-target" if central else "")
     logs = OUT / "logs" / run
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with Cluster(hosts, rate=rate) as c:
-        codes = c.wait(c.torchrun(_train_args(ds, data_root, strategy, epochs, run),
+        codes = c.wait(c.torchrun(_train_args(ds, data_root, strategy, epochs, run,
+                                              to_target=central is not None),
                                   run_id=run, log_dir=logs), timeout=3000)
     rec = {"dataset": ds, "strategy": strategy, "parts": hosts, "rate": rate or "uncapped",
            "bandwidth_bps": _rate_bps(rate) if rate else None, "epochs": epochs,
+           "kind": "to_target" if central else "epoch_time",
            "elapsed_s": round(time.perf_counter() - t0, 1), "status": "ok"}
     if codes != [0] * hosts:
         tail = (logs / "host-0.log").read_text(errors="replace")[-1500:]
@@ -99,12 +109,47 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
                    projected_comm_epoch_s=sum(p["comm_s"] for p in proj) / work,
                    latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
                                          if named else None))
-    # time to 98 % of centralized needs runs to the end: null unless the run was long enough
     rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)
+    if central and rate:
+        rec.update(centralized_test_acc=central,
+                   **_to_target(curve, Tier(f"{rate}-no-latency", _rate_bps(rate), 0.0), central))
     return rec
 
 
+def _to_target(curve: dict, link: Tier, central: float) -> dict:
+    """Seconds to each fraction of ``central``'s accuracy: measured (the run's wall seconds
+    through the epoch whose evaluation first reached it, evaluations included, as the
+    projection counts them) and projected on ``link`` from the same records; None where the
+    run never reached it."""
+    out = {}
+    for f in FRACTIONS:
+        target, cum, measured = f * central, 0.0, None
+        for r in curve["epochs"]:
+            cum += r["wall_s"]
+            if r.get("test_acc") is not None and r["test_acc"] >= target:
+                measured = cum
+                break
+        proj = time_to_accuracy(curve, link, target)
+        pct = round(100 * f)
+        out[f"measured_seconds_to_{pct}"] = measured
+        out[f"projected_seconds_to_{pct}"] = proj["seconds"] if proj else None
+    return out
+
+
+def centralized_accuracy(ds: str, data_root: Path) -> float:
+    """``centralized``'s test accuracy at the headline's settings (one local process; no
+    network): the reference the fractions are of."""
+    import quietgnn
+    run = quietgnn.train(ds, strategy="centralized", root=str(data_root / DATA[ds]),
+                         epochs=TARGET_EPOCHS, model="gcn", hidden=64, layers=2,
+                         out=str(OUT / "runs"), run_name=f"{ds}-centralized", overwrite=True,
+                         train={"eval_every": TARGET_EVAL_EVERY}, runtime={"progress": False})
+    return float(run.summary["test_acc"])
+
+
 def render(records: list[dict]) -> list[str]:
+    targets = [r for r in records if r.get("kind") == "to_target"]
+    records = [r for r in records if r.get("kind") != "to_target"]
     base = {(r["dataset"], r["strategy"]): r for r in records
             if r["rate"] == "uncapped" and r["status"] == "ok"}
     lines = ["# Measured vs projected epoch time on emulated hosts", "",
@@ -137,6 +182,40 @@ def render(records: list[dict]) -> list[str]:
             f"{r['projected_comm_epoch_s']:.3g} s | "
             f"{'—' if cerr is None else f'{100 * cerr:+.0f}%'} | "
             f"{'—' if lat is None else f'{lat:.3g} s'} |")
+    return lines + (_render_targets(targets) if targets else [])
+
+
+def _s(x: Optional[float]) -> str:
+    return "never" if x is None else f"{x:.3g} s"
+
+
+def _render_targets(records: list[dict]) -> list[str]:
+    lines = ["", "## Time to target, measured", "",
+             f"Command: `python benchmarks/bench_network.py --to-target ...` (as root; the "
+             f"invocation is in network.json). Every strategy at its defaults, "
+             f"{TARGET_EPOCHS} epoch-equivalents, exact evaluation every {TARGET_EVAL_EVERY}; "
+             f"seconds from the first epoch through the evaluation that first reached the "
+             f"fraction of `centralized`'s test accuracy (same settings, one process), "
+             f"evaluations included on both sides; set-up (loading, partitioning) left out. "
+             f"Projected: the same run's records on a link of the same bandwidth, no latency.",
+             "", "| dataset | strategy | link | centralized | measured to 90 / 95 / 98 % | "
+             "projected to 98 % | error | halo / this, measured to 98 % |",
+             "|---|---|---|---|---|---|---|---|"]
+    halo = {(r["dataset"], r["rate"]): r.get("measured_seconds_to_98") for r in records
+            if r["strategy"] == "halo" and r["status"] == "ok"}
+    for r in records:
+        if r["status"] != "ok":
+            lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | failed: exit "
+                         f"{r.get('exit_codes')} | | | | |")
+            continue
+        m, p = r.get("measured_seconds_to_98"), r.get("projected_seconds_to_98")
+        err = f"{100 * (p / m - 1):+.0f}%" if m and p else "—"
+        h = halo.get((r["dataset"], r["rate"]))
+        ratio = f"{h / m:.2g}x" if h and m else "—"
+        lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | "
+                     f"{r['centralized_test_acc']:.4f} | "
+                     + " / ".join(_s(r.get(f"measured_seconds_to_{k}")) for k in (90, 95, 98))
+                     + f" | {_s(p)} | {err} | {ratio} |")
     return lines
 
 
@@ -147,6 +226,9 @@ def main() -> int:
     ap.add_argument("--rates", default="1gbit,100mbit,10mbit")
     ap.add_argument("--epochs", type=int, default=4, help="epochs per run (the first is "
                     "warm-up and left out)")
+    ap.add_argument("--to-target", action="store_true",
+                    help=f"runs of {TARGET_EPOCHS} epoch-equivalents at the defaults, timed to "
+                    f"90/95/98 %% of centralized (capped links only)")
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args()
@@ -157,13 +239,16 @@ def main() -> int:
         if why:
             print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)
             return 2
-        key = lambda r: (r["dataset"], r["strategy"], r["rate"])  # noqa: E731
+        key = lambda r: (r["dataset"], r["strategy"], r["rate"], r.get("kind"))  # noqa: E731
         done = {key(r): r for r in old}
         for ds in args.datasets.split(","):
+            central = centralized_accuracy(ds, Path(args.data_root)) if args.to_target else None
+            rates = args.rates.split(",") if args.to_target else [None] + args.rates.split(",")
             for s in args.strategies.split(","):
-                for rate in [None] + args.rates.split(","):
+                for rate in rates:
                     print(f"{ds} {s} {rate or 'uncapped'} ...", file=sys.stderr, flush=True)
-                    r = run_one(ds, s, rate, args.epochs, Path(args.data_root))
+                    r = run_one(ds, s, rate, TARGET_EPOCHS if args.to_target else args.epochs,
+                                Path(args.data_root), central=central)
                     print(f"  {r['status']} {r.get('measured_epoch_s')} "
                           f"{r.get('projected_epoch_s')}", file=sys.stderr, flush=True)
                     done[key(r)] = r
