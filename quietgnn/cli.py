@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .errors import is_consequence
 
 if TYPE_CHECKING:
+    from .config import RunConfig
     from .runtime.plan import RunPlan
 
 __all__ = ["main"]
@@ -55,7 +56,7 @@ def _split_overrides(tokens: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _config(args: argparse.Namespace, rest: list[str]) -> Any:
+def _config(args: argparse.Namespace, rest: list[str]) -> RunConfig:
     from .config import load_config, parse_overrides
     pairs = _split_overrides(rest)
     if args.strategy:

@@ -15,12 +15,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+# a real import, not a TYPE_CHECKING one: the plan's field types resolve at run time
+# (typing.get_type_hints(RunPlan)), and the config is loaded before any plan anyway
+from ..config import RunConfig
 from .books import dataset_identity_of, resolve_book
-
-if TYPE_CHECKING:
-    from ..config import RunConfig
 
 __all__ = ["RunPlan", "plan_run", "plan_local_run", "plan_worker", "local_run_dir",
            "torchrun_run_dir", "BOOK_ENV"]

@@ -24,7 +24,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 __all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file",
            "check_outputs", "record_attempt", "attempts", "tee_stderr", "restart_count"]
@@ -61,7 +64,7 @@ def _clear(run_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def claim_run_dir(cfg: Any, run_dir: Path) -> None:
+def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
     """Refuse (``ValueError``) what would overwrite a run or report old numbers as new; call it
     before anything of this run is written (see the module docstring)."""
     from .checkpoint import check_resume_compatible
@@ -135,7 +138,7 @@ def check_writable_file(path: str | Path, what: str) -> Path:
     return p
 
 
-def check_outputs(cfg: Any, out_what: str, summary_what: str) -> bool:
+def check_outputs(cfg: RunConfig, out_what: str, summary_what: str) -> bool:
     """Prove every output of the run writable before it starts, not unwritable after it
     (``out_what`` / ``summary_what``: how the caller names the two settings in errors).
     Returns whether the out directory existed before (a refused run removes one it made)."""
