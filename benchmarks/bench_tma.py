@@ -172,7 +172,9 @@ def failure_runs(graph, name, arch, epochs, period, out_dir: Path, seed=0):
     each also unbroken."""
     from quietgnn.config import load_config
     from quietgnn.partition import make_book
+    from quietgnn.runtime.books import dataset_identity_of
     from quietgnn.runtime.launcher import launch
+    from quietgnn.runtime.plan import RunPlan
     res = []
     for method in ("random", "metis"):
         for fault in (False, True):
@@ -188,8 +190,10 @@ def failure_runs(graph, name, arch, epochs, period, out_dir: Path, seed=0):
                 "options": {"mode": "full", "period_epochs": period}})
             env = {"QUIETGNN_FAULT": f"rank=2,epoch={epochs // 2},action=exit"} if fault else {}
             t0 = time.perf_counter()
-            s = launch(cfg, out_dir / f"{name}-{method}-{'fail' if fault else 'ok'}", book,
-                       env_extra=env)
+            run_dir = out_dir / f"{name}-{method}-{'fail' if fault else 'ok'}"
+            plan = RunPlan(cfg=cfg, run_dir=run_dir,
+                           dataset=dataset_identity_of(cfg), book=book, book_checked=True)
+            s = launch(plan, env_extra=env)
             rep = s["strategy_report"]
             # The best-validation model is often reached before the kill; the final average
             # (over the survivors only) shows what losing a trainer costs.

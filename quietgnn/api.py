@@ -96,11 +96,10 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     (``**{"model.hidden": 128}``). Unknown keys and bad values raise the CLI's ``ValueError``.
     A failed worker raises :class:`~quietgnn.runtime.launcher.LaunchError` with its traceback.
     """
-    from .cli import local_run_dir
     from .config import load_config
-    from .runtime.launcher import launch, prepare_book
-    from .runtime.rundir import (check_writable_dir, check_writable_file, claim_run_dir,
-                                 remove_if_empty)
+    from .runtime.launcher import launch
+    from .runtime.plan import plan_local_run
+    from .runtime.rundir import check_outputs
     nested = _config_dict(strategy, parts, overrides)
     given = nested.get("dataset", {})
     if given.get("name") is not None or given.get("prepared") is not None:
@@ -123,30 +122,23 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         raise ValueError("train(resume=True) with an in-memory graph: resume from the file the "
                          "first run saved, quietgnn.train('<run_dir>/<name>.npz', resume=True, "
                          "run_name=...)")
-    out_existed = Path(cfg.runtime.out_dir).exists()
-    check_writable_dir(cfg.runtime.out_dir, "out")
-    if cfg.runtime.summary_json:
-        check_writable_file(cfg.runtime.summary_json, "summary_json")
+    out_existed = check_outputs(cfg, "out", "summary_json")
 
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
-    run_dir = local_run_dir(cfg, log, label=label)
-    saved: Optional[Path] = None
-    try:
-        claim_run_dir(cfg, run_dir)
-        if graph is not None:
-            saved = graph.save(run_dir / f"{label}.npz")
-            cfg.dataset.name, cfg.dataset.root = str(saved.resolve()), None
-        book = prepare_book(cfg, log)
-    except BaseException:       # refused before launch: leave nothing behind, as the CLI does
-        if saved is not None:
-            saved.unlink(missing_ok=True)
-        remove_if_empty(run_dir)
-        if not out_existed:
-            remove_if_empty(Path(cfg.runtime.out_dir))
-        raise
-    summary = launch(cfg, run_dir, book)
+    def stage(run_dir: Path) -> Optional[Path]:
+        """The in-memory graph as a file in the run directory, named in the config."""
+        if graph is None:
+            return None
+        saved = graph.save(run_dir / f"{label}.npz")
+        cfg.dataset.name, cfg.dataset.root = str(saved.resolve()), None
+        return saved
+
+    # refused before launch: the plan leaves nothing behind, as the CLI's does
+    plan = plan_local_run(cfg, log, out_existed=out_existed, label=label, stage=stage)
+    run_dir = plan.run_dir
+    summary = launch(plan)
     if summary is None:
         raise RuntimeError(f"run {str(run_dir)!r} ended without a summary (rank 0 wrote none)")
     if cfg.runtime.summary_json:

@@ -24,11 +24,14 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import is_consequence
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+    from .runtime.plan import RunPlan
 
 __all__ = ["main"]
 
@@ -53,7 +56,7 @@ def _split_overrides(tokens: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _config(args: argparse.Namespace, rest: list[str]) -> Any:
+def _config(args: argparse.Namespace, rest: list[str]) -> RunConfig:
     from .config import load_config, parse_overrides
     pairs = _split_overrides(rest)
     if args.strategy:
@@ -108,33 +111,16 @@ def print_summary(s: dict[str, Any]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    from .runtime.launcher import launch, prepare_book
-    from .runtime.rundir import (check_writable_dir, check_writable_file, claim_run_dir,
-                                 remove_if_empty)
+    from .runtime.launcher import launch
+    from .runtime.plan import plan_local_run, plan_worker, torchrun_run_dir
+    from .runtime.rundir import check_outputs
     cfg = _config(args, rest)
-    name = cfg.runtime.run_name
-    # Every output is proven writable before the run, not found unwritable after it.
-    out_existed = Path(cfg.runtime.out_dir).exists()
-    check_writable_dir(cfg.runtime.out_dir, "--out")
-    if cfg.runtime.summary_json:
-        check_writable_file(cfg.runtime.summary_json, "--summary-json")
+    out_existed = check_outputs(cfg, "--out", "--summary-json")
     if _under_torchrun():
-        rid = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
-        run_dir = Path(cfg.runtime.out_dir) / (name or f"{rid}-{cfg.strategy}-"
-                                                       f"{Path(cfg.dataset.name).name}")
-        summary = _torchrun_worker(cfg, run_dir)
+        summary = _torchrun_worker(plan_worker(cfg, torchrun_run_dir(cfg)))
     else:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        run_dir = local_run_dir(cfg, log)
-        try:
-            claim_run_dir(cfg, run_dir)
-            book = prepare_book(cfg, log)
-        except BaseException:
-            remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
-            if not out_existed:
-                remove_if_empty(Path(cfg.runtime.out_dir))
-            raise
-        summary = launch(cfg, run_dir, book)
+        summary = launch(plan_local_run(cfg, log, out_existed=out_existed))
     if summary is not None:
         print_summary(summary)
         if cfg.runtime.summary_json:
@@ -144,72 +130,23 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def local_run_dir(cfg: Any, log: Any, label: Optional[str] = None) -> Path:
-    """The run directory of a local run (``quietgnn train`` and :func:`quietgnn.train`): the
-    named one, the one ``--resume`` continues, or a fresh ``<time>-<strategy>-<label>-p<P>``
-    (``label``: the dataset's name unless given)."""
-    name = cfg.runtime.run_name
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    suffix = f"-{cfg.strategy}-{label or Path(cfg.dataset.name).name}-p{cfg.num_parts}"
-    run_dir = Path(cfg.runtime.out_dir) / (name or f"{stamp}{suffix}")
-    if cfg.runtime.resume:
-        return _resume_dir(cfg, run_dir, suffix, named=bool(name), log=log)
-    return run_dir if name else _claim_dir(run_dir)
-
-
-def _torchrun_worker(cfg: Any, run_dir: Path) -> Optional[dict[str, Any]]:
+def _torchrun_worker(plan: RunPlan) -> Optional[dict[str, Any]]:
     """One rank under torchrun: the same checks as the launcher's, then the worker, with its
     stderr copied to ``logs/rank-<k>.log`` and a failure to ``logs/rank-<k>.error``."""
     from .runtime.rundir import claim_run_dir, tee_stderr
     from .runtime.worker import _report_failure, run_worker, watch_parent, worker_env
-    rank = worker_env()[0]
+    rank, run_dir = worker_env()[0], plan.run_dir
     watch_parent(rank)
     # Before Communicator.init: no rank can have written results yet (they all wait there),
     # so every rank sees the directory as the previous invocation left it.
-    claim_run_dir(cfg, run_dir)
+    claim_run_dir(plan.cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tee_stderr(run_dir, rank)
     try:
-        return run_worker(cfg, run_dir, write_config=True)
+        return run_worker(plan, write_config=True)
     except Exception:
         _report_failure(run_dir, rank)
         raise
-
-
-def _claim_dir(run_dir: Path) -> Path:
-    """A fresh, unnamed run's directory, created atomically: two runs of the same strategy,
-    dataset and P started in the same second (a script launching several) would otherwise
-    share ``<time>-<strategy>-<dataset>-p<P>`` and overwrite each other's metrics."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cand, n = run_dir, 1
-    while True:
-        try:
-            cand.mkdir()
-            return cand
-        except FileExistsError:
-            n += 1
-            cand = run_dir.with_name(f"{run_dir.name}-{n}")
-
-
-def _resume_dir(cfg: Any, run_dir: Path, suffix: str, named: bool, log: Any) -> Path:
-    """``--resume``: the named run, or else the newest ``*<suffix>`` run in ``out_dir`` holding
-    a committed checkpoint; refuses (ValueError, before any worker starts) when that
-    checkpoint belongs to another configuration."""
-    from .runtime.checkpoint import check_resume_compatible, committed_checkpoints
-    if not named:
-        out = Path(cfg.runtime.out_dir)
-        cands = [d for d in out.glob(f"*{suffix}") if committed_checkpoints(d / "checkpoints")] \
-            if out.is_dir() else []
-        if cands:
-            run_dir = max(cands, key=lambda d: (d / "checkpoints").stat().st_mtime)
-            log(f"--resume: continuing {run_dir}")
-        else:
-            log(f"--resume: no checkpointed run matching '*{suffix}' in {str(out)!r}; starting "
-                f"a new run (name it with --run-name to resume a specific one)")
-    epoch = check_resume_compatible(cfg, run_dir / "checkpoints")
-    if named and epoch is None:
-        log(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting at epoch 0")
-    return run_dir
 
 
 def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:

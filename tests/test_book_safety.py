@@ -127,6 +127,7 @@ def test_torchrun_rank_checks_the_book_without_loading(monkeypatch, syn_book):
     """Under torchrun there is no launcher: each rank compares the book with the requested
     dataset from what is known without loading it (name, synthetic spec and sizes)."""
     from quietgnn.runtime import worker
+    from quietgnn.runtime.plan import plan_worker
     monkeypatch.delenv("QUIETGNN_BOOK", raising=False)
     import quietgnn.datasets as ds
 
@@ -134,15 +135,15 @@ def test_torchrun_rank_checks_the_book_without_loading(monkeypatch, syn_book):
         raise AssertionError("the graph must not be loaded when a book is given")
     monkeypatch.setattr(ds, "load_dataset", no_load)
     cfg = _cfg(synthetic=SYN, partition={"parts": 2, "book": str(syn_book)})
-    part = worker.load_local_partition(cfg, 1, 2)
+    part = worker.load_local_partition(plan_worker(cfg, "run"), 1, 2)
     assert part.rank == 1
     bad = _cfg(synthetic=dict(SYN, feature_dim=16), partition={"parts": 2, "book": str(syn_book)})
     with pytest.raises(ValueError, match=r"num_features: book 8, dataset 16"):
-        worker.load_local_partition(bad, 1, 2)
+        worker.load_local_partition(plan_worker(bad, "run"), 1, 2)
     cora = _cfg(dataset={"name": "cora", "root": "/nonexistent"},
                 partition={"parts": 2, "book": str(syn_book)})
     with pytest.raises(ValueError, match=r"name: book 'synthetic', dataset 'cora'"):
-        worker.load_local_partition(cora, 0, 2)
+        worker.load_local_partition(plan_worker(cora, "run"), 0, 2)
 
 
 # ---------------------------------------------------------------------- 6: cache key on content

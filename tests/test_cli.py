@@ -88,7 +88,7 @@ def test_cora_gcn_accuracy(tmp_path, strategy, parts):
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     # a script launching several runs of one strategy/dataset/P at once used to get one
     # '<time>-<strategy>-<dataset>-p<P>' directory for all of them (metrics overwritten)
-    from quietgnn.cli import _claim_dir
+    from quietgnn.runtime.plan import _claim_dir
     base = tmp_path / "runs" / "20261124-120000-halo-cora-p4"
     dirs = [_claim_dir(base) for _ in range(3)]
     assert [d.name for d in dirs] == [base.name, base.name + "-2", base.name + "-3"]

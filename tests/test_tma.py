@@ -15,7 +15,9 @@ from quietgnn.comm.qreduce import encoded_len
 from quietgnn.comm.store import HEADER_BYTES
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, make_book, partition_nodes
+from quietgnn.runtime.books import dataset_identity_of
 from quietgnn.runtime.launcher import launch, spawn_function
+from quietgnn.runtime.plan import RunPlan
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.tma import TMA, LocalSampler, TMAOptions, assemble_graph
 
@@ -294,8 +296,10 @@ def test_run_survives_losing_one_of_four_trainers(tmp_path):
         "train": {"epochs": epochs, "lr": 0.01, "eval_every": 1},
         "runtime": {"progress": False, "timeout_s": 60},
         "options": {"mode": "full", "period_steps": 4, "variant": "random", "lr": 0.01}})
-    summary = launch(cfg, tmp_path / "run", book,
-                     env_extra={"QUIETGNN_FAULT": "rank=2,epoch=3,action=exit"})
+    # the book is handed to the launcher as is (it is not the configured dataset's graph)
+    plan = RunPlan(cfg=cfg, run_dir=tmp_path / "run", dataset=dataset_identity_of(cfg),
+                   book=book, book_checked=True)
+    summary = launch(plan, env_extra={"QUIETGNN_FAULT": "rank=2,epoch=3,action=exit"})
     assert summary is not None
     rep = summary["strategy_report"]
     assert rep["variant"] == "RandomTMA"                   # the book's method names it

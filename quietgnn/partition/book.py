@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from .partitioners import partition_nodes
 from .shards import PART_ARRAYS, read_part, write_part
 
 __all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book", "new_book_dir",
-           "finish_book"]
+           "finish_book", "book_id_of"]
 
 BOOK_FORMAT = "quietgnn-partition-book"
 BOOK_VERSION = 2
@@ -47,6 +47,18 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def book_id_of(fingerprint: str, assignment: Iterable[np.ndarray]) -> str:
+    """The identity of a graph + node assignment: ``sha256(fingerprint + int64 assignment
+    bytes)``, the assignment given in one or more chunks. Every producer of a partition uses
+    this one function (a written book, the out-of-core prepare, a worker partitioning in
+    process), so a checkpoint taken on one resumes on another for the same graph and
+    assignment."""
+    h = hashlib.sha256(fingerprint.encode())
+    for chunk in assignment:
+        h.update(np.ascontiguousarray(chunk, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -71,7 +83,7 @@ class PartitionBook:
         parts = np.asarray(parts, dtype=np.int64)
         num_parts = int(parts.max()) + 1
         fingerprint = graph.fingerprint()
-        book_id = hashlib.sha256(fingerprint.encode() + parts.tobytes()).hexdigest()[:16]
+        book_id = book_id_of(fingerprint, [parts])
         tmp = new_book_dir(path)
         try:
             np.save(tmp / "assignment.npy", parts)

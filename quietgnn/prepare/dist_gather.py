@@ -13,7 +13,8 @@ import torch
 from ..comm.communicator import Communicator
 from ..comm.traffic import Traffic
 from .arrays import NpyWriter, npy_chunks
-from .tables import TEST, TRAIN, VAL, given_book_id
+from ..partition.book import book_id_of
+from .tables import TEST, TRAIN, VAL
 
 __all__ = ["gather_fingerprint"]
 
@@ -111,7 +112,7 @@ def gather_fingerprint(comm: Communicator, con: Any, tmp: Path, owned: np.ndarra
     h.update(str((n, F)).encode())
     fingerprint = h.hexdigest()[:16]
     return {"fingerprint": fingerprint,
-            "book_id": given_book_id(fingerprint, npy_chunks(tmp / "assignment.npy"))}
+            "book_id": book_id_of(fingerprint, npy_chunks(tmp / "assignment.npy"))}
 
 
 def _edge_windows(deg_file: Path, n: int, B: int) -> np.ndarray:

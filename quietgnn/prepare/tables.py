@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..partition.book import PartitionBook, finish_book, new_book_dir
+from ..partition.book import PartitionBook, book_id_of, finish_book, new_book_dir
 from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of, hash_part_sql
 from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
@@ -254,7 +254,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         halos.append(int(halo.size))
     del marks
     if method == "given":   # the in-memory book's id: the graph and the assignment
-        book_id = given_book_id(fingerprint, npy_chunks(tmp / "assignment.npy"))
+        book_id = book_id_of(fingerprint, npy_chunks(tmp / "assignment.npy"))
     else:
         book_id = hashlib.sha256(f"{fingerprint}:{method}:{P}:{seed}".encode()).hexdigest()[:16]
     edges_per_part = []
@@ -281,15 +281,6 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
              "fingerprint": fingerprint, **identity}
     return {"book_id": book_id, "num_parts": P, "method": method, "seed": seed,
             "options": {"streamed": True}, "graph": ident, "stats": stats}
-
-
-def given_book_id(fingerprint: str, assignment_chunks: Iterator[np.ndarray]) -> str:
-    """:meth:`PartitionBook.write`'s book id (``sha256(fingerprint + assignment bytes)``) from
-    the assignment in chunks."""
-    h = hashlib.sha256(fingerprint.encode())
-    for chunk in assignment_chunks:
-        h.update(np.ascontiguousarray(chunk, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,

@@ -24,10 +24,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-__all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file", "record_attempt",
-           "attempts", "tee_stderr", "restart_count"]
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+__all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file",
+           "check_outputs", "record_attempt", "attempts", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
@@ -61,7 +64,7 @@ def _clear(run_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def claim_run_dir(cfg: Any, run_dir: Path) -> None:
+def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
     """Refuse (``ValueError``) what would overwrite a run or report old numbers as new; call it
     before anything of this run is written (see the module docstring)."""
     from .checkpoint import check_resume_compatible
@@ -133,6 +136,17 @@ def check_writable_file(path: str | Path, what: str) -> Path:
                          f"out/summary.json")
     check_writable_dir(p.parent if str(p.parent) else Path("."), f"{what}'s directory")
     return p
+
+
+def check_outputs(cfg: RunConfig, out_what: str, summary_what: str) -> bool:
+    """Prove every output of the run writable before it starts, not unwritable after it
+    (``out_what`` / ``summary_what``: how the caller names the two settings in errors).
+    Returns whether the out directory existed before (a refused run removes one it made)."""
+    existed = Path(cfg.runtime.out_dir).exists()
+    check_writable_dir(cfg.runtime.out_dir, out_what)
+    if cfg.runtime.summary_json:
+        check_writable_file(cfg.runtime.summary_json, summary_what)
+    return existed
 
 
 def _oserr(exc: OSError) -> str:

@@ -21,11 +21,15 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from ..errors import is_explained
+
+if TYPE_CHECKING:
+    from ..partition import LocalPartition
+    from .plan import RunPlan
 
 __all__ = ["run_worker", "worker_env", "load_local_partition"]
 
@@ -40,19 +44,20 @@ def worker_env() -> tuple[int, int, int]:
     return rank, world, int(os.environ.get("LOCAL_RANK", rank))
 
 
-def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
-    """This rank's partition: from the book on disk when there is one, otherwise by loading the
+def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition:
+    """This rank's partition: from the plan's book when there is one, otherwise by loading the
     dataset and partitioning deterministically in-process (every rank gets the same
     assignment from the same seed) and keeping only this rank's part."""
     from ..partition import PartitionBook, build_partitions, partition_nodes
-    book = os.environ.get("QUIETGNN_BOOK") or cfg.partition.book
-    if book:
-        opened = PartitionBook.open(book)
-        if not os.environ.get("QUIETGNN_BOOK") and not cfg.dataset.prepared:
-            # torchrun (no launcher, whose prepare_book checked the book against the dataset
-            # before setting QUIETGNN_BOOK): check what is known without loading the graph
-            from .launcher import check_book_dataset
-            check_book_dataset(opened, cfg, load=False)
+    from ..partition.book import book_id_of
+    cfg = plan.cfg
+    if plan.book is not None:
+        opened = PartitionBook.open(plan.book)
+        if not plan.book_checked and not cfg.dataset.prepared:
+            # torchrun (no launcher, whose plan_run checked the book against the loaded
+            # dataset before handing it over): check what is known without loading the graph
+            from .books import check_book_dataset
+            check_book_dataset(opened, cfg, load=False, identity=plan.dataset)
         return opened.load_part(rank, world)
     from ..datasets import load_dataset
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
@@ -61,21 +66,20 @@ def load_local_partition(cfg: Any, rank: int, world: int) -> Any:
                             clusters=cfg.partition.clusters, file=cfg.partition.file)
     # The identity PartitionBook.write gives the same graph + assignment, so a checkpoint
     # taken under the launcher (book on disk) resumes under torchrun and vice versa.
-    import hashlib
-    import numpy as np
-    book_id = hashlib.sha256(graph.fingerprint().encode() + np.asarray(
-        parts, dtype=np.int64).tobytes()).hexdigest()[:16]
+    book_id = book_id_of(graph.fingerprint(), [parts])
     return build_partitions(graph, parts, ranks=[rank], book_id=book_id)[0]
 
 
-def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[dict[str, Any]]:
-    """Train this rank's share; returns the run summary on rank 0 (None elsewhere).
-    ``write_config``: rank 0 writes ``config.json`` (under torchrun; the local launcher writes
-    it itself) once every rank has joined, i.e. after every rank checked the directory."""
+def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, Any]]:
+    """Train this rank's share of ``plan``; returns the run summary on rank 0 (None
+    elsewhere). ``write_config``: rank 0 writes ``config.json`` (under torchrun; the local
+    launcher writes it itself) once every rank has joined, i.e. after every rank checked the
+    directory."""
     from ..comm import Communicator
     from ..strategies.base import WorkerContext
     from .trainer import Trainer
 
+    cfg, run_dir = plan.cfg, plan.run_dir
     rank, world, local_rank = worker_env()
     if world != cfg.num_parts:
         raise ValueError(f"world size {world} does not match the configuration, which asks for "
@@ -98,7 +102,7 @@ def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
     if write_config and rank == 0:
         (run_dir / "config.json").write_text(cfg.to_json())
-    part = load_local_partition(cfg, rank, world)
+    part = load_local_partition(plan, rank, world)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     ctx = WorkerContext(rank=rank, world_size=world, comm=comm, part=part, model_cfg=cfg.model,
                         train_cfg=cfg.train, device=device, run_dir=run_dir, log=log)
@@ -106,8 +110,6 @@ def run_worker(cfg: Any, run_dir: Path, write_config: bool = False) -> Optional[
     summary = Trainer(ctx, strategy, cfg, run_dir).run()
     comm.close()
     return summary
-
-
 
 
 def _report_failure(run_dir: Path, rank: int) -> str:
@@ -166,6 +168,7 @@ def watch_parent(rank: int, poll_s: float = 0.5) -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     from ..config import config_from_dict
+    from .plan import plan_worker
 
     ap = argparse.ArgumentParser(description="quietgnn worker (started by `quietgnn train`)")
     ap.add_argument("--run-dir", required=True)
@@ -177,7 +180,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         tee_stderr(run_dir, rank)
     try:
         cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
-        run_worker(cfg, run_dir)
+        run_worker(plan_worker(cfg, run_dir))
     except BaseException as exc:  # noqa: BLE001 - every failure must end this rank loudly
         if isinstance(exc, KeyboardInterrupt):
             os._exit(130)

@@ -1,0 +1,246 @@
+"""The partition book a run reads, resolved before any worker starts.
+
+A configured book (``--book``, ``--data``) is checked against the requested dataset; without
+one the launcher partitions the graph once into a cache directory keyed by everything that
+determines the assignment (:func:`partition_key`), so a second run of the same graph and
+partitioner reuses it. Under torchrun nothing here runs before the workers: each rank checks a
+configured book without loading the graph, or partitions in process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+__all__ = ["cache_dir", "dataset_identity_of", "partition_key", "cached_book_path",
+           "resolve_book", "prepare_book", "check_book_dataset", "release_free_memory"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QUIETGNN_CACHE", Path.home() / ".cache" / "quietgnn"))
+
+
+def dataset_identity_of(cfg: RunConfig) -> dict[str, Any]:
+    """:func:`quietgnn.datasets.dataset_identity` of the graph ``cfg`` asks for (not loaded)."""
+    from ..datasets import dataset_identity
+    return dataset_identity(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                            split_seed=cfg.dataset.split_seed)
+
+
+def partition_key(cfg: RunConfig) -> str:
+    """The cache key of the book the launcher makes for ``cfg``: a hash of everything that
+    determines the assignment, the content of the files read included."""
+    from ..datasets import dataset_files
+    key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
+               "parts": cfg.num_parts, "seed": cfg.partition.seed,
+               "clusters": cfg.partition.clusters, "file": cfg.partition.file,
+               "root": str(Path(cfg.dataset.root).resolve()) if cfg.dataset.root else None}
+    if cfg.dataset.name == "synthetic":
+        key_src["synthetic"] = asdict(cfg.synthetic)
+    # The content of every file the graph and the assignment are read from: a file replaced
+    # in place (same path, even the same size and mtime) gets a new book, not the old one.
+    key_src["content"] = [[str(f), _content_sha256(f)]
+                          for f in dataset_files(cfg.dataset.name, cfg.dataset.root)]
+    if cfg.partition.file:
+        f = Path(cfg.partition.file)
+        key_src["file_sha256"] = _content_sha256(f) if f.is_file() else None
+    blob = json.dumps(key_src, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def cached_book_path(cfg: RunConfig, key: str) -> Path:
+    return cache_dir() / "books" / f"{Path(cfg.dataset.name).name}-{cfg.partition_method}-" \
+                                   f"p{cfg.num_parts}-{key}"
+
+
+def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
+                 identity: Optional[dict[str, Any]] = None) -> tuple[Path, Optional[str]]:
+    """The partition book for ``cfg`` and its cache key: the configured book (key ``None``),
+    checked against the dataset (``identity``: :func:`dataset_identity_of`, computed when not
+    given), or a cached one created on first use."""
+    from ..partition import PartitionBook
+    if cfg.partition.book:
+        book = PartitionBook.open(cfg.partition.book)
+        if book.num_parts != cfg.num_parts:
+            raise ValueError(f"partition book {cfg.partition.book!r} has {book.num_parts} parts "
+                             f"but the run asks for {cfg.num_parts}; pass --parts "
+                             f"{book.num_parts} or re-partition")
+        _check_book_files(book)
+        if not cfg.dataset.prepared:   # prepared: the book *is* the dataset
+            check_book_dataset(book, cfg, load=True, identity=identity)
+        return Path(cfg.partition.book), None
+    key = partition_key(cfg)
+    path = cached_book_path(cfg, key)
+    if (path / "book.json").is_file():
+        try:
+            PartitionBook.open(path)
+            return path, key
+        except ValueError:
+            pass  # damaged cache entry: rebuild below
+    t0 = time.perf_counter()
+    name, nodes, edges = _build_book(cfg, path)
+    # The graph is gone (it lived in _build_book); hand its pages back to the OS so that the
+    # launcher, which idles while the workers train, does not sit on the heap that loading
+    # and partitioning left behind (hundreds of MiB at 10^7 edges).
+    release_free_memory()
+    log(f"partitioned {name} ({nodes} nodes, {edges} edges) with {cfg.partition_method} into "
+        f"{cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path} (peak memory "
+        f"{_peak_rss_mb():.0f} MiB, {_rss_mb():.0f} MiB after)")
+    return path, key
+
+
+def prepare_book(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
+    """The partition book for ``cfg``: the configured one, or a cached one keyed by everything
+    that determines the assignment (created on first use)."""
+    return resolve_book(cfg, log)[0]
+
+
+def _content_sha256(path: Path) -> str:
+    """sha256 of ``path``'s bytes (streamed), remembered in ``<cache>/file-hashes.json`` per
+    (resolved path, size, mtime_ns, ctime_ns, inode): a run whose cached book is reused then
+    costs one ``stat`` per dataset file instead of re-reading gigabytes. ctime is part of the
+    key because mtime is not evidence: a file rewritten in place and given its old mtime back
+    (``touch -r``, ``os.utime``, ``cp -p``, ``rsync -t``) keeps size, mtime and inode, but every
+    write or utime sets ctime to now, and ctime cannot be set back from user space."""
+    from ..partition.book import _sha256
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    table_path = cache_dir() / "file-hashes.json"
+    try:
+        table = json.loads(table_path.read_text())
+        if not isinstance(table, dict):
+            table = {}
+    except (OSError, ValueError):
+        table = {}
+    entry = table.get(str(path))
+    if isinstance(entry, dict) and entry.get("stat") == stamp and \
+            isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    digest = _sha256(path)
+    table[str(path)] = {"stat": stamp, "sha256": digest}
+    try:   # best effort, atomic (a concurrent run's entry may be lost: it is re-hashed later)
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = table_path.with_name(f".{table_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, table_path)
+    except OSError:
+        pass
+    return digest
+
+
+def check_book_dataset(book: Any, cfg: RunConfig, load: bool,
+                       identity: Optional[dict[str, Any]] = None) -> None:
+    """Refuse a partition book made from another graph than the one ``cfg`` asks for (a Cora
+    book run as ``--dataset citeseer`` would train on Cora and label the run CiteSeer).
+
+    First what is known without loading (:func:`quietgnn.datasets.dataset_identity`: the
+    name; for synthetic also its sizes, spec and split seed); then, with ``load``, the loaded
+    graph's sizes and fingerprint (catches an edited file or another split). The launcher
+    checks with ``load=True`` before any worker starts; under torchrun each rank checks
+    without loading (the point of a book there is not to load the graph). ``identity``: the
+    run plan's :func:`dataset_identity_of`, computed when not given."""
+    have = book.graph if isinstance(book.graph, dict) else {}
+    want = dataset_identity_of(cfg) if identity is None else identity
+    diffs = _identity_diffs(have, want)
+    if not diffs and load:
+        from ..datasets import load_dataset
+        graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                             split_seed=cfg.dataset.split_seed)
+        want = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                "num_features": graph.num_features, "num_classes": graph.num_classes}
+        diffs = _identity_diffs(have, want)
+        if not diffs and "fingerprint" in have:
+            fp = graph.fingerprint()
+            if fp != have["fingerprint"]:
+                diffs = [f"fingerprint: book {have['fingerprint']}, dataset {fp} (same name and "
+                         f"sizes, other edges, labels or split: an edited file or another "
+                         f"split_seed)"]
+        del graph
+        release_free_memory()
+    if diffs:
+        desc = f"{have.get('name')!r}"
+        if "num_nodes" in have and "num_edges" in have:
+            desc += f" ({have['num_nodes']} nodes, {have['num_edges']} edges)"
+        raise ValueError(
+            f"partition book {str(book.path)!r} was made from graph {desc}, but this run asks "
+            f"for dataset {cfg.dataset.name!r}: {'; '.join(diffs)}. Pass the dataset the book "
+            f"was made from ({have.get('name')!r}, with the options it was partitioned with), "
+            f"or partition "
+            f"{cfg.dataset.name!r} for this run (`quietgnn prepare ... --out DIR`, or leave "
+            f"out --book and the launcher partitions it)")
+
+
+def _identity_diffs(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """'key: book X, dataset Y' for every key known on both sides that differs."""
+    diffs = []
+    for k, w in want.items():
+        if k not in have:
+            continue
+        h = have[k]
+        if isinstance(h, dict) and isinstance(w, dict):
+            sub = [f"{k}.{kk}: book {h[kk]!r}, dataset {w[kk]!r}" for kk in sorted(set(h) & set(w))
+                   if h[kk] != w[kk]]
+            diffs += sub
+        elif h != w:
+            diffs.append(f"{k}: book {h!r}, dataset {w!r}")
+    return diffs
+
+
+def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
+    from ..datasets import load_dataset
+    from ..partition import make_book
+    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                         split_seed=cfg.dataset.split_seed)
+    make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
+              clusters=cfg.partition.clusters, file=cfg.partition.file)
+    return graph.name, graph.num_nodes, graph.num_edges
+
+
+def release_free_memory() -> None:
+    """Collect garbage and return freed heap pages to the OS (glibc ``malloc_trim``; a no-op
+    elsewhere). Large tensors are freed to the OS at once, but the many mid-sized ones of a
+    graph pipeline leave a fragmented heap that otherwise stays resident."""
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _rss_mb() -> float:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") \
+            / 2 ** 20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _check_book_files(book: Any) -> None:
+    """Missing or truncated part files are found here, before any worker starts (a cheap size
+    check; each worker verifies its own file's checksum when it loads it)."""
+    for name, info in sorted(book.files.items()):
+        f = Path(book.path) / name
+        if not f.is_file():
+            raise ValueError(f"partition file {str(f)!r} is missing (listed in book.json); copy "
+                             f"it from where the book was created or re-run `quietgnn prepare`")
+        size = f.stat().st_size
+        if size != info.get("bytes"):
+            raise ValueError(f"partition file {str(f)!r} has {size} bytes, book.json records "
+                             f"{info.get('bytes')}: it is truncated or was replaced; re-copy it "
+                             f"or re-run `quietgnn prepare`")
