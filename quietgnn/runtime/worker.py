@@ -76,8 +76,7 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     launcher writes it itself) once every rank has joined, i.e. after every rank checked the
     directory."""
     from ..comm import Communicator
-    from ..strategies.base import WorkerContext
-    from .trainer import Trainer
+    from .trainer import train_on
 
     cfg, run_dir = plan.cfg, plan.run_dir
     rank, world, local_rank = worker_env()
@@ -88,8 +87,6 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     torch.set_num_threads(cfg.runtime.threads)
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True)
-    # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
-    torch.manual_seed(cfg.train.seed * 1000 + rank)
     device = torch.device("cpu")
     if cfg.runtime.device == "cuda":
         device = torch.device("cuda", local_rank)
@@ -104,10 +101,7 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
         (run_dir / "config.json").write_text(cfg.to_json())
     part = load_local_partition(plan, rank, world)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
-    ctx = WorkerContext(rank=rank, world_size=world, comm=comm, part=part, model_cfg=cfg.model,
-                        train_cfg=cfg.train, device=device, run_dir=run_dir, log=log)
-    strategy = cfg.strategy_cls(ctx, cfg.options)
-    summary = Trainer(ctx, strategy, cfg, run_dir).run()
+    summary = train_on(comm, part, cfg, run_dir, log=log, device=device).summary
     comm.close()
     return summary
 
