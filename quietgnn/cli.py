@@ -69,15 +69,8 @@ def _under_torchrun() -> bool:
         "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ)
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000.0
-    return str(n)
-
-
 def print_summary(s: dict[str, Any]) -> None:
+    from .runtime.metrics import human_bytes
     print(f"quietgnn: {s['strategy']} on {s['dataset']} | {s['parts']} part(s) "
           f"({s['partitioner']}) | {s['model']} {s['layers']}x{s['hidden']}")
     eq = s.get("epoch_equivalents", s["epochs"])
@@ -87,17 +80,17 @@ def print_summary(s: dict[str, Any]) -> None:
     per = f"/epoch{'-equivalent' if work else ''}"
     # the progress line's basis first (rank 0, sent), then what all ranks sent
     rank0 = s.get("rank0_train_bytes_per_epoch")
-    print(f"  training bytes  " + (f"rank 0 sent {_human_bytes(rank0)}{per}; " if rank0 is not
+    print(f"  training bytes  " + (f"rank 0 sent {human_bytes(rank0)}{per}; " if rank0 is not
                                    None else "") +
-          f"all ranks sent {_human_bytes(s['train_bytes_per_epoch'])}{per}, "
-          f"{_human_bytes(s['train_bytes'])} in all")
+          f"all ranks sent {human_bytes(s['train_bytes_per_epoch'])}{per}, "
+          f"{human_bytes(s['train_bytes'])} in all")
     how = {"local": "selected on each rank's graph, then 1 exact", "exact": "exact"}.get(
         s.get("selected_by", ""), "")
     if s.get("eval_sample_nodes"):
         how = f"on a fixed sample of ~{s['eval_sample_nodes']} nodes per split"
     ratio = f", {100 * s['eval_bytes'] / s['train_bytes']:.1f}% of training" \
         if s["train_bytes"] else ""
-    print(f"  eval bytes      {_human_bytes(s['eval_bytes'])} "
+    print(f"  eval bytes      {human_bytes(s['eval_bytes'])} "
           f"({s.get('evaluations', '?')} evaluations, {how}{ratio})")
     print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
           f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")

@@ -40,7 +40,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .comm.network import Tier, epoch_curve, project, resolve_tiers, time_to_accuracy
+from .comm.network import (Tier, curve_work as _work, epoch_curve, project, resolve_tiers,
+                           time_to_accuracy)
+from .runtime.metrics import human_bytes as _human_bytes
 
 __all__ = ["load_results", "build_report", "cli_main"]
 
@@ -112,11 +114,6 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
 
-def _work(epochs: Sequence[dict[str, Any]]) -> float:
-    """Epoch-equivalents of work in a curve's epochs (``EpochResult.work``; 1 per epoch for
-    results written before it was recorded): the divisor of every per-epoch figure."""
-    w = sum(float(e.get("work", 1.0)) for e in epochs)
-    return w if w > 0 else float(len(epochs))
 
 
 def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
@@ -218,13 +215,8 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 # ---------------------------------------------------------------------- markdown
 def human_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000.0
-    return str(n)
+    """Bytes in the reports' tables: two digits after the point."""
+    return _human_bytes(n, digits=2)
 
 
 def human_time(s: Optional[float]) -> str:
@@ -398,6 +390,8 @@ def cli_main(argv: Sequence[str]) -> int:
     plots: dict[str, list[str]] = {}
     if not args.no_plots:
         from .report_plots import plot_group
+        for r in results:     # the plots read each run's curve (loaded from its run directory)
+            _curve(r)
         for g in rep["groups"]:
             plots[f"{g['dataset']}/{g['model']}"] = plot_group(g, results, tiers, out)
     md = markdown(rep, table_tiers, plots)

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .comm.network import Tier, project
-from .report import _curve, _work, human_bytes
+from .comm.network import Tier, curve_work as _work, project
+from .runtime.metrics import human_bytes
 
 __all__ = ["plot_group"]
 
@@ -57,7 +57,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     for r in results:
         key = (r["strategy"], int(r["parts"]))
         if r.get("status") == "ok" and r["dataset"] == g["dataset"] and \
-                r["model"] == g["model"] and key in runs and _curve(r):
+                r["model"] == g["model"] and key in runs and r.get("curve"):
             runs[key].append(r["curve"])
     stem = f"{g['dataset']}-{g['model']}".replace("/", "_")
     label = lambda k: f"{k[0]} (P={k[1]})"  # noqa: E731
@@ -90,7 +90,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
             ax.axhline(max(ys), ls="--", lw=1, color=color[k],
                        label=f"{label(k)}: no traffic (max test acc {max(ys):.3f})")
     target_lines(ax)
-    _log_x(ax, lambda v: human_bytes(v).replace(".00 ", " "))
+    _log_x(ax, lambda v: human_bytes(v, digits=2).replace(".00 ", " "))
     ax.set_xlabel("cumulative training bytes (all ranks, sent)")
     ax.set_ylabel("test accuracy")
     ax.set_title(f"{g['dataset']} / {g['model']}: accuracy vs traffic")

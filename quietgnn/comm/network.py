@@ -41,8 +41,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-__all__ = ["Tier", "TIERS", "parse_tier", "resolve_tiers", "epoch_curve", "project",
-           "time_to_accuracy", "TRAIN_PHASES"]
+__all__ = ["Tier", "TIERS", "parse_tier", "resolve_tiers", "epoch_curve", "curve_work",
+           "project", "time_to_accuracy", "TRAIN_PHASES"]
 
 #: phases whose rounds are charged to training time
 TRAIN_PHASES = ("train", "data")
@@ -210,6 +210,13 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     return {"setup": {"hops": s_hops, "crit_bytes": s_bytes, "rounds": s_rounds,
                       "bytes": sum(_phase_bytes(r, "setup") for r in setup.values())},
             "ranks": len(ranks), "phases": list(phases), "epochs": rows}
+
+
+def curve_work(epochs: Sequence[Mapping[str, Any]]) -> float:
+    """Epoch-equivalents of work in a curve's epochs (``EpochResult.work``; 1 per epoch for
+    results written before it was recorded): the divisor of every per-epoch figure."""
+    w = sum(float(e.get("work", 1.0)) for e in epochs)
+    return w if w > 0 else float(len(epochs))
 
 
 def project(curve: Mapping[str, Any], tier: Tier) -> list[dict[str, float]]:

@@ -109,3 +109,15 @@ def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
                 continue  # a line torn by a crash
         out[rank] = recs
     return out
+
+
+def human_bytes(n: Optional[float], digits: int = 1) -> str:
+    """``n`` bytes in decimal units (``1.5 MB``), ``digits`` after the point above bytes;
+    ``—`` for None. One formatter for the CLI, the progress line and the reports."""
+    if n is None:
+        return "—"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} B" if unit == "B" else f"{n:.{digits}f} {unit}"
+        n /= 1000.0
+    return str(n)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..strategies.base import Strategy, WorkerContext
-from .metrics import MetricsWriter, peak_rss_mb, summarize_ops
+from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
 
 __all__ = ["Trainer", "train_on"]
 
@@ -288,8 +288,7 @@ class Trainer:
             sel = rec["selected"]
             acc += f" | selected epoch {sel['epoch']}: exact test {sel['test']:.4f}"
         # the basis of the summary's "rank 0 sent" figure: per epoch-equivalent
-        from ..cli import _human_bytes
-        sent = _human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
+        sent = human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
         filled = int(24 * e / epochs)
         bar = "#" * filled + "." * (24 - filled)
         line = (f"[{bar}] epoch {rec['epoch']} ({e}/{epochs}) loss {rec['loss']:.4f}{acc} | "
