@@ -30,19 +30,14 @@ Why the defaults are 25 epoch-equivalents, 4-bit averages and the paper's lr 1e-
 average moves ``2 (P-1) * 4 |theta|`` bytes in all (plus headers) -- the same as one gradient
 all-reduce, which ``halo`` pays *every* epoch on top of its halo rows. A 4-bit average
 (``avg_bits``, below) moves 132 bytes per 256 values instead of 1024, so averaging every 25
-epoch-equivalents costs at most 1/194 of one all-reduce per epoch-equivalent *on any graph*:
-under ~1/200 of ``halo``'s bytes wherever ``halo`` sends rows at all. Exact averages every 20
-(the old default) were 1/347 - 1/711 of ``halo`` on Computers and CS, whose halo rows are ~20x
-the model, but only 1/23 - 1/47 on Cora and CiteSeer, whose 1433/3703-wide first layer makes the
-model as large as the halo. The period is also what accuracy depends on: trainers drift apart
-between averages, by up to ``lr`` per weight per Adam step. At ``train.lr`` 0.01 (tuned for
-full-graph training) 20 local steps on ~15 labels each (CiteSeer, P = 8) let the models drift
-so far that their average lost 7 points (SAGE, 52 - 66% per seed); the paper's local lr 1e-3
-(``options.lr``) keeps the drift 10x smaller and the same 200 passes reach ``centralized``
-(``benchmarks/results/tma.md``; the old defaults' in ``tma-v1/tma.md``). Measured before that
-(SuperTMA, P = 4, lr 0.01, exact, ``benchmarks/results/tma-period/``): Computers GCN 89.7 / 88.3
-/ 76.0% for k = 1 / 20 / 200 (centralized 89.2). A wall-clock period (the paper's ``period_s``)
-cannot promise a traffic budget: how many passes fit in a second depends on the hardware.
+epoch-equivalents costs at most 1/194 of one all-reduce per epoch-equivalent *on any graph*,
+including graphs whose wide first layer makes the model as large as the halo. The period is
+also what accuracy depends on: trainers drift apart between averages, by up to ``lr`` per
+weight per Adam step, so a learning rate tuned for full-graph training (``train.lr``) lets
+few-label trainers drift far between averages; the paper's local lr (``options.lr``) keeps the
+drift small. A wall-clock period (the paper's ``period_s``) cannot promise a traffic budget:
+how many passes fit in a second depends on the hardware. The measurements behind these
+choices: docs/findings.md, "Per strategy", ``tma``.
 
 The variant is the partitioner (``--partition.method``), not code:
 
@@ -60,14 +55,8 @@ The ``variant`` option only checks that the partition book matches what you mean
 Why SuperTMA is the default. A random share of a sparse graph keeps only ~1/P of each node's
 edges, so a RandomTMA trainer learns on a much thinner graph than the one it is evaluated on;
 super-nodes keep the edges inside each small cluster and still give every trainer a
-representative sample of the graph. ``benchmarks/results/tma-v1/tma.md`` (Cora, P = 4, 3 seeds,
-period 20): GCN 79.5% (random) vs 81.2% (supernode), SAGE 73.7% vs 79.8%, centralized 81.8% /
-79.5%; on the synthetic graph, Computers and CS both are within about a point.
-K = max(16 P, N / 50) depends on no dataset. Fewer, larger clusters keep more edges (Cora, P = 8:
-K = 64 keeps 78% against K = 128's 56%) but make each share a coarser sample. Measured there
-(lr 1e-3, 4 bits, 3 seeds), K = 64 against 128 was +2.3 / +3.3 points (GCN / SAGE) on one deal
-and -1.2 / +0.4 on another, and dealing by training nodes as well as nodes +0.8 / -0.6 over
-three deals: within what one deal against another moves accuracy there, so the rule stays.
+representative sample of the graph. K = max(16 P, N / 50) depends on no dataset: fewer, larger
+clusters keep more edges but make each share a coarser sample (measured in docs/findings.md).
 
 What crosses the network (training): only the averaging, through the fault-tolerant star
 channel :class:`~quietgnn.comm.store.StarChannel` with rank 0 as the hub: each spoke uploads
