@@ -8,9 +8,8 @@ own row as ``h[:n_dst]``.
 
 Why not ``torch_geometric.MessagePassing``: gather-scatter materialises ``E x d`` messages;
 one CSR kernel call does the same aggregation much faster on a CPU core (measured against
-PyG: benchmarks/results/pyg). The transposed
-structure for the backward pass and the normalisation weights are computed once per block
-and cached, never per epoch.
+PyG: benchmarks/results/pyg). The transposed structure for the backward pass and the
+normalisation weights are computed once per block and cached, never per epoch.
 """
 
 from __future__ import annotations
