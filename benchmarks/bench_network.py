@@ -192,7 +192,7 @@ def _s(x: Optional[float]) -> str:
 def _render_targets(records: list[dict]) -> list[str]:
     lines = ["", "## Time to target, measured", "",
              f"Command: `python benchmarks/bench_network.py --to-target ...` (as root; the "
-             f"invocation is in network.json). Every strategy at its defaults, "
+             f"invocations are listed below). Every strategy at its defaults, "
              f"{TARGET_EPOCHS} epoch-equivalents, exact evaluation every {TARGET_EVAL_EVERY}; "
              f"seconds from the first epoch through the evaluation that first reached the "
              f"fraction of `centralized`'s test accuracy (same settings, one process), "
@@ -233,16 +233,25 @@ def main() -> int:
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args()
     jpath = ROOT / "benchmarks/results/network.json"
-    old = json.loads(jpath.read_text())["runs"] if jpath.is_file() else []
+    saved = json.loads(jpath.read_text()) if jpath.is_file() else {}
+    old = saved.get("runs", [])
+    commands = saved.get("commands", [saved["command"]] if "command" in saved else [])
+    # centralized's accuracy per dataset at the headline settings: measured once, kept
+    central_acc: dict[str, float] = saved.get("centralized_test_acc", {})
     if not args.render:
         why = available()
         if why:
             print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)
             return 2
+        cmd = "python benchmarks/bench_network.py " + " ".join(sys.argv[1:])
         key = lambda r: (r["dataset"], r["strategy"], r["rate"], r.get("kind"))  # noqa: E731
         done = {key(r): r for r in old}
         for ds in args.datasets.split(","):
-            central = centralized_accuracy(ds, Path(args.data_root)) if args.to_target else None
+            central = None
+            if args.to_target:
+                if ds not in central_acc:
+                    central_acc[ds] = centralized_accuracy(ds, Path(args.data_root))
+                central = central_acc[ds]
             rates = args.rates.split(",") if args.to_target else [None] + args.rates.split(",")
             for s in args.strategies.split(","):
                 for rate in rates:
@@ -252,12 +261,15 @@ def main() -> int:
                     print(f"  {r['status']} {r.get('measured_epoch_s')} "
                           f"{r.get('projected_epoch_s')}", file=sys.stderr, flush=True)
                     done[key(r)] = r
-                    jpath.write_text(json.dumps({"command": "python benchmarks/bench_network.py "
-                                                 + " ".join(sys.argv[1:]),
-                                                 "runs": list(done.values())}, indent=1))
+                    jpath.write_text(json.dumps({
+                        "commands": commands + ([cmd] if cmd not in commands else []),
+                        "centralized_test_acc": central_acc, "runs": list(done.values())},
+                        indent=1))
         old = list(done.values())
+        commands = commands + ([cmd] if cmd not in commands else [])
     OUT.mkdir(parents=True, exist_ok=True)
-    md = "\n".join(render(old)) + "\n"
+    md = "\n".join(render(old) + ["", "Commands (in order):", ""] +
+                   [f"    {c}" for c in commands]) + "\n"
     (OUT / "network.md").write_text(md)
     print(md)
     return 0
