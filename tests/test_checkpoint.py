@@ -17,6 +17,7 @@ import torch
 from quietgnn.runtime.checkpoint import (MARKER, Checkpointer, check_resume_compatible,
                                          identity_differences, run_identity)
 from quietgnn.runtime.launcher import spawn_function
+from quietgnn.seeds import rank_seed
 
 CFG = {"strategy": "halo", "dataset": {"name": "synthetic", "root": None, "split_seed": 0},
        "synthetic": {"nodes": 300, "feature_dim": 8},
@@ -218,7 +219,7 @@ def _train(comm, cfg, part, run_dir, epochs, every, resume, crash_at=None):
     c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs),
                             runtime=dataclasses.replace(cfg.runtime, checkpoint_every=every,
                                                         resume=resume))
-    torch.manual_seed(c.train.seed * 1000 + comm.rank)
+    torch.manual_seed(rank_seed(c.train.seed, comm.rank))
     ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
                         model_cfg=c.model, train_cfg=c.train, run_dir=Path(run_dir),
                         log=lambda m: None)

@@ -89,7 +89,7 @@ class LowRankReducer:
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
         self.mats = [_as_matrix(s) if _worth(_as_matrix(s), rank) else None
                      for s in self.shapes]
-        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + 17)
+        gen = torch.Generator().manual_seed(int(seed))
         # Q: orthonormal random start (PowerSGD's), identical on every rank by the shared seed
         self.q: list[Optional[Tensor]] = [
             None if nm is None else torch.linalg.qr(torch.randn(nm[1], rank, generator=gen))[0]

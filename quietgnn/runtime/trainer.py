@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..strategies.base import Strategy, WorkerContext
+from ..seeds import rank_seed
 from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
 
 __all__ = ["Trainer", "train_on"]
@@ -370,7 +371,7 @@ def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path,
     comm.epoch = -1
     comm.sent_by_class = {}
     # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
-    torch.manual_seed(cfg.train.seed * 1000 + comm.rank)
+    torch.manual_seed(rank_seed(cfg.train.seed, comm.rank))
     ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
                         model_cfg=cfg.model, train_cfg=cfg.train,
                         device=device if device is not None else torch.device("cpu"),

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..nn import SparseAdj
+from ..seeds import stream_seed
 from .evaluate import accuracies, pick_from_masks, tally
 
 __all__ = ["BookGraph", "BookEvaluator"]
@@ -134,7 +135,7 @@ class BookEvaluator:
 
     def sample(self, seeds: np.ndarray, batch: int) -> tuple[np.ndarray, list[SparseAdj]]:
         """(input node ids, blocks outermost first) of minibatch ``batch`` (fixed draws)."""
-        rng = np.random.default_rng([self.seed, 104729, batch])
+        rng = np.random.default_rng([stream_seed(self.seed, "eval.book"), batch])
         blocks = []
         dst = seeds
         for fanout in reversed(self.fanouts):

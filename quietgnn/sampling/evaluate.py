@@ -27,6 +27,7 @@ from torch import Tensor
 from ..comm import Communicator
 from ..comm.traffic import Traffic
 from ..partition.local import LocalPartition
+from ..seeds import stream_seed
 from .dist import FeatureFetcher, Sampler15D
 from .rng import hash_keys
 
@@ -45,8 +46,9 @@ def pick_sample(part: LocalPartition, share: int, seed: int) -> tuple[Tensor, Te
 def pick_from_masks(masks: Sequence[Any], index: int, share: int, seed: int
                     ) -> tuple[Tensor, Tensor]:
     """The sample rule of part ``index`` from its three split masks (tensors or arrays): a
-    generator seeded ``seed + 7919 * index``, ``share`` of each split in order."""
-    gen = torch.Generator().manual_seed(seed + 7919 * index)
+    generator seeded ``stream_seed(seed, "eval.sample", index)``, ``share`` of each split in
+    order."""
+    gen = torch.Generator().manual_seed(stream_seed(seed, "eval.sample", index))
     picks, splits = [], []
     for s, mask in enumerate(masks):
         idx = torch.from_numpy(np.nonzero(np.asarray(mask))[0].astype(np.int64))

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..nn import SparseAdj
 from ..nn.adj import spmm
 from ..nn.layers import CONVS, GATConv
+from ..seeds import stream_seed
 
 __all__ = ["RetexoLayer", "build_layers", "Pre"]
 
@@ -139,7 +140,7 @@ def build_layers(arch: str, in_dim: int, hidden: int, num_classes: int, layers: 
     out = []
     try:
         for k in range(layers):
-            torch.manual_seed(seed * 7919 + 104729 * (k + 1))
+            torch.manual_seed(stream_seed(seed, f"retexo.layer/{k}"))
             last = k == layers - 1
             d_in = in_dim if k == 0 else (hidden if embed == "hidden" else num_classes)
             out.append(RetexoLayer(arch, d_in, num_classes if last else hidden, num_classes,

@@ -77,6 +77,7 @@ from ..comm import HaloExchanger
 from ..comm.lowrank import LowRankReducer
 from ..comm.traffic import Traffic
 from ..nn import GNN
+from ..seeds import stream_seed
 from ._retexo_layers import Pre, build_layers
 from .base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
                    partition_adj, register, sync_gradients)
@@ -190,7 +191,8 @@ class Retexo(Strategy):
         self.opt = self.ctx.optimizer(self.params)
         # one low-rank state per layer: its error memory belongs to that layer's parameters
         r = self.options.grad_rank
-        self.lowrank = (LowRankReducer([q.shape for q in self.params], r, self.ctx.seed + self.k)
+        self.lowrank = (LowRankReducer([q.shape for q in self.params], r,
+                                        stream_seed(self.ctx.seed, f"retexo.lowrank/{self.k}"))
                         if r else None)
 
     def _enter(self, k: int, h: Tensor) -> None:

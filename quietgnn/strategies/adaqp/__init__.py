@@ -58,6 +58,7 @@ from ...comm.traffic import Traffic
 from ...nn import SparseAdj
 from ...nn.keyed import keyed_dropout, mix_key
 from ...partition.local import gather_rows
+from ...seeds import stream_seed
 from ..base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
 from .exchange import QuantizedHalo
 from .split import SplitConv
@@ -149,7 +150,7 @@ class AdaQP(Strategy):
         self.x, self.y = p.x[self.perm], p.y[self.perm]
         self.train_mask = p.train_mask[self.perm]
         self._build_blocks()
-        self.gen = torch.Generator().manual_seed(1_000_003 * ctx.seed + 7919 * ctx.rank + 1)
+        self.gen = torch.Generator().manual_seed(stream_seed(ctx.seed, "adaqp.rounding", ctx.rank))
         self.ex = QuantizedHalo(comm, [self.inv[t] for t in p.send_idx],
                                 [int(c) for c in p.recv_counts], p.n_own, self.n_c,
                                 self.model.dims, self.gen)

@@ -64,6 +64,7 @@ from ...comm.traffic import Traffic
 from ...nn import SparseFeatures, maybe_sparse
 from ...sampling.evaluate import SampledEvaluator
 from ...sampling.fanouts import parse_fanouts
+from ...seeds import stream_seed
 from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
                     halo_forward, partition_adj, register, sync_gradients)
 from .data import ChunkLoader, LocalGraph, coverage, expand
@@ -163,9 +164,11 @@ class Grappa(Strategy):
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
-        self.lowrank = (LowRankReducer([q.shape for q in self.params], o.grad_rank, ctx.seed)
+        self.lowrank = (LowRankReducer([q.shape for q in self.params], o.grad_rank,
+                                       stream_seed(ctx.seed, "grappa.lowrank"))
                         if o.grad_rank else None)
-        self.gen = torch.Generator().manual_seed(ctx.seed * 7919 + ctx.rank)
+        self.gen = torch.Generator().manual_seed(stream_seed(ctx.seed, "grappa.sampler",
+                                                                  ctx.rank))
         self.loader = ChunkLoader(ctx.comm, p)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
         self.y_seed = p.y[self.seed_local]

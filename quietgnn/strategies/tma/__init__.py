@@ -113,6 +113,7 @@ from ...comm.traffic import Traffic
 from ...nn import SparseAdj, SparseFeatures, maybe_sparse
 from ...sampling.fanouts import parse_fanouts
 from ...sampling.local import LocalSampler
+from ...seeds import stream_seed
 from ..base import EpochResult, Strategy, register
 from .data import _part_pieces, assemble_graph
 
@@ -239,7 +240,7 @@ class TMA(Strategy):
         if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
             raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
                              f"model has {ctx.model_cfg.layers} layers; give one per layer")
-        self.sampler = LocalSampler(indptr, indices, fanouts, seed=ctx.seed * 7919 + ctx.rank)
+        self.sampler = LocalSampler(indptr, indices, fanouts, seed=stream_seed(ctx.seed, "tma.sampler", ctx.rank))
         self._eval_fanouts = fanouts if o.mode == "minibatch" else [-1] * ctx.model_cfg.layers
         #: local steps of one pass over this trainer's training nodes (an epoch-equivalent)
         self.steps_per_epoch = 1 if o.mode == "full" else \
@@ -396,8 +397,8 @@ class TMA(Strategy):
             # anchor and gets the same decoded mean, so the replicas stay identical.
             flat = flat - self._anchor
         buf = torch.cat([flat * w, torch.tensor([mean_loss * w, float(steps), w])])
-        gen = torch.Generator().manual_seed(self.ctx.seed * 1_000_003 + 7919 * self.ctx.rank
-                                            + self.avg_round)
+        gen = torch.Generator().manual_seed(stream_seed(
+            self.ctx.seed, f"tma.average/{self.avg_round}", self.ctx.rank))
         total, ranks = self.chan.reduce_sum(buf, kind="model_avg", bits=bits, exact_tail=3,
                                             generator=gen, carries=Traffic.PARAMETERS)
         wsum = float(total[-1])
