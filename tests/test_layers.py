@@ -50,6 +50,22 @@ def test_layer_equals_pyg(arch, dims):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_norm_weights_sliced_over_rows(monkeypatch):
+    """GCN and mean weights built a slice of rows at a time are the one-piece products."""
+    from quietgnn.sampling import renumber
+    g = small_graph(n=80, avg_deg=5, seed=1)
+    adj = _adj(g)
+    row = torch.repeat_interleave(torch.arange(adj.n_dst), adj.row_count)
+    dinv_src = (adj.src_degree.float() + 1).rsqrt()
+    dinv_dst = (adj.dst_degree.float() + 1).rsqrt()
+    real = renumber.chunk_bounds
+    monkeypatch.setattr(renumber, "chunk_bounds", lambda ptr, budget: real(ptr, 7))
+    ew, sw = adj.gcn_norm()
+    assert torch.equal(ew, dinv_src[adj.indices] * dinv_dst[row])
+    assert torch.equal(sw, dinv_dst * dinv_dst)
+    assert torch.equal(adj.mean_norm(), (1.0 / adj.row_count.clamp(min=1).float())[row])
+
+
 def test_spmm_backward_matches_dense_and_caches_only_what_it_uses():
     """Gradients of A(values) @ h against the dense product; with the block's own fixed
     weights the transpose is cached with its values and no per-edge row index is kept."""

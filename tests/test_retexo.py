@@ -76,6 +76,27 @@ def test_layer_equals_quietgnn_conv(graph, arch, last):
     assert torch.allclose(layer.next_input(pre, "hidden"), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["hidden", "logits"])
+def test_sliced_maps_equal_one_piece(graph, arch, mode, monkeypatch):
+    """Slices of a few rows give what one piece gives: the GCN self-loop term exactly,
+    next_input written into a buffer up to float rounding (a GEMM over fewer rows may take
+    another kernel)."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    adj = partition_adj(part)
+    layer = RetexoLayer(arch, graph.num_features, 6, 3, last=False, heads=2).eval()
+    pre = layer.precompute(part.x, adj)
+    want = layer.next_input(pre, mode)
+    monkeypatch.setattr(_retexo_layers, "SLICE_VALUES", 7 * graph.num_features)
+    sliced = layer.precompute(part.x, adj)
+    for a, b in zip(sliced.t, pre.t):
+        assert torch.equal(a, b)
+    out = torch.full((part.n_own + 5, want.shape[1]), float("nan"))
+    assert layer.next_input(sliced, mode, out=out[: part.n_own]) is not None
+    torch.testing.assert_close(out[: part.n_own], want, rtol=1e-6, atol=1e-6)
+    assert torch.isnan(out[part.n_own:]).all()
+
+
 def test_hidden_layer_head_reads_through_dropout(graph):
     """Training a hidden layer, the head sees dropout(ReLU(conv)) -- entries either 0 or scaled
     by 1/(1-p), about a fraction p of them dropped -- while next_input (and eval) get no

@@ -143,6 +143,21 @@ class HaloExchanger:
                                  *keep)
         return _HaloFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", carries)
 
+    @torch.no_grad()
+    def fill_halo(self, out: Tensor, carries: Traffic) -> Tensor:
+        """The forward exchange into a buffer the caller filled: ``out [n_own + n_halo, ...]``
+        holds this rank's rows in ``out[:n_own]``; the halo rows are received into
+        ``out[n_own:]`` (no gradient). The same op and bytes as ``exchanger(h)``, without
+        its copy of ``h`` into a fresh output: a caller that computes its rows into ``out``
+        never holds them twice (hundreds of MB for a wide layer at 10^7+ nodes)."""
+        self.comm.declare(carries, "halo exchange", f"{self.kind}_fwd")
+        if self.comm.world_size == 1:
+            return out
+        send = torch.split(out[: self.n_own].index_select(0, self.send_all), self.send_counts)
+        self.comm.all_to_all(send, f"{self.kind}_fwd", self.recv_counts, out=out[self.n_own:],
+                             carries=carries)
+        return out
+
     def bytes_per_call(self, width: int, element_size: int = 4) -> int:
         """Analytic bytes this rank sends in one forward exchange of ``width`` columns."""
         return sum(self.send_counts) * width * element_size

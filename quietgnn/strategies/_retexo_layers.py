@@ -40,6 +40,19 @@ from ..nn.layers import CONVS, GATConv
 
 __all__ = ["RetexoLayer", "build_layers", "Pre"]
 
+#: values per slice of rows in the maps over every owned row (the GCN self-loop term,
+#: :meth:`RetexoLayer.next_input` into a buffer): their temporaries are a few tens of MB
+#: however large the partition, not extra [n_own, d] arrays
+SLICE_VALUES = 1 << 24
+
+
+def row_slices(n: int, width: int) -> list[slice]:
+    """Consecutive row ranges of ``0..n`` with about :data:`SLICE_VALUES` entries of ``width``
+    each."""
+    step = max(1, SLICE_VALUES // max(1, width))
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
 @dataclass(frozen=True)
 class Pre:
     """Cached, parameter-free inputs of one layer: ``t`` = the aggregates (GCN: ``(A_hat h,)``;
@@ -78,7 +91,12 @@ class RetexoLayer(nn.Module):
         n = adj.n_dst
         if self.arch == "gcn":
             ew, sw = adj.gcn_norm(h.dtype)       # global degrees: equals the whole-graph GCN
-            return Pre((spmm(adj, ew, h) + sw[:, None] * h[:n],))
+            a = spmm(adj, ew, h)
+            # the self-loop term added in place, a slice at a time (the same sums as
+            # ``a + sw * h``, without two more [n, d] arrays)
+            for r in row_slices(n, h.shape[1]):
+                a[r] += sw[r, None] * h[r]
+            return Pre((a,))
         if self.arch == "sage":
             return Pre((spmm(adj, adj.mean_norm(h.dtype), h), h[:n]))
         if self.arch == "gin":
@@ -89,8 +107,9 @@ class RetexoLayer(nn.Module):
     def _drop(self, t: Tensor) -> Tensor:
         return F.dropout(t, self.dropout, self.training)
 
-    def conv_out(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
-        """``conv_k(h_k)`` for destination ``rows`` (all owned rows when None)."""
+    def conv_out(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
+        """``conv_k(h_k)`` for destination ``rows`` (indices or a slice; all owned rows when
+        None)."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         c, t = self.conv, pre.t
         if self.arch == "gcn":
@@ -102,11 +121,11 @@ class RetexoLayer(nn.Module):
             return c.mlp((1 + c.eps) * self._drop(pick(t[0])) + self._drop(pick(t[1])))
         return pick(c(self._drop(t[0]), pre.adj))
 
-    def hidden(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+    def hidden(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
         z = self.conv_out(pre, rows)
         return z if self.last else F.relu(self.norm(z))
 
-    def forward(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+    def forward(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
         """Class logits of destination ``rows`` (the loss of this layer's training)."""
         z = self.hidden(pre, rows)
         # the head stands in for the layers above, and in the end-to-end stack every layer
@@ -115,13 +134,24 @@ class RetexoLayer(nn.Module):
         return z if self.head is None else self.head(self._drop(z))
 
     @torch.no_grad()
-    def next_input(self, pre: Pre, mode: str = "hidden") -> Tensor:
+    def next_input(self, pre: Pre, mode: str = "hidden", out: Optional[Tensor] = None
+                   ) -> Tensor:
         """``h_{k+1}`` of every owned row (eval mode, no dropout): ``ReLU(LN(conv))`` or, in
-        the logit-passing variant, this layer's logits."""
+        the logit-passing variant, this layer's logits. ``out`` (``[n_own, d_out]``): written
+        there a slice of rows at a time (every map is row-wise), so that neither the result
+        nor the conv's intermediates exist as separate whole-partition arrays."""
         was = self.training
         self.eval()
+        f = self.hidden if mode == "hidden" else self
         try:
-            return self.hidden(pre) if mode == "hidden" else self(pre)
+            if out is None:
+                return f(pre)
+            if self.arch == "gat":       # attention runs over the whole block at once
+                out.copy_(f(pre))
+                return out
+            for r in row_slices(out.shape[0], max(self.in_dim, out.shape[1])):
+                out[r] = f(pre, r)
+            return out
         finally:
             self.train(was)
 
