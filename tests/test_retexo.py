@@ -97,6 +97,29 @@ def test_sliced_maps_equal_one_piece(graph, arch, mode, monkeypatch):
     assert torch.isnan(out[part.n_own:]).all()
 
 
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gin"])
+def test_dropout_over_picked_rows_leaves_the_cache(graph, arch):
+    """Training rows picked by index go through dropout in place: the forward and gradients
+    of out-of-place dropout, and the cached aggregates unchanged."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    layer = RetexoLayer(arch, graph.num_features, 6, 3, last=False, dropout=0.5).train()
+    pre = layer.precompute(part.x, partition_adj(part))
+    before = [t.clone() for t in pre.t]
+    rows = torch.tensor([5, 1, 9, 40, 41])
+    torch.manual_seed(3)
+    got = layer(pre, rows)
+    got.square().sum().backward()
+    g_got = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    torch.manual_seed(3)
+    picked = _retexo_layers.Pre(tuple(t[rows] for t in pre.t))
+    want = layer(picked)             # no indices: dropout out of place on the copies
+    want.square().sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, p.grad) for a, p in zip(g_got, layer.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(pre.t, before))
+
+
 def test_hidden_layer_head_reads_through_dropout(graph):
     """Training a hidden layer, the head sees dropout(ReLU(conv)) -- entries either 0 or scaled
     by 1/(1-p), about a fraction p of them dropped -- while next_input (and eval) get no

@@ -104,21 +104,25 @@ class RetexoLayer(nn.Module):
         return Pre((h,), adj)                    # gat: attention needs the parameters
 
     # ------------------------------------------------------------------ forward
-    def _drop(self, t: Tensor) -> Tensor:
-        return F.dropout(t, self.dropout, self.training)
+    def _drop(self, t: Tensor, inplace: bool = False) -> Tensor:
+        return F.dropout(t, self.dropout, self.training, inplace)
 
     def conv_out(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
         """``conv_k(h_k)`` for destination ``rows`` (indices or a slice; all owned rows when
         None)."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        # rows given as indices pick a copy of the cached rows, which dropout may overwrite:
+        # the same masks and values, one [len(rows), d] array fewer at a time
+        own = isinstance(rows, Tensor)
         c, t = self.conv, pre.t
         if self.arch == "gcn":
-            out = F.linear(self._drop(pick(t[0])), c.lin.weight)
+            out = F.linear(self._drop(pick(t[0]), own), c.lin.weight)
             return out if c.bias is None else out + c.bias
         if self.arch == "sage":
-            return c.lin_l(self._drop(pick(t[0]))) + c.lin_r(self._drop(pick(t[1])))
+            return c.lin_l(self._drop(pick(t[0]), own)) + c.lin_r(self._drop(pick(t[1]), own))
         if self.arch == "gin":
-            return c.mlp((1 + c.eps) * self._drop(pick(t[0])) + self._drop(pick(t[1])))
+            return c.mlp((1 + c.eps) * self._drop(pick(t[0]), own) +
+                         self._drop(pick(t[1]), own))
         return pick(c(self._drop(t[0]), pre.adj))
 
     def hidden(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:

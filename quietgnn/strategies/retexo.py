@@ -40,7 +40,9 @@ end the final model with every layer's best parameters).
 What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
 
 * ``embed_fwd``: once per layer ``k``, ``4 d_k sum_j |B_{i->j}|`` bytes (``d_0`` = features,
-  then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all;
+  then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all, each
+  one all-to-all while ``num_nodes_global`` rows of it fit in 64 MiB / P, else a round of
+  all-to-alls that gather at most 64 MiB each (``HaloExchanger.fill_halo``; same bytes);
 * ``grad_allreduce``: once per round, ``|theta_k| + 1 + P + 1`` floats (gradients of layer
   ``k`` with its head, loss, NaN flags, validation count), ``2 (P-1)/P`` of that per rank
   (with ``grad_bits`` < 32 the gradients go quantized: two all-to-alls, ~``b/32`` of it);
