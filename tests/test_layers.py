@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quietgnn.nn.adj import SparseAdj, spmm
+from quietgnn.nn.adj import SparseAdj, spmm, spmm_rows
 from quietgnn.nn.layers import GCNConv, SAGEConv
 
 from helpers import small_graph
@@ -64,6 +64,20 @@ def test_norm_weights_sliced_over_rows(monkeypatch):
     assert torch.equal(ew, dinv_src[adj.indices] * dinv_dst[row])
     assert torch.equal(sw, dinv_dst * dinv_dst)
     assert torch.equal(adj.mean_norm(), (1.0 / adj.row_count.clamp(min=1).float())[row])
+
+
+@pytest.mark.parametrize("budget", [1, 7, 1 << 22])
+def test_spmm_rows_equals_one_product(budget):
+    """The no-gradient product a slice of rows at a time is the one-piece product, exactly
+    (weights, sum, and a block with empty rows and no entries)."""
+    g = small_graph(n=80, avg_deg=5, seed=2)
+    adj = _adj(g)
+    h = torch.randn(adj.n_src, 6, generator=torch.Generator().manual_seed(0))
+    ew, _ = adj.gcn_norm()
+    assert torch.equal(spmm_rows(adj, ew, h, budget), spmm(adj, ew, h))
+    assert torch.equal(spmm_rows(adj, None, h, budget), spmm(adj, None, h))
+    empty = SparseAdj(torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
+    assert torch.equal(spmm_rows(empty, None, torch.ones(5, 2), budget), torch.zeros(3, 2))
 
 
 def test_spmm_backward_matches_dense_and_caches_only_what_it_uses():

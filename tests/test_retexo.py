@@ -147,13 +147,13 @@ def test_aggregation_once_per_layer(graph, monkeypatch):
     """GCN/SAGE/GIN: the sparse product runs once per layer (at its start), never per round;
     GAT: every step (attention depends on the parameters)."""
     calls = {"n": 0}
-    real = _retexo_layers.spmm
+    real = _retexo_layers.spmm_rows
 
     def counting(*a, **kw):
         calls["n"] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(_retexo_layers, "spmm", counting)
+    monkeypatch.setattr(_retexo_layers, "spmm_rows", counting)
     part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
     for arch, per_layer in (("gcn", 1), ("sage", 1), ("gin", 1)):
         calls["n"] = 0

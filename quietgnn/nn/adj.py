@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["SparseAdj", "spmm"]
+__all__ = ["SparseAdj", "spmm", "spmm_rows"]
 
 # CSR tensors are only built from our own validated structure; torch's beta notices are noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -215,3 +215,26 @@ def spmm(adj: SparseAdj, values: Optional[Tensor], h: Tensor) -> Tensor:
     if values is None:
         values = adj.ones(h.dtype)
     return _SpMM.apply(values, h.contiguous(), adj)
+
+
+@torch.no_grad()
+def spmm_rows(adj: SparseAdj, values: Optional[Tensor], h: Tensor, budget: int = 1 << 22
+              ) -> Tensor:
+    """:func:`spmm` without gradient, a slice of about ``budget`` entries' rows at a time: the
+    CPU kernel's own temporaries (an int32 copy of the indices, a second output it copies
+    from) are then of one slice, not of the whole block (for a layer's aggregation of a
+    10^7-node partition, hundreds of MB). Each row's sum is the same as in one piece."""
+    from ..sampling.renumber import chunk_bounds     # (sampling imports this module)
+    if h.shape[0] != adj.n_src:
+        raise ValueError(f"spmm_rows: input has {h.shape[0]} rows, the adjacency block has "
+                         f"{adj.n_src} source columns")
+    values = (adj.ones(h.dtype) if values is None else values).to(h.dtype)
+    out = h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
+    h = h.contiguous()
+    for a, b in chunk_bounds(adj.indptr, budget):
+        s, e = int(adj.indptr[a]), int(adj.indptr[b])
+        if e > s:
+            block = torch.sparse_csr_tensor(adj.indptr[a:b + 1] - s, adj.indices[s:e],
+                                            values[s:e], (b - a, adj.n_src))
+            out[a:b] = block @ h
+    return out

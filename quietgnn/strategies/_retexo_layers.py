@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn import SparseAdj
-from ..nn.adj import spmm
+from ..nn.adj import spmm_rows
 from ..nn.layers import CONVS, GATConv
 
 __all__ = ["RetexoLayer", "build_layers", "Pre"]
@@ -91,16 +91,16 @@ class RetexoLayer(nn.Module):
         n = adj.n_dst
         if self.arch == "gcn":
             ew, sw = adj.gcn_norm(h.dtype)       # global degrees: equals the whole-graph GCN
-            a = spmm(adj, ew, h)
+            a = spmm_rows(adj, ew, h)
             # the self-loop term added in place, a slice at a time (the same sums as
             # ``a + sw * h``, without two more [n, d] arrays)
             for r in row_slices(n, h.shape[1]):
                 a[r] += sw[r, None] * h[r]
             return Pre((a,))
         if self.arch == "sage":
-            return Pre((spmm(adj, adj.mean_norm(h.dtype), h), h[:n]))
+            return Pre((spmm_rows(adj, adj.mean_norm(h.dtype), h), h[:n]))
         if self.arch == "gin":
-            return Pre((h[:n], spmm(adj, None, h)))
+            return Pre((h[:n], spmm_rows(adj, None, h)))
         return Pre((h,), adj)                    # gat: attention needs the parameters
 
     # ------------------------------------------------------------------ forward
