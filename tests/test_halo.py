@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from quietgnn.comm import Communicator
+from quietgnn.comm.traffic import Traffic
 from quietgnn.nn import ModelConfig
 from quietgnn.nn.keyed import mix_key, row_keep_mask
 from quietgnn.partition import build_partitions, partition_nodes
@@ -159,3 +160,34 @@ def test_static_rows_arrive_exactly_sparse_when_smaller(density):
         assert sent < dense / 3                        # sparse: 4 r + 8 nnz, not 4 r F
     else:
         assert sent == dense
+
+
+def _fill(comm, x, parts, round_bytes):
+    from quietgnn.comm import halo
+    from quietgnn.graph import Graph
+    halo.FILL_ROUND_BYTES = round_bytes
+    g = Graph.from_edge_index(EDGES, x, torch.zeros(x.shape[0], dtype=torch.int64),
+                              num_classes=2, undirected=True)
+    part = build_partitions(g, parts, ranks=[comm.rank])[0]
+    ex = halo.HaloExchanger(comm, part, kind="embed")
+    out = torch.full((part.n_own + part.n_halo, x.shape[1]), float("nan"))
+    out[: part.n_own] = part.x
+    ex.fill_halo(out, Traffic.EMBEDDINGS)
+    recs = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+    return {"out": out, "want": torch.cat([part.x, x[part.halo]]), "recs": recs}
+
+
+@pytest.mark.parametrize("round_bytes", [64 << 20, 3 * 4 * 5])
+def test_fill_halo_in_rounds(round_bytes):
+    """The exchange into a filled buffer receives every halo row, in one all-to-all or (rounds
+    of a few rows) in as many calls on every rank, with the same bytes in all."""
+    x = torch.randn(60, 5, generator=torch.Generator().manual_seed(1))
+    parts = np.arange(60) // 20
+    res = spawn_function(_fill, 3, args=(x, parts, round_bytes))
+    calls = {len(r["recs"]) for r in res}
+    assert calls == ({1} if round_bytes > 1000 else {60})   # 60 nodes, one row a peer a round
+    for r in res:
+        assert torch.equal(r["out"], r["want"])
+    assert sum(s for r in res for _, s, _ in r["recs"]) == \
+        sum(v for r in res for _, _, v in r["recs"]) == sum(4 * 5 * (r["want"].shape[0] - 20)
+                                                            for r in res)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quietgnn.nn.adj import SparseAdj, spmm
+from quietgnn.nn.adj import SparseAdj, spmm, spmm_rows
 from quietgnn.nn.layers import GCNConv, SAGEConv
 
 from helpers import small_graph
@@ -48,6 +48,36 @@ def test_layer_equals_pyg(arch, dims):
         [(ours.lin_l.weight, ref.lin_l.weight), (ours.lin_r.weight, ref.lin_r.weight)]
     for a, b in pairs:
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_weights_sliced_over_rows(monkeypatch):
+    """GCN and mean weights built a slice of rows at a time are the one-piece products."""
+    from quietgnn.sampling import renumber
+    g = small_graph(n=80, avg_deg=5, seed=1)
+    adj = _adj(g)
+    row = torch.repeat_interleave(torch.arange(adj.n_dst), adj.row_count)
+    dinv_src = (adj.src_degree.float() + 1).rsqrt()
+    dinv_dst = (adj.dst_degree.float() + 1).rsqrt()
+    real = renumber.chunk_bounds
+    monkeypatch.setattr(renumber, "chunk_bounds", lambda ptr, budget: real(ptr, 7))
+    ew, sw = adj.gcn_norm()
+    assert torch.equal(ew, dinv_src[adj.indices] * dinv_dst[row])
+    assert torch.equal(sw, dinv_dst * dinv_dst)
+    assert torch.equal(adj.mean_norm(), (1.0 / adj.row_count.clamp(min=1).float())[row])
+
+
+@pytest.mark.parametrize("budget", [1, 7, 1 << 22])
+def test_spmm_rows_equals_one_product(budget):
+    """The no-gradient product a slice of rows at a time is the one-piece product, exactly
+    (weights, sum, and a block with empty rows and no entries)."""
+    g = small_graph(n=80, avg_deg=5, seed=2)
+    adj = _adj(g)
+    h = torch.randn(adj.n_src, 6, generator=torch.Generator().manual_seed(0))
+    ew, _ = adj.gcn_norm()
+    assert torch.equal(spmm_rows(adj, ew, h, budget), spmm(adj, ew, h))
+    assert torch.equal(spmm_rows(adj, None, h, budget), spmm(adj, None, h))
+    empty = SparseAdj(torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
+    assert torch.equal(spmm_rows(empty, None, torch.ones(5, 2), budget), torch.zeros(3, 2))
 
 
 def test_spmm_backward_matches_dense_and_caches_only_what_it_uses():

@@ -76,6 +76,50 @@ def test_layer_equals_quietgnn_conv(graph, arch, last):
     assert torch.allclose(layer.next_input(pre, "hidden"), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["hidden", "logits"])
+def test_sliced_maps_equal_one_piece(graph, arch, mode, monkeypatch):
+    """Slices of a few rows give what one piece gives: the GCN self-loop term exactly,
+    next_input written into a buffer up to float rounding (a GEMM over fewer rows may take
+    another kernel)."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    adj = partition_adj(part)
+    layer = RetexoLayer(arch, graph.num_features, 6, 3, last=False, heads=2).eval()
+    pre = layer.precompute(part.x, adj)
+    want = layer.next_input(pre, mode)
+    monkeypatch.setattr(_retexo_layers, "SLICE_VALUES", 7 * graph.num_features)
+    sliced = layer.precompute(part.x, adj)
+    for a, b in zip(sliced.t, pre.t):
+        assert torch.equal(a, b)
+    out = torch.full((part.n_own + 5, want.shape[1]), float("nan"))
+    assert layer.next_input(sliced, mode, out=out[: part.n_own]) is not None
+    torch.testing.assert_close(out[: part.n_own], want, rtol=1e-6, atol=1e-6)
+    assert torch.isnan(out[part.n_own:]).all()
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gin"])
+def test_dropout_over_picked_rows_leaves_the_cache(graph, arch):
+    """Training rows picked by index go through dropout in place: the forward and gradients
+    of out-of-place dropout, and the cached aggregates unchanged."""
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    layer = RetexoLayer(arch, graph.num_features, 6, 3, last=False, dropout=0.5).train()
+    pre = layer.precompute(part.x, partition_adj(part))
+    before = [t.clone() for t in pre.t]
+    rows = torch.tensor([5, 1, 9, 40, 41])
+    torch.manual_seed(3)
+    got = layer(pre, rows)
+    got.square().sum().backward()
+    g_got = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    torch.manual_seed(3)
+    picked = _retexo_layers.Pre(tuple(t[rows] for t in pre.t))
+    want = layer(picked)             # no indices: dropout out of place on the copies
+    want.square().sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, p.grad) for a, p in zip(g_got, layer.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(pre.t, before))
+
+
 def test_hidden_layer_head_reads_through_dropout(graph):
     """Training a hidden layer, the head sees dropout(ReLU(conv)) -- entries either 0 or scaled
     by 1/(1-p), about a fraction p of them dropped -- while next_input (and eval) get no
@@ -103,13 +147,13 @@ def test_aggregation_once_per_layer(graph, monkeypatch):
     """GCN/SAGE/GIN: the sparse product runs once per layer (at its start), never per round;
     GAT: every step (attention depends on the parameters)."""
     calls = {"n": 0}
-    real = _retexo_layers.spmm
+    real = _retexo_layers.spmm_rows
 
     def counting(*a, **kw):
         calls["n"] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(_retexo_layers, "spmm", counting)
+    monkeypatch.setattr(_retexo_layers, "spmm_rows", counting)
     part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
     for arch, per_layer in (("gcn", 1), ("sage", 1), ("gin", 1)):
         calls["n"] = 0

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["SparseAdj", "spmm"]
+__all__ = ["SparseAdj", "spmm", "spmm_rows"]
 
 # CSR tensors are only built from our own validated structure; torch's beta notices are noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -75,9 +75,20 @@ class SparseAdj:
         return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device),
                                        self.row_count)
 
-    def _per_edge(self, per_row: Tensor) -> Tensor:
-        """``per_row[row]`` without materialising the int64 row index."""
-        return torch.repeat_interleave(per_row, self.row_count, output_size=self.nnz)
+    def _per_edge(self, per_row: Tensor, scale: Optional[Tensor] = None) -> Tensor:
+        """``per_row[row]`` without materialising the int64 row index, or, given ``scale``
+        [E], ``scale *= per_row[row]`` in place. A slice of rows at a time: repeat_interleave
+        builds an int64 index of all its output before gathering (8 bytes an edge)."""
+        from ..sampling.renumber import chunk_bounds     # (sampling imports this module)
+        out = per_row.new_empty(self.nnz) if scale is None else scale
+        for a, b in chunk_bounds(self.indptr, 1 << 22):
+            s, e = int(self.indptr[a]), int(self.indptr[b])
+            piece = torch.repeat_interleave(per_row[a:b], self.row_count[a:b], output_size=e - s)
+            if scale is None:
+                out[s:e] = piece
+            else:
+                out[s:e].mul_(piece)
+        return out
 
     def transpose_structure(self) -> tuple[Tensor, Tensor, Tensor]:
         """(indptr_T [n_src+1], indices_T [E], perm [E]) with ``values_T = values[perm]``."""
@@ -100,8 +111,7 @@ class SparseAdj:
                                  "with src_degree=... (global in-degrees)")
             dinv_src = (self.src_degree.to(dtype) + 1).rsqrt()
             dinv_dst = (self.dst_degree.to(dtype) + 1).rsqrt()
-            ew = dinv_src[self.indices]
-            ew.mul_(self._per_edge(dinv_dst))
+            ew = self._per_edge(dinv_dst, scale=dinv_src[self.indices])
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
 
@@ -205,3 +215,26 @@ def spmm(adj: SparseAdj, values: Optional[Tensor], h: Tensor) -> Tensor:
     if values is None:
         values = adj.ones(h.dtype)
     return _SpMM.apply(values, h.contiguous(), adj)
+
+
+@torch.no_grad()
+def spmm_rows(adj: SparseAdj, values: Optional[Tensor], h: Tensor, budget: int = 1 << 22
+              ) -> Tensor:
+    """:func:`spmm` without gradient, a slice of about ``budget`` entries' rows at a time: the
+    CPU kernel's own temporaries (an int32 copy of the indices, a second output it copies
+    from) are then of one slice, not of the whole block (for a layer's aggregation of a
+    10^7-node partition, hundreds of MB). Each row's sum is the same as in one piece."""
+    from ..sampling.renumber import chunk_bounds     # (sampling imports this module)
+    if h.shape[0] != adj.n_src:
+        raise ValueError(f"spmm_rows: input has {h.shape[0]} rows, the adjacency block has "
+                         f"{adj.n_src} source columns")
+    values = (adj.ones(h.dtype) if values is None else values).to(h.dtype)
+    out = h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
+    h = h.contiguous()
+    for a, b in chunk_bounds(adj.indptr, budget):
+        s, e = int(adj.indptr[a]), int(adj.indptr[b])
+        if e > s:
+            block = torch.sparse_csr_tensor(adj.indptr[a:b + 1] - s, adj.indices[s:e],
+                                            values[s:e], (b - a, adj.n_src))
+            out[a:b] = block @ h
+    return out

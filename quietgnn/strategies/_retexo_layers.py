@@ -35,11 +35,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn import SparseAdj
-from ..nn.adj import spmm
+from ..nn.adj import spmm_rows
 from ..nn.layers import CONVS, GATConv
 from ..seeds import stream_seed
 
 __all__ = ["RetexoLayer", "build_layers", "Pre"]
+
+#: values per slice of rows in the maps over every owned row (the GCN self-loop term,
+#: :meth:`RetexoLayer.next_input` into a buffer): their temporaries are a few tens of MB
+#: however large the partition, not extra [n_own, d] arrays
+SLICE_VALUES = 1 << 24
+
+
+def row_slices(n: int, width: int) -> list[slice]:
+    """Consecutive row ranges of ``0..n`` with about :data:`SLICE_VALUES` entries of ``width``
+    each."""
+    step = max(1, SLICE_VALUES // max(1, width))
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
 
 @dataclass(frozen=True)
 class Pre:
@@ -79,35 +92,45 @@ class RetexoLayer(nn.Module):
         n = adj.n_dst
         if self.arch == "gcn":
             ew, sw = adj.gcn_norm(h.dtype)       # global degrees: equals the whole-graph GCN
-            return Pre((spmm(adj, ew, h) + sw[:, None] * h[:n],))
+            a = spmm_rows(adj, ew, h)
+            # the self-loop term added in place, a slice at a time (the same sums as
+            # ``a + sw * h``, without two more [n, d] arrays)
+            for r in row_slices(n, h.shape[1]):
+                a[r] += sw[r, None] * h[r]
+            return Pre((a,))
         if self.arch == "sage":
-            return Pre((spmm(adj, adj.mean_norm(h.dtype), h), h[:n]))
+            return Pre((spmm_rows(adj, adj.mean_norm(h.dtype), h), h[:n]))
         if self.arch == "gin":
-            return Pre((h[:n], spmm(adj, None, h)))
+            return Pre((h[:n], spmm_rows(adj, None, h)))
         return Pre((h,), adj)                    # gat: attention needs the parameters
 
     # ------------------------------------------------------------------ forward
-    def _drop(self, t: Tensor) -> Tensor:
-        return F.dropout(t, self.dropout, self.training)
+    def _drop(self, t: Tensor, inplace: bool = False) -> Tensor:
+        return F.dropout(t, self.dropout, self.training, inplace)
 
-    def conv_out(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
-        """``conv_k(h_k)`` for destination ``rows`` (all owned rows when None)."""
+    def conv_out(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
+        """``conv_k(h_k)`` for destination ``rows`` (indices or a slice; all owned rows when
+        None)."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        # rows given as indices pick a copy of the cached rows, which dropout may overwrite:
+        # the same masks and values, one [len(rows), d] array fewer at a time
+        own = isinstance(rows, Tensor)
         c, t = self.conv, pre.t
         if self.arch == "gcn":
-            out = F.linear(self._drop(pick(t[0])), c.lin.weight)
+            out = F.linear(self._drop(pick(t[0]), own), c.lin.weight)
             return out if c.bias is None else out + c.bias
         if self.arch == "sage":
-            return c.lin_l(self._drop(pick(t[0]))) + c.lin_r(self._drop(pick(t[1])))
+            return c.lin_l(self._drop(pick(t[0]), own)) + c.lin_r(self._drop(pick(t[1]), own))
         if self.arch == "gin":
-            return c.mlp((1 + c.eps) * self._drop(pick(t[0])) + self._drop(pick(t[1])))
+            return c.mlp((1 + c.eps) * self._drop(pick(t[0]), own) +
+                         self._drop(pick(t[1]), own))
         return pick(c(self._drop(t[0]), pre.adj))
 
-    def hidden(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+    def hidden(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
         z = self.conv_out(pre, rows)
         return z if self.last else F.relu(self.norm(z))
 
-    def forward(self, pre: Pre, rows: Optional[Tensor] = None) -> Tensor:
+    def forward(self, pre: Pre, rows: Optional[Tensor | slice] = None) -> Tensor:
         """Class logits of destination ``rows`` (the loss of this layer's training)."""
         z = self.hidden(pre, rows)
         # the head stands in for the layers above, and in the end-to-end stack every layer
@@ -116,13 +139,24 @@ class RetexoLayer(nn.Module):
         return z if self.head is None else self.head(self._drop(z))
 
     @torch.no_grad()
-    def next_input(self, pre: Pre, mode: str = "hidden") -> Tensor:
+    def next_input(self, pre: Pre, mode: str = "hidden", out: Optional[Tensor] = None
+                   ) -> Tensor:
         """``h_{k+1}`` of every owned row (eval mode, no dropout): ``ReLU(LN(conv))`` or, in
-        the logit-passing variant, this layer's logits."""
+        the logit-passing variant, this layer's logits. ``out`` (``[n_own, d_out]``): written
+        there a slice of rows at a time (every map is row-wise), so that neither the result
+        nor the conv's intermediates exist as separate whole-partition arrays."""
         was = self.training
         self.eval()
+        f = self.hidden if mode == "hidden" else self
         try:
-            return self.hidden(pre) if mode == "hidden" else self(pre)
+            if out is None:
+                return f(pre)
+            if self.arch == "gat":       # attention runs over the whole block at once
+                out.copy_(f(pre))
+                return out
+            for r in row_slices(out.shape[0], max(self.in_dim, out.shape[1])):
+                out[r] = f(pre, r)
+            return out
         finally:
             self.train(was)
 

@@ -40,7 +40,9 @@ end the final model with every layer's best parameters).
 What crosses the network, exactly (phase ``train``; rank ``i`` sends, fp32):
 
 * ``embed_fwd``: once per layer ``k``, ``4 d_k sum_j |B_{i->j}|`` bytes (``d_0`` = features,
-  then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all;
+  then ``hidden``, or ``C`` with ``embed='logits'``): ``L`` exchanges per run in all, each
+  one all-to-all while ``num_nodes_global`` rows of it fit in 64 MiB / P, else a round of
+  all-to-alls that gather at most 64 MiB each (``HaloExchanger.fill_halo``; same bytes);
 * ``grad_allreduce``: once per round, ``|theta_k| + 1 + P + 1`` floats (gradients of layer
   ``k`` with its head, loss, NaN flags, validation count), ``2 (P-1)/P`` of that per rank
   (with ``grad_bits`` < 32 the gradients go quantized: two all-to-alls, ~``b/32`` of it);
@@ -202,18 +204,18 @@ class Retexo(Strategy):
         self._new_optimizer()
         self.best_val, self.best_state = -1.0, None
 
-    @torch.no_grad()
-    def _exchange(self, h_own: Tensor, carries: Traffic) -> Tensor:
-        """``[h_own ; halo rows]``: the boundary rows go to the peers that need them, once."""
-        return self.exchanger(h_own.contiguous(), carries=carries)
-
     def _first_input(self) -> Tensor:
         """Layer 0's frozen input: the features with their halo rows, fetched from the peers,
         or, under a residency level, zeros in the halo rows (raw features stay home)."""
-        x = self.ctx.part.x.to(self.ctx.device)
+        p = self.ctx.part
+        h = p.x.to(self.ctx.device)
+        if p.n_halo:     # the halo rows are received into one buffer after the own ones
+            h = h.new_empty((p.n_own + p.n_halo,) + tuple(h.shape[1:]))
+            h[: p.n_own] = p.x
         if self.ctx.comm.residency == "none":
-            return self._exchange(x, Traffic.FEATURES)
-        return torch.cat([x, x.new_zeros((self.ctx.part.n_halo,) + tuple(x.shape[1:]))])
+            return self.exchanger.fill_halo(h, Traffic.FEATURES)
+        h[p.n_own:] = 0
+        return h
 
     # ------------------------------------------------------------------ training
     def finished(self) -> bool:
@@ -290,8 +292,12 @@ class Retexo(Strategy):
             layer.load_state_dict(self.best_state)
         self.val_best.append(self.best_val)
         if self.k < len(self.R) - 1:
-            self.h_next = self._exchange(layer.next_input(self.pre, self.options.embed),
-                                         Traffic.EMBEDDINGS)
+            # computed straight into the exchange's buffer: h_{k+1} is never held twice
+            p = self.ctx.part
+            width = p.num_classes if self.options.embed == "logits" else layer.out_dim
+            h = self.pre.t[0].new_empty((p.n_own + p.n_halo, width))
+            layer.next_input(self.pre, self.options.embed, out=h[: p.n_own])
+            self.h_next = self.exchanger.fill_halo(h, Traffic.EMBEDDINGS)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
