@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "quietgnn"
 
 #: lowest first; a unit (sub-package or top-level module) may import its own layer and below
 LAYERS = [
-    {"serial", "errors", "graph", "seeds", "confdoc", "_advise_fit", "_advise_phases",
+    {"serial", "errors", "graph", "seeds", "rows", "confdoc", "_advise_fit", "_advise_phases",
      "_advise_prior"},
     {"datasets", "partition", "nn"},
     {"comm"},

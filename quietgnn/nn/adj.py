@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..rows import chunk_bounds
+
 __all__ = ["SparseAdj", "spmm", "spmm_rows"]
 
 # CSR tensors are only built from our own validated structure; torch's beta notices are noise.
@@ -79,7 +81,6 @@ class SparseAdj:
         """``per_row[row]`` without materialising the int64 row index, or, given ``scale``
         [E], ``scale *= per_row[row]`` in place. A slice of rows at a time: repeat_interleave
         builds an int64 index of all its output before gathering (8 bytes an edge)."""
-        from ..sampling.renumber import chunk_bounds     # (sampling imports this module)
         out = per_row.new_empty(self.nnz) if scale is None else scale
         for a, b in chunk_bounds(self.indptr, 1 << 22):
             s, e = int(self.indptr[a]), int(self.indptr[b])
@@ -224,7 +225,6 @@ def spmm_rows(adj: SparseAdj, values: Optional[Tensor], h: Tensor, budget: int =
     CPU kernel's own temporaries (an int32 copy of the indices, a second output it copies
     from) are then of one slice, not of the whole block (for a layer's aggregation of a
     10^7-node partition, hundreds of MB). Each row's sum is the same as in one piece."""
-    from ..sampling.renumber import chunk_bounds     # (sampling imports this module)
     if h.shape[0] != adj.n_src:
         raise ValueError(f"spmm_rows: input has {h.shape[0]} rows, the adjacency block has "
                          f"{adj.n_src} source columns")

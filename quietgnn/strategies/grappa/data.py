@@ -29,7 +29,7 @@ from ...comm.traffic import Traffic
 from ...nn import SparseAdj
 from ...partition import LocalPartition
 from ...partition.local import gather_rows
-from ...sampling.renumber import chunk_bounds
+from ...rows import chunk_bounds
 
 __all__ = ["rotating_chunk", "LocalGraph", "ChunkLoader", "coverage", "expand"]
 
