@@ -70,6 +70,7 @@ class Liveness:
             self._thread.start()
 
     def _beat(self) -> None:
+        store = None
         try:
             store = self._connect(timedelta(seconds=4 * PERIOD_S))
             while not self._stop.is_set():
@@ -79,9 +80,19 @@ class Liveness:
                 self._stop.wait(PERIOD_S)
         except Exception:   # the store is gone: the failure path reports it, not this thread
             return
+        finally:
+            # the store client dies here, in its own thread, not at interpreter exit: a client
+            # still alive then (its thread frozen mid-loop) aborted a finished rank's process
+            # ("terminate called without an active exception", SIGABRT) on emulated hosts
+            del store
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread to let go of its store connection (at most
+        one store operation's timeout)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=4 * PERIOD_S + 1)
+            self._thread = None
 
     def who(self, rank: int) -> str:
         return f"rank {rank} on {self.labels[rank]}"
