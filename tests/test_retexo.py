@@ -14,8 +14,8 @@ from quietgnn.comm import Communicator
 from quietgnn.nn import ModelConfig, SparseAdj
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
-from quietgnn.strategies import _retexo_layers
-from quietgnn.strategies._retexo_layers import RetexoLayer, build_layers
+from quietgnn.strategies.retexo import layers as _retexo_layers
+from quietgnn.strategies.retexo.layers import RetexoLayer, build_layers
 from quietgnn.strategies.base import TrainConfig, WorkerContext, partition_adj
 from quietgnn.strategies.retexo import Retexo, RetexoOptions
 

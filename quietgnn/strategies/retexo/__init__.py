@@ -3,7 +3,7 @@ embeddings once per layer.
 
 Paper: Kolluri, Choudhary, Hooi, Saxena, "RETEXO: Scalable neural network training over
 distributed graphs" (arXiv 2302.13053); spec in ``docs/methods.md`` section 4. Layers in
-:mod:`._retexo_layers` (RetexoGCN / RetexoSAGE / RetexoGAT via ``model.arch``; GIN works too).
+:mod:`.layers` (RetexoGCN / RetexoSAGE / RetexoGAT via ``model.arch``; GIN works too).
 
 How it trains (rank ``i`` of ``P``, any partition -- ``metis`` by default, ``given``,
 ``random``, ... -- nodes never move)::
@@ -75,14 +75,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..comm import HaloExchanger
-from ..comm.lowrank import LowRankReducer
-from ..comm.traffic import Traffic
-from ..nn import GNN
-from ..seeds import stream_seed
-from ._retexo_layers import Pre, build_layers
-from .base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
-                   partition_adj, register, sync_gradients)
+from ...comm import HaloExchanger
+from ...comm.lowrank import LowRankReducer
+from ...comm.traffic import Traffic
+from ...nn import GNN
+from ...seeds import stream_seed
+from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
+                    partition_adj, register, sync_gradients)
+from .layers import Pre, build_layers
 
 __all__ = ["Retexo", "RetexoOptions"]
 

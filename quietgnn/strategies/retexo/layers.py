@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import SparseAdj
-from ..nn.adj import spmm_rows
-from ..nn.layers import CONVS, GATConv
-from ..seeds import stream_seed
+from ...nn import SparseAdj
+from ...nn.adj import spmm_rows
+from ...nn.layers import CONVS, GATConv
+from ...seeds import stream_seed
 
 __all__ = ["RetexoLayer", "build_layers", "Pre"]
 
