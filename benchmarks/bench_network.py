@@ -249,7 +249,8 @@ def main() -> int:
             print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)
             return 2
         cmd = "python benchmarks/bench_network.py " + " ".join(sys.argv[1:])
-        key = lambda r: (r["dataset"], r["strategy"], r["rate"], r.get("kind"))  # noqa: E731
+        key = lambda r: (r["dataset"], r["strategy"], r["rate"],  # noqa: E731
+                         r.get("kind", "epoch_time"))
         done = {key(r): r for r in old}
         for ds in args.datasets.split(","):
             central = None

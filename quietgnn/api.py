@@ -142,8 +142,8 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     if summary is None:
         raise RuntimeError(f"run {str(run_dir)!r} ended without a summary (rank 0 wrote none)")
     if cfg.runtime.summary_json:
-        import json
-        Path(cfg.runtime.summary_json).write_text(json.dumps(summary, indent=1))
+        from .runtime.rundir import write_json
+        write_json(Path(cfg.runtime.summary_json), summary)
     return Run(Path(run_dir), summary)
 
 

@@ -117,9 +117,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     if summary is not None:
         print_summary(summary)
         if cfg.runtime.summary_json:
-            p = Path(cfg.runtime.summary_json)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(summary, indent=1))
+            from .runtime.rundir import write_json
+            write_json(Path(cfg.runtime.summary_json), summary)
     return 0
 
 

@@ -11,8 +11,9 @@ differently, the rank (``r``):
 * every other generator is seeded :func:`stream_seed` ``(s, purpose, r)``: a hash of the seed,
   a name saying what the stream is for (``"grappa.sampler"``, ``"tma.average/3"``) and the rank,
   so streams of different purposes, ranks or seeds never coincide. A stream every rank must
-  draw identically (a shared random projection, the evaluation sample, a layer's initial
-  weights) passes no rank.
+  draw identically (a shared random projection, a layer's initial weights) passes no rank; one
+  that any rank must be able to reproduce for another passes that rank's index (the
+  evaluation sample of part ``j``, which rank ``j`` and the book evaluator both draw).
 
 Not run seeds: the split, the synthetic graph and the partitioner have their own
 (``dataset.split_seed``, ``synthetic.seed``, ``partition.seed``). Keyed draws

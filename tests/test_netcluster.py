@@ -98,6 +98,13 @@ def _until(pred, timeout):
     return False
 
 
+def _parses(path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
 def logs_of(tmp_path) -> str:
     return (tmp_path / "host-0.log").read_text(errors="replace")[-3000:]
 
@@ -129,7 +136,7 @@ def test_a_host_that_disappears(tmp_path, strategy):
             # the survivors finish the run and rank 0 writes the summary; the torchrun agents
             # then wait in torchrun's exit barrier for the vanished agent (its own timeout,
             # 300 s, not ours), so the run's end is the summary, not the agents' exit
-            assert _until(lambda: (tmp_path / "s.json").is_file(), 240), logs_of(tmp_path)
+            assert _until(lambda: _parses(tmp_path / "s.json"), 240), logs_of(tmp_path)
         else:
             codes = c.wait(procs[:2], timeout=180)
         took = time.monotonic() - t0

@@ -32,7 +32,8 @@ def _twice(comm, graph, parts, strategy, options, tmp):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = []
     for i in range(2):
-        t = train_on(comm, part, _cfg(strategy, comm.world_size, **options), f"{tmp}/{i}")
+        t = train_on(comm, part, _cfg(strategy, comm.world_size, **options), f"{tmp}/{i}",
+                     keep_records=True)
         out.append({"records": t.records, "sent": dict(comm.sent_by_class),
                     "summary": t.summary})
     return out
@@ -80,3 +81,15 @@ def test_it_trains_what_quietgnn_train_trains(tmp_path, halo_twice):
     assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in theirs], rel=1e-6)
     assert [r["bytes"]["train"] for r in ours] == [r["bytes"]["train"] for r in theirs]
     assert [r["test_acc"] for r in ours] == [r["test_acc"] for r in theirs]
+
+
+def test_a_failed_set_up_reports_its_own_error(tmp_path):
+    """tma's set-up fails before it opens its hub: the run's error is that one, not one from
+    releasing a hub that was never opened."""
+    import numpy as np
+    from quietgnn.comm import Communicator
+    graph = small_graph()
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
+    cfg = _cfg("tma", 1, mode="minibatch", fanouts="5,5,5")     # 3 fanouts, 2 layers
+    with pytest.raises(ValueError, match="fanouts"):
+        train_on(Communicator(0, 1), part, cfg, tmp_path)

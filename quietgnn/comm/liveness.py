@@ -92,7 +92,8 @@ class Liveness:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=4 * PERIOD_S + 1)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None     # else kept: its store call is still timing out
 
     def who(self, rank: int) -> str:
         return f"rank {rank} on {self.labels[rank]}"

@@ -174,7 +174,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
     write (disk full) removes its partial temp file and raises ``OSError`` naming ``path``:
     a full disk must not be made fuller by every failed attempt."""
@@ -311,7 +311,7 @@ class Checkpointer:
             # weights_only=True; anything else raises here, not when resuming
             data = save_bytes(shard, where="checkpoint state")
             name = f"rank-{self.rank}.pt"
-            _atomic_write(d / name, data)
+            atomic_write(d / name, data)
             info.update(file=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
                         book_id=state.get("book_id"))
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
@@ -335,7 +335,7 @@ class Checkpointer:
                                      for i in everyone},
                           "book_ids": {str(i["rank"]): i.get("book_id") for i in everyone},
                           "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-                _atomic_write(d / MARKER, json.dumps(marker, indent=1).encode())
+                atomic_write(d / MARKER, json.dumps(marker, indent=1).encode())
                 self._prune()
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 commit_error = f"{type(exc).__name__}: {exc}"

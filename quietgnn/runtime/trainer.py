@@ -15,6 +15,7 @@ epoch-equivalents; every rank sees the same global accuracy, so all stop at the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -22,22 +23,26 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..strategies.base import Strategy, WorkerContext
 from ..seeds import rank_seed
+from ..strategies.base import Strategy, WorkerContext
 from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
+from .rundir import write_json
 
 __all__ = ["Trainer", "train_on"]
 
 
 class Trainer:
-    def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: Any, run_dir: Path) -> None:
+    def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: Any, run_dir: Path,
+                 keep_records: bool = False) -> None:
         self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
+        self.keep_records = keep_records
         self.comm = ctx.comm
         self.best: dict[str, Any] = {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1,
                                      "train_acc": float("nan")}
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
-        #: every record this run wrote to its metrics file (the set-up's first), kept in memory
-        #: for callers that train in-process (:func:`train_on`)
+        #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
+        #: first), kept in memory for a study that trains in-process (:func:`train_on`); off
+        #: for a worker, whose run may hold thousands of rounds per epoch
         self.records: list[dict[str, Any]] = []
         self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
         self.best_work = 0.0    # work_done when the best validation accuracy was found
@@ -63,15 +68,16 @@ class Trainer:
         start_epoch = self._maybe_resume()
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
-        self.records.append({"epoch": -1, "rank": rank, "phase": "setup",
-                             "bytes": setup["bytes"], "rounds": setup["rounds"],
-                             "peak_rss_mb": peak_rss_mb(), "setup_s": time.perf_counter() - t_start})
-        metrics.write(self.records[-1])
+        rec = {"epoch": -1, "rank": rank, "phase": "setup", "bytes": setup["bytes"],
+               "rounds": setup["rounds"], "peak_rss_mb": peak_rss_mb(),
+               "setup_s": time.perf_counter() - t_start}
+        self._keep(rec)
+        metrics.write(rec)
         epochs = cfg.train.epochs
         epoch = start_epoch - 1
         for epoch in range(start_epoch, epochs):
             rec = self._epoch(epoch, last=epoch == epochs - 1)
-            self.records.append(rec)
+            self._keep(rec)
             metrics.write(rec)
             self._progress(rec)
             if self.checkpointer and cfg.runtime.checkpoint_every and \
@@ -84,6 +90,10 @@ class Trainer:
         self._write_model(epoch)
         wall = time.perf_counter() - t_start
         return self._summary(wall, epoch + 1 - start_epoch)
+
+    def _keep(self, rec: dict[str, Any]) -> None:
+        if self.keep_records:
+            self.records.append(rec)
 
     def _epoch(self, epoch: int, last: bool) -> dict[str, Any]:
         s, comm = self.strategy, self.comm
@@ -351,15 +361,15 @@ class Trainer:
         report = self.strategy.run_report()
         if report:
             summary["strategy_report"] = report
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json(self.run_dir / "summary.json", summary)
         return summary
 
 
-def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path,
-             log: Any = None, device: Any = None) -> Trainer:
+def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path, log: Any = None,
+             device: Any = None, keep_records: bool = False) -> Trainer:
     """Train ``cfg``'s strategy on this rank's ``part`` over an open communicator, with the
-    loop ``quietgnn train`` runs; returns the finished :class:`Trainer` (``records``: this
-    rank's per-epoch records, the set-up's first; ``summary`` on rank 0).
+    loop ``quietgnn train`` runs; returns the finished :class:`Trainer` (``summary`` on rank
+    0; with ``keep_records``, ``records``: this rank's per-epoch records, the set-up's first).
 
     The worker calls it once per process; a study calls it for several configurations in one
     process group (start-up paid once), so the communicator is left as a fresh one would be:
@@ -370,6 +380,7 @@ def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path,
     comm.take_records()
     comm.epoch = -1
     comm.sent_by_class = {}
+    comm.residency = cfg.runtime.residency   # the worker set it before any traffic; a study not
     # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
     torch.manual_seed(rank_seed(cfg.train.seed, comm.rank))
     ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
@@ -377,11 +388,14 @@ def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path,
                         device=device if device is not None else torch.device("cpu"),
                         run_dir=Path(run_dir), log=log or (lambda msg: None))
     strategy = cfg.strategy_cls(ctx, cfg.options)
-    trainer = Trainer(ctx, strategy, cfg, Path(run_dir))
+    trainer = Trainer(ctx, strategy, cfg, Path(run_dir), keep_records=keep_records)
     try:
         trainer.summary = trainer.run()
-    finally:
-        strategy.close()
+    except BaseException:
+        with contextlib.suppress(Exception):   # the run's own error is the one to report
+            strategy.close()
+        raise
+    strategy.close()
     return trainer
 
 

@@ -212,6 +212,7 @@ class TMAOptions:
 
 @register
 class TMA(Strategy):
+    chan: Optional[StarChannel] = None
     name = "tma"
     description = ("RandomTMA/SuperTMA/PSGD-PA: independent trainers on induced subgraphs, "
                    "periodic model averaging, survives trainer failures")
@@ -240,7 +241,8 @@ class TMA(Strategy):
         if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
             raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
                              f"model has {ctx.model_cfg.layers} layers; give one per layer")
-        self.sampler = LocalSampler(indptr, indices, fanouts, seed=stream_seed(ctx.seed, "tma.sampler", ctx.rank))
+        self.sampler = LocalSampler(indptr, indices, fanouts,
+                                    seed=stream_seed(ctx.seed, "tma.sampler", ctx.rank))
         self._eval_fanouts = fanouts if o.mode == "minibatch" else [-1] * ctx.model_cfg.layers
         #: local steps of one pass over this trainer's training nodes (an epoch-equivalent)
         self.steps_per_epoch = 1 if o.mode == "full" else \
@@ -485,7 +487,8 @@ class TMA(Strategy):
         return False
 
     def close(self) -> None:
-        self.chan.close()
+        if self.chan is not None:     # None: setup failed before it opened the hub
+            self.chan.close()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
