@@ -85,6 +85,48 @@ def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list, method
         _same_part(book.load_part(k, P), ref.load_part(k, P))
 
 
+def test_repeated_pairs_across_batches(tmp_path, monkeypatch):
+    """The sorted edge table streams in record batches and a repeated pair is dropped when it
+    equals the row before it, also when that row ended the previous batch: every pair is
+    listed twice, so the sorted rows come in pairs and batches of 5 rows split every other
+    one; the parts still equal the in-memory path's."""
+    from quietgnn.prepare import tables
+    monkeypatch.setattr(tables, "BATCH_ROWS", 5)
+    g0 = small_graph(n=60, seed=3)
+    e, n, ei = _tables(tmp_path, g0, "parquet")
+    twice = pq.read_table(e)
+    pq.write_table(pa.concat_tables([twice, twice]), e)
+    g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, name="edges",
+                              split_seed=5, train_mask=g0.train_mask, val_mask=g0.val_mask,
+                              test_mask=g0.test_mask)
+    for method in ("hash", "ldg"):
+        book = prepare_tables(e, n, tmp_path / method, parts=2, memory_budget=TINY_BUDGET,
+                              split_seed=5, method=method)
+        ref = make_book(tmp_path / f"ref-{method}", g, method, 2)
+        assert book.graph["fingerprint"] == g.fingerprint()
+        assert book.graph["num_edges"] == g.num_edges
+        assert (book.assignment() == ref.assignment()).all()
+        for k in range(2):
+            _same_part(book.load_part(k, 2), ref.load_part(k, 2))
+
+
+def test_duckdb_out_of_memory_names_the_budget(tmp_path, monkeypatch):
+    """DuckDB running out of its share of the budget is a clear error naming the budget and
+    the fix, and leaves no half-written directory."""
+    import duckdb
+    from quietgnn.prepare import tables
+
+    def oom(*a, **k):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate 64.0 MiB")
+    monkeypatch.setattr(tables, "_prepare", oom)
+    g0 = small_graph(n=40, seed=1)
+    e, n, _ = _tables(tmp_path, g0, "parquet")
+    with pytest.raises(ValueError, match=r"--memory-budget 700 MiB: DuckDB ran out .*"
+                                         r"failed to allocate.*pass a larger --memory-budget"):
+        prepare_tables(e, n, tmp_path / "out", parts=2, memory_budget=TINY_BUDGET)
+    assert not list(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
+
+
 def test_directed_tables(tmp_path):
     g0 = small_graph(n=150, seed=4, directed=True)
     e, n, ei = _tables(tmp_path, g0, dup=False)

@@ -32,7 +32,7 @@ from ..graph import Graph
 
 __all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
            "given_parts", "read_assignment", "check_assignment", "hash_parts", "hash_part_of",
-           "hash_part_sql", "ldg_parts", "LDG"]
+           "ldg_parts", "LDG"]
 
 
 def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -91,17 +91,9 @@ _HASH_SEED = 40503
 def hash_part_of(ids: np.ndarray, num_parts: int, seed: int = 0) -> np.ndarray:
     """``h P div 2^32`` with ``h = (id * 2654435761 + 40503 seed) mod 2^32``, for ids in
     ``[0, 2^32)``: the part of every id. The high bits of ``h`` decide (its low bits would
-    make the part ``id mod P`` up to relabelling when P is a power of two).
-    :func:`hash_part_sql` is the same function in SQL (DuckDB)."""
+    make the part ``id mod P`` up to relabelling when P is a power of two)."""
     v = ids.astype(np.uint64) * np.uint64(_HASH_MUL) + np.uint64(_HASH_SEED * seed)
     return ((v % np.uint64(1 << 32)) * np.uint64(num_parts) >> np.uint64(32)).astype(np.int64)
-
-
-def hash_part_sql(column: str, num_parts: int, seed: int = 0) -> str:
-    """:func:`hash_part_of` as a SQL expression over an integer column (no overflow: both
-    factors are below 2^32, so the product fits an unsigned 64-bit integer)."""
-    return (f"(((({column})::UBIGINT * {_HASH_MUL} + {_HASH_SEED * seed}) % 4294967296) "
-            f"* {num_parts}) // 4294967296")
 
 
 def hash_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Out of core: an edge table of any size + a node source -> a prepared directory.
 
-The work that needs the whole edge list at once (drop self-loops, symmetrise, de-duplicate,
-sort by destination, count degrees, find each part's halo) is SQL run by DuckDB, which spills
-to its own temporary directory when the data outgrows its memory limit. Python only streams
-DuckDB's sorted output, in record batches, into each part's memory-mapped ``.npy`` arrays
-(:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors and the
+The work that needs the whole edge list at once (drop self-loops, symmetrise, sort by
+destination) is SQL run by DuckDB, which spills to its own temporary directory when the data
+outgrows its memory limit. Python streams DuckDB's sorted output in record batches: it drops
+repeated pairs (adjacent once sorted), partitions, tags each edge with its ends' parts (one
+ordered pass written back, not a join that would need a second sort), counts degrees, marks
+halos and writes each part's ``.npy`` arrays (:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors and the
 assignment (10 bytes a node), what the node source needs (e.g. a random split, 11 bytes a
 node), one part's owned and halo ids, and a batch.
 
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..partition.book import PartitionBook, book_id_of, finish_book, new_book_dir
-from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of, hash_part_sql
+from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of
 from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
 
@@ -146,6 +147,7 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
             f"prepare holds {held >> 20} MiB of its own arrays plus ~{_PYTHON_BASE >> 20} MiB "
             f"for Python, and DuckDB needs at least 128 MiB; pass --memory-budget "
             f"{(held + _PYTHON_BASE + (256 << 20)) >> 20}MiB or more")
+    import duckdb
     tmp = new_book_dir(out)
     work = tmp / ".work"
     work.mkdir()
@@ -155,8 +157,16 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         if con_hook is not None:
             con_hook(con)
         con.execute(f"SET memory_limit = '{int(_DUCK_SHARE * duck) >> 20}MB'")
-        book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected, x_dtype,
-                        name, identity or {}, progress, drop, assignment)
+        try:
+            book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected,
+                            x_dtype, name, identity or {}, progress, drop, assignment)
+        except duckdb.OutOfMemoryException as e:
+            raise ValueError(
+                f"--memory-budget {memory_budget >> 20} MiB: DuckDB ran out of its share "
+                f"({int(_DUCK_SHARE * duck) >> 20} MiB; the rest: {held >> 20} MiB of per-node "
+                f"arrays, ~{_PYTHON_BASE >> 20} MiB for Python) on {n} nodes "
+                f"({str(e).splitlines()[0]}); pass a larger --memory-budget (e.g. "
+                f"{2 * memory_budget >> 20}MiB)") from None
         con.close()
         shutil.rmtree(work)
         finish_book(tmp, out, book)
@@ -180,31 +190,23 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     progress(f"edges: {raw} rows read; symmetrising, de-duplicating, sorting (DuckDB)")
     both = (f"SELECT src, dst FROM ({edges_sql}) UNION ALL SELECT dst, src FROM ({edges_sql})"
             if undirected else edges_sql)
-    con.execute(f"CREATE TABLE e0 AS SELECT DISTINCT src::BIGINT AS src, dst::BIGINT AS dst "
+    # sorted, not DISTINCT: repeated pairs end up adjacent and the streams below drop them
+    # (:func:`_unique_edges`); DuckDB's DISTINCT is a hash table that needs more memory and
+    # spills more than the sort alone
+    con.execute(f"CREATE TABLE e0 AS SELECT src::BIGINT AS src, dst::BIGINT AS dst "
                 f"FROM ({both}) WHERE src <> dst ORDER BY dst, src")
     for table in drop:
         con.execute(f"DROP TABLE {table}")
     if method == "hash":
-        # scans of a table keep its order: e is e0 (sorted by dst, src) with the parts
-        con.execute(f"CREATE TABLE e AS SELECT src, dst, "
-                    f"({hash_part_sql('src', P, seed)})::USMALLINT AS ps, "
-                    f"({hash_part_sql('dst', P, seed)})::USMALLINT AS pd FROM e0")
-
         def part_of(ids: np.ndarray) -> np.ndarray:
             return hash_part_of(ids, P, seed)
     else:
         assignment = given if method == "given" else _stream_ldg(con, n, P, progress)
-        con.register("asg_parts", _arrow_parts(assignment))
-        con.execute(f"CREATE TABLE asg AS SELECT range AS id, part FROM range({n}) "
-                    f"POSITIONAL JOIN asg_parts")
-        con.unregister("asg_parts")
-        con.execute("CREATE TABLE e AS SELECT e0.src, e0.dst, a.part AS ps, b.part AS pd "
-                    "FROM e0 JOIN asg a ON a.id = e0.src JOIN asg b ON b.id = e0.dst "
-                    "ORDER BY e0.dst, e0.src")
-        con.execute("DROP TABLE asg")
 
         def part_of(ids: np.ndarray) -> np.ndarray:
             return assignment[ids].astype(np.int64)
+    progress("edges: each pair once, with the parts of its ends")
+    _add_parts(con, part_of)
     con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
@@ -344,10 +346,9 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
     ldg = LDG(n, P)
     for p in range(LDG_PASSES):
         progress(f"ldg partitioning: pass {p + 1} of {LDG_PASSES}")
-        lo, D, S, last = 0, np.zeros(0, np.int64), np.zeros(0, np.int64), -1
-        for b in _batches(con, "SELECT dst, src FROM e0"):
-            last = _check_sorted(b["dst"], last)
-            D, S = np.concatenate([D, b["dst"]]), np.concatenate([S, b["src"]])
+        lo, D, S = 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        for dst, src in _unique_edges(con, "e0"):
+            D, S = np.concatenate([D, dst]), np.concatenate([S, src])
             done = int(D[-1])            # rows are sorted by dst: nodes below it are complete
             while lo + ldg.batch <= done:
                 hi = lo + ldg.batch
@@ -360,6 +361,43 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
             ldg.place(lo, hi, D[:cut], S[:cut])
             D, S, lo = D[cut:], S[cut:], hi
     return ldg.parts
+
+
+def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(dst, src)`` batches of ``table`` (sorted by dst, src), each pair once: sorting left
+    repeated pairs adjacent, so a row equal to the one before it (in its batch or at the end
+    of the previous one) is dropped."""
+    last, prev = -1, (-1, -1)
+    for b in _batches(con, f"SELECT dst, src FROM {table}"):
+        dst, src = b["dst"], b["src"]
+        last = _check_sorted(dst, last)
+        if not dst.size:
+            continue
+        keep = np.empty(dst.size, dtype=bool)
+        keep[0] = (int(dst[0]), int(src[0])) != prev
+        np.logical_or(dst[1:] != dst[:-1], src[1:] != src[:-1], out=keep[1:])
+        prev = (int(dst[-1]), int(src[-1]))
+        if keep.all():
+            yield dst, src
+        elif keep.any():
+            yield dst[keep], src[keep]
+
+
+def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Table ``e``: the unique rows of ``e0`` in its order, with the parts of their source
+    (``ps``) and destination (``pd``). Computed in a stream and appended in order rather than
+    joined in SQL: a join's output has no order, and sorting it again was the prepare's
+    largest spill to disk."""
+    import pyarrow as pa
+    con.execute("CREATE TABLE e (src BIGINT, dst BIGINT, ps USMALLINT, pd USMALLINT)")
+    writer = con.cursor()       # a connection streaming a result runs no other statement
+    for dst, src in _unique_edges(con, "e0"):
+        batch = pa.table({"src": src, "dst": dst, "ps": part_of(src).astype(np.uint16),
+                          "pd": part_of(dst).astype(np.uint16)})
+        writer.register("e_batch", batch)
+        writer.execute("INSERT INTO e SELECT src, dst, ps, pd FROM e_batch")
+        writer.unregister("e_batch")
+    writer.close()
 
 
 def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:
@@ -378,11 +416,6 @@ def _check_sorted(dst: np.ndarray, last: int) -> int:
         raise RuntimeError("DuckDB returned the sorted edge table out of order (is "
                            "preserve_insertion_order off?); the prepared graph would be wrong")
     return int(dst[-1]) if dst.size else last
-
-
-def _arrow_parts(parts: np.ndarray) -> Any:
-    import pyarrow as pa
-    return pa.table({"part": parts.astype(np.uint16)})
 
 
 def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
