@@ -4,6 +4,7 @@
     python benchmarks/bench_network.py --datasets computers --strategies halo,tma \
         --rates 100mbit --epochs 5                                 # a slice
     python benchmarks/bench_network.py --render                    # tables from network.json
+    python benchmarks/bench_network.py --reproject                 # re-derive from run dirs
 
 Every run is ``quietgnn train`` under one ``torchrun`` agent per emulated host
 (``benchmarks/netcluster.py``: network namespaces on a bridge, each host's egress capped by
@@ -14,11 +15,15 @@ epoch's wall time less its evaluation) and ``quietgnn report``'s projection for 
 same bandwidth and no latency (``netem`` is absent here, so the link adds only the kernel's
 sub-millisecond latency; the projection's latency term for the named tier is reported apart).
 
-The machine has fewer cores than hosts, so a rank's compute waits for a core: the projection's
-compute term (CPU seconds of the slowest rank) is below the measured wall time even on an
-uncapped link. Each configuration therefore also runs with the link uncapped, and the table
-compares the *link's* share — measured capped minus measured uncapped — with the projected
-communication seconds, as well as the whole epoch.
+The machine has fewer cores than hosts, so a rank's compute waits for a core: the projection
+for hosts with a core each (CPU seconds of the slowest rank) is below the measured wall time
+even on an uncapped link. The run is therefore projected twice from its records: for hosts
+sharing this machine's cores as they did (``projected_*``: a compute phase takes at least the
+ranks' total CPU seconds over the cores; the check of the network model) and for hosts with a
+core each (``projected_dedicated_*``, what ``quietgnn report`` shows). Each configuration also
+runs with the link uncapped, and the table compares the *link's* share (measured capped minus
+measured uncapped) with the projected communication seconds. ``--reproject`` recomputes every
+record from its run directory after a change to the model.
 
 Writes ``benchmarks/results/network.json`` (one record per run: ``strategy``, ``dataset``,
 ``parts``, ``tier``, ``bandwidth_bps``, ``measured_epoch_s``, ``projected_epoch_s``,
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,35 +103,57 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
     if codes != [0] * hosts:
         tail = (logs / "host-0.log").read_text(errors="replace")[-1500:]
         return {**rec, "status": "failed", "exit_codes": codes, "error": tail}
-    curve = epoch_curve(read_metrics(OUT / "runs" / run))
+    return _project(rec, epoch_curve(read_metrics(OUT / "runs" / run)), central)
+
+
+def _reproject(rec: dict, central_acc: dict) -> dict:
+    run = OUT / "runs" / _run_name(rec)
+    if rec["status"] != "ok" or not (run / "metrics").is_dir():
+        return rec
+    central = central_acc.get(rec["dataset"]) if rec.get("kind") == "to_target" else None
+    return _project(rec, epoch_curve(read_metrics(run)), central)
+
+
+def _run_name(rec: dict) -> str:
+    return (f"{rec['dataset']}-{rec['strategy']}-{rec['rate']}"
+            + ("-target" if rec.get("kind") == "to_target" else ""))
+
+
+def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
+    """``rec`` with what was measured and its projections from the run's records: on hosts
+    that share this machine's cores (``projected_*``: the run as measured, the check of the
+    network model) and on hosts with a core each (``projected_dedicated_*``: what
+    ``quietgnn report`` shows)."""
+    cores = len(os.sched_getaffinity(0))
     wall, work = _measured(curve)
     rows = curve["epochs"][1:] or curve["epochs"]
-    rec.update(measured_epoch_s=wall / work,
+    rec = dict(rec, cores=cores, measured_epoch_s=wall / work,
                bytes_per_epoch=sum(r["train_bytes"] + r["data_bytes"] for r in rows) / work,
                compute_epoch_s=sum(r["compute_s"] for r in rows) / work,
                test_acc=curve["epochs"][-1].get("test_acc"))
+    rate = rec["rate"] if rec["rate"] != "uncapped" else None
     if rate:
-        bw = _rate_bps(rate)
-        link = Tier(f"{rate}-no-latency", bw, 0.0)
+        link = Tier(f"{rate}-no-latency", _rate_bps(rate), 0.0)
         named = TIERS[TIER_OF[rate]] if rate in TIER_OF else None
-        proj = project({"epochs": rows}, link)
+        for key, c in (("projected", cores), ("projected_dedicated", None)):
+            # training only, as measured: compute and communication, no evaluation
+            proj = project({"epochs": rows}, link, c)
+            rec[f"{key}_epoch_s"] = sum(p["compute_s"] + p["comm_s"] for p in proj) / work
         rec.update(tier=TIER_OF.get(rate, rate),
-                   projected_epoch_s=sum(p["time_s"] for p in proj) / work,
                    projected_comm_epoch_s=sum(p["comm_s"] for p in proj) / work,
                    latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
                                          if named else None))
     rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)
     if central and rate:
-        rec.update(centralized_test_acc=central,
-                   **_to_target(curve, Tier(f"{rate}-no-latency", _rate_bps(rate), 0.0), central))
+        rec.update(centralized_test_acc=central, **_to_target(curve, link, central, cores))
     return rec
 
 
-def _to_target(curve: dict, link: Tier, central: float) -> dict:
+def _to_target(curve: dict, link: Tier, central: float, cores: int) -> dict:
     """Seconds to each fraction of ``central``'s accuracy: measured (the run's wall seconds
     through the epoch whose evaluation first reached it, evaluations included, as the
-    projection counts them) and projected on ``link`` from the same records; None where the
-    run never reached it."""
+    projection counts them) and projected on ``link`` from the same records, with the hosts
+    sharing ``cores`` cores and with a core each; None where the run never reached it."""
     out = {}
     for f in FRACTIONS:
         target, cum, measured = f * central, 0.0, None
@@ -134,10 +162,11 @@ def _to_target(curve: dict, link: Tier, central: float) -> dict:
             if r.get("test_acc") is not None and r["test_acc"] >= target:
                 measured = cum
                 break
-        proj = time_to_accuracy(curve, link, target)
         pct = round(100 * f)
         out[f"measured_seconds_to_{pct}"] = measured
-        out[f"projected_seconds_to_{pct}"] = proj["seconds"] if proj else None
+        for key, c in (("projected", cores), ("projected_dedicated", None)):
+            proj = time_to_accuracy(curve, link, target, c)
+            out[f"{key}_seconds_to_{pct}"] = proj["seconds"] if proj else None
     return out
 
 
@@ -160,19 +189,25 @@ def render(records: list[dict]) -> list[str]:
     lines = ["# Measured vs projected epoch time on emulated hosts", "",
              "Command: `python benchmarks/bench_network.py` (as root). P = 4 hosts (network "
              "namespaces, tbf-capped egress, torchrun + c10d over the bridge), GCN 2x64. "
-             "Seconds per epoch-equivalent, training only, warm-up epoch left out. "
+             "Seconds per epoch-equivalent, training only (compute and communication, no "
+             "evaluation, on both sides), warm-up epoch left out. *projected* is the model "
+             "of `comm/network.py` for hosts sharing this machine's cores, as they did "
+             "(a compute phase takes at least the ranks' total CPU seconds over the cores); "
+             "*a core per host* is the same model for hosts with their own cores, what "
+             "`quietgnn report` shows. "
              "*link share* = measured capped − measured uncapped (what the link added), "
              "against the projection's communication term (bytes / bandwidth; the named "
              "tier's latency term is shown apart: the emulated link has none).", "",
              "| dataset | strategy | link | bytes/epoch | measured epoch | projected epoch | "
-             "error | link share measured | projected comm | error | latency term (tier) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "error | a core per host | link share measured | projected comm | error | "
+             "latency term (tier) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["rate"] == "uncapped":
             continue
         if r["status"] != "ok":
             lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | failed: "
-                         f"exit {r.get('exit_codes')} | | | | | | | |")
+                         f"exit {r.get('exit_codes')} | | | | | | | | |")
             continue
         b = base.get((r["dataset"], r["strategy"]))
         share = r["measured_epoch_s"] - b["measured_epoch_s"] if b else None
@@ -183,6 +218,7 @@ def render(records: list[dict]) -> list[str]:
             f"| {r['dataset']} | {r['strategy']} | {r['rate']} | "
             f"{r['bytes_per_epoch'] / 1e6:.3g} MB | {r['measured_epoch_s']:.3g} s | "
             f"{r['projected_epoch_s']:.3g} s | {100 * err:+.0f}% | "
+            f"{_s(r.get('projected_dedicated_epoch_s'))} | "
             f"{'—' if share is None else f'{share:.3g} s'} | "
             f"{r['projected_comm_epoch_s']:.3g} s | "
             f"{'—' if cerr is None else f'{100 * cerr:+.0f}%'} | "
@@ -202,16 +238,17 @@ def _render_targets(records: list[dict]) -> list[str]:
              f"seconds from the first epoch through the evaluation that first reached the "
              f"fraction of `centralized`'s test accuracy (same settings, one process), "
              f"evaluations included on both sides; set-up (loading, partitioning) left out. "
-             f"Projected: the same run's records on a link of the same bandwidth, no latency.",
+             f"Projected: the same run's records on a link of the same bandwidth, no latency, "
+             f"hosts sharing this machine's cores (and, last but one column, with a core each).",
              "", "| dataset | strategy | link | centralized | measured to 90 / 95 / 98 % | "
-             "projected to 98 % | error | halo / this, measured to 98 % |",
-             "|---|---|---|---|---|---|---|---|"]
+             "projected to 98 % | error | a core per host | halo / this, measured to 98 % |",
+             "|---|---|---|---|---|---|---|---|---|"]
     halo = {(r["dataset"], r["rate"]): r.get("measured_seconds_to_98") for r in records
             if r["strategy"] == "halo" and r["status"] == "ok"}
     for r in records:
         if r["status"] != "ok":
             lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | failed: exit "
-                         f"{r.get('exit_codes')} | | | | |")
+                         f"{r.get('exit_codes')} | | | | | |")
             continue
         m, p = r.get("measured_seconds_to_98"), r.get("projected_seconds_to_98")
         err = f"{100 * (p / m - 1):+.0f}%" if m and p else "—"
@@ -220,7 +257,8 @@ def _render_targets(records: list[dict]) -> list[str]:
         lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | "
                      f"{r['centralized_test_acc']:.4f} | "
                      + " / ".join(_s(r.get(f"measured_seconds_to_{k}")) for k in (90, 95, 98))
-                     + f" | {_s(p)} | {err} | {ratio} |")
+                     + f" | {_s(p)} | {err} | {_s(r.get('projected_dedicated_seconds_to_98'))} "
+                     f"| {ratio} |")
     return lines
 
 
@@ -236,6 +274,9 @@ def main() -> int:
                     f"90/95/98 %% of centralized (capped links only)")
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--reproject", action="store_true",
+                    help="recompute every record's measured and projected figures from its "
+                    "run directory (after a change to the model), then render")
     args = ap.parse_args()
     jpath = ROOT / "benchmarks/results/network.json"
     saved = json.loads(jpath.read_text()) if jpath.is_file() else {}
@@ -243,7 +284,11 @@ def main() -> int:
     commands = saved.get("commands", [saved["command"]] if "command" in saved else [])
     # centralized's accuracy per dataset at the headline settings: measured once, kept
     central_acc: dict[str, float] = saved.get("centralized_test_acc", {})
-    if not args.render:
+    if args.reproject:
+        old = [_reproject(r, central_acc) for r in old]
+        jpath.write_text(json.dumps({"commands": commands, "centralized_test_acc": central_acc,
+                                     "runs": old}, indent=1))
+    elif not args.render:
         why = available()
         if why:
             print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)

@@ -19,7 +19,9 @@ described by a bandwidth and a latency, with a deliberately simple alpha-beta mo
   ``ceil(log2 P)``, ``barrier`` ``2 ceil(log2 P)``.
 * ``compute_s`` is the thread CPU time of the training step outside communication with one
   compute thread per worker, so the slowest rank's value is what a machine of its own would
-  spend.
+  spend. Ranks that share fewer cores than there are ranks (emulated hosts on one machine)
+  are projected with ``cores``: a phase then takes at least the ranks' total CPU seconds over
+  the cores.
 
 What it gives up: no overlap of compute and communication (an upper bound for strategies that
 overlap), no congestion between concurrent pairs beyond the per-rank link, no packet loss.
@@ -166,7 +168,7 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     recorded::
 
         epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
-        hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
+        compute_sum_s / eval_compute_sum_s (summed over ranks: what ranks sharing cores need), hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
         (the epoch's evaluation, if any),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
         wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
@@ -194,9 +196,12 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
         rows.append({
             "epoch": ep, "work": float(r0.get("work", 1.0)),
             "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
+            "compute_sum_s": sum(float(r.get("compute_s") or 0.0) for r in recs.values()),
             "hops": hops, "crit_bytes": crit, "rounds": n,
             "eval_hops": e_hops, "eval_crit_bytes": e_crit,
             "eval_compute_s": max(float(r.get("eval_compute_s") or 0.0) for r in recs.values()),
+            "eval_compute_sum_s": sum(float(r.get("eval_compute_s") or 0.0)
+                                      for r in recs.values()),
             "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),
             "data_bytes": sum(_phase_bytes(r, "data") for r in recs.values()),
             "eval_bytes": sum(_phase_bytes(r, "eval") for r in recs.values()),
@@ -219,27 +224,40 @@ def curve_work(epochs: Sequence[Mapping[str, Any]]) -> float:
     return w if w > 0 else float(len(epochs))
 
 
-def project(curve: Mapping[str, Any], tier: Tier) -> list[dict[str, float]]:
+def _shared(slowest: float, total: Optional[float], cores: Optional[int]) -> float:
+    """Wall seconds of a compute phase: the slowest rank's CPU seconds on hosts with a core
+    each; with the ranks sharing ``cores`` cores (processor sharing: a work-conserving
+    scheduler), no less than the ranks' total CPU seconds spread over the cores either."""
+    if not cores or total is None:
+        return slowest
+    return max(slowest, total / cores)
+
+
+def project(curve: Mapping[str, Any], tier: Tier,
+            cores: Optional[int] = None) -> list[dict[str, float]]:
     """Per epoch on ``tier``: ``{"epoch", "compute_s", "comm_s", "eval_s", "time_s", "cum_s",
     "test_acc"}``: ``comm_s`` of training, ``eval_s`` the evaluation's compute and
-    communication, ``time_s`` all three; ``cum_s`` is the cumulative projected time."""
+    communication, ``time_s`` all three; ``cum_s`` is the cumulative projected time.
+    ``cores``: the ranks share that many cores (e.g. emulated hosts on one machine) instead
+    of having one each."""
     out, cum = [], 0.0
     for row in curve["epochs"]:
         comm = tier.seconds(row["hops"], row["crit_bytes"])
-        ev = float(row.get("eval_compute_s") or 0.0) + \
-            tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
-        t = row["compute_s"] + comm + ev
+        compute = _shared(row["compute_s"], row.get("compute_sum_s"), cores)
+        ev = _shared(float(row.get("eval_compute_s") or 0.0), row.get("eval_compute_sum_s"),
+                     cores) + tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
+        t = compute + comm + ev
         cum += t
-        out.append({"epoch": row["epoch"], "compute_s": row["compute_s"], "comm_s": comm,
+        out.append({"epoch": row["epoch"], "compute_s": compute, "comm_s": comm,
                     "eval_s": ev, "time_s": t, "cum_s": cum, "test_acc": row.get("test_acc")})
     return out
 
 
-def time_to_accuracy(curve: Mapping[str, Any], tier: Tier,
-                     target: float) -> Optional[dict[str, float]]:
+def time_to_accuracy(curve: Mapping[str, Any], tier: Tier, target: float,
+                     cores: Optional[int] = None) -> Optional[dict[str, float]]:
     """Projected seconds until test accuracy first reaches ``target`` (cumulative time through
     the end of that epoch), or ``None`` if it never does."""
-    for p in project(curve, tier):
+    for p in project(curve, tier, cores):
         acc = p["test_acc"]
         if acc is not None and acc >= target:
             return {"seconds": p["cum_s"], "epoch": p["epoch"]}
