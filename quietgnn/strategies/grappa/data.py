@@ -78,6 +78,10 @@ class ChunkLoader:
     def __init__(self, comm: Communicator, part: LocalPartition) -> None:
         self.comm, self.part = comm, part
         p = part
+        #: features cross the network as float32 at least (what the peers compute in); the
+        #: local graph keeps them in the part's dtype: float16 when read as stored, half the
+        #: bytes of its largest node array, widened exactly where a minibatch gathers its rows
+        self.dtype = torch.promote_types(part.x.dtype, torch.float32)
         self._halo_sorted, self._halo_order = torch.sort(p.halo)
         self._halo_x: Optional[Tensor] = None
 
@@ -89,8 +93,8 @@ class ChunkLoader:
         counts = torch.bincount(owners, minlength=P).tolist()
         req = list(torch.split(gids[order], counts))
         asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
-        rows = [self.part.x[torch.searchsorted(self.part.owned, a)] if j != me else
-                self.part.x[:0] for j, a in enumerate(asked)]
+        rows = [self.part.x[torch.searchsorted(self.part.owned, a)].to(self.dtype) if j != me
+                else self.part.x[:0].to(self.dtype) for j, a in enumerate(asked)]
         got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
                                  carries=Traffic.FEATURES)
         out = torch.empty(gids.numel(), self.part.num_features, dtype=self.part.x.dtype)
