@@ -176,7 +176,10 @@ class Grappa(Strategy):
                         if o.grad_rank else None)
         self.gen = torch.Generator().manual_seed(stream_seed(ctx.seed, "grappa.sampler",
                                                                   ctx.rank))
-        self.loader = ChunkLoader(ctx.comm, p)
+        # a run that ends before its second super-epoch never reloads (a resumed one neither:
+        # it resumes at an earlier epoch): no halo features kept for a reload
+        once = o.repart_every == 0 or ctx.train_cfg.epochs <= o.repart_every
+        self.loader = ChunkLoader(ctx.comm, p, keep_halo=not once)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
         self.y_seed = p.y[self.seed_local]
         # equal step counts without communication: every rank splits its seeds into S batches

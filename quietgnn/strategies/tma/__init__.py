@@ -237,8 +237,12 @@ class TMA(Strategy):
         # the paper's local step size (options.lr), not train.lr's, unless lr = 0
         self.opt = ctx.optimizer(self.model.parameters(), lr=o.lr or None)
         indptr, indices = p.induced()
-        deg = indptr[1:] - indptr[:-1]
-        self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
+        # the whole subgraph as one block: full mode only (mini-batches sample it instead; its
+        # degree vectors would be two more O(n_own) copies beside the sampler's)
+        self.adj: Optional[SparseAdj] = None
+        if o.mode == "full":
+            deg = indptr[1:] - indptr[:-1]
+            self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
         # mostly-zero features stay sparse (a trainer's subgraph is whole: nothing to
         # exchange); a mini-batch gathers its input rows from the sparse matrix
         self.x, self.y = maybe_sparse(p.x), p.y
