@@ -25,6 +25,10 @@ Communication plans (static, so exchanges need no size handshake):
 * ``recv_counts`` int64 ``[P]``: ``recv_counts[j]`` halo rows arrive from peer ``j``.
 
 Node data for owned nodes only: ``x`` ``[n_own, F]``, ``y`` ``[n_own]``, masks ``[n_own]``.
+
+A part read from a prepared directory by a strategy that asks for it as stored
+(``Strategy.reads_stored_part``) has ``indices`` int32 and ``x`` float16 when the files hold
+them so, memory-mapped; every other array has the types above.
 """
 
 from __future__ import annotations
