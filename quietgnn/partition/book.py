@@ -163,8 +163,10 @@ class PartitionBook:
         (as stored: int32 edges, fp16 features stay so; nothing is read until indexed)."""
         return np.load(self._checked_file(name), mmap_mode="r", allow_pickle=False)
 
-    def load_part(self, rank: int, world_size: int | None = None) -> LocalPartition:
-        """Load one rank's partition, checking the world size against the book."""
+    def load_part(self, rank: int, world_size: int | None = None,
+                  stored: bool = False) -> LocalPartition:
+        """Load one rank's partition, checking the world size against the book (``stored``:
+        edges and features as stored, see :func:`~quietgnn.partition.shards.read_part`)."""
         if world_size is not None and world_size != self.num_parts:
             raise ValueError(f"world size {world_size} does not match the partition book "
                              f"{str(self.path)!r}, which has {self.num_parts} parts; run with "
@@ -182,7 +184,7 @@ class PartitionBook:
                                  f"book.json was edited or is from another version: re-run "
                                  f"`quietgnn prepare`")
             self._checked_file(name)
-        return read_part(self.path / prefix)
+        return read_part(self.path / prefix, stored=stored)
 
 
 def new_book_dir(path: Path) -> Path:

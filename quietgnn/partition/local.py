@@ -25,6 +25,10 @@ Communication plans (static, so exchanges need no size handshake):
 * ``recv_counts`` int64 ``[P]``: ``recv_counts[j]`` halo rows arrive from peer ``j``.
 
 Node data for owned nodes only: ``x`` ``[n_own, F]``, ``y`` ``[n_own]``, masks ``[n_own]``.
+
+A part read from a prepared directory by a strategy that asks for it as stored
+(``Strategy.reads_stored_part``) has ``indices`` int32 and ``x`` float16 when the files hold
+them so, memory-mapped; every other array has the types above.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..graph import Graph
+from ..rows import chunk_bounds, cumsum0
 
 __all__ = ["LocalPartition", "build_partitions", "iter_partitions", "gather_rows"]
 
@@ -139,13 +144,25 @@ class LocalPartition:
 
     def induced(self) -> tuple[Tensor, Tensor]:
         """CSR (indptr, indices) of the node-induced subgraph on owned nodes (halo edges dropped;
-        used by strategies that train in isolation)."""
-        keep = self.indices < self.n_own
-        counts = torch.zeros(self.n_own, dtype=torch.int64)
-        counts.index_add_(0, self.edge_dst()[keep], torch.ones(int(keep.sum()), dtype=torch.int64))
-        indptr = torch.zeros(self.n_own + 1, dtype=torch.int64)
-        indptr[1:] = counts.cumsum(0)
-        return indptr, self.indices[keep]
+        used by strategies that train in isolation). ``indices`` keeps the part's dtype.
+
+        Two passes over row blocks of about ``_EDGE_BLOCK`` edges (count the kept edges per
+        row, then copy them into place): whole-part temporaries (an int64 destination per edge,
+        a mask, the kept columns before the copy) would be several times the part's edges."""
+        n = self.n_own
+        blocks = chunk_bounds(self.indptr, _EDGE_BLOCK)
+        counts = torch.zeros(n, dtype=torch.int64)
+        for r0, r1 in blocks:
+            ptr = self.indptr[r0:r1 + 1]
+            kept = cumsum0(self.indices[int(ptr[0]):int(ptr[-1])] < n)
+            rel = ptr - ptr[0]
+            counts[r0:r1] = kept[rel[1:]] - kept[rel[:-1]]
+        indptr = cumsum0(counts)
+        indices = torch.empty(int(indptr[-1]), dtype=self.indices.dtype)
+        for r0, r1 in blocks:
+            cols = self.indices[int(self.indptr[r0]):int(self.indptr[r1])]
+            indices[int(indptr[r0]):int(indptr[r1])] = cols[cols < n]
+        return indptr, indices
 
     def stats(self) -> dict[str, int]:
         return {"rank": self.rank, "owned": self.n_own, "halo": self.n_halo,

@@ -18,7 +18,9 @@ that reads ``.npy`` can inspect a part. The book's manifest holds every file's s
 which :meth:`PartitionBook.load_part` checks (one sequential read of the part, which also warms
 the page cache) before this module maps it. The worker then widens the edges to int64 and
 float16 features to float32 (the strategies index and compute in those): those two arrays are
-copies in its memory; the rest stays mapped.
+copies in its memory; the rest stays mapped. A strategy that converts what it reads (the
+mini-batch paths gather a few rows per step) asks for the part as stored (``stored=True``):
+nothing is copied, the edges and features stay mapped.
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def _array(path: Path, name: str) -> torch.Tensor:
     return torch.from_numpy(a) if a.size else torch.from_numpy(np.array(a))
 
 
-def read_part(path: Path) -> LocalPartition:
-    """The :class:`LocalPartition` stored in ``path`` (arrays memory-mapped, not read)."""
+def read_part(path: Path, stored: bool = False) -> LocalPartition:
+    """The :class:`LocalPartition` stored in ``path`` (arrays memory-mapped, not read).
+    ``stored``: ``indices`` and ``x`` keep the file's dtypes (int32 edges, float16 features)
+    and stay mapped instead of being widened to int64 / float32 copies."""
     try:
         scalars: dict[str, Any] = json.loads((path / "part.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -99,8 +103,9 @@ def read_part(path: Path) -> LocalPartition:
                          f"{sum(counts)} over {len(counts)} peers, send_idx has "
                          f"{send_all.numel()} entries for {scalars['num_parts']} parts; re-run "
                          f"`quietgnn prepare`")
-    # The strategies index with int64 and compute in fp32: widen here (one copy of the part's
-    # edges; the mapped int32 file is what stays on disk and in the page cache).
-    a["indices"] = a["indices"].to(torch.int64)
-    a["x"] = a["x"].to(torch.float32)
+    if not stored:
+        # Most strategies index with int64 and compute in fp32: widen here (one copy of the
+        # part's edges; the mapped int32 file is what stays on disk and in the page cache).
+        a["indices"] = a["indices"].to(torch.int64)
+        a["x"] = a["x"].to(torch.float32)
     return LocalPartition(send_idx=list(torch.split(send_all, counts)), **a, **scalars)

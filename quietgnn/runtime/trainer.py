@@ -65,6 +65,7 @@ class Trainer:
         t_start = time.perf_counter()
         with comm.phase("setup"):
             s.setup()
+        self._ledger("setup")
         start_epoch = self._maybe_resume()
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
@@ -87,9 +88,17 @@ class Trainer:
             if s.finished() or self.stop:
                 break
         metrics.close()
+        self._ledger("train")
         self._write_model(epoch)
         wall = time.perf_counter() - t_start
         return self._summary(wall, epoch + 1 - start_epoch)
+
+    def _ledger(self, when: str) -> None:
+        # diagnostics of what holds a rank's memory (QUIETGNN_MEM_LEDGER; runtime/memledger.py)
+        from . import memledger
+        if memledger.enabled():
+            memledger.write_ledger(self.run_dir, self.ctx.rank, when,
+                                   {"strategy": self.strategy, "part": self.ctx.part})
 
     def _keep(self, rec: dict[str, Any]) -> None:
         if self.keep_records:

@@ -58,7 +58,9 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
             # dataset before handing it over): check what is known without loading the graph
             from .books import check_book_dataset
             check_book_dataset(opened, cfg, load=False, identity=plan.dataset)
-        return opened.load_part(rank, world)
+        # a strategy that converts the rows it reads gets the part as stored (mapped, narrow)
+        return opened.load_part(rank, world,
+                                stored=cfg.strategy_cls.reads_stored_part(cfg.options))
     from ..datasets import load_dataset
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed)

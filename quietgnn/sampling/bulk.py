@@ -79,7 +79,8 @@ class MiniBatch:
             src_deg = None
             if in_degree is not None:
                 hop = L - 1 - li
-                src_deg = in_degree[self.nodes[li]].clone()
+                # (a copy: the gather; int64 whatever the global array's type)
+                src_deg = in_degree[self.nodes[li]].to(torch.int64)
                 if fanouts is not None and int(fanouts[hop]) > 0:
                     src_deg.clamp_(max=int(fanouts[hop]))
                 src_deg[:n_dst] = b.indptr[1:] - b.indptr[:-1]

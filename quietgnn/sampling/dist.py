@@ -48,6 +48,7 @@ from .bulk import Bulk, SampledBlock, expand_rows
 from .renumber import Renumberer, chunk_bounds, cumsum0
 from .rng import row_keys
 from .sage import check_targets, sample_rows
+from .topology import group_rows, owner_map, pack_rows
 
 __all__ = ["fetch_topology", "FeatureFetcher", "Sampler15D"]
 
@@ -62,26 +63,22 @@ def fetch_topology(comm: Communicator, part: LocalPartition, group: Sequence[int
 
     Returns ``(owner [N], indptr [N + 1], indices)``: rows of nodes outside the group are
     empty; ``indices`` is int32 while global ids fit (half the memory of the rank's edges, the
-    largest array a sampler holds). Cost (setup, kinds ``topology_ids`` and ``topology``):
+    largest array a sampler holds); ``owner`` is the narrowest integer type that holds the rank
+    numbers (:func:`owner_map`). Cost (setup, kinds ``topology_ids`` and ``topology``):
     every rank's owned ids to every rank (N int64 in all), and its rows to the other members
     of ``group`` (a rank's own rows are read from its part, never sent to itself).
     """
     P, N = comm.world_size, part.num_nodes_global
     owned = part.owned
     recv = comm.all_to_all([owned] * P, "topology_ids", carries=Traffic.STRUCTURE)
-    owner = torch.full((N,), -1, dtype=torch.int64)
-    for r, ids in enumerate(recv):
-        owner[ids] = r
-    if bool((owner < 0).any()):
-        raise ValueError("fetch_topology: some nodes are owned by no rank; the partition book "
-                         "does not cover the graph")
+    owner = owner_map(recv, N)
+    del recv
     counts = part.indptr[1:] - part.indptr[:-1]
     me = comm.rank
     others = [j for j in group if j != me]
     # the rank's own rows never travel (they are read from the part where they are needed);
     # the other members get them packed (int64: ids, row lengths, global column ids)
-    mine = (_pack([torch.tensor([owned.numel()]), owned, counts,
-                   part.local_ids()[part.indices]]) if others else owned[:0])
+    mine = pack_rows(part) if others else owned[:0]
     empty = mine[:0]
     blocks = comm.all_to_all([mine if j in others else empty for j in range(P)], "topology",
                              carries=Traffic.STRUCTURE)
@@ -133,8 +130,12 @@ class FeatureFetcher:
                  kind: str = "feature_fetch") -> None:
         self.comm, self.part, self.owner, self.kind = comm, part, owner, kind
         self.x = part.x
+        #: rows are served, sent and cached in float32 at least: a part read as stored keeps
+        #: its float16 features mapped, and only the rows read are widened
+        self.dtype = torch.promote_types(part.x.dtype, torch.float32)
+        self.row_bytes = int(self.x.shape[1]) * self.dtype.itemsize
         self.cache_ids = torch.zeros(0, dtype=torch.int64)       # sorted global ids
-        self.cache_x = self.x.new_zeros((0, self.x.shape[1]))
+        self.cache_x = torch.zeros((0, self.x.shape[1]), dtype=self.dtype)
         self.hits = self.requests = 0
 
     def fill_cache(self, candidates: Optional[Tensor], priority: Tensor, max_rows: int) -> None:
@@ -145,43 +146,70 @@ class FeatureFetcher:
         The rows arrive in rounds of at most :data:`FILL_ROUND_BYTES` of features, the same
         number of rounds on every rank: a cache of a few hundred MiB fetched in one piece
         would hold its requests, the served rows and the received rows at once."""
-        mask = (self.owner if candidates is None else self.owner[candidates]) != self.comm.rank
-        cand = torch.nonzero(mask).flatten() if candidates is None else candidates[mask]
-        pri = priority[mask]
-        del mask
-        if cand.numel() > max_rows:
-            order = torch.argsort(pri, descending=True, stable=True)
-            cand = cand[order[:max_rows]]
-        del pri
-        ids = torch.sort(cand).values
-        row = max(1, self.x.shape[1] * self.x.element_size())
-        per = max(1, FILL_ROUND_BYTES // row)
-        self.cache_x = torch.empty(ids.numel(), self.x.shape[1], dtype=self.x.dtype)
+        if candidates is None:
+            ids = self._top_remote(priority, max_rows)
+        else:
+            mask = self.owner[candidates] != self.comm.rank
+            cand, pri = candidates[mask], priority[mask]
+            del mask
+            if cand.numel() > max_rows:
+                order = torch.argsort(pri, descending=True, stable=True)
+                cand = cand[order[:max_rows]]
+            del pri
+            ids = torch.sort(cand).values
+        per = max(1, FILL_ROUND_BYTES // max(1, self.row_bytes))
+        self.cache_x = torch.empty(ids.numel(), self.x.shape[1], dtype=self.dtype)
         for r in range(max(1, -(-int(max_rows) // per))):
             self.cache_x[r * per:(r + 1) * per] = self._remote(ids[r * per:(r + 1) * per], "data")
         self.cache_ids = ids
 
+    def _top_remote(self, priority: Tensor, max_rows: int) -> Tensor:
+        """Sorted ids of the ``max_rows`` remote nodes of highest ``priority`` (indexed by global
+        id; ties to the lower id): the first ``max_rows`` of a stable descending sort, found a
+        slice of ids at a time. One key per node, ``(max - priority) * N + id``, orders them
+        as that sort does; the smallest keys seen so far are kept. Sorting all remote nodes at
+        once would make three O(N) temporaries (their ids, priorities and the order)."""
+        N = self.owner.numel()
+        if not N:
+            return torch.zeros(0, dtype=torch.int64)
+        top = int(priority.max())
+        if (top - int(priority.min()) + 1) * N >= 2 ** 63:
+            raise ValueError("FeatureFetcher: priorities too large to key by id; cap them")
+        best = torch.zeros(0, dtype=torch.int64)
+        step = 1 << 22
+        for lo in range(0, N, step):
+            remote = torch.nonzero(self.owner[lo:lo + step] != self.comm.rank).flatten()
+            key = (top - priority[lo:lo + step].index_select(0, remote).long()) * N + remote + lo
+            best = torch.cat([best, key])
+            if best.numel() > max_rows:
+                best = torch.topk(best, max_rows, largest=False, sorted=False).values
+        return torch.sort(best % N).values
+
     def _remote(self, ids: Tensor, kind: str) -> Tensor:
         """Rows of ``ids`` (unique, global, not owned here) from their owners."""
         P = self.comm.world_size
-        own = self.owner[ids]
+        own = self.owner[ids].long()
         order = torch.argsort(own, stable=True)
         counts = torch.bincount(own, minlength=P).tolist()
         req = list(torch.split(ids[order], counts))
         got = self.comm.all_to_all(req, kind + "_ids" if kind == self.kind else kind,
                                    carries=Traffic.STRUCTURE)
-        rows = [self.x[torch.searchsorted(self.part.owned, g)] for g in got]
+        rows = [self._own_rows(g) for g in got]
         back = self.comm.all_to_all(rows, kind, recv_counts=counts, carries=Traffic.FEATURES)
-        out = torch.empty(ids.numel(), self.x.shape[1], dtype=self.x.dtype)
+        out = torch.empty(ids.numel(), self.x.shape[1], dtype=self.dtype)
         out[order] = torch.cat(back)
         return out
+
+    def _own_rows(self, ids: Tensor) -> Tensor:
+        """Rows of owned global ``ids`` (sorted owned ids: no id map), widened to ``dtype``."""
+        return self.x[torch.searchsorted(self.part.owned, ids)].to(self.dtype)
 
     def fetch(self, ids: Tensor) -> Tensor:
         """``x[ids]`` for global ``ids`` (any order, duplicates allowed) -> ``[len(ids), F]``."""
         uniq, inv = torch.unique(ids, return_inverse=True)
-        out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.x.dtype)
+        out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.dtype)
         mine = self.owner[uniq] == self.comm.rank
-        out[mine] = self.x[torch.searchsorted(self.part.owned, uniq[mine])]
+        out[mine] = self._own_rows(uniq[mine])
         remote = torch.nonzero(~mine).flatten()
         rid = uniq[remote]
         pos = torch.searchsorted(self.cache_ids, rid).clamp_(max=max(self.cache_ids.numel() - 1,
@@ -212,22 +240,26 @@ class Sampler15D:
         self.seed = int(seed)
         members = list(range(self.g * c, self.g * c + c))
         self.members = members
-        self.owner, self.indptr, self.indices = fetch_topology(comm, part, members)
+        # the group's rows by sorted global id (topology.py: no O(N) pointer, and with c = 1
+        # the part's own arrays, not a copy)
+        self.owner, self.rows = group_rows(comm, part, members)
         # row group (block-row) of every node; one group per rank: the owner map itself
         self.block = self.owner if c == 1 else self.owner // c
         self.num_nodes = part.num_nodes_global
         self.renumber = Renumberer()   # scratch for the dense renumbering (indices only)
-        self._buf: Optional[Tensor] = None   # local columns + fetched rows (see _local_then)
 
     def __repr__(self) -> str:
         return (f"Sampler15D(grid={self.P // self.c}x{self.c}, group={self.g}, replica={self.j}, "
                 f"fanouts={self.fanouts})")
 
-    def _rows(self, need: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _rows(self, need: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """CSR rows of ``need`` (sorted unique global ids of blocks this replica handles):
-        local ones read directly, the others requested from replica j of their group."""
+        local ones read directly, the others requested from replica j of their group.
+        Returns ``(starts, deg, local, fetched)``: a local row (``local`` true) lives at
+        ``starts`` in the group's columns (``self.rows``), a fetched one in ``fetched`` (int64
+        global ids of the fetched rows, joined)."""
         P, c = self.P, self.c
-        blk = self.block.index_select(0, need)
+        blk = self.block.index_select(0, need).long()
         local = blk == self.g
         remote = need[~local]
         dest = blk[~local] * c + self.j              # replica j of the owning group
@@ -237,15 +269,13 @@ class Sampler15D:
                                    carries=Traffic.STRUCTURE)
         replies = []
         for ids in got:
-            ptr, pos = expand_rows(self.indptr, ids)
-            replies.append(_pack([ptr[1:] - ptr[:-1], self.indices.index_select(0, pos)]))
+            n, pos = self.rows.entries(ids)
+            replies.append(_pack([n, self.rows.to_global(self.rows.cols.index_select(0, pos))]))
         back = self.comm.all_to_all(replies, "sample_rows", carries=Traffic.STRUCTURE)
         deg = torch.empty(need.numel(), dtype=torch.int64)
         starts = torch.empty(need.numel(), dtype=torch.int64)
-        ptr, _ = expand_rows(self.indptr, need[local])
-        deg[local] = ptr[1:] - ptr[:-1]
-        starts[local] = self.indptr[need[local]]
-        base = self.indices.numel()
+        starts[local], deg[local] = self.rows.locate(need[local])
+        base = 0
         pieces = []
         rem_deg, rem_start = [], []
         for m, b in zip(counts, back):
@@ -258,21 +288,29 @@ class Sampler15D:
         rd, rs = torch.empty_like(remote), torch.empty_like(remote)
         rd[order], rs[order] = torch.cat(rem_deg), torch.cat(rem_start)
         deg[~local], starts[~local] = rd, rs
-        return starts, deg, self._local_then(pieces)
+        return starts, deg, local, torch.cat(pieces) if pieces else need[:0]
 
-    def _local_then(self, pieces: list[Tensor]) -> Tensor:
-        """The local CSR column array followed by the fetched rows, in a reused buffer (the
-        local part, O(E / groups), is copied once, not once per hop)."""
-        L = self.indices.numel()
-        need = L + sum(p.numel() for p in pieces)
-        if self._buf is None or self._buf.numel() < need:
-            self._buf = torch.empty(need + need // 4, dtype=self.indices.dtype)
-            self._buf[:L] = self.indices
-        at = L   # fetched rows arrive as int64: each copy narrows its piece, no joined copy
-        for p in pieces:
-            self._buf[at:at + p.numel()].copy_(p)
-            at += p.numel()
-        return self._buf[:need]
+    def _sample(self, need: Tensor, where: Tensor, s: int, keys: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        """``sample_rows`` over the rows ``need[where]``, each row read where it lives: local
+        rows from the group's columns (never copied), fetched ones from their message. Rows are
+        sampled independently (per-row keys), so sampling the two sets apart and interleaving
+        them back in row order gives what one call on a joined column array gave."""
+        starts, deg, local, fetched = self._rows(need)
+        starts, deg, at_home = (t.index_select(0, where) for t in (starts, deg, local))
+        cnt = torch.empty(where.numel(), dtype=torch.int64)
+        parts = []
+        for sel, cols in ((torch.nonzero(at_home).flatten(), self.rows.cols),
+                          (torch.nonzero(~at_home).flatten(), fetched)):
+            c, src = sample_rows(starts.index_select(0, sel), deg.index_select(0, sel), s,
+                                 keys.index_select(0, sel), cols)
+            cnt[sel] = c
+            parts.append((sel, self.rows.to_global(src) if cols is self.rows.cols else src))
+        ptr = cumsum0(cnt)
+        src_all = torch.empty(int(ptr[-1]), dtype=torch.int64)
+        for sel, src in parts:
+            src_all[expand_rows(ptr, sel)[1]] = src
+        return cnt, src_all
 
     def sample(self, targets: Tensor, offsets: Tensor, batch_ids: Tensor) -> Bulk:
         check_targets(targets, offsets, batch_ids, self.num_nodes)
@@ -286,10 +324,8 @@ class Sampler15D:
             mine = torch.nonzero(self.block.index_select(0, nodes) % self.c == self.j).flatten()
             mine_nodes = nodes.index_select(0, mine)
             need, where = torch.unique(mine_nodes, return_inverse=True)
-            starts, deg, cols = self._rows(need)
             keys = row_keys(self.seed, batch_ids, h, mb_row.index_select(0, mine), mine_nodes)
-            cnt, src = sample_rows(starts.index_select(0, where), deg.index_select(0, where), s,
-                                   keys, cols)
+            cnt, src = self._sample(need, where, s, keys)
             counts, src_all = self._allreduce(R, mine, cnt, src)
             indptr = cumsum0(counts)
             nodes, offs, depth, col = self.renumber.extend(nodes, offs, depth,

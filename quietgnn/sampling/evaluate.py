@@ -60,13 +60,16 @@ def pick_from_masks(masks: Sequence[Any], index: int, share: int, seed: int
 
 def global_in_degree(comm: Communicator, part: LocalPartition) -> Tensor:
     """Every node's in-degree, indexed by global id (GCN's source degrees on sampled blocks):
-    each rank's owned degrees to every rank once (setup traffic, kind ``degrees``)."""
+    each rank's owned degrees to every rank once (setup traffic, kind ``degrees``). An O(N)
+    array on every rank: int32 while the degrees fit (half of int64's bytes; readers widen
+    what they gather)."""
     P, N = comm.world_size, part.num_nodes_global
     deg = comm.all_to_all([torch.stack([part.owned, part.in_degree[: part.n_own]], 1)] * P,
                           "degrees", carries=Traffic.STRUCTURE)
-    out = torch.zeros(N, dtype=torch.int64)
+    wide = any(d.numel() and int(d[:, 1].max()) >= 2 ** 31 for d in deg)
+    out = torch.zeros(N, dtype=torch.int64 if wide else torch.int32)
     for d in deg:
-        out[d[:, 0]] = d[:, 1]
+        out[d[:, 0]] = d[:, 1].to(out.dtype)
     return out
 
 

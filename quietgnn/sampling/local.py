@@ -64,13 +64,14 @@ class LocalSampler:
         small = deg <= fanout
         rows_s = torch.nonzero(small).flatten()
         ip, cols_s = gather_rows(self.indptr, self.indices, dst[rows_s])
+        cols_s = cols_s.long()     # the CSR may be a part's int32 columns; a block's are int64
         rows_s = torch.repeat_interleave(rows_s, ip[1:] - ip[:-1])
         big = torch.nonzero(~small).flatten()
         if big.numel():
             r = torch.rand(big.numel(), fanout, generator=self.gen)
             off = (r * deg[big].unsqueeze(1)).long()
             pos = self.indptr[dst[big]].unsqueeze(1) + off
-            cols_b = self.indices[pos].flatten()
+            cols_b = self.indices[pos].flatten().long()
             rows_b = big.repeat_interleave(fanout)
             n = self.deg.numel()
             key = torch.unique(rows_b * n + cols_b)

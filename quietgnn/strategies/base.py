@@ -153,6 +153,15 @@ class Strategy(ABC):
     residency_traffic: ClassVar[str] = "traffic it has not declared residency-safe"
 
     @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        """True when, with ``options``, the strategy takes a prepared part as stored: ``indices``
+        int32 (when the part's local ids fit) and ``x`` float16 (when prepared so), both
+        memory-mapped, instead of int64 / float32 copies of them in the rank's memory. Such a
+        strategy widens only what it reads (a minibatch's rows); False (the default): every
+        array arrives widened, as the in-memory partitions are."""
+        return False
+
+    @classmethod
     def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
         """Optimizer updates in one epoch-equivalent (one pass over the training set) with
         ``options`` when part r owns ``train_per_part[r]`` training nodes: 1 for a full-batch

@@ -142,7 +142,6 @@ class MiniBatch(Strategy):
             self.sampler = Sampler15D(comm, part, o.fanouts, self.c, seed=ctx.seed)
             owner = self.sampler.owner
         self.group, self.replica = ctx.rank // self.c, ctx.rank % self.c
-        N = part.num_nodes_global
         # global in-degrees (GCN source degrees on sampled blocks) and the group's seed labels
         self.in_degree = global_in_degree(comm, part)
         mine = torch.stack([part.owned[part.train_mask], part.y[part.train_mask]], 1)
@@ -152,13 +151,14 @@ class MiniBatch(Strategy):
         seeds = torch.cat([got[r] for r in members])
         order = torch.argsort(seeds[:, 0])
         self.seeds = seeds[order, 0]
-        self.labels = torch.full((N,), -1, dtype=torch.int64)
-        self.labels[seeds[:, 0]] = seeds[:, 1]
+        # the seeds' labels in the seeds' (ascending) order, looked up by searchsorted: no
+        # O(N) label array for the group's few training nodes
+        self.seed_labels = seeds[order, 1]
         counts = comm.all_gather_object(int(mine.shape[0]), "control", carries=Traffic.CONTROL)
         self.group_sizes = [sum(counts[g * self.c:(g + 1) * self.c]) for g in range(P // self.c)]
         self.fetcher = FeatureFetcher(comm, part, owner)
         if o.cache_mb > 0:
-            row = part.x.shape[1] * part.x.element_size()
+            row = self.fetcher.row_bytes
             # 1.5D: every node is a candidate (no O(N) copies of ids and degrees for it)
             cand = self._reachable() if o.topology == "replicated" else None
             self.fetcher.fill_cache(cand, self.in_degree if cand is None else self.in_degree[cand],
@@ -174,6 +174,12 @@ class MiniBatch(Strategy):
         else:
             self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
         self.epochs_done = 0
+
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # with a sampled evaluation every feature row is read through the fetcher (widened
+        # there); the exact one runs halo's full-graph forward on the part as it is
+        return bool(options.eval_nodes)
 
     @classmethod
     def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
@@ -214,7 +220,8 @@ class MiniBatch(Strategy):
             self.opt.zero_grad(set_to_none=True)
             if mb.targets.numel():
                 out = self.model(x, mb.adjs(self.in_degree, o.fanouts))
-                loss = F.cross_entropy(out, self.labels[mb.targets], reduction="sum") / \
+                y = self.seed_labels[torch.searchsorted(self.seeds, mb.targets)]
+                loss = F.cross_entropy(out, y, reduction="sum") / \
                     float(totals[t])
                 loss.backward()
             else:  # an empty minibatch still joins the step's all-reduce

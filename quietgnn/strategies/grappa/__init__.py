@@ -149,6 +149,13 @@ class Grappa(Strategy):
                          "(and evaluates with a halo exchange of raw features, or with eval_nodes fetches "
                          "the sample's feature rows)")
 
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # mini-batches with a sampled evaluation read the part only through the chunk loader
+        # and the sampled evaluator, which widen what they copy; the exact evaluation and the
+        # full mode run halo's full-graph forward on the part as it is
+        return options.mode == "minibatch" and bool(options.eval_nodes)
+
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         ctx, p, o = self.ctx, self.ctx.part, self.options
@@ -169,7 +176,10 @@ class Grappa(Strategy):
                         if o.grad_rank else None)
         self.gen = torch.Generator().manual_seed(stream_seed(ctx.seed, "grappa.sampler",
                                                                   ctx.rank))
-        self.loader = ChunkLoader(ctx.comm, p)
+        # a run that ends before its second super-epoch never reloads (a resumed one neither:
+        # it resumes at an earlier epoch): no halo features kept for a reload
+        once = o.repart_every == 0 or ctx.train_cfg.epochs <= o.repart_every
+        self.loader = ChunkLoader(ctx.comm, p, keep_halo=not once)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
         self.y_seed = p.y[self.seed_local]
         # equal step counts without communication: every rank splits its seeds into S batches
@@ -204,6 +214,10 @@ class Grappa(Strategy):
             # the local graph is whole while training (nothing is exchanged), so mostly-zero
             # features stay sparse: full mode keeps its input rows, mini-batches gather theirs
             self._x = maybe_sparse(self.lg.x)
+            if isinstance(self._x, SparseFeatures) and self._x.values.dtype == torch.float16:
+                # a part read as stored: the few non-zeros widened once
+                self._x = SparseFeatures(self._x.indptr, self._x.indices,
+                                         self._x.values.float(), self._x.num_cols)
             if o.mode == "full":
                 self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
                 self._full_x = self._rows(self._full_blocks[0])
@@ -211,7 +225,10 @@ class Grappa(Strategy):
 
     def _rows(self, nodes: torch.Tensor):
         x = self._x
-        return x.rows(nodes) if isinstance(x, SparseFeatures) else x[nodes]
+        if isinstance(x, SparseFeatures):
+            return x.rows(nodes)
+        # float16 when the part was read as stored: the gathered rows widened (exactly)
+        return x[nodes].to(torch.promote_types(x.dtype, torch.float32))
 
     # ------------------------------------------------------------------ weights
     def _step_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -18,7 +18,7 @@ Local numbering of a :class:`LocalGraph` (rank ``k``, super-epoch ``s``, rotatin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
@@ -56,10 +56,18 @@ class LocalGraph:
     n_int: int
     chunk: Optional[int]
     super_epoch: int
+    #: expand's position map (all -1 between calls): one O(n_loc) array for the local graph's
+    #: life, not a fresh one per minibatch
+    _pos: Optional[Tensor] = field(default=None, repr=False)
 
     @property
     def n_loc(self) -> int:
         return int(self.gid.numel())
+
+    def scratch(self) -> Tensor:
+        if self._pos is None:
+            self._pos = torch.full((self.n_loc,), -1, dtype=torch.int64)
+        return self._pos
 
     def local_in_degree(self) -> Tensor:
         return self.indptr[1:] - self.indptr[:-1]
@@ -72,14 +80,22 @@ class ChunkLoader:
     Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
     ids, global degrees, halo table and row lengths as int64, its column ids as int32), ``chunk_request`` (ids asked of each owner) and
     ``chunk_features`` (the rows). The features of the rank's own halo are fetched once
-    (first load) and kept, since those leaves never change.
+    (first load) and kept, since those leaves never change; ``keep_halo=False`` (a run that
+    never reaches a second super-epoch) drops them after the first load instead: a copy of
+    the halo's rows the local graph already holds.
     """
 
-    def __init__(self, comm: Communicator, part: LocalPartition) -> None:
-        self.comm, self.part = comm, part
+    def __init__(self, comm: Communicator, part: LocalPartition, keep_halo: bool = True) -> None:
+        self.comm, self.part, self.keep_halo = comm, part, keep_halo
         p = part
-        self._halo_sorted, self._halo_order = torch.sort(p.halo)
+        #: features cross the network as float32 at least (what the peers compute in); the
+        #: local graph keeps them in the part's dtype: float16 when read as stored, half the
+        #: bytes of its largest node array, widened exactly where a minibatch gathers its rows
+        self.dtype = torch.promote_types(part.x.dtype, torch.float32)
+        # the own halo's features and their lookup (filled by the first load)
         self._halo_x: Optional[Tensor] = None
+        self._halo_sorted: Optional[Tensor] = None
+        self._halo_order: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ collectives
     def _fetch_features(self, gids: Tensor, owners: Tensor) -> Tensor:
@@ -89,13 +105,13 @@ class ChunkLoader:
         counts = torch.bincount(owners, minlength=P).tolist()
         req = list(torch.split(gids[order], counts))
         asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
-        rows = [self.part.x[torch.searchsorted(self.part.owned, a)] if j != me else
-                self.part.x[:0] for j, a in enumerate(asked)]
+        rows = [self.part.x[torch.searchsorted(self.part.owned, a)].to(self.dtype) if j != me
+                else self.part.x[:0].to(self.dtype) for j, a in enumerate(asked)]
         got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
                                  carries=Traffic.FEATURES)
         out = torch.empty(gids.numel(), self.part.num_features, dtype=self.part.x.dtype)
         for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
-            out[where] = rows_j
+            out[where] = rows_j.to(out.dtype)   # (exact: the rows were stored so)
         return out
 
     def _packed(self) -> Tensor:
@@ -125,6 +141,7 @@ class ChunkLoader:
         chunk = rotating_chunk(comm.rank, P, super_epoch)
         own_ids = p.local_ids()
         if self._halo_x is None:
+            self._halo_sorted, self._halo_order = torch.sort(p.halo)
             self._halo_x = self._fetch_features(p.halo, p.halo_owner) if P > 1 else \
                 p.x[:0]
         if chunk is None:  # one rank: the whole graph, no leaves
@@ -187,6 +204,8 @@ class ChunkLoader:
         x_need[~cached] = self._fetch_features(need[~cached], need_owner[~cached])
         hit = self._halo_order[torch.searchsorted(self._halo_sorted, need[cached])]
         x_need[cached] = self._halo_x[hit]
+        if not self.keep_halo:
+            self._halo_x = self._halo_sorted = self._halo_order = None
         deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
         return LocalGraph(gid, x, deg, indptr, indices, p.n_own, n_int, chunk, super_epoch)
 
@@ -265,9 +284,17 @@ def expand(lg: LocalGraph, seeds: Tensor, fanouts: Sequence[Optional[int]],
     global in-degree capped at the fanout (so a fully present node is normalised exactly as in
     evaluation, and a sampled one as in a graph of degree ``min(d, f)``).
     """
-    nodes = seeds
+    try:
+        return _expand(lg, seeds, fanouts, gen, lg.scratch())
+    except BaseException:
+        lg._pos = None    # possibly left dirty: the next call starts a fresh one
+        raise
+
+
+def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
+            gen: Optional[torch.Generator], pos: Tensor) -> tuple[Tensor, list[SparseAdj]]:
+    """:func:`expand` with ``pos`` (all -1) as the position map; leaves it all -1."""
     blocks: list[SparseAdj] = []
-    pos = torch.full((lg.n_loc,), -1, dtype=torch.int64)
     for f in fanouts:
         indptr, src = gather_rows(lg.indptr, lg.indices, nodes)
         src = src.long()     # the local graph's ids may be int32; a block's are int64
@@ -289,7 +316,9 @@ def expand(lg: LocalGraph, seeds: Tensor, fanouts: Sequence[Optional[int]],
         cols = pos[src]
         all_nodes = torch.cat([nodes, new])
         pos[all_nodes] = -1
-        deg = lg.deg if f is None else lg.deg.clamp(max=f)
-        blocks.insert(0, SparseAdj(indptr, cols, all_nodes.numel(), deg[all_nodes], deg[nodes]))
+        # the block's degrees gathered, then capped (not a capped copy of every local node's)
+        deg = lg.deg[all_nodes] if f is None else lg.deg[all_nodes].clamp(max=f)
+        blocks.insert(0, SparseAdj(indptr, cols, all_nodes.numel(), deg,
+                                   deg[:nodes.numel()].clone()))
         nodes = all_nodes
     return nodes, blocks

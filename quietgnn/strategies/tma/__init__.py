@@ -224,6 +224,12 @@ class TMA(Strategy):
     tolerates_failures = True
 
     # ------------------------------------------------------------------ setup
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # mini-batches gather (and widen) their rows; rank 0 reads the evaluation sample from
+        # the book itself; full mode and the whole-graph evaluation use the part as it is
+        return options.mode == "minibatch" and bool(options.eval_nodes)
+
     def setup(self) -> None:
         ctx, p, o = self.ctx, self.ctx.part, self.options
         self._check_variant()
@@ -231,11 +237,19 @@ class TMA(Strategy):
         # the paper's local step size (options.lr), not train.lr's, unless lr = 0
         self.opt = ctx.optimizer(self.model.parameters(), lr=o.lr or None)
         indptr, indices = p.induced()
-        deg = indptr[1:] - indptr[:-1]
-        self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
+        # the whole subgraph as one block: full mode only (mini-batches sample it instead; its
+        # degree vectors would be two more O(n_own) copies beside the sampler's)
+        self.adj: Optional[SparseAdj] = None
+        if o.mode == "full":
+            deg = indptr[1:] - indptr[:-1]
+            self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
         # mostly-zero features stay sparse (a trainer's subgraph is whole: nothing to
         # exchange); a mini-batch gathers its input rows from the sparse matrix
         self.x, self.y = maybe_sparse(p.x), p.y
+        if isinstance(self.x, SparseFeatures) and self.x.values.dtype == torch.float16:
+            # stored float16 (reads_stored_part): the few non-zeros widened once
+            self.x = SparseFeatures(self.x.indptr, self.x.indices, self.x.values.float(),
+                                    self.x.num_cols)
         self.train_idx = torch.nonzero(p.train_mask).flatten()
         fanouts = o.fanouts if len(o.fanouts) > 1 else o.fanouts * ctx.model_cfg.layers
         if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
@@ -363,7 +377,10 @@ class TMA(Strategy):
                 self._queue = self.sampler.batches(self.train_idx, self.options.batch_size)
             seeds = self._queue.pop(0)
             nodes, blocks = self.sampler.sample(seeds)
-            xb = self.x.rows(nodes) if isinstance(self.x, SparseFeatures) else self.x[nodes]
+            if isinstance(self.x, SparseFeatures):
+                xb = self.x.rows(nodes)
+            else:   # a part read as stored keeps float16 features: widen the rows (exact)
+                xb = self.x[nodes].to(torch.promote_types(self.x.dtype, torch.float32))
             logits = self.model(xb, blocks)
             loss = F.cross_entropy(logits, self.y[seeds])
         loss.backward()
