@@ -124,7 +124,8 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
     that share this machine's cores (``projected_*``: the run as measured, the check of the
     network model) and on hosts with a core each (``projected_dedicated_*``: what
     ``quietgnn report`` shows)."""
-    cores = len(os.sched_getaffinity(0))
+    # the cores the hosts shared when it ran (a re-projection elsewhere keeps them)
+    cores = rec.get("cores") or len(os.sched_getaffinity(0))
     wall, work = _measured(curve)
     rows = curve["epochs"][1:] or curve["epochs"]
     rec = dict(rec, cores=cores, measured_epoch_s=wall / work,
@@ -139,8 +140,8 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
             # training only, as measured: compute and communication, no evaluation
             proj = project({"epochs": rows}, link, c)
             rec[f"{key}_epoch_s"] = sum(p["compute_s"] + p["comm_s"] for p in proj) / work
-        rec.update(tier=TIER_OF.get(rate, rate),
-                   projected_comm_epoch_s=sum(p["comm_s"] for p in proj) / work,
+        comm = sum(link.seconds(r["hops"], r["crit_bytes"]) for r in rows)  # cores aside
+        rec.update(tier=TIER_OF.get(rate, rate), projected_comm_epoch_s=comm / work,
                    latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
                                          if named else None))
     rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)

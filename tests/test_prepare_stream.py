@@ -127,6 +127,44 @@ def test_duckdb_out_of_memory_names_the_budget(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
 
 
+def test_sources_out_of_order_are_an_error_not_a_repeated_pair():
+    """Repeats are dropped where they are adjacent, so the stream checks the (dst, src) order:
+    sources going back within a destination, in a batch or across a batch boundary, stop the
+    prepare instead of leaving a repeated pair in the graph."""
+    import duckdb
+    from quietgnn.prepare import tables
+    con = duckdb.connect()
+    con.execute("SET preserve_insertion_order = true")
+    for rows, batch in (([(0, 1), (0, 3), (0, 2)], 8), ([(0, 1), (0, 3), (0, 2)], 2)):
+        con.execute("CREATE OR REPLACE TABLE t (dst BIGINT, src BIGINT)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", rows)
+        old, tables.BATCH_ROWS = tables.BATCH_ROWS, batch
+        try:
+            with pytest.raises(RuntimeError, match=r"out of \(dst, src\) order"):
+                list(tables._unique_edges(con, "t"))
+        finally:
+            tables.BATCH_ROWS = old
+    con.execute("CREATE OR REPLACE TABLE t (dst BIGINT, src BIGINT)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(0, 1), (0, 1), (0, 2), (1, 0), (1, 0)])
+    got = [(int(d), int(s_)) for D, S in tables._unique_edges(con, "t") for d, s_ in zip(D, S)]
+    assert got == [(0, 1), (0, 2), (1, 0)]
+
+
+def test_a_full_spill_disk_names_the_disk_not_the_budget(tmp_path, monkeypatch):
+    import duckdb
+    from quietgnn.prepare import tables
+
+    def full(*a, **k):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to offload data block "
+                                          "of size 256.0 KiB (max_temp_directory_size reached)")
+    monkeypatch.setattr(tables, "_prepare", full)
+    g0 = small_graph(n=40, seed=1)
+    e, n, _ = _tables(tmp_path, g0, "parquet")
+    with pytest.raises(ValueError, match=r"could not spill .*the disk under --out is full"):
+        prepare_tables(e, n, tmp_path / "out", parts=2, memory_budget=TINY_BUDGET)
+    assert not (tmp_path / "out").exists()
+
+
 def test_directed_tables(tmp_path):
     g0 = small_graph(n=150, seed=4, directed=True)
     e, n, ei = _tables(tmp_path, g0, dup=False)

@@ -185,20 +185,18 @@ def test_a_trainer_that_waits_too_long_for_the_evaluation_sample_says_so():
     from types import SimpleNamespace
 
     from quietgnn.comm.communicator import CommError
-    from quietgnn.strategies.tma import TMA, TMAOptions
+    from quietgnn.strategies.tma import TMAOptions
+    from quietgnn.strategies.tma.data import open_book_eval
 
     class _SilentHub:
         def broadcast_object(self, obj, kind, *, carries=None):
             assert kind == "eval_setup"
             raise CommError("rank 1: lost the averaging hub (rank 0) in round 2")
 
-    s = TMA(SimpleNamespace(rank=1, seed=0), TMAOptions(eval_nodes=8))
-    s.chan = _SilentHub()
+    opts = TMAOptions(eval_nodes=8)
     with pytest.raises(CommError, match=r"lost the averaging hub .*while rank 0 was opening the "
                                         r"evaluation sample \(options.eval_nodes = 8\) from the "
                                         r"partition book '/b'.*raise options.fail_timeout_s"):
-        s._open_book_eval("/b")
-    s = TMA(SimpleNamespace(rank=0, seed=0), TMAOptions(eval_nodes=8))
-    s.chan, s._eval_fanouts = _SilentHub(), [2, 2]
+        open_book_eval(SimpleNamespace(rank=1, seed=0), _SilentHub(), "/b", [2, 2], opts)
     with pytest.raises(ValueError, match="no partition book at '/b'"):
-        s._open_book_eval("/b")
+        open_book_eval(SimpleNamespace(rank=0, seed=0), _SilentHub(), "/b", [2, 2], opts)

@@ -168,7 +168,8 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
     recorded::
 
         epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
-        compute_sum_s / eval_compute_sum_s (summed over ranks: what ranks sharing cores need), hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
+        compute_sum_s / eval_compute_sum_s (summed over ranks: what ranks sharing cores need),
+        hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
         (the epoch's evaluation, if any),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
         wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc

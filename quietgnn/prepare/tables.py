@@ -5,9 +5,10 @@ destination) is SQL run by DuckDB, which spills to its own temporary directory w
 outgrows its memory limit. Python streams DuckDB's sorted output in record batches: it drops
 repeated pairs (adjacent once sorted), partitions, tags each edge with its ends' parts (one
 ordered pass written back, not a join that would need a second sort), counts degrees, marks
-halos and writes each part's ``.npy`` arrays (:mod:`quietgnn.partition.shards` layout). What Python holds: two int32 degree vectors and the
-assignment (10 bytes a node), what the node source needs (e.g. a random split, 11 bytes a
-node), one part's owned and halo ids, and a batch.
+halos and writes each part's ``.npy`` arrays (:mod:`quietgnn.partition.shards` layout).
+What Python holds: two int32 degree vectors and the assignment (10 bytes a node), what the
+node source needs (e.g. a random split, 11 bytes a node), one part's owned and halo ids, and
+a batch.
 
 The parts are exactly what :func:`quietgnn.partition.build_partitions` builds from the same
 graph in memory with the same partitioner (``ldg`` or ``hash``), and the graph fingerprint is
@@ -151,26 +152,35 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     tmp = new_book_dir(out)
     work = tmp / ".work"
     work.mkdir()
+    con = None
     try:
         con = _connect(work, int(_DUCK_SHARE * (memory_budget - hook_held - _PYTHON_BASE)),
                        threads)
-        if con_hook is not None:
-            con_hook(con)
-        con.execute(f"SET memory_limit = '{int(_DUCK_SHARE * duck) >> 20}MB'")
         try:
+            if con_hook is not None:
+                con_hook(con)
+            con.execute(f"SET memory_limit = '{int(_DUCK_SHARE * duck) >> 20}MB'")
             book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected,
                             x_dtype, name, identity or {}, progress, drop, assignment)
         except duckdb.OutOfMemoryException as e:
+            first = str(e).splitlines()[0]
+            if "offload" in first or "temp" in first:    # the spill directory is full
+                raise ValueError(
+                    f"DuckDB could not spill to {work / 'spill'} ({first}): the disk under "
+                    f"--out is full; free space there or choose an --out on a larger disk"
+                ) from None
             raise ValueError(
                 f"--memory-budget {memory_budget >> 20} MiB: DuckDB ran out of its share "
                 f"({int(_DUCK_SHARE * duck) >> 20} MiB; the rest: {held >> 20} MiB of per-node "
-                f"arrays, ~{_PYTHON_BASE >> 20} MiB for Python) on {n} nodes "
-                f"({str(e).splitlines()[0]}); pass a larger --memory-budget (e.g. "
-                f"{2 * memory_budget >> 20}MiB)") from None
+                f"arrays, ~{_PYTHON_BASE >> 20} MiB for Python) on {n} nodes ({first}); pass "
+                f"a larger --memory-budget (e.g. {2 * memory_budget >> 20}MiB)") from None
         con.close()
+        con = None
         shutil.rmtree(work)
         finish_book(tmp, out, book)
     except BaseException:
+        if con is not None:         # closed before its files are removed
+            con.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PartitionBook.open(out)
@@ -187,7 +197,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         raise ValueError(f"the edge table holds node id {lo if lo < 0 else hi}, outside [0, {n}) "
                          f"where {n} is the number of nodes in the node table; renumber nodes "
                          f"from 0 or add their rows")
-    progress(f"edges: {raw} rows read; symmetrising, de-duplicating, sorting (DuckDB)")
+    progress(f"edges: {raw} rows read; symmetrising and sorting (DuckDB)")
     both = (f"SELECT src, dst FROM ({edges_sql}) UNION ALL SELECT dst, src FROM ({edges_sql})"
             if undirected else edges_sql)
     # sorted, not DISTINCT: repeated pairs end up adjacent and the streams below drop them
@@ -373,9 +383,18 @@ def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         last = _check_sorted(dst, last)
         if not dst.size:
             continue
+        same = dst[1:] == dst[:-1]
+        first = (int(dst[0]), int(src[0]))
+        # repeats are dropped only where they are adjacent: sources out of order within a
+        # destination would leave some, an error rather than a wrong graph
+        back = first[0] == prev[0] and first[1] < prev[1]
+        if back or bool((same & (src[1:] < src[:-1])).any()):
+            raise RuntimeError("DuckDB returned the sorted edge table out of (dst, src) order "
+                               "(is preserve_insertion_order off?); the prepared graph would "
+                               "keep repeated pairs")
         keep = np.empty(dst.size, dtype=bool)
-        keep[0] = (int(dst[0]), int(src[0])) != prev
-        np.logical_or(dst[1:] != dst[:-1], src[1:] != src[:-1], out=keep[1:])
+        keep[0] = first != prev
+        np.logical_or(~same, src[1:] != src[:-1], out=keep[1:])
         prev = (int(dst[-1]), int(src[-1]))
         if keep.all():
             yield dst, src
@@ -391,13 +410,15 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray]) -> None:
     import pyarrow as pa
     con.execute("CREATE TABLE e (src BIGINT, dst BIGINT, ps USMALLINT, pd USMALLINT)")
     writer = con.cursor()       # a connection streaming a result runs no other statement
-    for dst, src in _unique_edges(con, "e0"):
-        batch = pa.table({"src": src, "dst": dst, "ps": part_of(src).astype(np.uint16),
-                          "pd": part_of(dst).astype(np.uint16)})
-        writer.register("e_batch", batch)
-        writer.execute("INSERT INTO e SELECT src, dst, ps, pd FROM e_batch")
-        writer.unregister("e_batch")
-    writer.close()
+    try:
+        for dst, src in _unique_edges(con, "e0"):
+            batch = pa.table({"src": src, "dst": dst, "ps": part_of(src).astype(np.uint16),
+                              "pd": part_of(dst).astype(np.uint16)})
+            writer.register("e_batch", batch)
+            writer.execute("INSERT INTO e SELECT src, dst, ps, pd FROM e_batch")
+            writer.unregister("e_batch")
+    finally:
+        writer.close()
 
 
 def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:

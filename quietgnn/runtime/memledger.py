@@ -92,7 +92,7 @@ def ledger(roots: dict[str, Any]) -> dict[str, Any]:
     for rname, root in roots.items():
         for path, a in _walk(root, rname):
             if isinstance(a, torch.Tensor):
-                if a.device.type != "cpu" or a.is_sparse:
+                if a.device.type != "cpu" or a.layout != torch.strided:
                     continue
                 st = a.untyped_storage()
                 ptr, nbytes = st.data_ptr(), st.nbytes()

@@ -36,7 +36,7 @@ def owner_map(owned_by_rank: Sequence[Tensor], num_nodes: int) -> Tensor:
     for r, ids in enumerate(owned_by_rank):
         owner[ids] = r
     if bool((owner < 0).any()):
-        raise ValueError("fetch_topology: some nodes are owned by no rank; the partition book "
+        raise ValueError("owner map: some nodes are owned by no rank; the partition book "
                          "does not cover the graph")
     return owner
 

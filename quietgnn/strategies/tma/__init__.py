@@ -107,7 +107,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...comm.communicator import CommError
 from ...comm.store import StarChannel
 from ...comm.traffic import Traffic
 from ...nn import SparseAdj, SparseFeatures, maybe_sparse
@@ -115,7 +114,7 @@ from ...sampling.fanouts import parse_fanouts
 from ...sampling.local import LocalSampler
 from ...seeds import stream_seed
 from ..base import EpochResult, Strategy, register
-from .data import _part_pieces, assemble_graph
+from .data import _part_pieces, assemble_graph, open_book_eval
 
 __all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
 
@@ -302,7 +301,8 @@ class TMA(Strategy):
                 raise ValueError("options.eval_nodes > 0 reads the evaluation sample from the "
                                  "partition book, and this run has none (QUIETGNN_BOOK unset): "
                                  "run through `quietgnn train` or use eval_nodes 0")
-            self.book_eval = self._open_book_eval(book)
+            self.book_eval = open_book_eval(self.ctx, self.chan, book,
+                                            self._eval_fanouts, self.options)
             return
         if how == "book":
             if ctx.rank == 0:
@@ -321,49 +321,6 @@ class TMA(Strategy):
             self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
                                       p.num_nodes_global, deg, deg)
             self.full["x"] = maybe_sparse(self.full["x"])
-
-    def _open_book_eval(self, book: str) -> Any:
-        """Rank 0: the evaluator of the fixed sample (``eval_nodes``), read from the partition
-        book; elsewhere None. Only rank 0 reads the book for it, so it tells every rank whether
-        that worked (one control message from the hub, kind ``eval_setup``) before anyone
-        trains: a damaged or unreadable book stops every rank here, each naming rank 0's
-        reason, instead of the trainers training on until they lose the hub."""
-        ctx, k = self.ctx, self.options.eval_nodes
-        ev, failure, why = None, None, None
-        if ctx.rank == 0:
-            from ...partition import PartitionBook
-            from ...sampling.book import BookEvaluator
-            try:
-                ev = BookEvaluator(PartitionBook.open(book), self._eval_fanouts, k,
-                                   self.options.batch_size, ctx.seed)
-            except Exception as exc:  # noqa: BLE001 - the trainers must hear of any failure
-                failure = exc
-                why = [isinstance(exc, ValueError), f"{type(exc).__name__}: {exc}"]
-        # None when rank 0 has its evaluator, else [input error?, its error]
-        try:
-            why = self.chan.broadcast_object(why, kind="eval_setup", carries=Traffic.CONTROL)
-        except CommError as exc:
-            if ctx.rank == 0:
-                if failure is not None:
-                    raise failure from exc      # the book's error is the cause
-                raise
-            # the trainers wait here (up to the channel's 2 x timeout + 5 s) while rank 0
-            # checks the sha256 of every file of the book it reads: say so when that ran out
-            raise CommError(f"{exc}. It happened while rank 0 was opening the evaluation sample "
-                            f"(options.eval_nodes = {k}) from the partition book {book!r}, "
-                            f"which checks every file of the book it reads against its sha256: "
-                            f"if rank 0 is alive and the book is large, raise "
-                            f"options.fail_timeout_s or runtime.timeout_s") from exc
-        if failure is not None:
-            raise failure
-        if why is not None:
-            text = (f"rank {ctx.rank}: rank 0 could not open the evaluation sample "
-                    f"(options.eval_nodes = {k}) from the partition book {book!r}, so no rank "
-                    f"trains: {why[1]}")
-            # a bad book is an input error on every rank; anything else is rank 0's failure,
-            # whose traceback is the evidence (a CommError here is its consequence)
-            raise ValueError(text) if why[0] else CommError(text)
-        return ev
 
     # ------------------------------------------------------------------ training
     def _step(self) -> float:

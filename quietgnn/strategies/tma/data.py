@@ -1,6 +1,6 @@
-"""``tma``'s data side: the whole graph rebuilt from the partitions for rank 0's evaluation
-(kept apart from the strategy's loop; its neighbour sampler is
-:class:`quietgnn.sampling.local.LocalSampler`)."""
+"""``tma``'s data side: the whole graph rebuilt from the partitions for rank 0's evaluation,
+or the fixed evaluation sample read from the partition book (kept apart from the strategy's
+loop; its neighbour sampler is :class:`quietgnn.sampling.local.LocalSampler`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from ...comm.communicator import CommError
+from ...comm.traffic import Traffic
 
 
 # ---------------------------------------------------------------------- whole graph on rank 0
@@ -44,4 +47,46 @@ def assemble_graph(pieces: list[dict[str, Tensor]], num_nodes: int) -> dict[str,
     return {"indptr": indptr, "indices": src[order], "x": x, "y": y, **masks}
 
 
-# ---------------------------------------------------------------------- the strategy
+# ---------------------------------------------------------------------- the sample, from the book
+def open_book_eval(ctx: Any, chan: Any, book: str, fanouts: list[int], options: Any) -> Any:
+    """Rank 0: the evaluator of the fixed sample (``eval_nodes``), read from the partition
+    book; elsewhere None. Only rank 0 reads the book for it, so it tells every rank whether
+    that worked (one control message from the hub, kind ``eval_setup``) before anyone
+    trains: a damaged or unreadable book stops every rank here, each naming rank 0's
+    reason, instead of the trainers training on until they lose the hub."""
+    k = options.eval_nodes
+    ev, failure, why = None, None, None
+    if ctx.rank == 0:
+        from ...partition import PartitionBook
+        from ...sampling.book import BookEvaluator
+        try:
+            ev = BookEvaluator(PartitionBook.open(book), fanouts, k,
+                               options.batch_size, ctx.seed)
+        except Exception as exc:  # noqa: BLE001 - the trainers must hear of any failure
+            failure = exc
+            why = [isinstance(exc, ValueError), f"{type(exc).__name__}: {exc}"]
+    # None when rank 0 has its evaluator, else [input error?, its error]
+    try:
+        why = chan.broadcast_object(why, kind="eval_setup", carries=Traffic.CONTROL)
+    except CommError as exc:
+        if ctx.rank == 0:
+            if failure is not None:
+                raise failure from exc      # the book's error is the cause
+            raise
+        # the trainers wait here (up to the channel's 2 x timeout + 5 s) while rank 0
+        # checks the sha256 of every file of the book it reads: say so when that ran out
+        raise CommError(f"{exc}. It happened while rank 0 was opening the evaluation sample "
+                        f"(options.eval_nodes = {k}) from the partition book {book!r}, "
+                        f"which checks every file of the book it reads against its sha256: "
+                        f"if rank 0 is alive and the book is large, raise "
+                        f"options.fail_timeout_s or runtime.timeout_s") from exc
+    if failure is not None:
+        raise failure
+    if why is not None:
+        text = (f"rank {ctx.rank}: rank 0 could not open the evaluation sample "
+                f"(options.eval_nodes = {k}) from the partition book {book!r}, so no rank "
+                f"trains: {why[1]}")
+        # a bad book is an input error on every rank; anything else is rank 0's failure,
+        # whose traceback is the evidence (a CommError here is its consequence)
+        raise ValueError(text) if why[0] else CommError(text)
+    return ev
