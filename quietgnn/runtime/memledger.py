@@ -55,6 +55,13 @@ def _status() -> dict[str, int]:
     return out
 
 
+def _key(k: Any) -> str:
+    # an optimizer's state is keyed by its parameters: name them by shape, not by their values
+    if isinstance(k, torch.Tensor):
+        return f"<{str(k.dtype).replace('torch.', '')} {list(k.shape)}>"
+    return repr(k)
+
+
 def _walk(root: Any, name: str, max_depth: int = 7):
     """(path, tensor or ndarray) of everything reachable through attributes, containers and
     closures, each object visited once."""
@@ -71,7 +78,7 @@ def _walk(root: Any, name: str, max_depth: int = 7):
         if isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
             continue
         if isinstance(obj, dict):
-            items = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+            items = [(f"{path}[{_key(k)}]", v) for k, v in obj.items()]
         elif isinstance(obj, (list, tuple, set, frozenset)):
             items = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
         elif callable(obj) and getattr(obj, "__closure__", None):
