@@ -65,8 +65,14 @@ def run(matrix: dict, only: list[str]) -> None:
     from quietgnn.bench import run_matrix
     os.environ["QUIETGNN_MEM_LEDGER"] = "1"     # the runs inherit it
     specs = [s for s in _specs(matrix) if not only or (s.label or s.strategy) in only]
-    run_matrix(specs, ROOT / matrix["out"],
-               timeout_s=float(matrix.get("run_timeout_s", 3600)))
+    out = ROOT / matrix["out"]
+    run_matrix(specs, out, timeout_s=float(matrix.get("run_timeout_s", 3600)))
+    # results.jsonl of the whole matrix (run_matrix wrote the runs of this call only)
+    with open(out / "results.jsonl", "w") as f:
+        for spec in _specs(matrix):
+            p = out / "results" / f"{spec.id}.json"
+            if p.is_file():
+                f.write(json.dumps(json.loads(p.read_text()), separators=(",", ":")) + "\n")
 
 
 def collect(matrix: dict) -> list[dict]:
