@@ -58,6 +58,9 @@ def _vs_halo(comm, graph, parts):
             s = AdaQP(_ctx(comm, part, a, hidden=hid, dropout=0.5),
                       AdaQPOptions(bits=32, overlap=overlap, cache_inputs=cache))
             s.setup()
+            # the central block owns its columns: not a view keeping every edge's alive
+            ind = s.adj_c.indices
+            assert ind.untyped_storage().nbytes() == ind.numel() * ind.element_size()
             got = _grads(s, lambda: s.forward(train=True), part, comm)
             out[(a, hid, overlap, cache)] = (ref, got)
         q = []

@@ -176,7 +176,10 @@ class AdaQP(Strategy):
         cols = torch.where(own, self.inv[cols.clamp(max=n_own - 1)], cols)
         deg = torch.cat([p.in_degree[:n_own][self.perm], p.in_degree[n_own:]])
         cut = int(indptr[nc])
-        self.adj_c = SparseAdj(indptr[:nc + 1].clone(), cols[:cut], n_own, deg[:n_own], deg[:nc])
+        # cloned: a view would keep every local edge's column alive for the run (the marginal
+        # block gets its own remapped copy below)
+        self.adj_c = SparseAdj(indptr[:nc + 1].clone(), cols[:cut].clone(), n_own, deg[:n_own],
+                               deg[:nc])
         mcols = cols[cut:]
         mcols = torch.where(mcols >= n_own, mcols,
                             torch.where(mcols >= nc, mcols - nc, mcols + nm))
