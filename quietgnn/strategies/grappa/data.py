@@ -123,16 +123,20 @@ class LocalGraph:
         ``(indptr int64 [len + 1], src int64 local ids)``; a leaf's row is empty."""
         counts = torch.zeros(nodes.numel(), dtype=torch.int64)
         got = []
-        for i, r in enumerate(self.pieces()):
+        for r in self.pieces():
             mine = (nodes >= r.base) & (nodes < r.base + r.n_rows)
             ptr, cols = gather_rows(r.indptr, r.cols, nodes[mine] - r.base)
             counts[mine] = ptr[1:] - ptr[:-1]
-            got.append((mine, r.local(cols)))
+            got.append((mine, cols, r))
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
         indptr[1:] = counts.cumsum(0)
-        src = torch.empty(int(indptr[-1]), dtype=torch.int64)
-        for mine, loc in got:     # a piece's edges keep their order among the output's
-            src[torch.repeat_interleave(mine, counts)] = loc
+        total = int(indptr[-1])
+        for mine, cols, r in got:
+            if cols.numel() == total:     # all rows from this piece (e.g. a batch of seeds)
+                return indptr, r.local(cols)
+        src = torch.empty(total, dtype=torch.int64)
+        for mine, cols, r in got:     # a piece's edges keep their order among the output's
+            src[torch.repeat_interleave(mine, counts, output_size=total)] = r.local(cols)
         return indptr, src
 
     def rows(self, nodes: Tensor) -> Tensor:
