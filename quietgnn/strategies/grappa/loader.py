@@ -119,34 +119,72 @@ class ChunkLoader:
         """Rows of ``x`` for global ids ``gids`` owned by ``owners`` (two all-to-alls),
         written to ``into[at]`` (``at``: all of ``into`` by default) a peer's block at a time."""
         P, me = self.comm.world_size, self.comm.rank
+        sc, F = self.scratch(), self.part.num_features
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=P).tolist()
         req = list(torch.split(gids[order], counts))
         asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
-        rows = [self.part.x[torch.searchsorted(self.part.owned, a)].to(self.dtype) if j != me
-                else self.part.x[:0].to(self.dtype) for j, a in enumerate(asked)]
-        got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
+        del req
+        # the rows asked of this rank and the rows it gets, float32 on the wire, both as
+        # large as the local graph's halo: in scratch, sent and received in place (one
+        # buffer each, no joined copy)
+        n_asked = [0 if j == me else int(a.numel()) for j, a in enumerate(asked)]
+        send = sc.empty((sum(n_asked), F), self.dtype)
+        blocks = list(torch.split(send, n_asked))
+        for j, a in enumerate(asked):
+            for lo in range(0, n_asked[j], _ROWS):
+                ids = a[lo:lo + _ROWS]
+                blocks[j][lo:lo + _ROWS] = self.part.x[torch.searchsorted(self.part.owned, ids)]
+        del asked
+        recv = sc.empty((sum(counts), F), self.dtype)
+        got = self.comm.all_to_all(blocks, "chunk_features", recv_counts=counts, out=recv,
                                    carries=Traffic.FEATURES)
+        del send, blocks
         for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
-            into[where if at is None else at[where]] = rows_j.to(into.dtype)   # exact: stored so
+            for lo in range(0, where.numel(), _ROWS):
+                w = where[lo:lo + _ROWS]
+                # exact: the rows were stored so
+                into[w if at is None else at[w]] = rows_j[lo:lo + _ROWS].to(into.dtype)
 
     def _packed(self) -> Tensor:
         """What this rank sends when its chunk is requested: built per request, not kept (a
         second copy of the part's edges for the whole run, for one send per super-epoch). The
         local column ids travel as int32 pairs in the int64 message (they index the part's own
-        rows, far below 2^31): the largest field at half the bytes."""
+        rows, far below 2^31): the largest field at half the bytes. Each field is written
+        into the message in place: no int32 copy of the columns and no joined copy of the
+        fields beside it."""
         p = self.part
-        cols = _int32_words(p.indices)
-        header = torch.tensor([p.n_own, p.n_halo, int(p.indices.numel())], dtype=torch.int64)
-        return torch.cat([header, p.owned, p.in_degree, p.halo, p.halo_owner,
-                          p.indptr[1:] - p.indptr[:-1], cols])
+        e = int(p.indices.numel())
+        if e and int(p.indices.max()) >= 2 ** 31:
+            raise ValueError(f"a part with {int(p.indices.max()) + 1} local rows: its column "
+                             f"ids do not fit int32; use more parts")
+        fields = [torch.tensor([p.n_own, p.n_halo, e], dtype=torch.int64), p.owned,
+                  p.in_degree, p.halo, p.halo_owner]
+        n_head = sum(int(t.numel()) for t in fields) + p.n_own
+        msg = torch.empty(n_head + (e + 1) // 2, dtype=torch.int64)
+        o = 0
+        for t in fields:
+            msg[o:o + t.numel()] = t
+            o += t.numel()
+        torch.sub(p.indptr[1:], p.indptr[:-1], out=msg[o:o + p.n_own])
+        cols = msg[n_head:].view(torch.int32)
+        cols[e:] = 0                 # the padding word's second half
+        for lo in range(0, e, _EDGES):      # widened (int64 parts) a slice at a time
+            hi = min(e, lo + _EDGES)
+            cols[lo:hi] = p.indices[lo:hi]
+        return msg
 
     def _exchange_structure(self, chunk: int, super_epoch: int) -> Tensor:
         P, me = self.comm.world_size, self.comm.rank
         asked = [r for r in range(P) if rotating_chunk(r, P, super_epoch) == me and r != me]
         packed = self._packed() if asked else torch.zeros(0, dtype=torch.int64)
-        empty = packed[:0]
-        send = [packed if r in asked else empty for r in range(P)]
+        sizes = [packed.numel() if r in asked else 0 for r in range(P)]
+        if sum(sizes) == packed.numel():
+            # one asker (the rotation is a permutation): views of the one message, which
+            # the communicator sends without joining the blocks into a copy
+            send = list(torch.split(packed, sizes))
+        else:
+            send = [packed if r in asked else packed[:0] for r in range(P)]
         got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
         return got[chunk]
 
@@ -182,14 +220,20 @@ class ChunkLoader:
         j_cols.copy_(buf[o:].view(torch.int32)[:e])
         del buf
 
-        # leaves: in-neighbours of either chunk outside both chunks (with their owners)
-        cand = torch.cat([p.halo, j_halo])
-        cand_owner = torch.cat([p.halo_owner, j_halo_owner])
-        cand_deg = torch.cat([p.in_degree[p.n_own:], j_deg[n_o:]])
-        keep = (cand_owner != me) & (cand_owner != chunk)
-        leaf, first = _unique_first(cand[keep])
-        leaf_owner, leaf_deg = cand_owner[keep][first], cand_deg[keep][first]
-        del cand, cand_owner, cand_deg, keep, first
+        # leaves: in-neighbours of either chunk outside both chunks, by global id, with their
+        # owners and degrees (a node's, whichever halo listed it: written once per listing)
+        own_leaf = p.halo_owner != chunk                        # never owned by this rank
+        j_leaf = j_halo_owner != me                             # never owned by chunk j
+        leaf = torch.unique(torch.cat([p.halo[own_leaf], j_halo[j_leaf]]))
+        leaf_owner = torch.empty(leaf.numel(), dtype=torch.int64)
+        leaf_deg = torch.empty(leaf.numel(), dtype=torch.int64)
+        for ids, owner, dg, sel in ((p.halo, p.halo_owner, p.in_degree[p.n_own:], own_leaf),
+                                    (j_halo, j_halo_owner, j_deg[n_o:], j_leaf)):
+            at = torch.searchsorted(leaf, ids[sel])
+            leaf_owner[at] = owner[sel]
+            leaf_deg[at] = dg[sel]
+            del at
+        del own_leaf, j_leaf
         n_int = p.n_own + n_o
 
         def to_local(g: Tensor, owner: Tensor) -> Tensor:
@@ -229,20 +273,5 @@ class ChunkLoader:
 _ROWS = 1 << 20
 
 
-def _int32_words(t: Tensor) -> Tensor:
-    """``t`` as int32, padded to an even count and viewed as int64 words (for an int64
-    message; the receiver views the words back as int32 and trims)."""
-    if t.numel() and int(t.max()) >= 2 ** 31:
-        raise ValueError(f"a part with {int(t.max()) + 1} local rows: its column ids do not fit "
-                         f"int32; use more parts")
-    w = torch.zeros(t.numel() + t.numel() % 2, dtype=torch.int32)
-    w[: t.numel()] = t
-    return w.view(torch.int64)
-
-
-def _unique_first(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Sorted unique values of ``t`` and the index of one occurrence of each."""
-    uniq, inv = torch.unique(t, return_inverse=True)
-    first = torch.full((uniq.numel(),), -1, dtype=torch.int64)
-    first.scatter_(0, inv, torch.arange(t.numel()))
-    return uniq, first
+#: edges copied per slice into the structure message
+_EDGES = 1 << 22
