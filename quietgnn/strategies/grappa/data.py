@@ -185,11 +185,12 @@ def coverage(lg: LocalGraph, layers: int, kind: str = "mean") -> Tensor:
     ``w = a_{L-1}`` (fraction of complete root-to-depth-L paths: the product of ``r`` along a
     path, averaged over paths). Computed on the local graph only: no communication.
     """
+    # O(n_loc) float64 arrays are the large temporaries here: divided and filled in place
+    # (the same arithmetic as new arrays from d_loc / d and torch.where)
     d = lg.deg.to(torch.float64)
-    d_loc = lg.local_in_degree().to(torch.float64)
     complete = d == 0
-    a = torch.where(complete, torch.ones_like(d), d_loc / d.clamp(min=1))
-    del d_loc
+    d.clamp_(min=1)
+    a = lg.local_in_degree().to(torch.float64).div_(d).masked_fill_(complete, 1.0)
     levels = [a]
     for _ in range(layers - 1):
         s = torch.zeros_like(d)
@@ -204,7 +205,7 @@ def coverage(lg: LocalGraph, layers: int, kind: str = "mean") -> Tensor:
                 row = torch.repeat_interleave(torch.arange(r.base + r0, r.base + r1),
                                               counts[r0:r1], output_size=e1 - e0)
                 s.index_add_(0, row, a[r.local(r.cols[e0:e1])])
-        a = torch.where(complete, torch.ones_like(d), s / d.clamp(min=1))
+        a = s.div_(d).masked_fill_(complete, 1.0)
         levels.append(a)
     if kind == "mean":
         return torch.stack(levels).mean(0).float()

@@ -161,7 +161,9 @@ class ChunkLoader:
         fields = [torch.tensor([p.n_own, p.n_halo, e], dtype=torch.int64), p.owned,
                   p.in_degree, p.halo, p.halo_owner]
         n_head = sum(int(t.numel()) for t in fields) + p.n_own
-        msg = torch.empty(n_head + (e + 1) // 2, dtype=torch.int64)
+        # in scratch: the message is as large as the part's edges (the received one, which
+        # the communicator allocates, is the receiver's transient)
+        msg = self.scratch().empty((n_head + (e + 1) // 2,), torch.int64)
         o = 0
         for t in fields:
             msg[o:o + t.numel()] = t
