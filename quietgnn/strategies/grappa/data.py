@@ -167,7 +167,7 @@ class LocalGraph:
 
 
 #: edges read per slice in :func:`coverage` (bounds its per-edge temporaries)
-_SLICE = 1 << 22
+_SLICE = 1 << 20
 
 
 # ---------------------------------------------------------------------- coverage
