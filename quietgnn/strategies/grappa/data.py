@@ -92,8 +92,6 @@ class LocalGraph:
     #: expand's position map (all -1 between calls): one O(n_loc) array for the local graph's
     #: life, not a fresh one per minibatch; int32, since local ids fit (a block's are int64)
     _pos: Optional[Tensor] = field(default=None, repr=False)
-    #: what keeps the rotating chunk's scratch files (if any) alive: see .loader
-    _keep: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.n_loc >= 2 ** 31:

@@ -271,7 +271,7 @@ class ChunkLoader:
         return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
 
 
-#: feature rows copied per slice from the halo cache (bounds the copy's temporaries)
+#: feature rows gathered or copied per slice (bounds the temporaries of a copy)
 _ROWS = 1 << 20
 
 
