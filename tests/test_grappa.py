@@ -20,7 +20,7 @@ from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.grappa import Grappa, GrappaOptions
 from quietgnn.strategies.halo import Halo
-from quietgnn.strategies.grappa.data import LocalGraph, expand, rotating_chunk
+from quietgnn.strategies.grappa.data import LocalGraph, Rows, expand, rotating_chunk
 
 from helpers import small_graph
 
@@ -334,8 +334,12 @@ def test_sampler_blocks_are_valid_and_capped():
     indptr = torch.zeros(n_loc + 1, dtype=torch.int64)
     indptr[1:] = counts.cumsum(0)
     indices = torch.cat([torch.randperm(n_loc, generator=g)[:int(c)] for c in counts[:n_int]])
-    lg = LocalGraph(torch.arange(n_loc), torch.randn(n_loc, 3), counts.clone(), indptr,
-                    indices, 3, n_int, 1, 0)
+    # the two pieces' columns given as local ids: all through the (identity) table
+    ident = torch.arange(n_loc, dtype=torch.int32)
+    own = Rows(indptr[:4], indices[:int(indptr[3])], 0, 0, ident)
+    rot = Rows(indptr[3:7] - indptr[3], indices[int(indptr[3]):], 0, 3, ident)
+    x = torch.randn(n_loc, 3)
+    lg = LocalGraph(own, rot, x[:3], x[3:], counts.clone(), 3, n_int, 1, 0)
     nodes, blocks = expand(lg, torch.tensor([0, 2]), [2, 3], g)
     assert torch.equal(nodes[:2], torch.tensor([0, 2])) and len(blocks) == 2
     for blk in blocks:

@@ -61,13 +61,15 @@ import torch.nn.functional as F
 
 from ...comm.lowrank import LowRankReducer
 from ...comm.traffic import Traffic
-from ...nn import SparseFeatures, maybe_sparse
+from ...nn import SparseFeatures
+from ...nn.sparse import SPARSE_MAX_DENSITY
 from ...sampling.evaluate import SampledEvaluator
 from ...sampling.fanouts import parse_fanouts
 from ...seeds import stream_seed
 from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
                     halo_forward, partition_adj, register, sync_gradients)
-from .data import ChunkLoader, LocalGraph, coverage, expand
+from .data import LocalGraph, coverage, expand
+from .loader import ChunkLoader
 
 __all__ = ["Grappa", "GrappaOptions", "DEFAULT_FANOUTS"]
 
@@ -179,7 +181,9 @@ class Grappa(Strategy):
         # a run that ends before its second super-epoch never reloads (a resumed one neither:
         # it resumes at an earlier epoch): no halo features kept for a reload
         once = o.repart_every == 0 or ctx.train_cfg.epochs <= o.repart_every
-        self.loader = ChunkLoader(ctx.comm, p, keep_halo=not once)
+        # the rotating chunk's scratch files go in the run's directory (the disk the run
+        # writes to anyway), removed by close()
+        self.loader = ChunkLoader(ctx.comm, p, keep_halo=not once, scratch_dir=ctx.run_dir)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
         self.y_seed = p.y[self.seed_local]
         # equal step counts without communication: every rank splits its seeds into S batches
@@ -206,15 +210,19 @@ class Grappa(Strategy):
         ``data``; the first load (in :meth:`setup`) is start-up placement: phase ``setup``."""
         o, comm = self.options, self.ctx.comm
         with comm.phase("data" if self.lg is not None else comm.phase_name):
+            # the previous local graph (and what was built on it) dropped first: not two
+            # local graphs at once while the next one loads
+            self.lg, self._x, self._eval_blocks = None, None, None
+            self._full_blocks = self._full_x = self._full_z = None
             self.lg = self.loader.load(s)
             w = coverage(self.lg, self.ctx.model_cfg.layers, o.coverage)
             self.w_seed = w[self.seed_local].clamp(self.options.w_min, 1.0)
-            self._full_blocks = None
-            self._full_z = None
+            del w
             # the local graph is whole while training (nothing is exchanged), so mostly-zero
             # features stay sparse: full mode keeps its input rows, mini-batches gather theirs
-            self._x = maybe_sparse(self.lg.x)
-            if isinstance(self._x, SparseFeatures) and self._x.values.dtype == torch.float16:
+            # (None: dense, read through the local graph's two pieces)
+            self._x = self.lg.features(SPARSE_MAX_DENSITY)
+            if self._x is not None and self._x.values.dtype == torch.float16:
                 # a part read as stored: the few non-zeros widened once
                 self._x = SparseFeatures(self._x.indptr, self._x.indices,
                                          self._x.values.float(), self._x.num_cols)
@@ -224,11 +232,11 @@ class Grappa(Strategy):
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
 
     def _rows(self, nodes: torch.Tensor):
-        x = self._x
-        if isinstance(x, SparseFeatures):
-            return x.rows(nodes)
+        if self._x is not None:
+            return self._x.rows(nodes)
         # float16 when the part was read as stored: the gathered rows widened (exactly)
-        return x[nodes].to(torch.promote_types(x.dtype, torch.float32))
+        x = self.lg.rows(nodes)
+        return x.to(torch.promote_types(x.dtype, torch.float32))
 
     # ------------------------------------------------------------------ weights
     def _step_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -315,6 +323,12 @@ class Grappa(Strategy):
             self._eval_blocks = (lg, self._rows(nodes), blocks)
         _, x, blocks = self._eval_blocks
         return global_evaluate(self.model, p, self.ctx.comm, lambda: self.model(x, blocks))
+
+    def close(self) -> None:
+        self.lg = self._x = self._eval_blocks = self._full_blocks = self._full_x = None
+        loader = getattr(self, "loader", None)
+        if loader is not None:
+            loader.close()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

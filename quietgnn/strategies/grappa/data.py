@@ -1,8 +1,7 @@
-"""Grappa's local graph: chunk rotation, the chunk reload, coverage weights, block expansion.
+"""Grappa's local graph: its two pieces of rows, coverage weights, block expansion.
 
-Helper module of :mod:`quietgnn.strategies.grappa` (the leading underscore keeps it out of the
-strategy registry). Everything here is either pure tensor code on one rank or the one bulk
-data movement Grappa does: loading the rotating chunk at a super-epoch boundary.
+Helper module of :mod:`quietgnn.strategies.grappa` (the chunk reload that builds a
+:class:`LocalGraph` is in :mod:`.loader`). Everything here is pure tensor code on one rank.
 
 Local numbering of a :class:`LocalGraph` (rank ``k``, super-epoch ``s``, rotating chunk
 ``j = rotating_chunk(k, P, s)``)::
@@ -10,10 +9,16 @@ Local numbering of a :class:`LocalGraph` (rank ``k``, super-epoch ``s``, rotatin
     [ own chunk k (n_own) | rotating chunk j (n_rot) | leaves (n_leaf) ]
       <------------ internal: n_int = n_own + n_rot ------------>
 
-* internal nodes carry *all* their in-edges (CSR rows ``indptr [n_loc + 1]``, ``indices``
-  local column ids); leaves are the in-neighbours of internal nodes outside both chunks: their
-  features are present, their rows are empty (no further expansion);
-* ``gid [n_loc]`` global ids, ``x [n_loc, F]`` features, ``deg [n_loc]`` **global** in-degrees.
+own chunk in the part's order (``part.owned``), chunk ``j`` in its part's order, leaves by
+global id. Internal nodes carry *all* their in-edges; leaves are the in-neighbours of
+internal nodes outside both chunks: their features are present, their rows are empty (no
+further expansion).
+
+The rows are never renumbered into one local CSR (at P = 4 that copy holds half the graph's
+edges): each chunk keeps its rows as its part stores them (:class:`Rows`, columns in the
+part's ``[owned | halo]`` numbering) and translates a column to a local id when a row is read.
+The own chunk's rows and features are the part's own arrays (memory-mapped when the part is
+read as stored); the rotating chunk's are what its owner sent (see :mod:`.loader`).
 """
 
 from __future__ import annotations
@@ -24,14 +29,11 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ...comm import Communicator
-from ...comm.traffic import Traffic
-from ...nn import SparseAdj
-from ...partition import LocalPartition
+from ...nn import SparseAdj, SparseFeatures
 from ...partition.local import gather_rows
 from ...rows import chunk_bounds
 
-__all__ = ["rotating_chunk", "LocalGraph", "ChunkLoader", "coverage", "expand"]
+__all__ = ["rotating_chunk", "Rows", "LocalGraph", "coverage", "expand"]
 
 
 def rotating_chunk(rank: int, world: int, super_epoch: int) -> Optional[int]:
@@ -44,193 +46,126 @@ def rotating_chunk(rank: int, world: int, super_epoch: int) -> Optional[int]:
 
 
 @dataclass
-class LocalGraph:
-    """One rank's training graph in one super-epoch (see the module docstring)."""
+class Rows:
+    """CSR rows of one chunk in its part's column numbering ``[owned | halo]``: column ``c``
+    is local id ``base + c`` when ``c < n_direct`` (the chunk's own nodes, numbered locally in
+    the part's order from ``base``) and ``table[c - n_direct]`` otherwise (a halo node)."""
 
-    gid: Tensor
-    x: Tensor
+    indptr: Tensor      # int64 [n_rows + 1]
+    cols: Tensor        # int32 or int64 [nnz], the part's numbering
+    n_direct: int
+    base: int
+    table: Tensor       # int32 [n_halo]: local id of each halo column
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.indptr.numel()) - 1
+
+    def counts(self) -> Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def local(self, c: Tensor) -> Tensor:
+        """Local ids (int64) of part columns ``c``."""
+        c = c.long()
+        far = c >= self.n_direct
+        out = c + self.base
+        out[far] = self.table[c[far] - self.n_direct].long()
+        return out
+
+
+@dataclass
+class LocalGraph:
+    """One rank's training graph in one super-epoch (see the module docstring): the own
+    chunk's rows (local rows ``0..n_own-1``), the rotating chunk's (``n_own..n_int-1``; None
+    on one rank), features in two pieces (``x_own [n_own, F]``, ``x_rest [n_loc - n_own, F]``)
+    and ``deg [n_loc]``, the **global** in-degrees."""
+
+    own: Rows
+    rot: Optional[Rows]
+    x_own: Tensor
+    x_rest: Tensor
     deg: Tensor
-    indptr: Tensor
-    indices: Tensor
     n_own: int
     n_int: int
     chunk: Optional[int]
     super_epoch: int
     #: expand's position map (all -1 between calls): one O(n_loc) array for the local graph's
-    #: life, not a fresh one per minibatch
+    #: life, not a fresh one per minibatch; int32, since local ids fit (a block's are int64)
     _pos: Optional[Tensor] = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.n_loc >= 2 ** 31:
+            raise ValueError(f"a local graph of {self.n_loc} nodes: its ids do not fit int32; "
+                             f"use more parts")
 
     @property
     def n_loc(self) -> int:
-        return int(self.gid.numel())
+        return self.n_own + int(self.x_rest.shape[0])
 
     def scratch(self) -> Tensor:
         if self._pos is None:
-            self._pos = torch.full((self.n_loc,), -1, dtype=torch.int64)
+            self._pos = torch.full((self.n_loc,), -1, dtype=torch.int32)
         return self._pos
 
+    def pieces(self) -> list[Rows]:
+        return [self.own] if self.rot is None else [self.own, self.rot]
+
     def local_in_degree(self) -> Tensor:
-        return self.indptr[1:] - self.indptr[:-1]
+        d = torch.zeros(self.n_loc, dtype=torch.int64)
+        for r in self.pieces():
+            d[r.base:r.base + r.n_rows] = r.counts()
+        return d
 
+    def gather(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
+        """CSR rows of local nodes ``nodes`` (in order, each row in its stored edge order):
+        ``(indptr int64 [len + 1], src int64 local ids)``; a leaf's row is empty."""
+        counts = torch.zeros(nodes.numel(), dtype=torch.int64)
+        got = []
+        for r in self.pieces():
+            mine = (nodes >= r.base) & (nodes < r.base + r.n_rows)
+            ptr, cols = gather_rows(r.indptr, r.cols, nodes[mine] - r.base)
+            counts[mine] = ptr[1:] - ptr[:-1]
+            got.append((mine, cols, r))
+        indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
+        indptr[1:] = counts.cumsum(0)
+        total = int(indptr[-1])
+        for mine, cols, r in got:
+            if cols.numel() == total:     # all rows from this piece (e.g. a batch of seeds)
+                return indptr, r.local(cols)
+        src = torch.empty(total, dtype=torch.int64)
+        for mine, cols, r in got:     # a piece's edges keep their order among the output's
+            src[torch.repeat_interleave(mine, counts, output_size=total)] = r.local(cols)
+        return indptr, src
 
-class ChunkLoader:
-    """Loads the rotating chunk (structure + features) and the leaves' features from their
-    owners. All ranks must call :meth:`load` with the same ``super_epoch`` at the same time.
-
-    Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
-    ids, global degrees, halo table and row lengths as int64, its column ids as int32), ``chunk_request`` (ids asked of each owner) and
-    ``chunk_features`` (the rows). The features of the rank's own halo are fetched once
-    (first load) and kept, since those leaves never change; ``keep_halo=False`` (a run that
-    never reaches a second super-epoch) drops them after the first load instead: a copy of
-    the halo's rows the local graph already holds.
-    """
-
-    def __init__(self, comm: Communicator, part: LocalPartition, keep_halo: bool = True) -> None:
-        self.comm, self.part, self.keep_halo = comm, part, keep_halo
-        p = part
-        #: features cross the network as float32 at least (what the peers compute in); the
-        #: local graph keeps them in the part's dtype: float16 when read as stored, half the
-        #: bytes of its largest node array, widened exactly where a minibatch gathers its rows
-        self.dtype = torch.promote_types(part.x.dtype, torch.float32)
-        # the own halo's features and their lookup (filled by the first load)
-        self._halo_x: Optional[Tensor] = None
-        self._halo_sorted: Optional[Tensor] = None
-        self._halo_order: Optional[Tensor] = None
-
-    # ------------------------------------------------------------------ collectives
-    def _fetch_features(self, gids: Tensor, owners: Tensor) -> Tensor:
-        """Rows of ``x`` for global ids ``gids`` owned by ``owners`` (two all-to-alls)."""
-        P, me = self.comm.world_size, self.comm.rank
-        order = torch.argsort(owners, stable=True)
-        counts = torch.bincount(owners, minlength=P).tolist()
-        req = list(torch.split(gids[order], counts))
-        asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
-        rows = [self.part.x[torch.searchsorted(self.part.owned, a)].to(self.dtype) if j != me
-                else self.part.x[:0].to(self.dtype) for j, a in enumerate(asked)]
-        got = self.comm.all_to_all(rows, "chunk_features", recv_counts=counts,
-                                 carries=Traffic.FEATURES)
-        out = torch.empty(gids.numel(), self.part.num_features, dtype=self.part.x.dtype)
-        for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
-            out[where] = rows_j.to(out.dtype)   # (exact: the rows were stored so)
+    def rows(self, nodes: Tensor) -> Tensor:
+        """Feature rows of local nodes ``nodes`` (the stored dtype)."""
+        out = torch.empty(nodes.numel(), self.x_own.shape[1], dtype=self.x_own.dtype)
+        own = nodes < self.n_own
+        out[own] = self.x_own[nodes[own]]
+        out[~own] = self.x_rest[nodes[~own] - self.n_own].to(out.dtype)
         return out
 
-    def _packed(self) -> Tensor:
-        """What this rank sends when its chunk is requested: built per request, not kept (a
-        second copy of the part's edges for the whole run, for one send per super-epoch). The
-        local column ids travel as int32 pairs in the int64 message (they index the part's own
-        rows, far below 2^31): the largest field at half the bytes."""
-        p = self.part
-        cols = _int32_words(p.indices)
-        header = torch.tensor([p.n_own, p.n_halo, int(p.indices.numel())], dtype=torch.int64)
-        return torch.cat([header, p.owned, p.in_degree, p.halo, p.halo_owner,
-                          p.indptr[1:] - p.indptr[:-1], cols])
-
-    def _exchange_structure(self, chunk: int, super_epoch: int) -> Tensor:
-        P, me = self.comm.world_size, self.comm.rank
-        asked = [r for r in range(P) if rotating_chunk(r, P, super_epoch) == me and r != me]
-        packed = self._packed() if asked else torch.zeros(0, dtype=torch.int64)
-        empty = packed[:0]
-        send = [packed if r in asked else empty for r in range(P)]
-        got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
-        return got[chunk]
-
-    # ------------------------------------------------------------------ the load
-    def load(self, super_epoch: int) -> LocalGraph:
-        p, comm = self.part, self.comm
-        P = comm.world_size
-        chunk = rotating_chunk(comm.rank, P, super_epoch)
-        own_ids = p.local_ids()
-        if self._halo_x is None:
-            self._halo_sorted, self._halo_order = torch.sort(p.halo)
-            self._halo_x = self._fetch_features(p.halo, p.halo_owner) if P > 1 else \
-                p.x[:0]
-        if chunk is None:  # one rank: the whole graph, no leaves
-            return LocalGraph(p.owned, p.x, p.in_degree[: p.n_own], p.indptr.clone(),
-                              p.indices.clone(), p.n_own, p.n_own, None, super_epoch)
-        buf = self._exchange_structure(chunk, super_epoch)
-        n_o, n_h, e = (int(v) for v in buf[:3])
-        o = 3
-        # the node fields copied out, so the message (mostly edges) is freed once mapped
-        j_owned = buf[o:o + n_o].clone(); o += n_o
-        j_deg = buf[o:o + n_o + n_h].clone(); o += n_o + n_h
-        j_halo = buf[o:o + n_h].clone(); o += n_h
-        j_halo_owner = buf[o:o + n_h].clone(); o += n_h
-        j_counts = buf[o:o + n_o].clone(); o += n_o
-        j_cols = buf[o:].view(torch.int32)[:e]
-        j_ids = torch.cat([j_owned, j_halo])
-
-        # leaves: in-neighbours of either chunk outside both chunks (with their owners)
-        cand = torch.cat([p.halo, j_halo])
-        cand_owner = torch.cat([p.halo_owner, j_halo_owner])
-        cand_deg = torch.cat([p.in_degree[p.n_own:], j_deg[n_o:]])
-        keep = (cand_owner != comm.rank) & (cand_owner != chunk)
-        leaf, first = _unique_first(cand[keep])
-        leaf_owner, leaf_deg = cand_owner[keep][first], cand_deg[keep][first]
-
-        gid = torch.cat([p.owned, j_owned, leaf])
-        sorted_gid, perm = torch.sort(gid)
-
-        def to_local(g: Tensor) -> Tensor:
-            return perm[torch.searchsorted(sorted_gid, g)]
-
-        n_int = p.n_own + n_o
-        counts = torch.zeros(gid.numel(), dtype=torch.int64)
-        counts[: p.n_own] = p.indptr[1:] - p.indptr[:-1]
-        counts[p.n_own:n_int] = j_counts
-        indptr = torch.zeros(gid.numel() + 1, dtype=torch.int64)
-        indptr[1:] = counts.cumsum(0)
-        # half the graph's edges at P = 4: int32 local ids, mapped a slice at a time (the
-        # whole-array temporaries of the mapping would be three int64 copies of them)
-        e_own = int(p.indices.numel())
-        indices = torch.empty(e_own + e, dtype=torch.int32 if gid.numel() < 2 ** 31
-                              else torch.int64)
-        for lo in range(0, e_own, _SLICE):
-            hi = min(e_own, lo + _SLICE)
-            indices[lo:hi] = to_local(own_ids[p.indices[lo:hi]])
-        for lo in range(0, e, _SLICE):
-            hi = min(e, lo + _SLICE)
-            indices[e_own + lo:e_own + hi] = to_local(j_ids[j_cols[lo:hi]])
-        del buf, j_cols
-
-        # features: own chunk held, own halo cached, the rest (chunk j, new leaves) fetched
-        need = torch.cat([j_owned, leaf])
-        need_owner = torch.cat([torch.full((n_o,), chunk, dtype=torch.int64), leaf_owner])
-        cached = torch.isin(need, p.halo)
-        # one allocation for all local rows, filled in place (not the fetched rows joined to
-        # the own ones: two copies of the local graph's features at once)
-        x = torch.empty(p.n_own + need.numel(), p.num_features, dtype=p.x.dtype)
-        x[: p.n_own] = p.x
-        x_need = x[p.n_own:]
-        x_need[~cached] = self._fetch_features(need[~cached], need_owner[~cached])
-        hit = self._halo_order[torch.searchsorted(self._halo_sorted, need[cached])]
-        x_need[cached] = self._halo_x[hit]
-        if not self.keep_halo:
-            self._halo_x = self._halo_sorted = self._halo_order = None
-        deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
-        return LocalGraph(gid, x, deg, indptr, indices, p.n_own, n_int, chunk, super_epoch)
+    def features(self, max_density: float) -> Optional[SparseFeatures]:
+        """All local rows as :class:`SparseFeatures` when at most ``max_density`` of them is
+        non-zero (built a piece at a time), else None: read dense rows with :meth:`rows`."""
+        pieces = [self.x_own, self.x_rest]
+        numel = sum(int(x.numel()) for x in pieces)
+        if numel == 0:
+            return None
+        nnz = 0
+        for x in pieces:
+            step = max(1, (1 << 24) // max(1, x.shape[1]))
+            nnz += sum(int(torch.count_nonzero(x[i:i + step])) for i in range(0, x.shape[0], step))
+        if nnz / numel > max_density:
+            return None
+        sp = [SparseFeatures.from_dense(x.to(self.x_own.dtype)) for x in pieces]
+        indptr = torch.cat([sp[0].indptr, sp[1].indptr[1:] + sp[0].indptr[-1]])
+        return SparseFeatures(indptr, torch.cat([s.indices for s in sp]),
+                              torch.cat([s.values for s in sp]), self.x_own.shape[1])
 
 
-#: edges mapped per slice when building the local graph (bounds its temporaries)
-_SLICE = 1 << 22
-
-
-def _int32_words(t: Tensor) -> Tensor:
-    """``t`` as int32, padded to an even count and viewed as int64 words (for an int64
-    message; the receiver views the words back as int32 and trims)."""
-    if t.numel() and int(t.max()) >= 2 ** 31:
-        raise ValueError(f"a part with {int(t.max()) + 1} local rows: its column ids do not fit "
-                         f"int32; use more parts")
-    w = torch.zeros(t.numel() + t.numel() % 2, dtype=torch.int32)
-    w[: t.numel()] = t
-    return w.view(torch.int64)
-
-
-def _unique_first(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Sorted unique values of ``t`` and the index of one occurrence of each."""
-    uniq, inv = torch.unique(t, return_inverse=True)
-    first = torch.full((uniq.numel(),), -1, dtype=torch.int64)
-    first.scatter_(0, inv, torch.arange(t.numel()))
-    return uniq, first
+#: edges read per slice in :func:`coverage` (bounds its per-edge temporaries)
+_SLICE = 1 << 20
 
 
 # ---------------------------------------------------------------------- coverage
@@ -248,23 +183,27 @@ def coverage(lg: LocalGraph, layers: int, kind: str = "mean") -> Tensor:
     ``w = a_{L-1}`` (fraction of complete root-to-depth-L paths: the product of ``r`` along a
     path, averaged over paths). Computed on the local graph only: no communication.
     """
+    # O(n_loc) float64 arrays are the large temporaries here: divided and filled in place
+    # (the same arithmetic as new arrays from d_loc / d and torch.where)
     d = lg.deg.to(torch.float64)
-    d_loc = lg.local_in_degree().to(torch.float64)
     complete = d == 0
-    a = torch.where(complete, torch.ones_like(d), d_loc / d.clamp(min=1))
-    counts = lg.local_in_degree()
-    # rows a slice of edges at a time: the per-edge temporaries (row ids, gathered values)
-    # of all of the local graph's edges at once would be two float64/int64 copies of them
-    bounds = chunk_bounds(lg.indptr, _SLICE)
+    d.clamp_(min=1)
+    a = lg.local_in_degree().to(torch.float64).div_(d).masked_fill_(complete, 1.0)
     levels = [a]
     for _ in range(layers - 1):
         s = torch.zeros_like(d)
-        for r0, r1 in bounds:
-            e0, e1 = int(lg.indptr[r0]), int(lg.indptr[r1])
-            row = torch.repeat_interleave(torch.arange(r0, r1), counts[r0:r1],
-                                          output_size=e1 - e0)
-            s.index_add_(0, row, a[lg.indices[e0:e1]])
-        a = torch.where(complete, torch.ones_like(d), s / d.clamp(min=1))
+        # a piece's rows a slice of edges at a time: the per-edge temporaries (row ids,
+        # gathered values) of all of the local graph's edges at once would be two
+        # float64/int64 copies of them. A row's edges are summed in their stored order within
+        # one slice, so the sums do not depend on where the slices fall.
+        for r in lg.pieces():
+            counts = r.counts()
+            for r0, r1 in chunk_bounds(r.indptr, _SLICE):
+                e0, e1 = int(r.indptr[r0]), int(r.indptr[r1])
+                row = torch.repeat_interleave(torch.arange(r.base + r0, r.base + r1),
+                                              counts[r0:r1], output_size=e1 - e0)
+                s.index_add_(0, row, a[r.local(r.cols[e0:e1])])
+        a = s.div_(d).masked_fill_(complete, 1.0)
         levels.append(a)
     if kind == "mean":
         return torch.stack(levels).mean(0).float()
@@ -296,8 +235,7 @@ def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
     """:func:`expand` with ``pos`` (all -1) as the position map; leaves it all -1."""
     blocks: list[SparseAdj] = []
     for f in fanouts:
-        indptr, src = gather_rows(lg.indptr, lg.indices, nodes)
-        src = src.long()     # the local graph's ids may be int32; a block's are int64
+        indptr, src = lg.gather(nodes)
         counts = indptr[1:] - indptr[:-1]
         if f is not None and src.numel():
             row = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
@@ -310,14 +248,16 @@ def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
             counts = counts.clamp(max=f)
             indptr = torch.zeros_like(indptr)
             indptr[1:] = counts.cumsum(0)
-        pos[nodes] = torch.arange(nodes.numel())
+        pos[nodes] = torch.arange(nodes.numel(), dtype=pos.dtype)
         new = torch.unique(src[pos[src] < 0])
-        pos[new] = nodes.numel() + torch.arange(new.numel())
-        cols = pos[src]
+        pos[new] = nodes.numel() + torch.arange(new.numel(), dtype=pos.dtype)
+        cols = pos[src].long()
         all_nodes = torch.cat([nodes, new])
         pos[all_nodes] = -1
         # the block's degrees gathered, then capped (not a capped copy of every local node's)
-        deg = lg.deg[all_nodes] if f is None else lg.deg[all_nodes].clamp(max=f)
+        deg = lg.deg[all_nodes].long()
+        if f is not None:
+            deg = deg.clamp(max=f)
         blocks.insert(0, SparseAdj(indptr, cols, all_nodes.numel(), deg,
                                    deg[:nodes.numel()].clone()))
         nodes = all_nodes

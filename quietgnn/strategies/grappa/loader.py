@@ -1,0 +1,279 @@
+"""Grappa's chunk reload: the rotating chunk's rows and the local graph's features fetched
+from their owners once per super-epoch, into a :class:`~.data.LocalGraph`.
+
+The rotating chunk is as large as a part (its rows are a quarter of the graph's edges at
+P = 4), and so are the features of it and of the leaves: kept in the rank's anonymous memory
+they would double what a rank holds beside its own (mapped) part. They are written to scratch
+files instead and read back memory-mapped (:class:`Scratch`): page cache, which the kernel
+writes out and drops under pressure, not memory the rank must hold.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...comm import Communicator
+from ...comm.traffic import Traffic
+from ...partition import LocalPartition
+from .data import LocalGraph, Rows, rotating_chunk
+
+__all__ = ["ChunkLoader", "Scratch"]
+
+
+class Scratch:
+    """Tensors backed by files in a private directory (under ``parent``, or the system's
+    temporary directory), memory-mapped.
+
+    Each file is unlinked as soon as it is mapped: its blocks live exactly as long as the
+    tensor (the mapping), and nothing is left on disk when the process ends, however it ends.
+    :meth:`close` removes the directory. The blocks are reserved up front, so a full disk
+    fails here with an error naming it, not later with a SIGBUS on a page write."""
+
+    def __init__(self, parent: Optional[Path] = None, prefix: str = "grappa-scratch-") -> None:
+        if parent is not None:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        self.dir: Optional[Path] = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        self._n = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        if self.dir is None:
+            raise RuntimeError("scratch used after close()")
+        n_bytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+        if n_bytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        path = self.dir / f"t{self._n}.bin"
+        self._n += 1
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, n_bytes)
+            except OSError as exc:
+                raise OSError(exc.errno, f"no room for {n_bytes} bytes of grappa's scratch in "
+                                         f"{self.dir} ({exc.strerror}); free disk space there "
+                                         f"or set runtime.out_dir to a larger disk") from None
+            finally:
+                os.close(fd)
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            arr = np.memmap(path, dtype=np_dtype, mode="r+", shape=shape)
+        finally:
+            path.unlink(missing_ok=True)
+        return torch.from_numpy(arr)
+
+    def close(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+class ChunkLoader:
+    """Loads the rotating chunk (structure + features) and the leaves' features from their
+    owners. All ranks must call :meth:`load` with the same ``super_epoch`` at the same time.
+
+    Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
+    ids, global degrees, halo table and row lengths as int64, its column ids as int32),
+    ``chunk_request`` (ids asked of each owner) and ``chunk_features`` (the rows). The
+    features of the rank's own halo are fetched once (first load) and kept, since those
+    leaves never change; ``keep_halo=False`` (a run that never reaches a second super-epoch)
+    drops them after the first load instead: a copy of the halo's rows the local graph
+    already holds. ``scratch_dir``: where the scratch files go (see the module docstring);
+    :meth:`close` removes them.
+    """
+
+    def __init__(self, comm: Communicator, part: LocalPartition, keep_halo: bool = True,
+                 scratch_dir: Optional[Path] = None) -> None:
+        self.comm, self.part, self.keep_halo = comm, part, keep_halo
+        self.scratch_dir = scratch_dir
+        self._scratch: Optional[Scratch] = None
+        #: features cross the network as float32 at least (what the peers compute in); the
+        #: local graph keeps them in the part's dtype: float16 when read as stored, half the
+        #: bytes of its largest node array, widened exactly where a minibatch gathers its rows
+        self.dtype = torch.promote_types(part.x.dtype, torch.float32)
+        # the own halo's features and their lookup (filled by the first load)
+        self._halo_x: Optional[Tensor] = None
+        self._halo_sorted: Optional[Tensor] = None
+        self._halo_order: Optional[Tensor] = None
+
+    def scratch(self) -> Scratch:
+        if self._scratch is None:
+            self._scratch = Scratch(self.scratch_dir)
+        return self._scratch
+
+    def close(self) -> None:
+        """Drop the cached halo rows and remove the scratch directory."""
+        self._halo_x = self._halo_sorted = self._halo_order = None
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
+
+    # ------------------------------------------------------------------ collectives
+    def _fetch_features(self, gids: Tensor, owners: Tensor, into: Tensor,
+                        at: Optional[Tensor] = None) -> None:
+        """Rows of ``x`` for global ids ``gids`` owned by ``owners`` (two all-to-alls),
+        written to ``into[at]`` (``at``: all of ``into`` by default) a peer's block at a time."""
+        P, me = self.comm.world_size, self.comm.rank
+        sc, F = self.scratch(), self.part.num_features
+        order = torch.argsort(owners, stable=True)
+        counts = torch.bincount(owners, minlength=P).tolist()
+        req = list(torch.split(gids[order], counts))
+        asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
+        del req
+        # the rows asked of this rank and the rows it gets, float32 on the wire, both as
+        # large as the local graph's halo: in scratch, sent and received in place (one
+        # buffer each, no joined copy)
+        n_asked = [0 if j == me else int(a.numel()) for j, a in enumerate(asked)]
+        send = sc.empty((sum(n_asked), F), self.dtype)
+        blocks = list(torch.split(send, n_asked))
+        for j, a in enumerate(asked):
+            for lo in range(0, n_asked[j], _ROWS):
+                ids = a[lo:lo + _ROWS]
+                blocks[j][lo:lo + _ROWS] = self.part.x[torch.searchsorted(self.part.owned, ids)]
+        del asked
+        recv = sc.empty((sum(counts), F), self.dtype)
+        got = self.comm.all_to_all(blocks, "chunk_features", recv_counts=counts, out=recv,
+                                   carries=Traffic.FEATURES)
+        del send, blocks
+        for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
+            for lo in range(0, where.numel(), _ROWS):
+                w = where[lo:lo + _ROWS]
+                # exact: the rows were stored so
+                into[w if at is None else at[w]] = rows_j[lo:lo + _ROWS].to(into.dtype)
+
+    def _packed(self) -> Tensor:
+        """What this rank sends when its chunk is requested: built per request, not kept (a
+        second copy of the part's edges for the whole run, for one send per super-epoch). The
+        local column ids travel as int32 pairs in the int64 message (they index the part's own
+        rows, far below 2^31): the largest field at half the bytes. Each field is written
+        into the message in place: no int32 copy of the columns and no joined copy of the
+        fields beside it."""
+        p = self.part
+        e = int(p.indices.numel())
+        if e and int(p.indices.max()) >= 2 ** 31:
+            raise ValueError(f"a part with {int(p.indices.max()) + 1} local rows: its column "
+                             f"ids do not fit int32; use more parts")
+        fields = [torch.tensor([p.n_own, p.n_halo, e], dtype=torch.int64), p.owned,
+                  p.in_degree, p.halo, p.halo_owner]
+        n_head = sum(int(t.numel()) for t in fields) + p.n_own
+        # in scratch: the message is as large as the part's edges (the received one, which
+        # the communicator allocates, is the receiver's transient)
+        msg = self.scratch().empty((n_head + (e + 1) // 2,), torch.int64)
+        o = 0
+        for t in fields:
+            msg[o:o + t.numel()] = t
+            o += t.numel()
+        torch.sub(p.indptr[1:], p.indptr[:-1], out=msg[o:o + p.n_own])
+        cols = msg[n_head:].view(torch.int32)
+        cols[e:] = 0                 # the padding word's second half
+        for lo in range(0, e, _EDGES):      # widened (int64 parts) a slice at a time
+            hi = min(e, lo + _EDGES)
+            cols[lo:hi] = p.indices[lo:hi]
+        return msg
+
+    def _exchange_structure(self, chunk: int, super_epoch: int) -> Tensor:
+        P, me = self.comm.world_size, self.comm.rank
+        asked = [r for r in range(P) if rotating_chunk(r, P, super_epoch) == me and r != me]
+        packed = self._packed() if asked else torch.zeros(0, dtype=torch.int64)
+        sizes = [packed.numel() if r in asked else 0 for r in range(P)]
+        if sum(sizes) == packed.numel():
+            # one asker (the rotation is a permutation): views of the one message, which
+            # the communicator sends without joining the blocks into a copy
+            send = list(torch.split(packed, sizes))
+        else:
+            send = [packed if r in asked else packed[:0] for r in range(P)]
+        got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
+        return got[chunk]
+
+    # ------------------------------------------------------------------ the load
+    def load(self, super_epoch: int) -> LocalGraph:
+        p, comm = self.part, self.comm
+        P, me = comm.world_size, comm.rank
+        chunk = rotating_chunk(me, P, super_epoch)
+        # the own chunk's rows as the part stores them: its columns [owned | halo] are local
+        # ids for the owned ones (gid[:n_own] = part.owned); only the halo's need a table
+        own_rows = lambda table: Rows(p.indptr, p.indices, p.n_own, 0, table)   # noqa: E731
+        if chunk is None:  # one rank: the whole graph, no halo, no leaves
+            return LocalGraph(own_rows(torch.zeros(0, dtype=torch.int32)), None, p.x, p.x[:0],
+                              p.in_degree[: p.n_own], p.n_own, p.n_own, None, super_epoch)
+        sc = self.scratch()
+        if self._halo_x is None:
+            self._halo_sorted, order = torch.sort(p.halo)
+            self._halo_order = order.to(torch.int32)
+            del order
+            self._halo_x = sc.empty((p.n_halo, p.num_features), p.x.dtype)
+            self._fetch_features(p.halo, p.halo_owner, self._halo_x)
+        buf = self._exchange_structure(chunk, super_epoch)
+        n_o, n_h, e = (int(v) for v in buf[:3])
+        o = 3
+        # the node fields copied out, the columns to scratch: the message is freed once read
+        j_owned = buf[o:o + n_o].clone(); o += n_o
+        j_deg = buf[o:o + n_o + n_h].clone(); o += n_o + n_h
+        j_halo = buf[o:o + n_h].clone(); o += n_h
+        j_halo_owner = buf[o:o + n_h].clone(); o += n_h
+        j_indptr = torch.zeros(n_o + 1, dtype=torch.int64)
+        torch.cumsum(buf[o:o + n_o], 0, out=j_indptr[1:]); o += n_o
+        j_cols = sc.empty((e,), torch.int32)
+        j_cols.copy_(buf[o:].view(torch.int32)[:e])
+        del buf
+
+        # leaves: in-neighbours of either chunk outside both chunks, by global id, with their
+        # owners and degrees (a node's, whichever halo listed it: written once per listing)
+        own_leaf = p.halo_owner != chunk                        # never owned by this rank
+        j_leaf = j_halo_owner != me                             # never owned by chunk j
+        leaf = torch.unique(torch.cat([p.halo[own_leaf], j_halo[j_leaf]]))
+        leaf_owner = torch.empty(leaf.numel(), dtype=torch.int64)
+        leaf_deg = torch.empty(leaf.numel(), dtype=torch.int64)
+        for ids, owner, dg, sel in ((p.halo, p.halo_owner, p.in_degree[p.n_own:], own_leaf),
+                                    (j_halo, j_halo_owner, j_deg[n_o:], j_leaf)):
+            at = torch.searchsorted(leaf, ids[sel])
+            leaf_owner[at] = owner[sel]
+            leaf_deg[at] = dg[sel]
+            del at
+        del own_leaf, j_leaf
+        n_int = p.n_own + n_o
+
+        def to_local(g: Tensor, owner: Tensor) -> Tensor:
+            """Local ids (int32) of global ids ``g`` owned by ``owner``: each of the three
+            pieces of the numbering is sorted by global id, so a search within it."""
+            out = torch.empty(g.numel(), dtype=torch.int32)
+            for sel, ids, base in ((owner == me, p.owned, 0), (owner == chunk, j_owned, p.n_own),
+                                   ((owner != me) & (owner != chunk), leaf, n_int)):
+                out[sel] = (torch.searchsorted(ids, g[sel]) + base).to(torch.int32)
+            return out
+
+        own = own_rows(to_local(p.halo, p.halo_owner))
+        rot = Rows(j_indptr, j_cols, n_o, p.n_own, to_local(j_halo, j_halo_owner))
+        del j_halo, j_halo_owner
+
+        # features: own chunk's are the part's, own halo's cached, the rest (chunk j's
+        # owned nodes, new leaves) fetched, all written in place into one scratch array
+        need = torch.cat([j_owned, leaf])
+        need_owner = torch.cat([torch.full((n_o,), chunk, dtype=torch.int64), leaf_owner])
+        cached = torch.isin(need, p.halo)
+        x_rest = sc.empty((need.numel(), p.num_features), p.x.dtype)
+        fetch = torch.nonzero(~cached).flatten()
+        self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
+        hit = torch.nonzero(cached).flatten()
+        for lo in range(0, hit.numel(), _ROWS):    # bounded temporaries of the halo's rows
+            h = hit[lo:lo + _ROWS]
+            x_rest[h] = self._halo_x[self._halo_order[
+                torch.searchsorted(self._halo_sorted, need[h])].long()]
+        if not self.keep_halo:
+            self._halo_x = self._halo_sorted = self._halo_order = None
+        deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
+        deg = deg.to(torch.int32) if deg.numel() == 0 or int(deg.max()) < 2 ** 31 else deg
+        return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
+
+
+#: feature rows gathered or copied per slice (bounds the temporaries of a copy)
+_ROWS = 1 << 20
+
+
+#: edges copied per slice into the structure message
+_EDGES = 1 << 22

@@ -1,0 +1,133 @@
+"""Grappa's two-piece local graph (the own chunk's rows as its part stores them, the rotating
+chunk's as received, each with a column translation table) against the one renumbered CSR it
+replaced, computed here from the whole graph: the same local numbering, the same rows in the
+same edge order, the same features and degrees; and its scratch files."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.partition.shards import read_part, write_part
+from quietgnn.runtime.launcher import spawn_function
+from quietgnn.strategies.grappa.data import coverage
+from quietgnn.strategies.grappa.loader import ChunkLoader, Scratch
+
+from helpers import small_graph
+
+
+def _renumbered(graph, parts, k, j):
+    """The local graph as one renumbered CSR: ``[chunk k | chunk j | leaves by global id]``,
+    internal rows with every in-edge in the graph's order, leaves' rows empty."""
+    parts = torch.as_tensor(parts)
+    own = torch.nonzero(parts == k).flatten()
+    rot = torch.nonzero(parts == j).flatten() if j is not None else own[:0]
+    internal = torch.cat([own, rot])
+    src = torch.cat([graph.indices[graph.indptr[v]:graph.indptr[v + 1]] for v in internal])
+    inside = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    inside[internal] = True
+    gid = torch.cat([internal, torch.unique(src[~inside[src]])])
+    g2l = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
+    g2l[gid] = torch.arange(gid.numel())
+    counts = torch.zeros(gid.numel(), dtype=torch.int64)
+    counts[:internal.numel()] = graph.indptr[internal + 1] - graph.indptr[internal]
+    indptr = torch.zeros(gid.numel() + 1, dtype=torch.int64)
+    indptr[1:] = counts.cumsum(0)
+    return gid, indptr, g2l[src]
+
+
+def _coverage(indptr, src, deg, layers):
+    """The mean-over-levels coverage of the renumbered CSR, all edges at once."""
+    d = deg.double()
+    complete = d == 0
+    counts = indptr[1:] - indptr[:-1]
+    a = torch.where(complete, 1.0, counts.double() / d.clamp(min=1))
+    levels = [a]
+    row = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    for _ in range(layers - 1):
+        s = torch.zeros_like(d).index_add_(0, row, a[src])
+        a = torch.where(complete, 1.0, s / d.clamp(min=1))
+        levels.append(a)
+    return torch.stack(levels).mean(0).float()
+
+
+def _load(comm, graph, parts, super_epochs, stored_dir):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    if stored_dir is not None:    # the part as a prepared run reads it: int32, float16, mapped
+        write_part(stored_dir / f"p{comm.rank}", part, x_dtype="float16")
+        part = read_part(stored_dir / f"p{comm.rank}", stored=True)
+    loader = ChunkLoader(comm, part, keep_halo=True, scratch_dir=stored_dir)
+    out = []
+    for s in super_epochs:
+        lg = loader.load(s)
+        nodes = torch.arange(lg.n_loc)
+        indptr, src = lg.gather(nodes)
+        # a shuffled subset: rows come back in the order asked for
+        some = torch.randperm(lg.n_loc, generator=torch.Generator().manual_seed(s))[:17]
+        out.append({"chunk": lg.chunk, "n_own": lg.n_own, "n_int": lg.n_int,
+                    "indptr": indptr, "src": src, "x": lg.rows(nodes).float(),
+                    "deg": lg.deg.long(), "some": some, "some_rows": lg.gather(some),
+                    "coverage": coverage(lg, 2)})
+    scratch = loader._scratch.dir if loader._scratch is not None else None
+    out.append({"scratch_files": sorted(os.listdir(scratch)) if scratch else []})
+    loader.close()
+    out.append({"scratch_left": scratch is not None and scratch.exists()})
+    return out
+
+
+@pytest.mark.parametrize("world,stored", [(1, False), (2, False), (2, True), (4, False)])
+def test_two_piece_rows_equal_the_renumbered_csr(world, stored, tmp_path):
+    graph = small_graph(n=150, avg_deg=5, seed=3)
+    parts = partition_nodes(graph, "random", world, seed=1)
+    super_epochs = [0, 1, 2] if world == 4 else [0]
+    res = spawn_function(_load, world, args=(graph, parts, super_epochs,
+                                              tmp_path if stored else None))
+    deg = graph.in_degree()
+    x = graph.x.half().float() if stored else graph.x
+    for k, got in enumerate(res):
+        for s, lg in zip(super_epochs, got):
+            gid, indptr, src = _renumbered(graph, parts, k, lg["chunk"])
+            assert lg["n_own"] == int((torch.as_tensor(parts) == k).sum())
+            assert torch.equal(lg["indptr"], indptr) and torch.equal(lg["src"], src)
+            assert torch.equal(lg["x"], x[gid]) and torch.equal(lg["deg"], deg[gid])
+            some = lg["some"]
+            ptr = torch.zeros(some.numel() + 1, dtype=torch.int64)
+            ptr[1:] = (indptr[some + 1] - indptr[some]).cumsum(0)
+            assert torch.equal(lg["some_rows"][0], ptr)
+            assert torch.equal(lg["some_rows"][1],
+                               torch.cat([src[indptr[v]:indptr[v + 1]] for v in some]))
+            # coverage read through the pieces: the old computation on the renumbered CSR
+            assert torch.equal(lg["coverage"], _coverage(indptr, src, deg[gid], 2))
+        if world == 4:   # a new chunk each super-epoch
+            assert [lg["chunk"] for lg in got[:3]] == [(k + 1 + s) % 4 for s in range(3)]
+        # scratch files are unlinked once mapped, and the directory goes with close()
+        assert got[-2]["scratch_files"] == [] and not got[-1]["scratch_left"]
+    if stored:
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("grappa")] == []
+
+
+def test_scratch_is_mapped_unlinked_and_removed(tmp_path, monkeypatch):
+    sc = Scratch(tmp_path)
+    t = sc.empty((5, 3), torch.float16)
+    t[:] = 2
+    assert list(sc.dir.iterdir()) == []        # unlinked: nothing left if the process dies
+    with open("/proc/self/maps") as f:
+        assert any(str(sc.dir) in line and "(deleted)" in line for line in f)
+    assert float(t.sum()) == 30
+    sc.empty((0, 3), torch.int32)
+    # a full disk: an error naming it, no file left behind
+    def full(fd, off, n):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="scratch"):
+        sc.empty((1 << 20,), torch.int32)
+    assert list(sc.dir.iterdir()) == []
+    d = sc.dir
+    sc.close()
+    assert not d.exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError):
+        sc.empty((1,), torch.int32)
