@@ -325,3 +325,39 @@ def test_given_assignment_equals_the_in_memory_book(tmp_path):
         np.save(tmp_path / "short.npy", asg[:-1])
         prepare_tables(e, n, tmp_path / "o3", parts=3, memory_budget=TINY_BUDGET,
                        method="given", partition_file=tmp_path / "short.npy")
+
+
+def test_duckdb_gets_the_per_node_arrays_share_until_they_exist(tmp_path, monkeypatch):
+    """DuckDB's memory limit follows the stage: while it sorts and the tagged edges are
+    written back, only the assignment is held beside it; the degrees, halo marks and a part's
+    ids come after, and only then is its share cut to leave room for them (a share sized for
+    them all along ran the tagging out of memory on 10^8 nodes)."""
+    from quietgnn.prepare import tables
+    seen = {}
+
+    def limit_mib(con) -> float:
+        v = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        num, unit = v.split()
+        return float(num) * {"KiB": 2 ** -10, "MiB": 1, "GiB": 2 ** 10}[unit]
+
+    def spy(name):
+        orig = getattr(tables, name)
+
+        def wrapped(con, *a, **k):
+            seen.setdefault(name, limit_mib(con))
+            return orig(con, *a, **k)
+        monkeypatch.setattr(tables, name, wrapped)
+    for name in ("_add_parts", "_write_edges"):
+        spy(name)
+    # the later arrays made large (300 MiB), so that the two shares differ visibly
+    monkeypatch.setattr(tables, "_held_late",
+                        lambda n, P, node_held: tables._held_early(n, "ldg", node_held) +
+                        (300 << 20))
+    g0 = small_graph(n=60, seed=2)
+    e, nodes, _ = _tables(tmp_path, g0, "parquet")
+    budget = 1200 << 20
+    prepare_tables(e, nodes, tmp_path / "out", parts=2, memory_budget=budget)
+    early = tables._DUCK_SHARE * (budget - tables._held_early(g0.num_nodes, "ldg", 0)
+                                  - tables._PYTHON_BASE) / 2 ** 20
+    assert abs(seen["_add_parts"] - early) < 2
+    assert abs(seen["_write_edges"] - (early - tables._DUCK_SHARE * 300)) < 2

@@ -78,7 +78,7 @@ def sql_name(name: str) -> str:
 def _connect(work: Path, duck_bytes: int, threads: int):
     import duckdb
     con = duckdb.connect(str(work / "prepare.duckdb"))
-    con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 128)}MB'")
+    con.execute(f"SET memory_limit = '{max(duck_bytes >> 20, 128)}MiB'")
     con.execute(f"SET temp_directory = {sql_str(work / 'spill')}")
     con.execute(f"SET threads = {threads}")
     # scans of the sorted edge table come back in its order (the CSR order)
@@ -136,11 +136,9 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
             raise ValueError("--partitioner given needs --partition.file PATH (.npy, .pt or "
                              "text, one part id per node)")
         assignment = check_assignment(assignment, n, P)
-    # after the hook: degrees, the assignment, the node source's, the halo marks (P bytes a
-    # node), one part's ids and keys (a halo taken as twice the part: an estimate; the
-    # benchmark measures the real peak); while the hook runs: its own
-    held = max((10 + P) * n + getattr(nodes, "held_bytes", 0) + 56 * ((n + P - 1) // P),
-               hook_held)
+    # the most this process holds beside DuckDB: after the edges are tagged (while the hook
+    # runs: the hook's own)
+    held = max(_held_late(n, P, getattr(nodes, "held_bytes", 0)), hook_held)
     duck = memory_budget - held - _PYTHON_BASE
     if duck < 128 << 20:
         raise ValueError(
@@ -156,12 +154,25 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     try:
         con = _connect(work, int(_DUCK_SHARE * (memory_budget - hook_held - _PYTHON_BASE)),
                        threads)
+        # DuckDB's share follows what this process holds beside it, which grows stage by
+        # stage: only the assignment (and the node source's arrays) while DuckDB sorts and
+        # the tagged edges are written back, its largest work; the degrees, halo marks and a
+        # part's ids only afterwards (a share sized for those all along ran the tagging out
+        # of memory at 10^8 nodes)
+        early = max(memory_budget - _held_early(n, method, getattr(nodes, "held_bytes", 0))
+                    - _PYTHON_BASE, duck)
+        limit = [0]
+
+        def share(free: int) -> None:
+            limit[0] = int(_DUCK_SHARE * free)
+            con.execute(f"SET memory_limit = '{limit[0] >> 20}MiB'")
         try:
             if con_hook is not None:
                 con_hook(con)
-            con.execute(f"SET memory_limit = '{int(_DUCK_SHARE * duck) >> 20}MB'")
+            share(early)
             book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected,
-                            x_dtype, name, identity or {}, progress, drop, assignment)
+                            x_dtype, name, identity or {}, progress, drop, assignment,
+                            late=lambda: share(duck))
         except duckdb.OutOfMemoryException as e:
             first = str(e).splitlines()[0]
             if "offload" in first or "temp" in first:    # the spill directory is full
@@ -171,7 +182,7 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                 ) from None
             raise ValueError(
                 f"--memory-budget {memory_budget >> 20} MiB: DuckDB ran out of its share "
-                f"({int(_DUCK_SHARE * duck) >> 20} MiB; the rest: {held >> 20} MiB of per-node "
+                f"({limit[0] >> 20} MiB then; the rest, at most: {held >> 20} MiB of per-node "
                 f"arrays, ~{_PYTHON_BASE >> 20} MiB for Python) on {n} nodes ({first}); pass "
                 f"a larger --memory-budget (e.g. {2 * memory_budget >> 20}MiB)") from None
         con.close()
@@ -186,10 +197,24 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     return PartitionBook.open(out)
 
 
+def _held_early(n: int, method: str, node_held: int) -> int:
+    """Bytes this process holds beside DuckDB while it sorts and tags the edges: the
+    assignment (LDG's int16 parts; a given one as int64) and the node source's arrays."""
+    return (8 if method == "given" else 2) * n + node_held
+
+
+def _held_late(n: int, P: int, node_held: int) -> int:
+    """... and afterwards, at most: degrees, the assignment, the node source's, the halo
+    marks (P bytes a node), one part's ids and keys (a halo taken as twice the part: an
+    estimate; the benchmark measures the real peak)."""
+    return (10 + P) * n + node_held + 56 * ((n + P - 1) // P)
+
+
 def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int,
              method: str, seed: int, undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
              progress: Callable[[str], None], drop: tuple[str, ...],
-             given: Optional[np.ndarray] = None) -> dict[str, Any]:
+             given: Optional[np.ndarray] = None,
+             late: Callable[[], None] = lambda: None) -> dict[str, Any]:
     n = nodes.num_nodes
     lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
                               f"FROM ({edges_sql})").fetchall()[0]
@@ -219,6 +244,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     _add_parts(con, part_of)
     con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
+    late()                          # DuckDB's smaller share, before the per-node arrays
     m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
     # degrees by streaming, not by GROUP BY: a hash aggregate over N groups is what runs
     # DuckDB out of memory first (10^7+ nodes in a few GiB); the table is sorted by dst
