@@ -103,8 +103,13 @@ def render(data: dict) -> list[str]:
           "within budget | on disk | peak disk while preparing | edge cut |", "|" + "---|" * 10]
     for r in rows:
         if r["status"] != "ok":
-            md.append(f"| {r['target_edges']:.2g} | {r['status']}: {r.get('error', '')} "
-                      f"| | | | | | | | |")
+            # how far a failed run got: its time, peak memory and disk, where measured
+            sec, rss = r.get("seconds"), r.get("peak_rss_mb")
+            disk = r.get("work_disk_peak_bytes")
+            md.append(f"| {r['target_edges']:.4g} | {r['status']}: {r.get('error', '')} | | "
+                      f"{'' if sec is None else f'{sec:.1f}'} | | "
+                      f"{'' if rss is None else f'{rss:.0f} MiB'} | | | "
+                      f"{'' if disk is None else f'{disk / 2 ** 30:.2f} GiB'} | |")
             continue
         md.append(f"| {r['edges']:,} | {r['stored_edges']:,} | {r['nodes']:,} | "
                   f"{r['seconds']:.1f} | {r['stored_edges_per_s'] / 1e6:.2f} M | "
@@ -116,6 +121,7 @@ def render(data: dict) -> list[str]:
     md += ["", "Log-log slope against stored edges: " +
            ", ".join(f"{k} {fmt(v)}" for k, v in data["slopes"].items()), "",
            f"Command: `{meta['command']}` ({meta['when']}, commit {meta['commit']})", ""]
+    md += [f"- {note}" for note in data.get("notes", [])]   # runs added with --append
     return md
 
 
@@ -190,7 +196,15 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, argv) -> list[s
             "slopes": {"seconds": slope(xs, [r["seconds"] for r in ok]),
                        "peak memory": slope(xs, [r["peak_rss_mb"] for r in ok]),
                        "disk": slope(xs, [r["disk_bytes"] for r in ok])}}
-    (out / "prepare.json").write_text(json.dumps(data, indent=1))
+    old = out / "prepare.json"
+    if args.append and old.is_file():
+        # the other rows' provenance stays; this run's is a note of its own
+        prev = json.loads(old.read_text())
+        data["notes"] = prev.get("notes", []) + [
+            f"{', '.join(f'{e:.4g}' for e in sizes)}: `{data['meta']['command']}` "
+            f"({data['meta']['when']}, commit {commit})"]
+        data["meta"] = prev["meta"]
+    old.write_text(json.dumps(data, indent=1))
     md = render(data)
     (out / "prepare.md").write_text("\n".join(md))
     return md
