@@ -171,6 +171,32 @@ def test_all_to_all_zero_copy_send_and_out():
         assert res == (True, True, True, True)
 
 
+def _out_made_after_the_sizes(comm):
+    """``out`` as a function of the total rows: called once with what the size handshake
+    found, received into what it returned; the same blocks and bytes as the plain call."""
+    P, r = comm.world_size, comm.rank
+    send = [torch.full((r + j + 1, 2), float(10 * r + j)) for j in range(P)]
+    plain = comm.all_to_all([b.clone() for b in send], "plain")
+    asked = []
+
+    def make(rows):
+        asked.append(rows)
+        return torch.full((rows, 2), -1.0)
+    got = comm.all_to_all(send, "made", out=make)
+    recs = comm.take_records()
+    made = got[0].untyped_storage().data_ptr()
+    return (asked, all(torch.equal(a, b) for a, b in zip(plain, got)),
+            all(g.untyped_storage().data_ptr() == made for g in got),
+            recs[0].bytes_sent == recs[1].bytes_sent and recs[0].bytes_recv == recs[1].bytes_recv)
+
+
+def test_all_to_all_out_made_once_the_sizes_are_known():
+    for r, (asked, same, in_one, same_bytes) in enumerate(spawn_function(
+            _out_made_after_the_sizes, 3)):
+        assert asked == [sum(j + r + 1 for j in range(3))]     # rows each peer j sends to r
+        assert same and in_one and same_bytes
+
+
 def test_all_to_all_of_separate_numpy_blocks():
     res = spawn_function(_separate_blocks, 2)
     assert res == [[[], []], [[0, 2, 4, 6], [100, 102, 104, 106]]]

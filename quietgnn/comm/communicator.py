@@ -45,7 +45,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -362,7 +362,7 @@ class Communicator:
 
     def all_to_all(self, send: Sequence[Tensor], kind: str,
                    recv_counts: Sequence[int] | None = None,
-                   out: Tensor | None = None, *,
+                   out: Tensor | Callable[[int], Tensor] | None = None, *,
                    carries: Traffic | str | None = None) -> list[Tensor]:
         """Variable-size all-to-all of row blocks: ``send[j]`` (``[n_j, *row]``) goes to rank j;
         returns the P blocks received (``recv[j]`` from rank j). All blocks share dtype and row
@@ -372,7 +372,9 @@ class Communicator:
         Large exchanges can avoid two copies: blocks that are consecutive views of one
         contiguous buffer (``torch.split`` of it) are sent without concatenating them, and
         ``out`` (a contiguous tensor of ``sum(recv_counts)`` rows, ``recv_counts`` required)
-        receives in place; the returned blocks are then views of ``out``."""
+        receives in place; the returned blocks are then views of ``out``. ``out`` may also be
+        a function of the total rows that returns that tensor, called once the sizes are
+        known (e.g. to receive a message of unknown size into a memory-mapped file)."""
         # blocking: the caller cannot touch its blocks while they are in flight, so they may
         # be sent without a copy
         return self.all_to_all_async(send, kind, recv_counts, out=out, carries=carries,
@@ -380,7 +382,7 @@ class Communicator:
 
     def all_to_all_async(self, send: Sequence[Tensor], kind: str,
                          recv_counts: Sequence[int] | None = None,
-                         out: Tensor | None = None, *,
+                         out: Tensor | Callable[[int], Tensor] | None = None, *,
                          carries: Traffic | str | None = None,
                          _copy_send: bool = True) -> PendingExchange:
         """Start an all-to-all and return at once (compute while it flies); see
@@ -401,6 +403,8 @@ class Communicator:
                                  f"{tuple(s.shape[1:])}, expected {dtype} {row_shape}")
         if P == 1:
             flat = send[0].reshape(-1)
+            if callable(out):
+                out = out(int(send[0].shape[0]))
             if out is not None:
                 flat = out.view(-1).copy_(flat)
             return PendingExchange(self, None, flat, [send[0].shape[0]], row_shape,
@@ -415,6 +419,8 @@ class Communicator:
             recv_counts = rc.tolist()
             extra = 8 * (P - 1)
         recv_counts = [int(c) for c in recv_counts]
+        if callable(out):
+            out = out(sum(recv_counts))
         row_numel = math.prod(row_shape) if row_shape else 1
         flat_send = None if _copy_send else _one_buffer(send)
         if flat_send is None:

@@ -187,7 +187,10 @@ class ChunkLoader:
             send = list(torch.split(packed, sizes))
         else:
             send = [packed if r in asked else packed[:0] for r in range(P)]
-        got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE)
+        # received into scratch, as large as the chunk's edges: its size is known only once
+        # the communicator's handshake is done, so the buffer is made then
+        got = self.comm.all_to_all(send, "chunk_structure", carries=Traffic.STRUCTURE,
+                                   out=lambda rows: self.scratch().empty((rows,), torch.int64))
         return got[chunk]
 
     # ------------------------------------------------------------------ the load
@@ -211,15 +214,14 @@ class ChunkLoader:
         buf = self._exchange_structure(chunk, super_epoch)
         n_o, n_h, e = (int(v) for v in buf[:3])
         o = 3
-        # the node fields copied out, the columns to scratch: the message is freed once read
+        # the node fields copied out; the columns stay where they were received (scratch)
         j_owned = buf[o:o + n_o].clone(); o += n_o
         j_deg = buf[o:o + n_o + n_h].clone(); o += n_o + n_h
         j_halo = buf[o:o + n_h].clone(); o += n_h
         j_halo_owner = buf[o:o + n_h].clone(); o += n_h
         j_indptr = torch.zeros(n_o + 1, dtype=torch.int64)
         torch.cumsum(buf[o:o + n_o], 0, out=j_indptr[1:]); o += n_o
-        j_cols = sc.empty((e,), torch.int32)
-        j_cols.copy_(buf[o:].view(torch.int32)[:e])
+        j_cols = buf[o:].view(torch.int32)[:e]
         del buf
 
         # leaves: in-neighbours of either chunk outside both chunks, by global id, with their
