@@ -157,6 +157,11 @@ def main(argv=None) -> int:
         names = {f"{e:.0e}" for e in sizes}
         rows = [r for r in json.loads((out / "prepare.json").read_text())["rows"]
                 if f"{r['target_edges']:.0e}" not in names]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    note = (f"{', '.join(f'{e:.4g}' for e in sizes)}: `python benchmarks/bench_prepare.py "
+            f"{' '.join(argv or sys.argv[1:])}` ({time.strftime('%Y-%m-%d %H:%M')}, commit "
+            f"{commit})")
     for e in sizes:
         done = [r for r in rows if r["status"] == "ok" and r["target_edges"] < e]
         if done:
@@ -174,13 +179,14 @@ def main(argv=None) -> int:
         rows.append(run_one(e, args, work))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "stages"}),
               file=sys.stderr, flush=True)
-        write(out, rows, args, argv)        # after every size: a stopped run keeps what it did
-    md = write(out, rows, args, argv)
+        write(out, rows, args, argv, note)  # after every size: a stopped run keeps what it did
+    md = write(out, rows, args, argv, note)
     print("\n".join(md))
     return 0
 
 
-def write(out: Path, rows: list[dict], args: argparse.Namespace, argv) -> list[str]:
+def write(out: Path, rows: list[dict], args: argparse.Namespace, argv,
+          note: str = "") -> list[str]:
     rows = sorted(rows, key=lambda r: r["target_edges"])
     ok = [r for r in rows if r["status"] == "ok"]
     xs = [r["stored_edges"] for r in ok]
@@ -198,11 +204,11 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, argv) -> list[s
                        "disk": slope(xs, [r["disk_bytes"] for r in ok])}}
     old = out / "prepare.json"
     if args.append and old.is_file():
-        # the other rows' provenance stays; this run's is a note of its own
+        # the other rows' provenance stays; this run's is a note of its own (once, however
+        # often the run writes)
         prev = json.loads(old.read_text())
-        data["notes"] = prev.get("notes", []) + [
-            f"{', '.join(f'{e:.4g}' for e in sizes)}: `{data['meta']['command']}` "
-            f"({data['meta']['when']}, commit {commit})"]
+        notes = prev.get("notes", [])
+        data["notes"] = notes + ([note] if note and note not in notes else [])
         data["meta"] = prev["meta"]
     old.write_text(json.dumps(data, indent=1))
     md = render(data)
