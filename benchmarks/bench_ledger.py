@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
 import yaml
+from bench_scale import slope   # the scale study's log-log slope (script directory)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: anonymous memory of a rank before any data: the interpreter, torch, quietgnn and the gloo
 #: group (memory-ledger.md's measurement), not a buffer of the graph
 BASE_ANON_MIB = 225.0
 GIB, MIB = 2 ** 30, 2 ** 20
-
-
-def _slope(a: float, b: float, ea: float, eb: float) -> float | None:
-    return math.log(b / a) / math.log(eb / ea) if a > 0 and b > 0 and eb != ea else None
 
 
 def _ledgers(run_dir: Path, when: str) -> dict[int, dict]:
@@ -109,7 +105,7 @@ def _extrapolate(name: str, runs: list[dict], target: float, budget_gib: float) 
     buffers = []
     for r in lb["buffers"]:
         s = small.get(r["name"])
-        g = _slope(s["bytes"], r["bytes"], ea, eb) if s else None
+        g = slope([ea, eb], [s["bytes"], r["bytes"]]) if s else None
         grows = g is None or g > 0.5
         at_target = 0.0 if r["mapped"] else r["bytes"] * (target / eb if grows else 1.0)
         buffers.append({"name": r["name"], "dtype": r["dtype"], "shape": r["shape"],
