@@ -23,6 +23,7 @@ from torch import Tensor
 from ...comm import Communicator
 from ...comm.traffic import Traffic
 from ...partition import LocalPartition
+from ...runtime import heap
 from .data import LocalGraph, Rows, rotating_chunk
 
 __all__ = ["ChunkLoader", "Scratch"]
@@ -257,7 +258,7 @@ class ChunkLoader:
         # owned nodes, new leaves) fetched, all written in place into one scratch array
         need = torch.cat([j_owned, leaf])
         need_owner = torch.cat([torch.full((n_o,), chunk, dtype=torch.int64), leaf_owner])
-        cached = torch.isin(need, p.halo)
+        cached = self._in_halo(need)
         x_rest = sc.empty((need.numel(), p.num_features), p.x.dtype)
         fetch = torch.nonzero(~cached).flatten()
         self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
@@ -268,9 +269,32 @@ class ChunkLoader:
                 torch.searchsorted(self._halo_sorted, need[h])].long()]
         if not self.keep_halo:
             self._halo_x = self._halo_sorted = self._halo_order = None
-        deg = torch.cat([p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg])
-        deg = deg.to(torch.int32) if deg.numel() == 0 or int(deg.max()) < 2 ** 31 else deg
-        return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
+        pieces = [p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg]
+        wide = any(t.numel() and int(t.max()) >= 2 ** 31 for t in pieces)
+        # written into one int32 array (int64 only where a degree needs it): no int64 join
+        deg = torch.empty(sum(t.numel() for t in pieces),
+                          dtype=torch.int64 if wide else torch.int32)
+        o = 0
+        for t in pieces:
+            deg[o:o + t.numel()] = t
+            o += t.numel()
+        del pieces, j_deg, leaf_deg
+        lg = LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
+        heap.trim()   # the load's freed temporaries (runtime/heap.py)
+        return lg
+
+    def _in_halo(self, ids: Tensor) -> Tensor:
+        """Which of ``ids`` are in the own halo: a search in its sorted copy, a slice at a
+        time (``torch.isin`` sorts both sets joined: temporaries several times their size)."""
+        hs = self._halo_sorted
+        out = torch.zeros(ids.numel(), dtype=torch.bool)
+        if hs is None or hs.numel() == 0:
+            return out
+        for lo in range(0, ids.numel(), _ROWS):
+            q = ids[lo:lo + _ROWS]
+            at = torch.searchsorted(hs, q).clamp_(max=hs.numel() - 1)
+            out[lo:lo + _ROWS] = hs[at] == q
+        return out
 
 
 #: feature rows gathered or copied per slice (bounds the temporaries of a copy)

@@ -1,0 +1,39 @@
+"""Hand freed heap memory back to the system after a phase that allocated and dropped a lot.
+
+glibc's malloc serves allocations below its mmap threshold from the process heap, and raises
+that threshold (up to 32 MiB) each time a larger mmapped block is freed, so after a set-up
+that built and dropped many temporaries of a few MiB each (sorts, masks, id maps) the freed
+memory stays in the heap: resident, counted in the rank's RSS, unused until something of the
+right size is allocated again. Measured with the memory ledger (QUIETGNN_MEM_LEDGER) on
+grappa's mini-batch set-up, that retained heap was most of what the ledger could not name.
+``malloc_trim(0)`` returns every free page of the heap, not only its top. Lowering the mmap
+threshold for the whole run would also avoid it, but every step's activations would then be
+fresh mappings (page faults on each use), so the trim runs once per phase instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+__all__ = ["trim"]
+
+_libc: Any = None
+
+
+def trim() -> bool:
+    """Return the heap's free pages to the system; True when glibc released some. A no-op
+    (False) where the C library has no ``malloc_trim`` (not Linux, or not glibc)."""
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL("libc.so.6")
+                lib.malloc_trim.argtypes = [ctypes.c_size_t]
+                lib.malloc_trim.restype = ctypes.c_int
+                _libc = lib
+            except (OSError, AttributeError):   # musl and others: nothing to call
+                _libc = False
+    return bool(_libc.malloc_trim(0)) if _libc else False
