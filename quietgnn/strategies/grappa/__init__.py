@@ -63,6 +63,7 @@ from ...comm.lowrank import LowRankReducer
 from ...comm.traffic import Traffic
 from ...nn import SparseFeatures
 from ...nn.sparse import SPARSE_MAX_DENSITY
+from ...runtime import heap
 from ...sampling.evaluate import SampledEvaluator
 from ...sampling.fanouts import parse_fanouts
 from ...seeds import stream_seed
@@ -214,6 +215,7 @@ class Grappa(Strategy):
             # local graphs at once while the next one loads
             self.lg, self._x, self._eval_blocks = None, None, None
             self._full_blocks = self._full_x = self._full_z = None
+            heap.trim()   # what the steps left in the heap, before the load's peak
             self.lg = self.loader.load(s)
             w = coverage(self.lg, self.ctx.model_cfg.layers, o.coverage)
             self.w_seed = w[self.seed_local].clamp(self.options.w_min, 1.0)
@@ -230,6 +232,7 @@ class Grappa(Strategy):
                 self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
                 self._full_x = self._rows(self._full_blocks[0])
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
+        heap.trim()   # the load's and the coverage's freed temporaries (runtime/heap.py)
 
     def _rows(self, nodes: torch.Tensor):
         if self._x is not None:

@@ -23,7 +23,6 @@ from torch import Tensor
 from ...comm import Communicator
 from ...comm.traffic import Traffic
 from ...partition import LocalPartition
-from ...runtime import heap
 from .data import LocalGraph, Rows, rotating_chunk
 
 __all__ = ["ChunkLoader", "Scratch"]
@@ -279,9 +278,7 @@ class ChunkLoader:
             deg[o:o + t.numel()] = t
             o += t.numel()
         del pieces, j_deg, leaf_deg
-        lg = LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
-        heap.trim()   # the load's freed temporaries (runtime/heap.py)
-        return lg
+        return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
 
     def _in_halo(self, ids: Tensor) -> Tensor:
         """Which of ``ids`` are in the own halo: a search in its sorted copy, a slice at a
