@@ -30,6 +30,7 @@ measured on the user's graph, the strategies' ratios are borrowed from other gra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -40,6 +41,7 @@ from typing import Any, Optional, Sequence
 
 from ._advise_fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
                           _work_to_target, build_prior)
+from ._advise_probe import _per_work, plan_extension
 from ._advise_phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from .comm.network import TIERS, Tier, parse_tier
 
@@ -152,50 +154,10 @@ def _layers(model: str, set_: dict[str, Any]) -> int:
     return int(ModelConfig(arch=model, **keys).layers)
 
 
-def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
-    """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
-    once and (with ``period``: the probe's period of a :data:`_PERIODIC` strategy) what is
-    paid at every period boundary (epochs ``period``, ``2 period``, ...). The last epoch is
-    the steady state (``retexo``'s first rounds of a layer carry that layer's one boundary
-    exchange; ``halo``'s first epoch nothing extra): traffic above it in earlier epochs is
-    charged once (or per period), not per epoch. Compute is the mean over the epochs after
-    the first (warm-up: lazy set-up, the allocator) that are no boundary; a boundary's
-    compute above that mean is part of its periodic cost."""
-    rows = curve.get("epochs") or []
-    if not rows:
-        return None
-    last = rows[-1]
-    w_last = float(last.get("work", 1.0)) or 1.0
-    steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
-    steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
-
-    def boundary(r: dict[str, Any]) -> bool:
-        return period > 0 and int(r.get("epoch", 0)) > 0 and int(r["epoch"]) % period == 0
-
-    def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
-        out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
-        for r in sel:
-            w = float(r.get("work", 1.0))
-            out["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
-            out["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
-            out["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
-                                - steady["bytes"] * w)
-        return out
-
-    once = excess([r for r in rows[:-1] if not boundary(r)])
-    timed = [r for r in rows[1:] if not boundary(r)] or rows
-    work = sum(float(r.get("work", 1.0)) for r in timed)
-    compute = sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12)
-    out = {**steady, "compute_s": compute, "once": once,
-           "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows)}
-    marks = [r for r in rows if boundary(r)]
-    if marks:
-        per = excess(marks)
-        per["compute_s"] = sum(max(0.0, float(r["compute_s"]) - compute
-                                   * float(r.get("work", 1.0))) for r in marks)
-        # one period's worth: the probe may hold more than one boundary
-        out["periodic"] = {k: v / len(marks) for k, v in per.items()}
-    return out
+def _exact() -> set[str]:
+    """Strategies that claim equality with ``centralized`` (they need what it needed)."""
+    from .strategies import available_strategies, get_strategy
+    return {s for s in available_strategies() if get_strategy(s).exact}
 
 
 def _real_period(strategy: str, option: str) -> int:
@@ -260,11 +222,20 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         out = tmp.name
     try:
         results = run_matrix(specs, out, timeout_s=timeout_s, log=log or (lambda m: None))
+        return _measure(specs, results, ref_spec, info, stats, parts, model, params, layers,
+                        run_epochs, out, timeout_s, log)
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers, run_epochs,
+             out, timeout_s, log) -> dict[str, Any]:
+    """The probe's figures from its runs, extended (:mod:`quietgnn._advise_probe`) where
+    ``centralized`` ran."""
+    from .bench import run_matrix
     measured: dict[str, Any] = {}
-    ref_work = ref_compute = target = None
+    ref_work = ref_compute = target = ref_cost = None
     curves = {}
     for spec, res in zip(specs, results):
         if spec is ref_spec:
@@ -276,6 +247,7 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
                 ref_compute = statistics.median(
                     float(r["compute_s"]) / (float(r.get("work", 1.0)) or 1.0)
                     for r in res["curve"]["epochs"][1:] or res["curve"]["epochs"])
+                ref_cost = sum(float(r["compute_s"]) for r in res["curve"]["epochs"])
             continue
         if res.get("status") != "ok" or not res.get("curve"):
             err = (res.get("error") or res.get("curve_error") or "no result").strip()
@@ -303,6 +275,19 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         for s, curve in curves.items():
             if s not in PHASED and s not in _PERIODIC:
                 measured[s]["reached_at"] = _work_to_target(curve, target)
+        ext = plan_extension(measured, ref_work, ref_cost, parts,
+                             {sp.strategy: int(sp.overrides["train.epochs"]) for sp in specs},
+                             skip=set(PHASED) | set(_PERIODIC) | _exact()) \
+            if ref_work and ref_cost else {}
+        runs = [(s, dataclasses.replace(sp, overrides={**sp.overrides, "train.epochs": k,
+                                                       "train.eval_every": 1}))
+                for s, k in ext.items() for sp in specs if sp.strategy == s]
+        for (s, sp), res in zip(runs, run_matrix([sp for _, sp in runs], out,
+                                                 timeout_s=timeout_s,
+                                                 log=log or (lambda m: None))):
+            measured[s]["extended_to"] = int(sp.overrides["train.epochs"])
+            if res.get("status") == "ok" and res.get("curve"):
+                measured[s]["reached_at"] = _work_to_target(res["curve"], target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}

@@ -322,3 +322,48 @@ def test_a_phased_strategy_is_charged_each_layers_cost_for_the_epochs_it_spends_
     assert r["epoch_seconds"] == pytest.approx(e0)
     assert r["predicted_seconds_to_target"] == pytest.approx(
         t.seconds(2.0, 8e3) + 76 * e0)                      # + layer 1's first-round excess
+
+
+def test_the_extension_runs_on_what_centralized_needed_within_its_cost():
+    from quietgnn._advise_probe import plan_extension
+    # compute_s per epoch-equivalent, one rank; the budget counts all 4 ranks
+    m = {"cheap": {"compute_s": 0.01, "updates_per_epoch": 1},      # 40 epochs: 1.6 s
+         "batches": {"compute_s": 0.01, "updates_per_epoch": 5},    # 40 updates: 8 epochs
+         "periods": {"compute_s": 0.01, "epoch_work": 25.0},        # 40 passes: 2 epochs
+         "slow": {"compute_s": 0.5, "updates_per_epoch": 1},        # what is left: 2 epochs
+         "done": {"compute_s": 0.01, "reached_at": 3.0},            # its probe got there
+         "failed": {"error": "boom"},
+         "phased": {"compute_s": 0.01}}                             # skipped by the caller
+    probe = {"cheap": 3, "batches": 3, "periods": 1, "slow": 1}
+    plan = plan_extension(m, ref_work=40.0, ref_cost_s=6.0, parts=4, probe_epochs=probe,
+                          skip={"phased"})
+    # cheapest first: batches (0.32 s), cheap (1.6 s), periods (two whole epochs: 2 s), then
+    # slow gets (6 - 3.92) / 2 = 1.04 -> 1 epoch: no longer than its probe, not extended
+    assert plan == {"batches": 8, "cheap": 40, "periods": 2}
+    assert plan_extension(m, ref_work=40.0, ref_cost_s=10.0, parts=4, probe_epochs=probe,
+                          skip={"phased"})["slow"] == 3
+    # no longer than its probe: nothing to learn
+    assert plan_extension(m, ref_work=3.0, ref_cost_s=8.0, parts=4,
+                          probe_epochs={"cheap": 3, "batches": 3, "periods": 2, "slow": 3},
+                          skip={"phased"}) == {}
+
+
+def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_path):
+    from quietgnn._advise_fit import TARGET_FRAC, _work_to_target
+    from quietgnn.advisor import probe
+    set_ = {"synthetic.nodes": 300, "synthetic.feature_dim": 8, "model.hidden": 8}
+    m = probe("synthetic", parts=2, model="gcn", strategies=["halo", "minibatch"],
+              out=tmp_path, set_=set_, reference_epochs=30)
+    assert m["reference_epochs"] and m["reference_epochs"] > 3   # centralized took a while
+    assert "extended_to" not in m["strategies"]["halo"]   # exact: it needs what centralized did
+    mb = m["strategies"]["minibatch"]
+    runs = [json.loads(f.read_text()) for f in (tmp_path / "results").glob("*.json")]
+    ext = [r for r in runs if r["strategy"] == "minibatch" and
+           r["overrides"].get("train.epochs") == mb["extended_to"]]
+    assert mb["extended_to"] > 3 and len(ext) == 1
+    assert ext[0]["overrides"]["train.eval_every"] == 1
+    assert len(ext[0]["curve"]["epochs"]) == mb["extended_to"]
+    # where the extension got to 98 % of centralized's accuracy (None: not within its epochs)
+    (ref,) = [r for r in runs if r["strategy"] == "centralized"]
+    assert mb["reached_at"] == _work_to_target(ext[0]["curve"],
+                                               TARGET_FRAC * ref["summary"]["test_acc"])

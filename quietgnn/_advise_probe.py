@@ -1,0 +1,101 @@
+"""What :func:`quietgnn.advisor.probe` reads from its runs (step 1 of :mod:`quietgnn.advisor`):
+a probe's per-epoch costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
+
+The extension: on a graph where ``centralized`` ran (so the target and the work it took are
+known), every strategy probed at its real schedule — not a phased one (``retexo``, probed a
+few rounds per layer) nor a periodic one (``grappa``, probed at another reload period than
+a real run's) — is run on for as many epochs as ``centralized`` needed, evaluated after
+each, so one that gets there sooner than the borrowed table expects is seen doing so on
+this graph (``minibatch`` reached 98 % of ``centralized`` in 4 updates on CiteSeer/SAGE, where
+``centralized`` needed 40 and the other graphs' runs suggested ~45). ``tma``'s probe epoch is
+its real averaging period, so it is extended too.
+
+Not extended: a strategy that claims equality with ``centralized`` (``halo``: it needs what
+``centralized`` needed, by construction). Bounded: the extensions together cost at most
+about what the ``centralized`` run cost (its compute; theirs counted as all ranks' CPU
+seconds, as the ranks share this machine while probing), the cheapest first, so one is cut
+short, or left out, where the budget runs out; a prepared graph has no reference run, hence
+no extension."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+__all__ = ["plan_extension"]
+
+
+def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
+    """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
+    once and (with ``period``: the probe's period of a periodic strategy) what is
+    paid at every period boundary (epochs ``period``, ``2 period``, ...). The last epoch is
+    the steady state (``retexo``'s first rounds of a layer carry that layer's one boundary
+    exchange; ``halo``'s first epoch nothing extra): traffic above it in earlier epochs is
+    charged once (or per period), not per epoch. Compute is the mean over the epochs after
+    the first (warm-up: lazy set-up, the allocator) that are no boundary; a boundary's
+    compute above that mean is part of its periodic cost."""
+    rows = curve.get("epochs") or []
+    if not rows:
+        return None
+    last = rows[-1]
+    w_last = float(last.get("work", 1.0)) or 1.0
+    steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
+    steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
+
+    def boundary(r: dict[str, Any]) -> bool:
+        return period > 0 and int(r.get("epoch", 0)) > 0 and int(r["epoch"]) % period == 0
+
+    def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
+        out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
+        for r in sel:
+            w = float(r.get("work", 1.0))
+            out["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
+            out["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
+            out["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
+                                - steady["bytes"] * w)
+        return out
+
+    once = excess([r for r in rows[:-1] if not boundary(r)])
+    timed = [r for r in rows[1:] if not boundary(r)] or rows
+    work = sum(float(r.get("work", 1.0)) for r in timed)
+    compute = sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12)
+    out = {**steady, "compute_s": compute, "once": once,
+           "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows),
+           # epoch-equivalents in one of its epochs (tma's: an averaging period's passes)
+           "epoch_work": float(last.get("work", 1.0)) or 1.0}
+    marks = [r for r in rows if boundary(r)]
+    if marks:
+        per = excess(marks)
+        per["compute_s"] = sum(max(0.0, float(r["compute_s"]) - compute
+                                   * float(r.get("work", 1.0))) for r in marks)
+        # one period's worth: the probe may hold more than one boundary
+        out["periodic"] = {k: v / len(marks) for k, v in per.items()}
+    return out
+
+
+def plan_extension(measured: dict[str, Any], ref_work: float, ref_cost_s: float,
+                   parts: int, probe_epochs: dict[str, int],
+                   skip: set[str]) -> dict[str, int]:
+    """Epochs to run each strategy for. ``measured``: the probe's per-strategy costs
+    (:func:`_per_work`: ``compute_s`` per epoch-equivalent, ``epoch_work``, and
+    ``updates_per_epoch`` per epoch-equivalent; or ``error``); ``ref_work``: ``centralized``'s
+    updates to the target; ``ref_cost_s``: its run's compute seconds, the budget of all
+    extensions together, spent on the cheapest first; ``probe_epochs``: the epochs each probe
+    ran already; ``skip``: strategies not extended. A strategy is extended for as many
+    updates as ``centralized`` needed, or what the budget left pays for; not one whose probe
+    reached the target already, nor where that would be no longer than its probe."""
+    wanted = []
+    for s, m in measured.items():
+        if s in skip or "error" in m or m.get("reached_at") or not m.get("compute_s"):
+            continue
+        work = ref_work / max(1, int(m.get("updates_per_epoch") or 1))   # epoch-equivalents
+        # every rank's CPU: the ranks share this machine's cores while probing
+        per_work = float(m["compute_s"]) * parts
+        wanted.append((work * per_work, s, work, per_work, float(m.get("epoch_work") or 1.0)))
+    out, left = {}, float(ref_cost_s)
+    for _, s, work, per_work, epoch_work in sorted(wanted):
+        k = min(math.ceil(work / epoch_work), math.floor(left / (per_work * epoch_work)))
+        if k > probe_epochs.get(s, 0):
+            out[s] = k
+            left -= k * epoch_work * per_work
+    return out
