@@ -176,11 +176,13 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
             continue
         strategies = [s for s in CANDIDATES if any(
             r["strategy"] == s and r["parts"] == 4 for r in g["rows"])]
-        m = probe(ds, root=str(data_root / ROOTS[ds]), parts=4, model=model,
+        kw = dict(root=str(data_root / ROOTS[ds]), parts=4, model=model,
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
                   run_epochs=200,   # the measured runs' (retexo's schedule: 100 rounds a layer)
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        m = probe(ds, **kw)
+        m0 = probe(ds, **kw, extend=False)   # the same probes (cached), not run on
         prior = build_prior(results, exclude=[ds], updates=updates)
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
@@ -194,6 +196,8 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                 continue
             adv = rank(on_machine(m, 1.0 / factor), tier, prior)
             raw = [r["strategy"] for r in rank(m, tier, prior)["ranking"]]
+            no_ext = [r["strategy"] for r in rank(on_machine(m0, 1.0 / factor), tier,
+                                                  prior)["ranking"]]
             order = [r["strategy"] for r in adv["ranking"]]
             winner = min(truth, key=truth.get)
             pred = {r["strategy"]: r["predicted_seconds_to_target"] for r in adv["ranking"]}
@@ -207,6 +211,11 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                 "median_abs_log_error": statistics.median(map(abs, errs)) if errs else None,
                 "probe_compute_factor": factor, "advised_unscaled": raw,
                 "hit_unscaled": raw[:1] == [winner], "top2_unscaled": winner in raw[:2],
+                "advised_no_extension": no_ext, "hit_no_extension": no_ext[:1] == [winner],
+                "top2_no_extension": winner in no_ext[:2],
+                # the probe's extension: epochs run on, and where it reached the target
+                "extended": {s: [v["extended_to"], v.get("reached_at")]
+                             for s, v in m["strategies"].items() if v.get("extended_to")},
             })
             print(f"{ds}/{model}/{tier}: winner {winner}, advised {order[:3]}",
                   file=sys.stderr, flush=True)
@@ -242,6 +251,11 @@ def render(records: list[dict]) -> list[str]:
     top2_u = sum(r.get("top2_unscaled", r["top2"]) for r in records)
     factors = {f"{r['dataset']}/{r['model']}": r.get("probe_compute_factor", 1.0)
                for r in records}
+    hit_x = sum(r.get("hit_no_extension", r["hit"]) for r in records)
+    top2_x = sum(r.get("top2_no_extension", r["top2"]) for r in records)
+    cells = {f"{r['dataset']}/{r['model']}": r.get("extended") or {} for r in records}
+    ext = [f"{c} {s} {k} ({'never' if at is None else f'at {at:g}'})"
+           for c, e in cells.items() for s, (k, at) in sorted(e.items())]
     lines = ["# quietgnn advise: validation against the headline study", "",
              "Command: `python benchmarks/bench_advise.py` (leave-one-dataset-out prior, "
              "per-epoch costs from the advisor's own probe; measured: training time to 98 % of "
@@ -253,6 +267,10 @@ def render(records: list[dict]) -> list[str]:
              f"(per cell, the median over strategies of max(pred/meas, meas/pred))",
              f"- with the probe's compute as measured (not brought to the measured runs' "
              f"machine): first choice {hit_u}/{n}, top two {top2_u}/{n}",
+             f"- without the probe's extension (`--no-extend`: the borrowed table alone "
+             f"predicts the work): first choice {hit_x}/{n}, top two {top2_x}/{n}",
+             "- extended probes (epochs run on; where the target was reached, in "
+             "epoch-equivalents): " + (", ".join(ext) or "none"),
              "- probe compute / measured runs' compute (`centralized` on each graph and model): "
              + ", ".join(f"{k} {v:.2f}x" for k, v in factors.items()), "",
              "| dataset | model | tier | measured winner | advised (first three) | hit | "

@@ -172,12 +172,13 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
           strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
           set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
           reference_epochs: int = REFERENCE_EPOCHS, log: Any = None,
-          run_epochs: Optional[int] = None) -> dict[str, Any]:
+          run_epochs: Optional[int] = None, extend: bool = True) -> dict[str, Any]:
     """Measure every strategy of ``strategies`` for a few epochs, and how many epochs
     ``centralized`` needs on this graph (``reference_epochs`` of it, one process; skipped for
     a prepared graph, which may not fit one process, and with 0); ``run_epochs``: the
     ``train.epochs`` of the run being planned (default: ``set_``'s, else the trainer's
     default), which sets a phased strategy's schedule (:mod:`quietgnn._advise_phases`);
+    ``extend``: run the extension where ``centralized`` ran (:mod:`quietgnn._advise_probe`);
     returns ``{"graph",
     "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
     from .bench import RunSpec, run_matrix
@@ -223,14 +224,14 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     try:
         results = run_matrix(specs, out, timeout_s=timeout_s, log=log or (lambda m: None))
         return _measure(specs, results, ref_spec, info, stats, parts, model, params, layers,
-                        run_epochs, out, timeout_s, log)
+                        run_epochs, out, timeout_s, log, extend)
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
 def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers, run_epochs,
-             out, timeout_s, log) -> dict[str, Any]:
+             out, timeout_s, log, extend) -> dict[str, Any]:
     """The probe's figures from its runs, extended (:mod:`quietgnn._advise_probe`) where
     ``centralized`` ran."""
     from .bench import run_matrix
@@ -276,9 +277,10 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
             if s not in PHASED and s not in _PERIODIC:
                 measured[s]["reached_at"] = _work_to_target(curve, target)
         ext = plan_extension(measured, ref_work, ref_cost, parts,
-                             {sp.strategy: int(sp.overrides["train.epochs"]) for sp in specs},
+                             {sp.strategy: int(sp.overrides["train.epochs"])
+                              for sp in specs if sp is not ref_spec},
                              skip=set(PHASED) | set(_PERIODIC) | _exact()) \
-            if ref_work and ref_cost else {}
+            if extend and ref_work and ref_cost else {}
         runs = [(s, dataclasses.replace(sp, overrides={**sp.overrides, "train.epochs": k,
                                                        "train.eval_every": 1}))
                 for s, k in ext.items() for sp in specs if sp.strategy == s]
@@ -337,7 +339,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
     for s, m in measured["strategies"].items():
         p = prior["strategies"].get(s)
         risk, risk_why = _risk(p)
-        row: dict[str, Any] = {"strategy": s, "accuracy_risk": risk}
+        row: dict[str, Any] = {"strategy": s, "accuracy_risk": risk,
+                               "extended_epochs": m.get("extended_to")}
         if "error" in m:
             rows.append({**row, "bytes_per_epoch": None, "epoch_seconds": None,
                          "predicted_seconds_to_target": None,
@@ -404,12 +407,14 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
 def advise(dataset: str = "synthetic", *, root: Optional[str] = None,
            prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
            tier: str | Tier = "wan", strategies: Sequence[str] = CANDIDATES,
-           set_: Optional[dict[str, Any]] = None, log: Any = None) -> dict[str, Any]:
+           set_: Optional[dict[str, Any]] = None, log: Any = None,
+           extend: bool = True) -> dict[str, Any]:
     """Probe every strategy on this graph and rank them for ``tier`` (see the module
-    docstring); returns the dict ``quietgnn advise --json`` prints."""
+    docstring); returns the dict ``quietgnn advise --json`` prints. ``extend=False``: no
+    extension of the probes (quicker; the borrowed table alone predicts the work)."""
     _tier(tier)   # a bad tier fails before minutes of probing
     return rank(probe(dataset, root=root, prepared=prepared, parts=parts, model=model,
-                      strategies=strategies, set_=set_, log=log), tier)
+                      strategies=strategies, set_=set_, log=log, extend=extend), tier)
 
 
 def _human(n: float) -> str:
@@ -462,6 +467,11 @@ def cli_main(argv: Sequence[str]) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config key for every probe run, e.g. model.hidden=128 (repeatable)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-extend", action="store_true",
+                    help="do not run on the probes of the strategies whose epochs are like "
+                         "centralized's until they reach the target (quicker, at most one "
+                         "centralized run's compute less; the measured table alone predicts "
+                         "their work)")
     args = ap.parse_args(list(argv))
     try:
         from .bench import _kv
@@ -469,6 +479,7 @@ def cli_main(argv: Sequence[str]) -> int:
         res = advise(args.dataset, root=args.root, prepared=args.data, parts=args.parts,
                      model=args.model, tier=args.tier,
                      strategies=[s for s in args.strategies.split(",") if s], set_=extra,
+                     extend=not args.no_extend,
                      log=None if args.json else
                      (lambda m: print(m, file=sys.stderr, flush=True)))
     except (ValueError, OSError) as exc:

@@ -98,9 +98,10 @@ def _cli(*args):
 
 def test_advise_json_on_a_dataset_end_to_end():
     r = _cli("--dataset", "synthetic", "--parts", "2", "--strategies", "halo,tma",
-             "--tier", "wan", "--json", *SYN)
+             "--tier", "wan", "--json", "--no-extend", *SYN)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
+    assert [x["extended_epochs"] for x in res["ranking"]] == [None, None]   # --no-extend
     assert res["recommendation"] in ("halo", "tma")
     assert {x["strategy"] for x in res["ranking"]} == {"halo", "tma"}
     for x in res["ranking"]:
@@ -348,22 +349,38 @@ def test_the_extension_runs_on_what_centralized_needed_within_its_cost():
                           skip={"phased"}) == {}
 
 
-def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_path):
+def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_path,
+                                                                           monkeypatch):
+    from quietgnn import advisor
     from quietgnn._advise_fit import TARGET_FRAC, _work_to_target
-    from quietgnn.advisor import probe
+    seen = {}
+
+    def plan(measured, ref_work, ref_cost, parts, probe_epochs, skip):
+        # the plan's arithmetic is tested above; here a fixed plan, as the budget follows
+        # the machine's load
+        seen.update(ref_work=ref_work, ref_cost=ref_cost, skip=skip, probe=probe_epochs)
+        return {"minibatch": 5}
+
+    monkeypatch.setattr(advisor, "plan_extension", plan)
     set_ = {"synthetic.nodes": 300, "synthetic.feature_dim": 8, "model.hidden": 8}
-    m = probe("synthetic", parts=2, model="gcn", strategies=["halo", "minibatch"],
-              out=tmp_path, set_=set_, reference_epochs=30)
-    assert m["reference_epochs"] and m["reference_epochs"] > 3   # centralized took a while
-    assert "extended_to" not in m["strategies"]["halo"]   # exact: it needs what centralized did
+    m = advisor.probe("synthetic", parts=2, model="gcn", strategies=["halo", "minibatch"],
+                      out=tmp_path, set_=set_, reference_epochs=30)
+    assert seen["ref_work"] == m["reference_epochs"] and seen["ref_cost"] > 0
+    assert {"halo", "retexo", "grappa"} <= seen["skip"]       # exact, phased, periodic
+    assert seen["probe"] == {"halo": 3, "minibatch": 3}
     mb = m["strategies"]["minibatch"]
+    assert mb["extended_to"] == 5 and "extended_to" not in m["strategies"]["halo"]
     runs = [json.loads(f.read_text()) for f in (tmp_path / "results").glob("*.json")]
     ext = [r for r in runs if r["strategy"] == "minibatch" and
-           r["overrides"].get("train.epochs") == mb["extended_to"]]
-    assert mb["extended_to"] > 3 and len(ext) == 1
-    assert ext[0]["overrides"]["train.eval_every"] == 1
-    assert len(ext[0]["curve"]["epochs"]) == mb["extended_to"]
+           r["overrides"].get("train.epochs") == 5]
+    assert len(ext) == 1 and ext[0]["overrides"]["train.eval_every"] == 1
+    assert len(ext[0]["curve"]["epochs"]) == 5
     # where the extension got to 98 % of centralized's accuracy (None: not within its epochs)
     (ref,) = [r for r in runs if r["strategy"] == "centralized"]
     assert mb["reached_at"] == _work_to_target(ext[0]["curve"],
                                                TARGET_FRAC * ref["summary"]["test_acc"])
+    # without the extension: nothing run on
+    monkeypatch.setattr(advisor, "plan_extension", lambda *a, **k: pytest.fail("extended"))
+    m = advisor.probe("synthetic", parts=2, model="gcn", strategies=["minibatch"],
+                      out=tmp_path, set_=set_, reference_epochs=30, extend=False)
+    assert "extended_to" not in m["strategies"]["minibatch"]
