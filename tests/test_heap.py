@@ -1,10 +1,10 @@
-"""runtime/heap.py: the trim hands the heap's freed pages back (glibc only)."""
+"""quietgnn/heap.py: the trim hands the heap's freed pages back (glibc only)."""
 
 import sys
 
 import pytest
 
-from quietgnn.runtime import heap
+from quietgnn import heap
 
 
 def _rss_anon_kib() -> int:

@@ -11,8 +11,8 @@ PKG = Path(__file__).resolve().parents[1] / "quietgnn"
 
 #: lowest first; a unit (sub-package or top-level module) may import its own layer and below
 LAYERS = [
-    {"serial", "errors", "graph", "seeds", "rows", "confdoc", "_advise_fit", "_advise_phases",
-     "_advise_prior"},
+    {"serial", "errors", "graph", "seeds", "rows", "confdoc", "heap", "_advise_fit",
+     "_advise_phases", "_advise_prior", "_advise_probe"},
     {"datasets", "partition", "nn"},
     {"comm"},
     {"sampling"},

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
-from . import heap
+from .. import heap
 from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
 from .rundir import write_json
 
@@ -66,7 +66,7 @@ class Trainer:
         t_start = time.perf_counter()
         with comm.phase("setup"):
             s.setup()
-        heap.trim()   # the set-up's freed temporaries (runtime/heap.py)
+        heap.trim()   # the set-up's freed temporaries (quietgnn/heap.py)
         self._ledger("setup")
         start_epoch = self._maybe_resume()
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)

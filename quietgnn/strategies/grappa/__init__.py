@@ -63,7 +63,7 @@ from ...comm.lowrank import LowRankReducer
 from ...comm.traffic import Traffic
 from ...nn import SparseFeatures
 from ...nn.sparse import SPARSE_MAX_DENSITY
-from ...runtime import heap
+from ... import heap
 from ...sampling.evaluate import SampledEvaluator
 from ...sampling.fanouts import parse_fanouts
 from ...seeds import stream_seed
@@ -232,7 +232,7 @@ class Grappa(Strategy):
                 self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
                 self._full_x = self._rows(self._full_blocks[0])
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
-        heap.trim()   # the load's and the coverage's freed temporaries (runtime/heap.py)
+        heap.trim()   # the load's and the coverage's freed temporaries (quietgnn/heap.py)
 
     def _rows(self, nodes: torch.Tensor):
         if self._x is not None:
