@@ -361,3 +361,17 @@ def test_duckdb_gets_the_per_node_arrays_share_until_they_exist(tmp_path, monkey
                                   - tables._PYTHON_BASE) / 2 ** 20
     assert abs(seen["_add_parts"] - early) < 2
     assert abs(seen["_write_edges"] - (early - tables._DUCK_SHARE * 300)) < 2
+
+
+def test_the_progress_log_says_what_duckdb_holds_when_the_edges_are_tagged(tmp_path):
+    """The tagging is where the 10^9-edge prepare ran out of DuckDB's share: the progress log
+    accounts for DuckDB's memory there, by its own tags (every 256 batches and at the end)."""
+    import re
+    g0 = small_graph(n=60, seed=2)
+    e, nodes, _ = _tables(tmp_path, g0, "parquet")
+    lines = []
+    prepare_tables(e, nodes, tmp_path / "out", parts=2, memory_budget=TINY_BUDGET,
+                   progress=lines.append)
+    held = [ln for ln in lines if "DuckDB holds" in ln]
+    assert held and re.search(r"^edges tagged; DuckDB holds \d+ MiB \(.*\), \d+ MiB spilled",
+                              held[-1]), lines

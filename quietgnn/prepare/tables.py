@@ -241,7 +241,8 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         def part_of(ids: np.ndarray) -> np.ndarray:
             return assignment[ids].astype(np.int64)
     progress("edges: each pair once, with the parts of its ends")
-    _add_parts(con, part_of)
+    _add_parts(con, part_of, progress)
+    progress(f"edges tagged; {_duck_memory(con)}; dropping the untagged table")
     con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     late()                          # DuckDB's smaller share, before the per-node arrays
@@ -428,7 +429,20 @@ def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
             yield dst[keep], src[keep]
 
 
-def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray]) -> None:
+def _duck_memory(con) -> str:
+    """What DuckDB holds now, by its own tags (the progress log's account of where its share
+    goes: a run that runs out of it says which part grew)."""
+    rows = con.cursor().sql("SELECT tag, memory_usage_bytes, temporary_storage_bytes "
+                            "FROM duckdb_memory() WHERE memory_usage_bytes > 0 "
+                            "OR temporary_storage_bytes > 0").fetchall()
+    held = ", ".join(f"{t} {m >> 20}" for t, m, _ in rows if m >> 20)
+    spilled = sum(int(x) for _, _, x in rows) >> 20
+    return f"DuckDB holds {sum(int(m) for _, m, _ in rows) >> 20} MiB ({held or 'nothing'}), " \
+           f"{spilled} MiB spilled"
+
+
+def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray],
+               progress: Callable[[str], None] = lambda s: None) -> None:
     """Table ``e``: the unique rows of ``e0`` in its order, with the parts of their source
     (``ps``) and destination (``pd``). Computed in a stream and appended in order rather than
     joined in SQL: a join's output has no order, and sorting it again was the prepare's
@@ -437,12 +451,16 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray]) -> None:
     con.execute("CREATE TABLE e (src BIGINT, dst BIGINT, ps USMALLINT, pd USMALLINT)")
     writer = con.cursor()       # a connection streaming a result runs no other statement
     try:
-        for dst, src in _unique_edges(con, "e0"):
+        done = 0
+        for k, (dst, src) in enumerate(_unique_edges(con, "e0")):
             batch = pa.table({"src": src, "dst": dst, "ps": part_of(src).astype(np.uint16),
                               "pd": part_of(dst).astype(np.uint16)})
             writer.register("e_batch", batch)
             writer.execute("INSERT INTO e SELECT src, dst, ps, pd FROM e_batch")
             writer.unregister("e_batch")
+            done += dst.size
+            if k % 256 == 255:
+                progress(f"edges: {done:,} rows tagged; {_duck_memory(con)}")
     finally:
         writer.close()
 
