@@ -432,9 +432,13 @@ def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 def _duck_memory(con) -> str:
     """What DuckDB holds now, by its own tags (the progress log's account of where its share
     goes: a run that runs out of it says which part grew)."""
-    rows = con.cursor().sql("SELECT tag, memory_usage_bytes, temporary_storage_bytes "
-                            "FROM duckdb_memory() WHERE memory_usage_bytes > 0 "
-                            "OR temporary_storage_bytes > 0").fetchall()
+    cur = con.cursor()      # ``con`` may be streaming a result
+    try:
+        rows = cur.sql("SELECT tag, memory_usage_bytes, temporary_storage_bytes "
+                       "FROM duckdb_memory() WHERE memory_usage_bytes > 0 "
+                       "OR temporary_storage_bytes > 0").fetchall()
+    finally:
+        cur.close()
     held = ", ".join(f"{t} {m >> 20}" for t, m, _ in rows if m >> 20)
     spilled = sum(int(x) for _, _, x in rows) >> 20
     return f"DuckDB holds {sum(int(m) for _, m, _ in rows) >> 20} MiB ({held or 'nothing'}), " \
