@@ -182,7 +182,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                   out=ROOT / "benchmarks/results/advise/probes" / f"{ds}-{model}",
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
         m = probe(ds, **kw)
-        m0 = probe(ds, **kw, extend=False)   # the same probes (cached), not run on
+        m0 = unextended(m)
         prior = build_prior(results, exclude=[ds], updates=updates)
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
@@ -238,6 +238,18 @@ def on_machine(m: dict, factor: float) -> dict:
                 return {**c, "compute_s": c["compute_s"] * factor}
             v["phases"] = [{**times(ph), "start": times(ph["start"]), "end": times(ph["end"])}
                            for ph in v["phases"]]
+        out["strategies"][s] = v
+    return out
+
+
+def unextended(m: dict) -> dict:
+    """The probe ``m`` as ``extend=False`` gives it: each extended strategy with its short
+    probe's ``reached_at`` (kept beside by :func:`probe`), not the extension's."""
+    out = {**m, "strategies": {}}
+    for s, v in m["strategies"].items():
+        if "extended_to" in v:
+            v = {k: x for k, x in v.items() if k not in ("extended_to", "probe_reached_at")}
+            v["reached_at"] = m["strategies"][s].get("probe_reached_at")
         out["strategies"][s] = v
     return out
 

@@ -288,6 +288,8 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
                                                  timeout_s=timeout_s,
                                                  log=log or (lambda m: None))):
             measured[s]["extended_to"] = int(sp.overrides["train.epochs"])
+            # the short probe's own figure kept beside (what ``extend=False`` would give)
+            measured[s]["probe_reached_at"] = measured[s].get("reached_at")
             if res.get("status") == "ok" and res.get("curve"):
                 measured[s]["reached_at"] = _work_to_target(res["curve"], target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,

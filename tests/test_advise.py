@@ -384,3 +384,6 @@ def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_
     m = advisor.probe("synthetic", parts=2, model="gcn", strategies=["minibatch"],
                       out=tmp_path, set_=set_, reference_epochs=30, extend=False)
     assert "extended_to" not in m["strategies"]["minibatch"]
+    # ... and its figure is the one the extended probe kept beside its own
+    assert "probe_reached_at" in mb
+    assert m["strategies"]["minibatch"].get("reached_at") == mb["probe_reached_at"]

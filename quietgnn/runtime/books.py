@@ -9,7 +9,6 @@ configured book without loading the graph, or partitions in process.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -17,6 +16,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .. import heap
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -207,15 +208,12 @@ def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
 
 
 def release_free_memory() -> None:
-    """Collect garbage and return freed heap pages to the OS (glibc ``malloc_trim``; a no-op
-    elsewhere). Large tensors are freed to the OS at once, but the many mid-sized ones of a
-    graph pipeline leave a fragmented heap that otherwise stays resident."""
+    """Collect garbage and return freed heap pages to the OS (:func:`quietgnn.heap.trim`):
+    the many mid-sized tensors of a graph pipeline leave a fragmented heap that otherwise
+    stays resident."""
     import gc
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    heap.trim()
 
 
 def _peak_rss_mb() -> float:

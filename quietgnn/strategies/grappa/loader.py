@@ -262,6 +262,8 @@ class ChunkLoader:
         fetch = torch.nonzero(~cached).flatten()
         self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
         hit = torch.nonzero(cached).flatten()
+        # the hits searched a second time, a slice at a time: keeping the first search's
+        # positions would hold an int64 array the size of ``need`` through the fetch
         for lo in range(0, hit.numel(), _ROWS):    # bounded temporaries of the halo's rows
             h = hit[lo:lo + _ROWS]
             x_rest[h] = self._halo_x[self._halo_order[
