@@ -132,21 +132,21 @@ def test_sources_out_of_order_are_an_error_not_a_repeated_pair():
     sources going back within a destination, in a batch or across a batch boundary, stop the
     prepare instead of leaving a repeated pair in the graph."""
     import duckdb
-    from quietgnn.prepare import tables
+    from quietgnn.prepare import edges
     con = duckdb.connect()
     con.execute("SET preserve_insertion_order = true")
     for rows, batch in (([(0, 1), (0, 3), (0, 2)], 8), ([(0, 1), (0, 3), (0, 2)], 2)):
         con.execute("CREATE OR REPLACE TABLE t (dst BIGINT, src BIGINT)")
         con.executemany("INSERT INTO t VALUES (?, ?)", rows)
-        old, tables.BATCH_ROWS = tables.BATCH_ROWS, batch
+        old, edges.BATCH_ROWS = edges.BATCH_ROWS, batch
         try:
             with pytest.raises(RuntimeError, match=r"out of \(dst, src\) order"):
-                list(tables._unique_edges(con, "t"))
+                list(edges._unique_edges(con, "t"))
         finally:
-            tables.BATCH_ROWS = old
+            edges.BATCH_ROWS = old
     con.execute("CREATE OR REPLACE TABLE t (dst BIGINT, src BIGINT)")
     con.executemany("INSERT INTO t VALUES (?, ?)", [(0, 1), (0, 1), (0, 2), (1, 0), (1, 0)])
-    got = [(int(d), int(s_)) for D, S in tables._unique_edges(con, "t") for d, s_ in zip(D, S)]
+    got = [(int(d), int(s_)) for D, S in edges._unique_edges(con, "t") for d, s_ in zip(D, S)]
     assert got == [(0, 1), (0, 2), (1, 0)]
 
 
@@ -288,7 +288,7 @@ def _book_edges(path):
 
 
 def test_streamed_degree_counts_and_order_guard():
-    from quietgnn.prepare.tables import _add_counts, _check_sorted
+    from quietgnn.prepare.edges import _add_counts, _check_sorted
     deg = np.zeros(6, dtype=np.int32)
     ids = np.array([0, 0, 2, 2, 2, 5])
     _add_counts(deg, ids[:4])       # a run split across two batches still adds up

@@ -61,7 +61,8 @@ from ..partition.book import PartitionBook, _sha256, finish_book, new_book_dir
 from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
 from .arrays import BATCH_ROWS, NpyWriter, lookup
-from .tables import TEST, TRAIN, VAL, _check_sorted, _connect
+from .edges import _check_sorted
+from .tables import TEST, TRAIN, VAL, _connect
 
 __all__ = ["prepare_distributed", "slice_path"]
 

@@ -4,8 +4,9 @@ The work that needs the whole edge list at once (drop self-loops, symmetrise, so
 destination) is SQL run by DuckDB, which spills to its own temporary directory when the data
 outgrows its memory limit. Python streams DuckDB's sorted output in record batches: it drops
 repeated pairs (adjacent once sorted), partitions, tags each edge with its ends' parts (one
-ordered pass written back, not a join that would need a second sort), counts degrees, marks
-halos and writes each part's ``.npy`` arrays (:mod:`quietgnn.partition.shards` layout).
+ordered pass written to a Parquet file, not a join that would need a second sort), and from
+that file counts degrees, marks halos and writes each part's ``.npy`` arrays
+(:mod:`quietgnn.partition.shards` layout); the streams are in :mod:`.edges`.
 What Python holds: two int32 degree vectors and the assignment (10 bytes a node), what the
 node source needs (e.g. a random split, 11 bytes a node), one part's owned and halo ids, and
 a batch.
@@ -13,8 +14,8 @@ a batch.
 The parts are exactly what :func:`quietgnn.partition.build_partitions` builds from the same
 graph in memory with the same partitioner (``ldg`` or ``hash``), and the graph fingerprint is
 the one :meth:`quietgnn.graph.Graph.fingerprint` computes, so the two paths can be compared bit
-for bit. Everything relies on DuckDB returning a table's rows in insertion order (set, and
-checked while streaming: rows out of order are an error, not a wrong graph).
+for bit. Everything relies on DuckDB returning the sorted table's rows in insertion order (set,
+and checked while streaming: rows out of order are an error, not a wrong graph).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from ..partition.book import PartitionBook, book_id_of, finish_book, new_book_dir
-from ..partition.partitioners import LDG, LDG_PASSES, hash_part_of
+from ..partition.partitioners import hash_part_of
 from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
+from .edges import _add_counts, _add_parts, _check_sorted, _duck_memory, _stream_ldg, tagged_batches
 
 __all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
 
@@ -84,16 +86,6 @@ def _connect(work: Path, duck_bytes: int, threads: int):
     # scans of the sorted edge table come back in its order (the CSR order)
     con.execute("SET preserve_insertion_order = true")
     return con
-
-
-def _batches(con, sql: str) -> Iterator[dict[str, np.ndarray]]:
-    reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
-    try:
-        for batch in reader:
-            yield {name: batch.column(i).to_numpy(zero_copy_only=False)
-                   for i, name in enumerate(batch.schema.names)}
-    finally:
-        reader.close()      # hand the query's buffers back now, not when collected
 
 
 def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_parts: int,
@@ -241,25 +233,25 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         def part_of(ids: np.ndarray) -> np.ndarray:
             return assignment[ids].astype(np.int64)
     progress("edges: each pair once, with the parts of its ends")
-    _add_parts(con, part_of, progress)
+    edges = tmp / ".work" / "e.parquet"
+    m = _add_parts(con, part_of, edges, progress)
     progress(f"edges tagged; {_duck_memory(con)}; dropping the untagged table")
     con.execute("DROP TABLE e0")
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     late()                          # DuckDB's smaller share, before the per-node arrays
-    m = con.sql("SELECT count(*) FROM e").fetchall()[0][0]
     # degrees by streaming, not by GROUP BY: a hash aggregate over N groups is what runs
     # DuckDB out of memory first (10^7+ nodes in a few GiB); the table is sorted by dst
     progress("degrees")
     in_deg = np.zeros(n, dtype=np.int32)
     last = -1
-    for b in _batches(con, "SELECT dst FROM e"):
+    for b in tagged_batches(edges, ["dst"]):
         last = _check_sorted(b["dst"], last)
         _add_counts(in_deg, b["dst"])
     if undirected:          # every edge is stored both ways
         out_deg = in_deg
     else:
         out_deg = np.zeros(n, dtype=np.int32)
-        for b in _batches(con, "SELECT src FROM e"):
+        for b in tagged_batches(edges, ["src"]):
             _add_counts(out_deg, np.sort(b["src"]))
 
     # the nodes, one pass in id order, into every part's arrays at once
@@ -273,16 +265,17 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
                          f"{np.nonzero(owned_n == 0)[0].tolist()} of {P} empty on {n} nodes; "
                          f"use fewer parts")
     counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of, x_dtype)
-    fingerprint = _fingerprint(con, tmp, in_deg, nodes)
+    fingerprint = _fingerprint(edges, tmp, in_deg, nodes)
 
     # halos: remote in-neighbours of each part's nodes, ordered by (owner, id); one streamed
     # pass marking them (P x N bits' worth of bools), no DISTINCT in DuckDB
     progress("halos")
     marks = np.zeros((P, n), dtype=bool)
     cut = 0
-    for b in _batches(con, "SELECT src, pd FROM e WHERE ps <> pd"):
-        marks[b["pd"].astype(np.int64), b["src"]] = True
-        cut += b["src"].size
+    for b in tagged_batches(edges, ["src", "ps", "pd"]):
+        sel = b["ps"] != b["pd"]
+        marks[b["pd"][sel].astype(np.int64), b["src"][sel]] = True
+        cut += int(sel.sum())
     halos = []
     for k in range(P):
         halo = np.flatnonzero(marks[k])
@@ -299,7 +292,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     edges_per_part = []
     for k in range(P):
         progress(f"part {k}: edges")
-        edges_per_part.append(_write_edges(con, part_dirs, k, P, in_deg, out_deg))
+        edges_per_part.append(_write_edges(con, edges, part_dirs, k, P, in_deg, out_deg))
         scalars = {"rank": k, "num_parts": P, "num_nodes_global": n, "num_edges_global": m,
                    "num_classes": nodes.num_classes, "num_train_global": counts[TRAIN],
                    "num_val_global": counts[VAL], "num_test_global": counts[TEST],
@@ -376,118 +369,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
 
 
-def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndarray:
-    """:class:`~quietgnn.partition.partitioners.LDG` over the sorted edge table ``e0``, streamed
-    in record batches, ``LDG_PASSES`` times: the same assignment as ``ldg_parts`` in memory
-    (the same node batches see the same edges)."""
-    ldg = LDG(n, P)
-    for p in range(LDG_PASSES):
-        progress(f"ldg partitioning: pass {p + 1} of {LDG_PASSES}")
-        lo, D, S = 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
-        for dst, src in _unique_edges(con, "e0"):
-            D, S = np.concatenate([D, dst]), np.concatenate([S, src])
-            done = int(D[-1])            # rows are sorted by dst: nodes below it are complete
-            while lo + ldg.batch <= done:
-                hi = lo + ldg.batch
-                cut = int(np.searchsorted(D, hi))
-                ldg.place(lo, hi, D[:cut], S[:cut])
-                D, S, lo = D[cut:], S[cut:], hi
-        while lo < n:
-            hi = min(lo + ldg.batch, n)
-            cut = int(np.searchsorted(D, hi))
-            ldg.place(lo, hi, D[:cut], S[:cut])
-            D, S, lo = D[cut:], S[cut:], hi
-    return ldg.parts
-
-
-def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(dst, src)`` batches of ``table`` (sorted by dst, src), each pair once: sorting left
-    repeated pairs adjacent, so a row equal to the one before it (in its batch or at the end
-    of the previous one) is dropped."""
-    last, prev = -1, (-1, -1)
-    for b in _batches(con, f"SELECT dst, src FROM {table}"):
-        dst, src = b["dst"], b["src"]
-        last = _check_sorted(dst, last)
-        if not dst.size:
-            continue
-        same = dst[1:] == dst[:-1]
-        first = (int(dst[0]), int(src[0]))
-        # repeats are dropped only where they are adjacent: sources out of order within a
-        # destination would leave some, an error rather than a wrong graph
-        back = first[0] == prev[0] and first[1] < prev[1]
-        if back or bool((same & (src[1:] < src[:-1])).any()):
-            raise RuntimeError("DuckDB returned the sorted edge table out of (dst, src) order "
-                               "(is preserve_insertion_order off?); the prepared graph would "
-                               "keep repeated pairs")
-        keep = np.empty(dst.size, dtype=bool)
-        keep[0] = first != prev
-        np.logical_or(~same, src[1:] != src[:-1], out=keep[1:])
-        prev = (int(dst[-1]), int(src[-1]))
-        if keep.all():
-            yield dst, src
-        elif keep.any():
-            yield dst[keep], src[keep]
-
-
-def _duck_memory(con) -> str:
-    """What DuckDB holds now, by its own tags (the progress log's account of where its share
-    goes: a run that runs out of it says which part grew)."""
-    cur = con.cursor()      # ``con`` may be streaming a result
-    try:
-        rows = cur.sql("SELECT tag, memory_usage_bytes, temporary_storage_bytes "
-                       "FROM duckdb_memory() WHERE memory_usage_bytes > 0 "
-                       "OR temporary_storage_bytes > 0").fetchall()
-    finally:
-        cur.close()
-    held = ", ".join(f"{t} {m >> 20}" for t, m, _ in rows if m >> 20)
-    spilled = sum(int(x) for _, _, x in rows) >> 20
-    return f"DuckDB holds {sum(int(m) for _, m, _ in rows) >> 20} MiB ({held or 'nothing'}), " \
-           f"{spilled} MiB spilled"
-
-
-def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray],
-               progress: Callable[[str], None] = lambda s: None) -> None:
-    """Table ``e``: the unique rows of ``e0`` in its order, with the parts of their source
-    (``ps``) and destination (``pd``). Computed in a stream and appended in order rather than
-    joined in SQL: a join's output has no order, and sorting it again was the prepare's
-    largest spill to disk."""
-    import pyarrow as pa
-    con.execute("CREATE TABLE e (src BIGINT, dst BIGINT, ps USMALLINT, pd USMALLINT)")
-    writer = con.cursor()       # a connection streaming a result runs no other statement
-    try:
-        done = 0
-        for k, (dst, src) in enumerate(_unique_edges(con, "e0")):
-            batch = pa.table({"src": src, "dst": dst, "ps": part_of(src).astype(np.uint16),
-                              "pd": part_of(dst).astype(np.uint16)})
-            writer.register("e_batch", batch)
-            writer.execute("INSERT INTO e SELECT src, dst, ps, pd FROM e_batch")
-            writer.unregister("e_batch")
-            done += dst.size
-            if k % 256 == 255:
-                progress(f"edges: {done:,} rows tagged; {_duck_memory(con)}")
-    finally:
-        writer.close()
-
-
-def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:
-    """``deg[i] += occurrences of i`` for a sorted batch of ids (runs, no scatter-add)."""
-    if ids_sorted.size:
-        starts = np.flatnonzero(np.diff(ids_sorted)) + 1
-        first = np.concatenate([[0], starts])
-        deg[ids_sorted[first]] += np.diff(np.concatenate([first, [ids_sorted.size]])).astype(
-            deg.dtype)
-
-
-def _check_sorted(dst: np.ndarray, last: int) -> int:
-    """Rows must come in destination order (DuckDB's insertion order of the sorted table);
-    returns the batch's last destination."""
-    if dst.size and (int(dst[0]) < last or (dst.size > 1 and bool((np.diff(dst) < 0).any()))):
-        raise RuntimeError("DuckDB returned the sorted edge table out of order (is "
-                           "preserve_insertion_order off?); the prepared graph would be wrong")
-    return int(dst[-1]) if dst.size else last
-
-
-def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
+def _fingerprint(edges: Path, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
     """:meth:`Graph.fingerprint` of the whole graph, streamed: indptr from the degrees, the
     sources in CSR order from the sorted table, then labels and masks."""
     h = hashlib.sha256()
@@ -498,7 +380,7 @@ def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
         c = np.cumsum(in_deg[lo:lo + BATCH_ROWS], dtype=np.int64) + total
         h.update(c.tobytes())
         total = int(c[-1])
-    for b in _batches(con, "SELECT src FROM e"):
+    for b in tagged_batches(edges, ["src"]):
         h.update(np.ascontiguousarray(b["src"], dtype=np.int64).tobytes())
     for chunk in npy_chunks(tmp / ".work" / "y.npy"):
         h.update(chunk.tobytes())
@@ -509,9 +391,10 @@ def _fingerprint(con, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
+def _write_edges(con, edges: Path, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
                  out_deg: np.ndarray) -> int:
-    """Part ``k``'s CSR (local ids), degrees and send plans; returns its edge count."""
+    """Part ``k``'s CSR (local ids), degrees and send plans, from the tagged ``edges``;
+    returns its edge count. (``con``: DuckDB, at its share for this stage.)"""
     d = part_dirs[k]
     owned = np.load(d / "owned.npy")
     halo = np.load(d / "halo.npy")
@@ -526,9 +409,10 @@ def _write_edges(con, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
     idx = NpyWriter(d / "indices.npy", np.int64 if wide else np.int32, (e_loc,))
     halo_key = halo_owner * n + halo                    # ascending: ordered by (owner, id)
     at, last = 0, -1
-    for b in _batches(con, f"SELECT dst, src, ps FROM e WHERE pd = {k}"):
-        last = _check_sorted(b["dst"], last)
-        src, ps = b["src"].astype(np.int64), b["ps"].astype(np.int64)
+    for b in tagged_batches(edges, ["dst", "src", "ps", "pd"]):
+        sel = b["pd"] == k
+        last = _check_sorted(b["dst"][sel], last)
+        src, ps = b["src"][sel].astype(np.int64), b["ps"][sel].astype(np.int64)
         loc = np.empty(src.size, dtype=np.int64)
         mine = ps == k
         loc[mine] = lookup(owned, src[mine])
