@@ -89,9 +89,11 @@ def test_repeated_pairs_across_batches(tmp_path, monkeypatch):
     """The sorted edge table streams in record batches and a repeated pair is dropped when it
     equals the row before it, also when that row ended the previous batch: every pair is
     listed twice, so the sorted rows come in pairs and batches of 5 rows split every other
-    one; the parts still equal the in-memory path's."""
-    from quietgnn.prepare import tables
+    one (and the tagged edges' file is written and read in row groups of 5); the parts still
+    equal the in-memory path's."""
+    from quietgnn.prepare import edges, tables
     monkeypatch.setattr(tables, "BATCH_ROWS", 5)
+    monkeypatch.setattr(edges, "BATCH_ROWS", 5)
     g0 = small_graph(n=60, seed=3)
     e, n, ei = _tables(tmp_path, g0, "parquet")
     twice = pq.read_table(e)
@@ -280,6 +282,20 @@ def test_out_that_is_not_a_prepared_directory_is_left_alone(tmp_path):
     a = prepare_synthetic(tmp_path / "p", edges=500, parts=2, memory_budget=TINY_BUDGET)
     b = prepare_synthetic(tmp_path / "p", edges=600, parts=2, memory_budget=TINY_BUDGET)
     assert a.graph["num_edges"] != b.graph["num_edges"] == _book_edges(tmp_path / "p")
+
+
+def test_a_full_disk_under_out_is_named_as_such(tmp_path, monkeypatch):
+    """The tagged edges' file and the part arrays are written by this process, not spilled by
+    DuckDB: a full disk there is named too, and nothing is left behind."""
+    import errno
+    from quietgnn.prepare import tables
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(tables, "_prepare", full)
+    with pytest.raises(ValueError, match=r"the disk under --out .* is full.*larger disk"):
+        prepare_synthetic(tmp_path / "p", edges=500, parts=2, memory_budget=TINY_BUDGET)
+    assert not list(tmp_path.glob(".p*")) and not (tmp_path / "p").exists()
 
 
 def _book_edges(path):

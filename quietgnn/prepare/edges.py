@@ -109,9 +109,8 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray], path: Path,
     order rather than joined in SQL: a join's output has no order, and sorting it again was the
     prepare's largest spill to disk. Written by Arrow's Parquet writer, not inserted into a
     DuckDB table: the 10^9-edge prepare ran out of DuckDB's memory share twice while
-    inserting them (the writer holds one row group; the table's appended blocks were DuckDB's
-    to keep), and a file read back front to back keeps its order without relying on DuckDB's
-    insertion order."""
+    inserting them (cause not found), the writer holds one row group, and a file read back
+    front to back keeps its order without relying on DuckDB's insertion order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     # sorted destinations and per-destination ascending sources: delta encoding stores them
@@ -136,16 +135,13 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray], path: Path,
 
 
 def tagged_batches(path: Path, columns: list[str]) -> Iterator[dict[str, np.ndarray]]:
-    """``columns`` of the tagged edges (:func:`_add_parts`) in their order, a row group at a
-    time."""
+    """``columns`` of the tagged edges (:func:`_add_parts`) in their order, ``BATCH_ROWS``
+    rows at a time."""
     import pyarrow.parquet as pq
-    f = pq.ParquetFile(str(path))
-    try:
+    with pq.ParquetFile(str(path)) as f:
         for batch in f.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             yield {name: batch.column(i).to_numpy(zero_copy_only=False)
                    for i, name in enumerate(batch.schema.names)}
-    finally:
-        f.close()
 
 
 def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:
@@ -158,11 +154,12 @@ def _add_counts(deg: np.ndarray, ids_sorted: np.ndarray) -> None:
 
 
 def _check_sorted(dst: np.ndarray, last: int) -> int:
-    """Rows must come in destination order (DuckDB's insertion order of the sorted table);
-    returns the batch's last destination."""
+    """Rows must come in destination order (DuckDB's insertion order of the sorted table, and
+    the tagged edges' file written from it); returns the batch's last destination."""
     if dst.size and (int(dst[0]) < last or (dst.size > 1 and bool((np.diff(dst) < 0).any()))):
-        raise RuntimeError("DuckDB returned the sorted edge table out of order (is "
-                           "preserve_insertion_order off?); the prepared graph would be wrong")
+        raise RuntimeError("the sorted edges came back out of order (DuckDB's sorted table with "
+                           "preserve_insertion_order off, or a damaged work file); the "
+                           "prepared graph would be wrong")
     return int(dst[-1]) if dst.size else last
 
 

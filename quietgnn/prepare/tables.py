@@ -20,6 +20,7 @@ and checked while streaming: rows out of order are an error, not a wrong graph).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -33,12 +34,13 @@ from ..partition.book import PartitionBook, book_id_of, finish_book, new_book_di
 from ..partition.partitioners import hash_part_of
 from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
-from .edges import _add_counts, _add_parts, _check_sorted, _duck_memory, _stream_ldg, tagged_batches
+from .edges import (_add_counts, _add_parts, _check_sorted, _duck_memory, _stream_ldg,
+                    tagged_batches)
 
 __all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
 
 #: what the Python process needs besides DuckDB and the degree vectors (interpreter, numpy,
-#: torch's import, one batch's temporaries)
+#: torch's import, one batch's temporaries, Arrow's Parquet reader or writer)
 _PYTHON_BASE = 512 << 20
 #: DuckDB's memory_limit bounds its buffer manager, not every allocation it makes: it gets
 #: this fraction of what is left of the budget (at 3e8 edges the whole share put the process
@@ -148,9 +150,9 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                        threads)
         # DuckDB's share follows what this process holds beside it, which grows stage by
         # stage: only the assignment (and the node source's arrays) while DuckDB sorts and
-        # the tagged edges are written back, its largest work; the degrees, halo marks and a
-        # part's ids only afterwards (a share sized for those all along ran the tagging out
-        # of memory at 10^8 nodes)
+        # streams the sorted edges out (LDG, tagging), its largest work; the degrees, halo
+        # marks and a part's ids only afterwards (a share sized for those all along ran the
+        # tagging out of memory at 10^8 nodes)
         early = max(memory_budget - _held_early(n, method, getattr(nodes, "held_bytes", 0))
                     - _PYTHON_BASE, duck)
         limit = [0]
@@ -177,6 +179,11 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                 f"({limit[0] >> 20} MiB then; the rest, at most: {held >> 20} MiB of per-node "
                 f"arrays, ~{_PYTHON_BASE >> 20} MiB for Python) on {n} nodes ({first}); pass "
                 f"a larger --memory-budget (e.g. {2 * memory_budget >> 20}MiB)") from None
+        except OSError as e:    # Arrow's writer or the part arrays' (not DuckDB's spill)
+            if e.errno != errno.ENOSPC and "No space left" not in str(e):
+                raise
+            raise ValueError(f"the disk under --out ({out.parent}) is full ({e}); free space "
+                             f"there or choose an --out on a larger disk") from None
         con.close()
         con = None
         shutil.rmtree(work)
@@ -240,7 +247,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     con.execute("CHECKPOINT")       # hand the dropped tables' disk space back
     late()                          # DuckDB's smaller share, before the per-node arrays
     # degrees by streaming, not by GROUP BY: a hash aggregate over N groups is what runs
-    # DuckDB out of memory first (10^7+ nodes in a few GiB); the table is sorted by dst
+    # DuckDB out of memory first (10^7+ nodes in a few GiB); the tagged file is sorted by dst
     progress("degrees")
     in_deg = np.zeros(n, dtype=np.int32)
     last = -1
@@ -371,7 +378,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
 
 def _fingerprint(edges: Path, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
     """:meth:`Graph.fingerprint` of the whole graph, streamed: indptr from the degrees, the
-    sources in CSR order from the sorted table, then labels and masks."""
+    sources in CSR order from the tagged edges' file, then labels and masks."""
     h = hashlib.sha256()
     n = in_deg.size
     h.update(np.zeros(1, dtype=np.int64).tobytes())
