@@ -112,13 +112,8 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray], path: Path,
     inserting them (cause not found), the writer holds one row group, and a file read back
     front to back keeps its order without relying on DuckDB's insertion order."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    # sorted destinations and per-destination ascending sources: delta encoding stores them
-    # in a few bits a row; part ids compress well without a dictionary
     schema = _tagged_schema()
-    writer = pq.ParquetWriter(str(path), schema, compression="zstd", use_dictionary=False,
-                              column_encoding={"src": "DELTA_BINARY_PACKED",
-                                               "dst": "DELTA_BINARY_PACKED"})
+    writer = _tagged_writer(path)
     done = 0
     try:
         for k, (dst, src) in enumerate(_unique_edges(con, "e0")):
@@ -134,11 +129,23 @@ def _add_parts(con, part_of: Callable[[np.ndarray], np.ndarray], path: Path,
     return done
 
 
+def _tagged_writer(path: Path):
+    import pyarrow.parquet as pq
+    # sorted destinations and per-destination ascending sources: delta encoding stores them
+    # in a few bits a row; part ids compress well without a dictionary
+    return pq.ParquetWriter(str(path), _tagged_schema(), compression="zstd",
+                            use_dictionary=False,
+                            column_encoding={"src": "DELTA_BINARY_PACKED",
+                                             "dst": "DELTA_BINARY_PACKED"})
+
+
 def tagged_batches(path: Path, columns: list[str]) -> Iterator[dict[str, np.ndarray]]:
     """``columns`` of the tagged edges (:func:`_add_parts`) in their order, ``BATCH_ROWS``
     rows at a time."""
     import pyarrow.parquet as pq
-    with pq.ParquetFile(str(path)) as f:
+    # not pre-buffered (Arrow's default): the pre-buffer cache keeps every range read until
+    # the file is closed, so each pass over 10^9 edges grew the process by the whole file
+    with pq.ParquetFile(str(path), pre_buffer=False) as f:
         for batch in f.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             yield {name: batch.column(i).to_numpy(zero_copy_only=False)
                    for i, name in enumerate(batch.schema.names)}
