@@ -55,12 +55,14 @@ def _coverage(indptr, src, deg, layers):
     return torch.stack(levels).mean(0).float()
 
 
-def _load(comm, graph, parts, super_epochs, stored_dir):
+def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     if stored_dir is not None:    # the part as a prepared run reads it: int32, float16, mapped
         write_part(stored_dir / f"p{comm.rank}", part, x_dtype="float16")
         part = read_part(stored_dir / f"p{comm.rank}", stored=True)
     loader = ChunkLoader(comm, part, keep_halo=True, scratch_dir=stored_dir)
+    if wide:    # what a graph of 2^31 nodes or more gets: int64 ids, int32 owners
+        loader.idt, loader.odt = torch.int64, torch.int32
     out = []
     for s in super_epochs:
         lg = loader.load(s)
@@ -71,7 +73,8 @@ def _load(comm, graph, parts, super_epochs, stored_dir):
         out.append({"chunk": lg.chunk, "n_own": lg.n_own, "n_int": lg.n_int,
                     "indptr": indptr, "src": src, "x": lg.rows(nodes).float(),
                     "deg": lg.deg.long(), "some": some, "some_rows": lg.gather(some),
-                    "coverage": coverage(lg, 2)})
+                    "coverage": coverage(lg, 2),
+                    "id_dtype": None if loader._halo_sorted is None else loader._halo_sorted.dtype})
     scratch = loader._scratch.dir if loader._scratch is not None else None
     out.append({"scratch_files": sorted(os.listdir(scratch)) if scratch else []})
     loader.close()
@@ -79,13 +82,15 @@ def _load(comm, graph, parts, super_epochs, stored_dir):
     return out
 
 
-@pytest.mark.parametrize("world,stored", [(1, False), (2, False), (2, True), (4, False)])
-def test_two_piece_rows_equal_the_renumbered_csr(world, stored, tmp_path):
+@pytest.mark.parametrize("world,stored,wide", [(1, False, False), (2, False, False),
+                                               (2, True, False), (4, False, False),
+                                               (4, True, True)])
+def test_two_piece_rows_equal_the_renumbered_csr(world, stored, wide, tmp_path):
     graph = small_graph(n=150, avg_deg=5, seed=3)
     parts = partition_nodes(graph, "random", world, seed=1)
     super_epochs = [0, 1, 2] if world == 4 else [0]
     res = spawn_function(_load, world, args=(graph, parts, super_epochs,
-                                              tmp_path if stored else None))
+                                              tmp_path if stored else None, wide))
     deg = graph.in_degree()
     x = graph.x.half().float() if stored else graph.x
     for k, got in enumerate(res):
@@ -102,6 +107,9 @@ def test_two_piece_rows_equal_the_renumbered_csr(world, stored, tmp_path):
                                torch.cat([src[indptr[v]:indptr[v + 1]] for v in some]))
             # coverage read through the pieces: the old computation on the renumbered CSR
             assert torch.equal(lg["coverage"], _coverage(indptr, src, deg[gid], 2))
+            # the load carries ids as narrow as the graph allows (its halo-long arrays)
+            if world > 1:
+                assert lg["id_dtype"] == (torch.int64 if wide else torch.int32)
         if world == 4:   # a new chunk each super-epoch
             assert [lg["chunk"] for lg in got[:3]] == [(k + 1 + s) % 4 for s in range(3)]
         # scratch files are unlinked once mapped, and the directory goes with close()

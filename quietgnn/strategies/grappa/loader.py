@@ -79,7 +79,8 @@ class ChunkLoader:
 
     Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
     ids, global degrees, halo table and row lengths as int64, its column ids as int32),
-    ``chunk_request`` (ids asked of each owner) and ``chunk_features`` (the rows). The
+    ``chunk_request`` (ids asked of each owner: int32 where the graph's ids fit) and
+    ``chunk_features`` (the rows). The
     features of the rank's own halo are fetched once (first load) and kept, since those
     leaves never change; ``keep_halo=False`` (a run that never reaches a second super-epoch)
     drops them after the first load instead: a copy of the halo's rows the local graph
@@ -96,6 +97,11 @@ class ChunkLoader:
         #: local graph keeps them in the part's dtype: float16 when read as stored, half the
         #: bytes of its largest node array, widened exactly where a minibatch gathers its rows
         self.dtype = torch.promote_types(part.x.dtype, torch.float32)
+        # the load's node ids and owners carried as narrow as they fit: its arrays are as long
+        # as a part's halo (longer than the part itself on a dense graph), so int64 ids and
+        # owners would double the set-up's largest transient; the wire format is unchanged
+        self.idt = torch.int32 if part.num_nodes_global < 2 ** 31 else torch.int64
+        self.odt = torch.int16 if part.num_parts < 2 ** 15 else torch.int32
         # the own halo's features and their lookup (filled by the first load)
         self._halo_x: Optional[Tensor] = None
         self._halo_sorted: Optional[Tensor] = None
@@ -119,10 +125,12 @@ class ChunkLoader:
         """Rows of ``x`` for global ids ``gids`` owned by ``owners`` (two all-to-alls),
         written to ``into[at]`` (``at``: all of ``into`` by default) a peer's block at a time."""
         P, me = self.comm.world_size, self.comm.rank
-        sc, F = self.scratch(), self.part.num_features
-        order = torch.argsort(owners, stable=True)
-        counts = torch.bincount(owners, minlength=P).tolist()
-        req = list(torch.split(gids[order], counts))
+        sc, F, owned = self.scratch(), self.part.num_features, self.part.owned
+        # each peer's positions found one peer at a time, kept as int32: an argsort over all
+        # of ``owners`` would hold int64 positions as long as the halo through the exchange
+        where = [torch.nonzero(owners == j).flatten().to(torch.int32) for j in range(P)]
+        counts = [int(w.numel()) for w in where]
+        req = [gids[w] for w in where]
         asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
         del req
         # the rows asked of this rank and the rows it gets, float32 on the wire, both as
@@ -133,16 +141,16 @@ class ChunkLoader:
         blocks = list(torch.split(send, n_asked))
         for j, a in enumerate(asked):
             for lo in range(0, n_asked[j], _ROWS):
-                ids = a[lo:lo + _ROWS]
-                blocks[j][lo:lo + _ROWS] = self.part.x[torch.searchsorted(self.part.owned, ids)]
+                ids = a[lo:lo + _ROWS].to(owned.dtype)
+                blocks[j][lo:lo + _ROWS] = self.part.x[torch.searchsorted(owned, ids)]
         del asked
         recv = sc.empty((sum(counts), F), self.dtype)
         got = self.comm.all_to_all(blocks, "chunk_features", recv_counts=counts, out=recv,
                                    carries=Traffic.FEATURES)
         del send, blocks
-        for where, rows_j in zip(torch.split(order, counts), got):   # no joined copy
-            for lo in range(0, where.numel(), _ROWS):
-                w = where[lo:lo + _ROWS]
+        for w_j, rows_j in zip(where, got):   # no joined copy
+            for lo in range(0, w_j.numel(), _ROWS):
+                w = w_j[lo:lo + _ROWS]
                 # exact: the rows were stored so
                 into[w if at is None else at[w]] = rows_j[lo:lo + _ROWS].to(into.dtype)
 
@@ -204,64 +212,66 @@ class ChunkLoader:
         if chunk is None:  # one rank: the whole graph, no halo, no leaves
             return LocalGraph(own_rows(torch.zeros(0, dtype=torch.int32)), None, p.x, p.x[:0],
                               p.in_degree[: p.n_own], p.n_own, p.n_own, None, super_epoch)
-        sc = self.scratch()
+        sc, idt, odt = self.scratch(), self.idt, self.odt
+        # the part's id tables (int64 as stored, mapped) narrowed for this load
+        halo, halo_owner = p.halo.to(idt), p.halo_owner.to(odt)
         if self._halo_x is None:
-            self._halo_sorted, order = torch.sort(p.halo)
+            self._halo_sorted, order = torch.sort(halo)
             self._halo_order = order.to(torch.int32)
             del order
             self._halo_x = sc.empty((p.n_halo, p.num_features), p.x.dtype)
-            self._fetch_features(p.halo, p.halo_owner, self._halo_x)
+            self._fetch_features(halo, halo_owner, self._halo_x)
         buf = self._exchange_structure(chunk, super_epoch)
         n_o, n_h, e = (int(v) for v in buf[:3])
         o = 3
-        # the node fields copied out; the columns stay where they were received (scratch)
-        j_owned = buf[o:o + n_o].clone(); o += n_o
-        j_deg = buf[o:o + n_o + n_h].clone(); o += n_o + n_h
-        j_halo = buf[o:o + n_h].clone(); o += n_h
-        j_halo_owner = buf[o:o + n_h].clone(); o += n_h
+        # the node fields copied out (narrowed); the columns stay where they were received
+        j_owned = buf[o:o + n_o].to(idt); o += n_o
+        j_deg = buf[o:o + n_o + n_h]; o += n_o + n_h       # a view: read into ``deg`` below
+        j_halo = buf[o:o + n_h].to(idt); o += n_h
+        j_halo_owner = buf[o:o + n_h].to(odt); o += n_h
         j_indptr = torch.zeros(n_o + 1, dtype=torch.int64)
         torch.cumsum(buf[o:o + n_o], 0, out=j_indptr[1:]); o += n_o
         j_cols = buf[o:].view(torch.int32)[:e]
-        del buf
 
         # leaves: in-neighbours of either chunk outside both chunks, by global id, with their
         # owners and degrees (a node's, whichever halo listed it: written once per listing)
-        own_leaf = p.halo_owner != chunk                        # never owned by this rank
+        own_leaf = halo_owner != chunk                          # never owned by this rank
         j_leaf = j_halo_owner != me                             # never owned by chunk j
-        leaf = torch.unique(torch.cat([p.halo[own_leaf], j_halo[j_leaf]]))
-        leaf_owner = torch.empty(leaf.numel(), dtype=torch.int64)
-        leaf_deg = torch.empty(leaf.numel(), dtype=torch.int64)
-        for ids, owner, dg, sel in ((p.halo, p.halo_owner, p.in_degree[p.n_own:], own_leaf),
-                                    (j_halo, j_halo_owner, j_deg[n_o:], j_leaf)):
-            at = torch.searchsorted(leaf, ids[sel])
-            leaf_owner[at] = owner[sel]
-            leaf_deg[at] = dg[sel]
-            del at
-        del own_leaf, j_leaf
+        leaf = torch.unique(torch.cat([halo[own_leaf], j_halo[j_leaf]]))
         n_int = p.n_own + n_o
+        leaf_owner = torch.empty(leaf.numel(), dtype=odt)
+        # degrees of the local graph's rows [own chunk | chunk j | leaves], written into one
+        # int32 array (int64 only where a degree needs it): no int64 join
+        wide = any(t.numel() and int(t.max()) >= 2 ** 31 for t in (p.in_degree, j_deg))
+        deg = torch.empty(n_int + leaf.numel(), dtype=torch.int64 if wide else torch.int32)
+        deg[: p.n_own] = p.in_degree[: p.n_own]
+        deg[p.n_own:n_int] = j_deg[:n_o]
+        for ids, owner, dg, sel in ((halo, halo_owner, p.in_degree[p.n_own:], own_leaf),
+                                    (j_halo, j_halo_owner, j_deg[n_o:], j_leaf)):
+            at = torch.searchsorted(leaf, ids[sel], out_int32=True)
+            leaf_owner[at] = owner[sel]
+            deg[n_int + at] = dg[sel].to(deg.dtype)
+            del at
+        del own_leaf, j_leaf, j_deg, buf
 
-        def to_local(g: Tensor, owner: Tensor) -> Tensor:
-            """Local ids (int32) of global ids ``g`` owned by ``owner``: each of the three
-            pieces of the numbering is sorted by global id, so a search within it."""
-            out = torch.empty(g.numel(), dtype=torch.int32)
-            for sel, ids, base in ((owner == me, p.owned, 0), (owner == chunk, j_owned, p.n_own),
-                                   ((owner != me) & (owner != chunk), leaf, n_int)):
-                out[sel] = (torch.searchsorted(ids, g[sel]) + base).to(torch.int32)
-            return out
-
-        own = own_rows(to_local(p.halo, p.halo_owner))
-        rot = Rows(j_indptr, j_cols, n_o, p.n_own, to_local(j_halo, j_halo_owner))
-        del j_halo, j_halo_owner
+        # each of the numbering's three pieces is sorted by global id: [own | chunk j | leaves]
+        pieces = ((me, p.owned.to(idt), 0), (chunk, j_owned, p.n_own), (None, leaf, n_int))
+        own = own_rows(_to_local(halo, halo_owner, pieces))
+        rot = Rows(j_indptr, j_cols, n_o, p.n_own, _to_local(j_halo, j_halo_owner, pieces))
+        del j_halo, j_halo_owner, halo, halo_owner, pieces
 
         # features: own chunk's are the part's, own halo's cached, the rest (chunk j's
         # owned nodes, new leaves) fetched, all written in place into one scratch array
         need = torch.cat([j_owned, leaf])
-        need_owner = torch.cat([torch.full((n_o,), chunk, dtype=torch.int64), leaf_owner])
+        need_owner = torch.cat([torch.full((n_o,), chunk, dtype=odt), leaf_owner])
+        del j_owned, leaf, leaf_owner
         cached = self._in_halo(need)
         x_rest = sc.empty((need.numel(), p.num_features), p.x.dtype)
-        fetch = torch.nonzero(~cached).flatten()
+        fetch = torch.nonzero(~cached).flatten().to(torch.int32)
         self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
-        hit = torch.nonzero(cached).flatten()
+        del fetch, need_owner
+        hit = torch.nonzero(cached).flatten().to(torch.int32)
+        del cached
         # the hits searched a second time, a slice at a time: keeping the first search's
         # positions would hold an int64 array the size of ``need`` through the fetch
         for lo in range(0, hit.numel(), _ROWS):    # bounded temporaries of the halo's rows
@@ -270,16 +280,6 @@ class ChunkLoader:
                 torch.searchsorted(self._halo_sorted, need[h])].long()]
         if not self.keep_halo:
             self._halo_x = self._halo_sorted = self._halo_order = None
-        pieces = [p.in_degree[: p.n_own], j_deg[:n_o], leaf_deg]
-        wide = any(t.numel() and int(t.max()) >= 2 ** 31 for t in pieces)
-        # written into one int32 array (int64 only where a degree needs it): no int64 join
-        deg = torch.empty(sum(t.numel() for t in pieces),
-                          dtype=torch.int64 if wide else torch.int32)
-        o = 0
-        for t in pieces:
-            deg[o:o + t.numel()] = t
-            o += t.numel()
-        del pieces, j_deg, leaf_deg
         return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
 
     def _in_halo(self, ids: Tensor) -> Tensor:
@@ -294,6 +294,23 @@ class ChunkLoader:
             at = torch.searchsorted(hs, q).clamp_(max=hs.numel() - 1)
             out[lo:lo + _ROWS] = hs[at] == q
         return out
+
+
+def _to_local(g: Tensor, owner: Tensor, pieces) -> Tensor:
+    """Local ids (int32) of global ids ``g`` owned by ``owner``, from the numbering's pieces
+    ``(owner or None for the rest, sorted global ids, first local id)``: a search within
+    the piece each id's owner puts it in."""
+    out = torch.empty(g.numel(), dtype=torch.int32)
+    owners = [o for o, _, _ in pieces if o is not None]
+    for o, ids, base in pieces:
+        if o is None:
+            sel = torch.ones(g.numel(), dtype=torch.bool)
+            for q in owners:
+                sel &= owner != q
+        else:
+            sel = owner == o
+        out[sel] = torch.searchsorted(ids, g[sel], out_int32=True) + base
+    return out
 
 
 #: feature rows gathered or copied per slice (bounds the temporaries of a copy)
