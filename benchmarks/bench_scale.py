@@ -6,7 +6,8 @@
 
 The runs are the matrix of ``benchmarks/scale.yaml`` through :func:`quietgnn.bench.run_matrix`
 (the trainer, one isolated ``quietgnn train --data DIR`` per run; finished runs are skipped on
-a rerun), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
+a rerun, and a run whose prepared graph has since been removed keeps its record from the last
+``scale.json``), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
 peak, extrapolated linearly in edges from the strategy's two previous sizes, times P exceeds
 ``--mem-frac`` of the memory available now; it is recorded as skipped with that estimate,
 which is where the limit is. ``--attempt LABEL@EDGES`` (e.g. ``grappa-minibatch@1e+08``) runs
@@ -213,8 +214,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     for spec in specs:
         prepared = ROOT / spec.overrides["dataset.prepared"]
         if not (prepared / "book.json").is_file():
-            print(f"{spec.id}: {prepared} is missing; run benchmarks/bench_prepare.py first",
-                  file=sys.stderr)
+            if spec.id in previous:     # measured before, its graph since removed: kept as is
+                print(f"{spec.id}: {prepared} is missing; its record from the last "
+                      f"scale.json is kept", file=sys.stderr)
+                rec = previous[spec.id]
+                by_strategy.setdefault(rec["strategy"], []).append(rec)
+                records.append(rec)
+            else:
+                print(f"{spec.id}: {prepared} is missing; run benchmarks/bench_prepare.py "
+                      f"first", file=sys.stderr)
             continue
         facts = graph_facts(prepared)
         name = spec.label or spec.strategy
