@@ -99,7 +99,8 @@ class ChunkLoader:
         self.dtype = torch.promote_types(part.x.dtype, torch.float32)
         # the load's node ids and owners carried as narrow as they fit: its arrays are as long
         # as a part's halo (longer than the part itself on a dense graph), so int64 ids and
-        # owners would double the set-up's largest transient; the wire format is unchanged
+        # owners would double the set-up's largest transient (the structure message keeps its
+        # int64 fields: only the requests travel narrower)
         self.idt = torch.int32 if part.num_nodes_global < 2 ** 31 else torch.int64
         self.odt = torch.int16 if part.num_parts < 2 ** 15 else torch.int32
         # the own halo's features and their lookup (filled by the first load)
