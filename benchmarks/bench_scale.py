@@ -95,16 +95,19 @@ def epoch_figures(run_dir: Path) -> dict:
     steps = sum(int(r.get("steps") or 0) for r in eps)
     # the largest rank's resident memory once set up (its part, halo plans, samplers, model):
     # what the data costs before the first activation
-    setup = []
+    setup, setup_s = [], []
     for f in sorted((run_dir / "metrics").glob("rank-*.jsonl")):
         for x in f.read_text().splitlines():
             r = json.loads(x) if x.strip() else {}
             if r.get("epoch") == -1 and r.get("peak_rss_mb") is not None:
                 setup.append(r["peak_rss_mb"])
+                setup_s.append(r.get("setup_s") or 0.0)
     return {"seconds_per_epoch": sum(train_s) / len(eps) if eps else None,
             "seconds_per_1000_steps": 1000 * sum(train_s) / steps if steps else None,
             "steps_per_epoch": steps / len(eps) if eps else None,
-            "setup_peak_rss_rank_mb": max(setup) if setup else None}
+            "setup_peak_rss_rank_mb": max(setup) if setup else None,
+            "setup_seconds": max(setup_s) if setup_s else None,
+            "epochs_logged": len(eps)}
 
 
 class Watchdog:
@@ -197,6 +200,15 @@ def record(spec, res: dict, facts: dict, prep: dict, previous: dict) -> dict:
                                  "steps_per_epoch", "setup_peak_rss_rank_mb")})
     else:
         rec["error"] = (res.get("error") or "")[-400:]
+        run_dir = ROOT / res["run_dir"] if res.get("run_dir") else None
+        if run_dir is not None and (run_dir / "metrics").is_dir():
+            # how far it got: a run that finished its set-up logged that much
+            figs = epoch_figures(run_dir)
+            rec.update({k: figs[k] for k in ("setup_peak_rss_rank_mb", "setup_seconds",
+                                             "epochs_logged")})
+        else:
+            rec.update({k: v for k, v in previous.get(spec.id, {}).items()
+                        if k in ("setup_peak_rss_rank_mb", "setup_seconds", "epochs_logged")})
     return rec
 
 
@@ -299,10 +311,16 @@ def render(records: list[dict]) -> list[str]:
                          f"{r['bytes_per_epoch'] / 1e6:.1f} MB | {r['test_acc']:.3f} | "
                          f"{r['majority_acc']:.3f} |")
         else:
-            why = r.get("reason") or (r.get("error") or "").strip().splitlines()[-1:] or [""]
+            # a failure's first line says what ended it ("timed out after ...", "exit code ...")
+            why = r.get("reason") or (r.get("error") or "").strip().splitlines()[:1] or [""]
             why = why if isinstance(why, str) else why[0]
+            if r.get("setup_seconds") is not None:   # it got through its set-up
+                why += (f" (set-up done in {r['setup_seconds']:.0f} s; "
+                        f"{r.get('epochs_logged', 0)} epochs logged)")
+            setup = r.get("setup_peak_rss_rank_mb")
+            cell = f" {setup:.0f} MiB" if setup is not None else ""
             lines.append(f"| {r['strategy']} | {r['edges']:.2e} | {r['nodes']:.1e} | "
-                         f"{r['status']}: {why} | | | | | | {r['majority_acc']:.3f} |")
+                         f"{r['status']}: {why} |{cell} | | | | | {r['majority_acc']:.3f} |")
     lines += ["", "Log-log slopes against edges (1.0 = linear), over the sizes each strategy "
               "trained:", "", "| strategy | sizes | time | peak RSS/rank | largest trained |",
               "|---|---|---|---|---|"]
