@@ -199,7 +199,9 @@ def record(spec, res: dict, facts: dict, prep: dict, previous: dict) -> dict:
                         if k in ("seconds_per_epoch", "seconds_per_1000_steps",
                                  "steps_per_epoch", "setup_peak_rss_rank_mb")})
     else:
-        rec["error"] = (res.get("error") or "")[-400:]
+        # its first line says what ended it; the tail, where it happened
+        first, _, rest = (res.get("error") or "").partition("\n")
+        rec["error"] = first[:200] + ("\n" + rest[-400:] if rest else "")
         run_dir = ROOT / res["run_dir"] if res.get("run_dir") else None
         if run_dir is not None and (run_dir / "metrics").is_dir():
             # how far it got: a run that finished its set-up logged that much
