@@ -355,6 +355,57 @@ def test_sampler_blocks_are_valid_and_capped():
     assert int(full_blocks[1].row_count.sum()) == 8
 
 
+def test_row_sampling_is_uniform_without_replacement():
+    from quietgnn.strategies.grappa.data import _pick
+    g = torch.Generator().manual_seed(3)
+    deg = torch.tensor([0, 2, 3, 5, 7])
+    reps, f = 20_000, 3
+    # every draw: min(d, f) distinct offsets in [0, d) per row, a row's picks together
+    row, off = _pick(deg.repeat(reps), f, g)
+    assert torch.equal(torch.bincount(row, minlength=deg.numel() * reps),
+                       deg.clamp(max=f).repeat(reps))
+    assert bool((off >= 0).all()) and bool((off < deg.repeat(reps)[row]).all())
+    assert int((row[1:] != row[:-1]).sum()) + 1 == torch.unique(row).numel()  # together
+    key = row * 8 + off
+    assert torch.unique(key).numel() == key.numel()        # distinct within a row
+    # the 5-edge rows: each of the 10 3-subsets drawn ~reps / 10 times (uniform subsets)
+    five = (row % deg.numel()) == 3
+    subsets = torch.zeros(reps, 5, dtype=torch.int64)
+    subsets[row[five] // deg.numel(), off[five]] = 1
+    codes = (subsets * torch.tensor([1, 2, 4, 8, 16])).sum(1)
+    freq = torch.bincount(codes, minlength=32)[torch.bincount(codes, minlength=32) > 0]
+    assert freq.numel() == 10
+    assert float((freq.float() / reps - 0.1).abs().max()) < 0.012    # ~5 sd of one count
+
+
+def test_sampled_rows_are_subsets_of_the_gathered_rows():
+    g = torch.Generator().manual_seed(5)
+    n_int, n_loc = 40, 60
+    counts = torch.randint(0, 12, (n_int,), generator=g)
+    indptr = torch.zeros(n_int + 1, dtype=torch.int64)
+    indptr[1:] = counts.cumsum(0)
+    indices = torch.randint(0, n_loc, (int(indptr[-1]),), generator=g)
+    ident = torch.arange(n_loc, dtype=torch.int32)
+    cut = 25
+    own = Rows(indptr[:cut + 1], indices[:int(indptr[cut])], 0, 0, ident)
+    rot = Rows(indptr[cut:] - indptr[cut], indices[int(indptr[cut]):], 0, cut, ident)
+    x = torch.randn(n_loc, 2)
+    lg = LocalGraph(own, rot, x[:cut], x[cut:], torch.ones(n_loc, dtype=torch.int64), cut,
+                    n_int, 1, 0)
+    nodes = torch.tensor([50, 3, 30, 3, 24, 25, 39, 55, 0])     # leaves, repeats, both pieces
+    full_ptr, full_src = lg.gather(nodes)
+    ptr, src = lg.sample(nodes, 4, g)
+    assert torch.equal(ptr[1:] - ptr[:-1], (full_ptr[1:] - full_ptr[:-1]).clamp(max=4))
+    for i in range(nodes.numel()):
+        whole = full_src[full_ptr[i]:full_ptr[i + 1]].tolist()
+        got = src[ptr[i]:ptr[i + 1]].tolist()
+        if len(whole) <= 4:
+            assert sorted(got) == sorted(whole)
+        else:                 # a sub-multiset of the row (rows may repeat a neighbour)
+            for v in set(got):
+                assert got.count(v) <= whole.count(v)
+
+
 @pytest.mark.parametrize("bad", [{"lam": 1.5}, {"w_min": 0.0}, {"mode": "sampled"},
                                  {"weighting": "edge"}, {"repart_every": -1},
                                  {"fanouts": [0, 2]}, {"coverage": "max"}, {"grad_bits": 16},

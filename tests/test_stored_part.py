@@ -3,11 +3,15 @@ pieces of the mini-batch paths that read it that way: the same values as the wid
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
+import pytest
 import torch
 
 import quietgnn.partition.local as local_mod
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.partition.shards import read_part, write_part
+from quietgnn.partition.shards import advise_access, read_part, write_part
 from quietgnn.runtime.memledger import ledger
 from quietgnn.sampling.topology import GroupRows, owner_map
 
@@ -67,3 +71,35 @@ def test_owner_map_is_narrow_and_complete():
         assert "owned by no rank" in str(exc)
     else:
         raise AssertionError("a node owned by no rank was accepted")
+
+
+def _vm_flags(t: torch.Tensor) -> list[str]:
+    """The VmFlags of the mapping that holds ``t``'s first byte (/proc/self/smaps)."""
+    addr = t.untyped_storage().data_ptr()
+    flags, inside = None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    assert flags is not None, "no mapping holds the tensor"
+    return flags
+
+
+def test_advice_turns_read_around_off_and_on(tmp_path):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise advice is read back from /proc/self/smaps (Linux only)")
+    _, stored = _part(tmp_path)
+    # rows of a big enough file that the mapping is its own (small arrays may share pages)
+    big = torch.from_numpy(np.lib.format.open_memmap(
+        tmp_path / "big.npy", mode="w+", dtype="float16", shape=(1 << 16, 16)))
+    for t in (stored.indices, big):
+        assert "rr" not in _vm_flags(t)
+        advise_access([t], random=True)
+        assert "rr" in _vm_flags(t)         # VM_RAND_READ: no read-around on a fault
+        advise_access([t], random=False)
+        assert "rr" not in _vm_flags(t)
+    advise_access([torch.zeros(4), torch.empty(0)], random=True)   # anonymous, empty: no error

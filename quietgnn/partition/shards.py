@@ -25,7 +25,9 @@ nothing is copied, the edges and features stay mapped.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ import torch
 
 from .local import LocalPartition
 
-__all__ = ["write_part", "read_part", "PART_ARRAYS"]
+__all__ = ["write_part", "read_part", "advise_access", "PART_ARRAYS"]
 
 #: array files of a part, in the order they are written
 PART_ARRAYS = ("owned", "halo", "halo_owner", "indptr", "indices", "in_degree", "out_degree",
@@ -109,3 +111,37 @@ def read_part(path: Path, stored: bool = False) -> LocalPartition:
         a["indices"] = a["indices"].to(torch.int64)
         a["x"] = a["x"].to(torch.float32)
     return LocalPartition(send_idx=list(torch.split(send_all, counts)), **a, **scalars)
+
+
+_libc: Any = None
+
+
+def advise_access(tensors: Any, random: bool) -> None:
+    """Tell the kernel how the pages under ``tensors`` (mapped files, typically) will be read:
+    ``random=True`` for a few rows at scattered places (a sampler's steps), which turns off
+    read-around for them; ``random=False`` restores the default, for sequential scans.
+
+    Why: a fault on a mapped file's page reads the device's ``read_ahead_kb`` around it (8 MiB
+    on some virtual disks), so once a rank's mapped arrays exceed the page cache, a step that
+    gathers 10^5 random rows reads gigabytes to use kilobytes. Harmless on anonymous memory;
+    does nothing where ``madvise`` is not available (not Linux)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc is False:
+        return
+    advice = mmap.MADV_RANDOM if random else mmap.MADV_NORMAL
+    page = mmap.PAGESIZE
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        addr, n = storage.data_ptr(), storage.nbytes()
+        start = addr & ~(page - 1)
+        # a failure (memory that is not mapped as pages, e.g. a tensor of another device)
+        # only means no advice: reading is correct either way
+        _libc.madvise(start, addr + n - start, advice)

@@ -52,7 +52,8 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
-        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg} {_memory_now()}", file=sys.stderr,
+              flush=True)
 
     common = dict(parts=cfg.num_parts, method=method, seed=cfg.partition.seed,
                   memory_budget=budget,
@@ -124,7 +125,8 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
-        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg} {_memory_now()}", file=sys.stderr,
+              flush=True)
 
     # a rank may sort its slice (DuckDB) for many minutes while the others wait for it in a
     # collective: the training default (120 s) would fail a healthy prepare; a dead rank
@@ -152,6 +154,17 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
               f"part {st['nodes']}, edge cut {100 * st['edge_cut_fraction']:.1f}%, halo sizes "
               f"{st['halo']} ({time.perf_counter() - t0:.1f}s)")
     return 0
+
+
+def _memory_now() -> str:
+    """The process's resident memory now and its peak so far, for each progress line: the
+    budget is checked against the peak, and this says which stage reached it."""
+    try:
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except OSError:                     # not Linux: the peak alone
+        return f"(peak {_peak_rss_mb():.0f} MiB)"
+    return f"(resident {now:.0f} MiB, peak {_peak_rss_mb():.0f} MiB)"
 
 
 def _peak_rss_mb() -> float:

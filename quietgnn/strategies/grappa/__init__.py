@@ -213,6 +213,8 @@ class Grappa(Strategy):
         with comm.phase("data" if self.lg is not None else comm.phase_name):
             # the previous local graph (and what was built on it) dropped first: not two
             # local graphs at once while the next one loads
+            if self.lg is not None:
+                self.lg.advise(random=False)   # the load and coverage scan the own rows again
             self.lg, self._x, self._eval_blocks = None, None, None
             self._full_blocks = self._full_x = self._full_z = None
             heap.trim()   # what the steps left in the heap, before the load's peak
@@ -232,6 +234,9 @@ class Grappa(Strategy):
                 self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
                 self._full_x = self._rows(self._full_blocks[0])
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
+            else:
+                # each step reads a few scattered rows of the mapped chunks: no read-around
+                self.lg.advise(random=True)
         heap.trim()   # the load's and the coverage's freed temporaries (quietgnn/heap.py)
 
     def _rows(self, nodes: torch.Tensor):
