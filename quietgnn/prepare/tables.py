@@ -401,48 +401,63 @@ def _fingerprint(edges: Path, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) 
 def _write_edges(con, edges: Path, part_dirs: list[Path], k: int, P: int, in_deg: np.ndarray,
                  out_deg: np.ndarray) -> int:
     """Part ``k``'s CSR (local ids), degrees and send plans, from the tagged ``edges``;
-    returns its edge count. (``con``: DuckDB, at its share for this stage.)"""
+    returns its edge count. (``con``: DuckDB, at its share for this stage.)
+
+    Beside the degree vectors it holds the part's owned and halo ids and its ``indptr`` (the
+    lookups need them in memory), and nothing else of the part's size: the halo is looked up
+    one owner's (ascending) block at a time instead of through an (owner, id) key array, the
+    degrees are written a slice at a time, and the other parts' halos are read mapped (a
+    slice of each)."""
     d = part_dirs[k]
     owned = np.load(d / "owned.npy")
     halo = np.load(d / "halo.npy")
-    halo_owner = np.load(d / "halo_owner.npy")
+    # the halo is ordered by (owner, id): owner j's block is halo[at[j]:at[j + 1]]
+    counts = np.bincount(np.load(d / "halo_owner.npy"), minlength=P).astype(np.int64)
+    at_owner = np.concatenate([[0], np.cumsum(counts)])
     n_own, n_halo = owned.size, halo.size
-    n = in_deg.size
-    rows = in_deg[owned].astype(np.int64)
     indptr = np.zeros(n_own + 1, dtype=np.int64)
-    np.cumsum(rows, out=indptr[1:])
+    np.cumsum(in_deg[owned], dtype=np.int64, out=indptr[1:])
     e_loc = int(indptr[-1])
     wide = n_own + n_halo >= 2 ** 31
     idx = NpyWriter(d / "indices.npy", np.int64 if wide else np.int32, (e_loc,))
-    halo_key = halo_owner * n + halo                    # ascending: ordered by (owner, id)
     at, last = 0, -1
     for b in tagged_batches(edges, ["dst", "src", "ps", "pd"]):
         sel = b["pd"] == k
         last = _check_sorted(b["dst"][sel], last)
-        src, ps = b["src"][sel].astype(np.int64), b["ps"][sel].astype(np.int64)
+        src, ps = b["src"][sel].astype(np.int64), b["ps"][sel]
         loc = np.empty(src.size, dtype=np.int64)
-        mine = ps == k
-        loc[mine] = lookup(owned, src[mine])
-        loc[~mine] = n_own + lookup(halo_key, ps[~mine] * n + src[~mine])
+        for j in range(P):
+            from_j = ps == j
+            if j == k:
+                loc[from_j] = lookup(owned, src[from_j])
+            elif from_j.any():
+                block = halo[at_owner[j]:at_owner[j + 1]]
+                loc[from_j] = n_own + at_owner[j] + lookup(block, src[from_j])
         idx.write(loc)
         at += src.size
     if at != e_loc:
         raise RuntimeError(f"part {k}: streamed {at} edges, the degrees say {e_loc}")
     idx.close()
-    ids = np.concatenate([owned, halo])
     np.save(d / "indptr.npy", indptr)
-    np.save(d / "in_degree.npy", in_deg[ids].astype(np.int64))
-    np.save(d / "out_degree.npy", out_deg[ids].astype(np.int64))
-    np.save(d / "recv_counts.npy", np.bincount(halo_owner, minlength=P).astype(np.int64))
+    del indptr
+    for name, deg in (("in_degree", in_deg), ("out_degree", out_deg)):
+        w = NpyWriter(d / f"{name}.npy", np.int64, (n_own + n_halo,))
+        for ids in (owned, halo):      # the local rows' order: [owned | halo]
+            for lo in range(0, ids.size, BATCH_ROWS):
+                w.write(deg[ids[lo:lo + BATCH_ROWS]])
+        w.close()
+    np.save(d / "recv_counts.npy", counts)
     sends = []
     for j in range(P):
         if j == k:
             sends.append(np.zeros(0, dtype=np.int64))
             continue
-        oj = np.load(part_dirs[j] / "halo_owner.npy")
+        oj = np.load(part_dirs[j] / "halo_owner.npy", mmap_mode="r")
         lo, hi = np.searchsorted(oj, k), np.searchsorted(oj, k, side="right")
         del oj
-        sends.append(np.searchsorted(owned, np.load(part_dirs[j] / "halo.npy")[lo:hi]))
+        hj = np.load(part_dirs[j] / "halo.npy", mmap_mode="r")
+        sends.append(np.searchsorted(owned, np.asarray(hj[lo:hi])))
+        del hj
     np.save(d / "send_idx.npy", np.concatenate(sends).astype(np.int64))
     np.save(d / "send_counts.npy", np.array([s.size for s in sends], dtype=np.int64))
     return e_loc
