@@ -306,6 +306,7 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
                    "graph_name": name, "graph_fingerprint": fingerprint, "book_id": book_id,
                    "meta": {"evaluator": None}}
         (part_dirs[k] / "part.json").write_text(json.dumps(scalars, indent=1))
+    progress("parts written")
     for k in range(P):
         missing = set(PART_ARRAYS) - {f.stem for f in part_dirs[k].glob("*.npy")}
         if missing:
