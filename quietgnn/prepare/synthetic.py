@@ -80,10 +80,12 @@ def _insert_edges(con: Any, spec: SyntheticSpec, target: int,
     cum = _theta(spec)[order]
     np.cumsum(cum, out=cum)
     total = float(cum[-1])
-    ends = np.cumsum(np.bincount(y, minlength=spec.classes))
-    cum0 = np.concatenate([[0.0], cum])
-    lo_w = cum0[np.concatenate([[0], ends[:-1]])]
-    class_w = cum0[ends] - lo_w
+    ends = np.cumsum(np.bincount(y, minlength=spec.classes))    # every class present: >= 1
+    # class c's weight range [lo_w, lo_w + class_w): read off cum, not off a copy of it with a
+    # leading 0 (8 bytes a node held through the drawing for 2 x classes numbers)
+    starts = np.concatenate([[0], ends[:-1]])
+    lo_w = np.where(starts > 0, cum[np.maximum(starts - 1, 0)], 0.0)
+    class_w = cum[ends - 1] - lo_w
     con.execute("CREATE TABLE raw (src BIGINT, dst BIGINT)")
 
     def pick(u: np.ndarray, presorted: bool = False) -> np.ndarray:
