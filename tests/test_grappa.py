@@ -355,27 +355,27 @@ def test_sampler_blocks_are_valid_and_capped():
     assert int(full_blocks[1].row_count.sum()) == 8
 
 
-def test_row_sampling_is_uniform_without_replacement():
-    from quietgnn.strategies.grappa.data import _pick
+def test_sampled_rows_are_uniform_subsets_drawn_independently():
+    # R rows of the same 5 edges: each row's fanout-3 sample is one of the 10 3-subsets, all
+    # about equally often, and rows draw independently (not one subset for every row)
     g = torch.Generator().manual_seed(3)
-    deg = torch.tensor([0, 2, 3, 5, 7])
-    reps, f = 20_000, 3
-    # every draw: min(d, f) distinct offsets in [0, d) per row, a row's picks together
-    row, off = _pick(deg.repeat(reps), f, g)
-    assert torch.equal(torch.bincount(row, minlength=deg.numel() * reps),
-                       deg.clamp(max=f).repeat(reps))
-    assert bool((off >= 0).all()) and bool((off < deg.repeat(reps)[row]).all())
-    assert int((row[1:] != row[:-1]).sum()) + 1 == torch.unique(row).numel()  # together
-    key = row * 8 + off
-    assert torch.unique(key).numel() == key.numel()        # distinct within a row
-    # the 5-edge rows: each of the 10 3-subsets drawn ~reps / 10 times (uniform subsets)
-    five = (row % deg.numel()) == 3
-    subsets = torch.zeros(reps, 5, dtype=torch.int64)
-    subsets[row[five] // deg.numel(), off[five]] = 1
-    codes = (subsets * torch.tensor([1, 2, 4, 8, 16])).sum(1)
-    freq = torch.bincount(codes, minlength=32)[torch.bincount(codes, minlength=32) > 0]
+    R = 20_000
+    indptr = torch.arange(R + 1, dtype=torch.int64) * 5
+    cols = torch.arange(5, dtype=torch.int32).repeat(R)      # column c: local node R + c
+    table = torch.arange(R, R + 5, dtype=torch.int32)
+    own = Rows(indptr, cols, 0, 0, table)
+    x = torch.zeros(R + 5, 1)
+    lg = LocalGraph(own, None, x[:R], x[R:], torch.full((R + 5,), 5), R, R, None, 0)
+    ptr, src = lg.gather(torch.arange(R), 3, g)
+    assert torch.equal(ptr, torch.arange(R + 1) * 3)
+    picked = torch.zeros(R, 5, dtype=torch.int64)
+    picked[torch.arange(R).repeat_interleave(3), src - R] = 1
+    assert torch.equal(picked.sum(1), torch.full((R,), 3))          # distinct within a row
+    codes = (picked * torch.tensor([1, 2, 4, 8, 16])).sum(1)
+    freq = torch.bincount(codes, minlength=32)
+    freq = freq[freq > 0]
     assert freq.numel() == 10
-    assert float((freq.float() / reps - 0.1).abs().max()) < 0.012    # ~5 sd of one count
+    assert float((freq.float() / R - 0.1).abs().max()) < 0.012      # ~5 sd of one count
 
 
 def test_sampled_rows_are_subsets_of_the_gathered_rows():
@@ -394,7 +394,7 @@ def test_sampled_rows_are_subsets_of_the_gathered_rows():
                     n_int, 1, 0)
     nodes = torch.tensor([50, 3, 30, 3, 24, 25, 39, 55, 0])     # leaves, repeats, both pieces
     full_ptr, full_src = lg.gather(nodes)
-    ptr, src = lg.sample(nodes, 4, g)
+    ptr, src = lg.gather(nodes, 4, g)
     assert torch.equal(ptr[1:] - ptr[:-1], (full_ptr[1:] - full_ptr[:-1]).clamp(max=4))
     for i in range(nodes.numel()):
         whole = full_src[full_ptr[i]:full_ptr[i + 1]].tolist()

@@ -33,6 +33,7 @@ from ...nn import SparseAdj, SparseFeatures
 from ...partition.local import gather_rows
 from ...partition.shards import advise_access
 from ...rows import chunk_bounds
+from ...sampling.sage import sample_rows
 
 __all__ = ["rotating_chunk", "Rows", "LocalGraph", "coverage", "expand"]
 
@@ -117,15 +118,28 @@ class LocalGraph:
             d[r.base:r.base + r.n_rows] = r.counts()
         return d
 
-    def gather(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
+    def gather(self, nodes: Tensor, fanout: Optional[int] = None,
+               gen: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
         """CSR rows of local nodes ``nodes`` (in order, each row in its stored edge order):
-        ``(indptr int64 [len + 1], src int64 local ids)``; a leaf's row is empty."""
+        ``(indptr int64 [len + 1], src int64 local ids)``; a leaf's row is empty. With
+        ``fanout``, a row longer than it keeps ``fanout`` of its edges, uniformly without
+        replacement (:func:`quietgnn.sampling.sage.sample_rows`, keys drawn from ``gen``),
+        and only those are read: a hub's row costs ``fanout`` reads, not its degree (whole
+        rows read and shuffled made a step's cost the sampled nodes' degree sum, which a
+        power-law graph's hubs dominate)."""
         counts = torch.zeros(nodes.numel(), dtype=torch.int64)
         got = []
         for r in self.pieces():
             mine = (nodes >= r.base) & (nodes < r.base + r.n_rows)
-            ptr, cols = gather_rows(r.indptr, r.cols, nodes[mine] - r.base)
-            counts[mine] = ptr[1:] - ptr[:-1]
+            rows = nodes[mine] - r.base
+            if fanout is None:
+                ptr, cols = gather_rows(r.indptr, r.cols, rows)
+                counts[mine] = ptr[1:] - ptr[:-1]
+            else:
+                lo = r.indptr[rows]
+                keys = torch.randint(-2 ** 63, 2 ** 63 - 1, (rows.numel(),), generator=gen)
+                counts[mine], cols = sample_rows(lo, r.indptr[rows + 1] - lo, fanout, keys,
+                                                 r.cols)
             got.append((mine, cols, r))
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
         indptr[1:] = counts.cumsum(0)
@@ -136,33 +150,6 @@ class LocalGraph:
         src = torch.empty(total, dtype=torch.int64)
         for mine, cols, r in got:     # a piece's edges keep their order among the output's
             src[torch.repeat_interleave(mine, counts, output_size=total)] = r.local(cols)
-        return indptr, src
-
-    def sample(self, nodes: Tensor, fanout: int, gen: Optional[torch.Generator] = None
-               ) -> tuple[Tensor, Tensor]:
-        """:meth:`gather` with at most ``fanout`` edges a row: a row with more keeps
-        ``fanout`` of them, uniformly without replacement (every edge of a shorter row). Only
-        the kept edges are read: a hub's row costs ``fanout`` reads, not its degree (whole
-        rows read and shuffled made a step's cost the sampled nodes' degree sum, which a
-        power-law graph's hubs dominate, and its reads the pages of every edge)."""
-        n = nodes.numel()
-        counts = torch.zeros(n, dtype=torch.int64)
-        picks = []
-        for r in self.pieces():
-            mine = torch.nonzero((nodes >= r.base) & (nodes < r.base + r.n_rows)).flatten()
-            rows = nodes[mine] - r.base
-            lo = r.indptr[rows]
-            deg = r.indptr[rows + 1] - lo
-            row, k = _pick(deg, fanout, gen)        # k: each pick's offset within its row
-            counts[mine] = deg.clamp(max=fanout)
-            picks.append((mine[row], lo[row] + k, r))
-        indptr = torch.zeros(n + 1, dtype=torch.int64)
-        indptr[1:] = counts.cumsum(0)
-        src = torch.empty(int(indptr[-1]), dtype=torch.int64)
-        for node, at, r in picks:
-            # a row's picks fill its slots in the order _pick lists them
-            slot = indptr[node] + _rank_in_group(node)
-            src[slot] = r.local(r.cols[at])
         return indptr, src
 
     def advise(self, random: bool) -> None:
@@ -199,45 +186,6 @@ class LocalGraph:
         indptr = torch.cat([sp[0].indptr, sp[1].indptr[1:] + sp[0].indptr[-1]])
         return SparseFeatures(indptr, torch.cat([s.indices for s in sp]),
                               torch.cat([s.values for s in sp]), self.x_own.shape[1])
-
-
-def _pick(deg: Tensor, fanout: int, gen: Optional[torch.Generator]) -> tuple[Tensor, Tensor]:
-    """``min(deg[i], fanout)`` distinct offsets in ``[0, deg[i])`` for every row ``i``,
-    uniformly without replacement: ``(row, offset)`` per pick, a row's picks together.
-    Rows of at most ``fanout`` edges keep them all; longer rows draw by Floyd's algorithm,
-    vectorised over rows (``fanout`` rounds of O(rows x fanout) work, whatever the degree)."""
-    full = deg <= fanout
-    small = torch.nonzero(full).flatten()
-    cnt = deg[small]
-    row_s = torch.repeat_interleave(small, cnt)
-    starts = torch.zeros_like(cnt)
-    starts[1:] = cnt.cumsum(0)[:-1]
-    off_s = torch.arange(row_s.numel()) - torch.repeat_interleave(starts, cnt)
-    big = torch.nonzero(~full).flatten()
-    if not big.numel():
-        return row_s, off_s
-    d = deg[big]
-    chosen = torch.empty(big.numel(), fanout, dtype=torch.int64)
-    u = torch.rand(big.numel(), fanout, generator=gen, dtype=torch.float64)
-    for i in range(fanout):
-        top = d - fanout + i                 # Floyd: t uniform in [0, top]; if taken, top
-        t = (u[:, i] * (top + 1).to(torch.float64)).long().clamp_(max=top)
-        taken = (chosen[:, :i] == t[:, None]).any(1)
-        chosen[:, i] = torch.where(taken, top, t)
-    return (torch.cat([row_s, big.repeat_interleave(fanout)]),
-            torch.cat([off_s, chosen.flatten()]))
-
-
-def _rank_in_group(keys: Tensor) -> Tensor:
-    """Position of each element among the earlier elements with the same key, for keys
-    whose equal values are adjacent (``[5, 5, 2, 7, 7, 7] -> [0, 1, 0, 0, 1, 2]``)."""
-    if not keys.numel():
-        return keys.clone()
-    new = torch.ones(keys.numel(), dtype=torch.bool)
-    new[1:] = keys[1:] != keys[:-1]
-    first = torch.nonzero(new).flatten()
-    sizes = torch.diff(first, append=torch.tensor([keys.numel()]))
-    return torch.arange(keys.numel()) - torch.repeat_interleave(first, sizes)
 
 
 #: edges read per slice in :func:`coverage` (bounds its per-edge temporaries)
@@ -311,7 +259,7 @@ def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
     """:func:`expand` with ``pos`` (all -1) as the position map; leaves it all -1."""
     blocks: list[SparseAdj] = []
     for f in fanouts:
-        indptr, src = lg.gather(nodes) if f is None else lg.sample(nodes, f, gen)
+        indptr, src = lg.gather(nodes, f, gen)
         pos[nodes] = torch.arange(nodes.numel(), dtype=pos.dtype)
         new = torch.unique(src[pos[src] < 0])
         pos[new] = nodes.numel() + torch.arange(new.numel(), dtype=pos.dtype)
