@@ -191,3 +191,98 @@ def test_fill_halo_in_rounds(round_bytes):
     assert sum(s for r in res for _, s, _ in r["recs"]) == \
         sum(v for r in res for _, _, v in r["recs"]) == sum(4 * 5 * (r["want"].shape[0] - 20)
                                                             for r in res)
+
+
+# ---------------------------------------------------------------- options.lean (GCN)
+LEAN_MODELS = [(4, 2), (16, 2), (16, 3), (4, 3), (8, 1)]   # (hidden, layers): 8 -> hidden -> ... -> 3
+
+
+def _lean_step(comm, graph, parts, lean):
+    """Logits, gradients and records of one training step and one evaluation per model of
+    LEAN_MODELS, with or without options.lean; ``parts`` a prepared directory: this rank's
+    part as stored (mapped int32 edges, as the worker gives a lean run)."""
+    if isinstance(parts, str):
+        from quietgnn.partition import PartitionBook
+        part = PartitionBook.open(parts).load_part(comm.rank, comm.world_size, stored=lean)
+    else:
+        part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {"owned": part.owned, "send": [int(t.numel()) for t in part.send_idx]}
+    for hidden, layers in LEAN_MODELS:
+        ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+                            model_cfg=ModelConfig(arch="gcn", hidden=hidden, layers=layers,
+                                                  dropout=0.5, norm="layer"),
+                            train_cfg=TrainConfig(seed=7))
+        s = Halo(ctx, HaloOptions(lean=lean))
+        s.setup()
+        comm.take_records()
+        s.model.train()
+        logits = s.forward()
+        loss = masked_loss(logits, s.y, s.train_mask, part.num_train_global)
+        loss.backward()
+        gl = sync_gradients(comm, s.params, loss)
+        rec = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
+        ev = s.evaluate()
+        out[(hidden, layers)] = {
+            "logits": logits.detach(), "loss": gl, "eval": ev,
+            "grads": {n: p.grad.clone() for n, p in s.model.named_parameters()},
+            "records": rec, "local": s.evaluate_local()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def lean_reference(graph):
+    return _lean_step(Communicator(0, 1), graph, np.zeros(graph.num_nodes, dtype=np.int64),
+                      False)
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+def test_lean_halo_equals_centralized(graph, lean_reference, P):
+    """options.lean gives the default's logits, loss, gradients and accuracies, for widening
+    and narrowing first layers, 2 and 3 layers, dropout and layer norm on."""
+    parts = partition_nodes(graph, "metis" if P > 1 else "random", P, seed=0)
+    results = [_lean_step(Communicator(0, 1), graph, parts, True)] if P == 1 else \
+        spawn_function(_lean_step, P, args=(graph, parts, True))
+    for m in LEAN_MODELS:
+        ref = lean_reference[m]
+        logits = torch.empty_like(ref["logits"])
+        for res in results:
+            logits[res["owned"]] = res[m]["logits"]
+        assert torch.allclose(logits, ref["logits"], atol=1e-5), m
+        for res in results:
+            assert res[m]["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+            assert res[m]["eval"] == ref["eval"]
+            assert res[m]["local"] is None      # no induced copy of the edges
+            for name, g in ref["grads"].items():
+                assert torch.allclose(res[m]["grads"][name], g,
+                                      atol=1e-5), (m, name)
+
+
+def test_lean_halo_sends_narrow_rows(graph):
+    """The output layer's rows travel out_dim (3) wide, dense, both ways; a widening hidden
+    layer's only what dropout kept; the layer-0 inputs not at all (cached)."""
+    P = 4
+    parts = partition_nodes(graph, "random", P, seed=3)
+    lean = spawn_function(_lean_step, P, args=(graph, parts, True))
+    full = spawn_function(_lean_step, P, args=(graph, parts, False))
+    C = graph.num_classes
+    for res, ref in zip(lean, full):
+        rows = sum(res["send"])
+        for m in LEAN_MODELS:
+            fwd = [r[1] for r in res[m]["records"] if r[0] == "halo_fwd"]
+            bwd = [r[2] for r in res[m]["records"] if r[0] == "halo_bwd"]
+            ref_fwd = [r[1] for r in ref[m]["records"] if r[0] == "halo_fwd"]
+            if m[1] == 1:    # one layer, its cached inputs transformed locally: no exchange
+                assert fwd == bwd == []
+                continue
+            # the last layer 3 wide instead of hidden wide; the other layers as the default's
+            assert fwd[-1] == bwd[0] == 4 * rows * C
+            assert fwd[:-1] == ref_fwd[:-1]
+            assert bwd[1:] == [r[2] for r in ref[m]["records"] if r[0] == "halo_bwd"][1:]
+
+
+def test_lean_halo_refuses_other_archs(graph):
+    part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64), ranks=[0])[0]
+    ctx = WorkerContext(rank=0, world_size=1, comm=Communicator(0, 1), part=part,
+                        model_cfg=ModelConfig(arch="sage", hidden=8), train_cfg=TrainConfig())
+    with pytest.raises(ValueError, match="options.lean = true needs model.arch"):
+        Halo(ctx, HaloOptions(lean=True)).setup()

@@ -77,18 +77,19 @@ class SparseAdj:
         return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device),
                                        self.row_count)
 
-    def _per_edge(self, per_row: Tensor, scale: Optional[Tensor] = None) -> Tensor:
-        """``per_row[row]`` without materialising the int64 row index, or, given ``scale``
-        [E], ``scale *= per_row[row]`` in place. A slice of rows at a time: repeat_interleave
-        builds an int64 index of all its output before gathering (8 bytes an edge)."""
-        out = per_row.new_empty(self.nnz) if scale is None else scale
+    def _per_edge(self, per_row: Tensor, per_src: Optional[Tensor] = None) -> Tensor:
+        """``per_row[row]`` without materialising the int64 row index, times
+        ``per_src[indices]`` when given. A slice of rows at a time: repeat_interleave builds
+        an int64 index of all its output before gathering (8 bytes an edge), and a gather by
+        int32 indices widens them first."""
+        out = per_row.new_empty(self.nnz)
         for a, b in chunk_bounds(self.indptr, 1 << 22):
             s, e = int(self.indptr[a]), int(self.indptr[b])
             piece = torch.repeat_interleave(per_row[a:b], self.row_count[a:b], output_size=e - s)
-            if scale is None:
+            if per_src is None:
                 out[s:e] = piece
             else:
-                out[s:e].mul_(piece)
+                torch.mul(per_src[self.indices[s:e]], piece, out=out[s:e])
         return out
 
     def transpose_structure(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -112,7 +113,7 @@ class SparseAdj:
                                  "with src_degree=... (global in-degrees)")
             dinv_src = (self.src_degree.to(dtype) + 1).rsqrt()
             dinv_dst = (self.dst_degree.to(dtype) + 1).rsqrt()
-            ew = self._per_edge(dinv_dst, scale=dinv_src[self.indices])
+            ew = self._per_edge(dinv_dst, per_src=dinv_src)
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
 

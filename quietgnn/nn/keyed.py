@@ -16,6 +16,8 @@ are arithmetic, which keeps the function deterministic, if not bit-identical to 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -50,15 +52,29 @@ def keep_mask(counters: Tensor, p: float, key: int) -> Tensor:
     return u >= int(round(p * (1 << _BITS)))
 
 
-def row_keep_mask(ids: Tensor, width: int, p: float, key: int) -> Tensor:
+def row_keep_mask(ids: Tensor, width: int, p: float, key: int,
+                  cols: Optional[tuple[int, int]] = None) -> Tensor:
     """bool ``[n, width]``: which entries of the rows with global ids ``ids [n]`` dropout keeps
-    (the same on every rank that holds such a row)."""
-    counters = ids.to(torch.int64).unsqueeze(1) * width + torch.arange(width, device=ids.device)
-    return keep_mask(counters, p, key)
+    (the same on every rank that holds such a row); ``cols = (c0, c1)``: only those columns
+    of the ``width``-wide rows, ``[n, c1 - c0]``."""
+    # a slice of rows at a time: the hash makes a few int64 temporaries of its input's size
+    # (8 bytes an entry each, gigabytes for a layer's rows of a 10^7-node part)
+    c0, c1 = (0, width) if cols is None else cols
+    out = torch.empty((ids.numel(), c1 - c0), dtype=torch.bool, device=ids.device)
+    cols_t = torch.arange(c0, c1, device=ids.device)
+    step = max(1, (1 << 20) // max(1, c1 - c0))
+    for a in range(0, ids.numel(), step):
+        counters = ids[a:a + step].to(torch.int64).unsqueeze(1) * width + cols_t
+        out[a:a + step] = keep_mask(counters, p, key)
+    return out
 
 
-def keyed_dropout(h: Tensor, p: float, key: int, ids: Tensor) -> Tensor:
-    """Inverted dropout of the dense rows ``h [n, C]`` whose global ids are ``ids [n]``."""
+def keyed_dropout(h: Tensor, p: float, key: int, ids: Tensor,
+                  cols: Optional[tuple[int, int]] = None, width: Optional[int] = None) -> Tensor:
+    """Inverted dropout of the dense rows ``h [n, C]`` whose global ids are ``ids [n]``;
+    ``h`` may be the columns ``cols = (c0, c1)`` of rows ``width`` wide (the same entries
+    kept as in the whole rows)."""
     if p == 0.0:
         return h
-    return h * (row_keep_mask(ids, h.shape[1], p, key).to(h.dtype) * (1.0 / (1.0 - p)))
+    mask = row_keep_mask(ids, h.shape[1] if width is None else width, p, key, cols)
+    return h * (mask.to(h.dtype) * (1.0 / (1.0 - p)))

@@ -447,10 +447,12 @@ def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: Spar
     return lambda: model(x, adj, exchange=ex)
 
 
-def inputs_with_halo(comm: Communicator, part: LocalPartition,
-                     device: torch.device) -> Tensor | SparseFeatures:
-    """``[owned ; halo]`` input rows, the halo's fetched once (collective; kind ``data``),
-    sparse when mostly zero: layer 0 then needs no exchange."""
+def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.device,
+                     sparse: bool = True) -> Tensor | SparseFeatures:
+    """``[owned ; halo]`` input rows in the part's dtype, the halo's fetched once (collective;
+    kind ``data``), sparse when mostly zero (and ``sparse``): layer 0 then needs no
+    exchange."""
     halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
                                carries=Traffic.FEATURES).to(device)
-    return maybe_sparse(torch.cat([part.x.to(device), halo_x.to(part.x.dtype)]))
+    x = torch.cat([part.x.to(device), halo_x.to(part.x.dtype)])
+    return maybe_sparse(x) if sparse else x

@@ -28,6 +28,7 @@ import torch
 
 from ..comm import HaloExchanger
 from ..nn import maybe_sparse
+from ..nn.lean import LEAN_ARCHS, lean_forward
 from ..nn.keyed import mix_key
 from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
                    partition_adj, register, sync_gradients)
@@ -43,9 +44,15 @@ class HaloOptions:
     #: send only the entries of a hidden row that dropout kept (the receiver recomputes the
     #: keyed mask); false: send the dropped zeros too, as the papers' vanilla baseline does
     skip_dropped: bool = True
+    #: memory-lean forward (GCN): narrowing layers transform before the exchange (their halo
+    #: rows travel d_out wide) and the row-wise work between aggregations is recomputed a
+    #: slice of rows at a time in backward (:mod:`quietgnn.nn.lean`): activations of the
+    #: input and output widths instead of the hidden one; the part's edges and features stay
+    #: memory-mapped as stored. Exact, like the default; fewer bytes, more compute
+    lean: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("cache_inputs", "skip_dropped"):
+        for key in ("cache_inputs", "skip_dropped", "lean"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"options.{key} = {getattr(self, key)!r}; expected true or "
                                  f"false")
@@ -60,6 +67,11 @@ class Halo(Strategy):
     exact = True
     Options = HaloOptions
 
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # the lean forward widens what it reads a slice at a time (int32 edges, float16 rows)
+        return bool(getattr(options, "lean", False))
+
     def setup(self) -> None:
         ctx, p = self.ctx, self.ctx.part
         dev = ctx.device
@@ -69,7 +81,16 @@ class Halo(Strategy):
         self.ids_in: Optional[torch.Tensor] = None
         self.inputs_have_halo = False
         self._epoch = 0
-        if ctx.world_size == 1:
+        if self.options.lean:
+            if self.ctx.model_cfg.arch not in LEAN_ARCHS:
+                raise ValueError(f"options.lean = true needs model.arch in {list(LEAN_ARCHS)}; "
+                                 f"got model.arch = {self.ctx.model_cfg.arch!r}: set model.arch "
+                                 f"gcn or options.lean false")
+            if ctx.world_size > 1 and self.options.cache_inputs:
+                self.x = inputs_with_halo(ctx.comm, p, dev, sparse=False)
+                self.ids_in = p.local_ids().to(dev)
+                self.inputs_have_halo = True
+        elif ctx.world_size == 1:
             # the whole graph: mostly-zero features stay sparse (nothing to exchange)
             self.x = maybe_sparse(self.x)
         elif self.options.cache_inputs:
@@ -87,6 +108,10 @@ class Halo(Strategy):
     def forward(self):
         """Logits of every owned node (full neighbourhood through the halo)."""
         key = mix_key(self.ctx.train_cfg.seed, self._epoch) if self.model.training else None
+        if self.options.lean:
+            return lean_forward(self.model, self.x, self.adj, exchange=self.exchanger,
+                                dropout_key=key, ids=self.ids, ids_in=self.ids_in,
+                                inputs_have_halo=self.inputs_have_halo)
         return self.model(self.x, self.adj, exchange=self.exchanger, dropout_key=key,
                           ids=self.ids, ids_in=self.ids_in,
                           inputs_have_halo=self.inputs_have_halo)
@@ -104,8 +129,10 @@ class Halo(Strategy):
     def evaluate(self) -> dict[str, float]:
         return global_evaluate(self.model, self.ctx.part, self.ctx.comm, self.forward)
 
-    def evaluate_local(self) -> dict[str, float]:
-        return self._induced_evaluate()
+    def evaluate_local(self) -> Optional[dict[str, float]]:
+        # lean: the induced subgraph would be a second copy of the part's edges, in memory;
+        # the exact evaluation (narrow rows exchanged) is what the trainer then runs
+        return None if self.options.lean else self._induced_evaluate()
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
