@@ -10,7 +10,8 @@ a rerun, and a run whose prepared graph has since been removed keeps its record 
 ``scale.json``), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
 peak, extrapolated linearly in edges from the strategy's two previous sizes, times P exceeds
 ``--mem-frac`` of the memory available now; it is recorded as skipped with that estimate,
-which is where the limit is. ``--attempt LABEL@EDGES`` (e.g. ``grappa-minibatch@1e+08``) runs
+which is where the limit is. ``--only LABELS`` runs those strategy labels alone (the
+others keep their last records). ``--attempt LABEL@EDGES`` (e.g. ``grappa-minibatch@1e+08``) runs
 one anyway, under a watchdog that kills it when less than ``--floor-mb`` of memory is left
 (recorded as stopped, with the largest per-rank resident set seen): a measured limit instead
 of an estimate.
@@ -227,6 +228,12 @@ def run(args: argparse.Namespace) -> list[dict]:
     by_strategy: dict[str, list[dict]] = {}
     for spec in specs:
         prepared = ROOT / spec.overrides["dataset.prepared"]
+        if args.only and (spec.label or spec.strategy) not in args.only:
+            if spec.id in previous:     # not selected: its record from the last scale.json
+                rec = previous[spec.id]
+                by_strategy.setdefault(rec["strategy"], []).append(rec)
+                records.append(rec)
+            continue
         if not (prepared / "book.json").is_file():
             if spec.id in previous:     # measured before, its graph since removed: kept as is
                 print(f"{spec.id}: {prepared} is missing; its record from the last "
@@ -345,6 +352,9 @@ def main(argv=None) -> int:
     ap.add_argument("--attempt", action="append", default=[], metavar="LABEL@EDGES",
                     help="run this one even if its estimate does not fit, e.g. "
                          "grappa-minibatch@1e+08 (the watchdog stops it if memory runs out)")
+    ap.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="LABELS",
+                    help="run only these strategy labels (comma-separated, e.g. halo-lean); "
+                         "the others keep their records from the last scale.json")
     ap.add_argument("--floor-mb", type=float, default=1536.0,
                     help="the watchdog stops a run when less memory than this is available")
     args = ap.parse_args(argv)

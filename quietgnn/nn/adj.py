@@ -108,14 +108,31 @@ class SparseAdj:
         self-loop 1/(d_v+1); d = in-degree (``src_degree``/``dst_degree``)."""
         key = f"gcn:{dtype}"
         if key not in self._cache:
-            if self.src_degree is None:
-                raise ValueError("GCN normalisation needs the source degrees; build the block "
-                                 "with src_degree=... (global in-degrees)")
-            dinv_src = (self.src_degree.to(dtype) + 1).rsqrt()
-            dinv_dst = (self.dst_degree.to(dtype) + 1).rsqrt()
+            dinv_src, dinv_dst = self.gcn_factors(dtype)
             ew = self._per_edge(dinv_dst, per_src=dinv_src)
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
+
+    def gcn_factors(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """``(1/sqrt(d_src + 1), 1/sqrt(d_dst + 1))``: edge u->v's GCN weight is their product
+        (what :meth:`gcn_norm` stores per edge; a caller short of memory forms it a slice of
+        edges at a time). Cached: O(nodes)."""
+        key = f"gcnf:{dtype}"
+        if key not in self._cache:
+            if self.src_degree is None:
+                raise ValueError("GCN normalisation needs the source degrees; build the block "
+                                 "with src_degree=... (global in-degrees)")
+            self._cache[key] = ((self.src_degree.to(dtype) + 1).rsqrt(),
+                                (self.dst_degree.to(dtype) + 1).rsqrt())
+        return self._cache[key]  # type: ignore[return-value]
+
+    def gcn_weights(self, a: int, b: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The GCN weights of rows ``a:b``'s edges, the values :meth:`gcn_norm` stores for
+        them (the same products), formed now."""
+        dinv_src, dinv_dst = self.gcn_factors(dtype)
+        s, e = int(self.indptr[a]), int(self.indptr[b])
+        piece = torch.repeat_interleave(dinv_dst[a:b], self.row_count[a:b], output_size=e - s)
+        return torch.mul(dinv_src[self.indices[s:e]], piece)
 
     def mean_norm(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Edge weights 1/row_count (mean over the neighbours present in the block)."""

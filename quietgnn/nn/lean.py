@@ -47,15 +47,16 @@ _SLICE = 1 << 21
 
 
 class _Propagate(torch.autograd.Function):
-    """``A(values) @ h + self_w * h[:n_dst]`` a slice of rows at a time; backward scatters
-    ``A^T grad`` the same way. Differentiable in ``h`` only (the weights are the block's fixed
-    GCN weights). The self-loop term is added slice by slice: as a separate product and sum it
-    would make two more ``[n_dst, d]`` temporaries."""
+    """``A @ h + self_w * h[:n_dst]`` with ``A`` the block's GCN weights, a slice of rows at a
+    time; backward scatters ``A^T grad`` the same way. Differentiable in ``h`` only. The
+    weights of a slice's edges are formed when it is used (the products
+    :meth:`SparseAdj.gcn_norm` would keep for every edge: 4 bytes an edge, for the run), and
+    the self-loop term is added slice by slice (as a separate product and sum it would make
+    two more ``[n_dst, d]`` temporaries)."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, adj: SparseAdj, values: Tensor,  # type: ignore[override]
-                self_w: Tensor) -> Tensor:
-        ctx.adj, ctx.values, ctx.self_w, ctx.n_src = adj, values, self_w, h.shape[0]
+    def forward(ctx, h: Tensor, adj: SparseAdj, self_w: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.adj, ctx.self_w, ctx.n_src = adj, self_w, h.shape[0]
         out = h.new_zeros((adj.n_dst, h.shape[1]))
         idx_t = adj.indices.dtype
         for a, b in chunk_bounds(adj.indptr, _SLICE):
@@ -63,14 +64,15 @@ class _Propagate(torch.autograd.Function):
             if e > s:
                 crow = (adj.indptr[a:b + 1] - s).to(idx_t)
                 block = torch.sparse_csr_tensor(crow, adj.indices[s:e],
-                                                values[s:e].to(h.dtype), (b - a, adj.n_src))
+                                                adj.gcn_weights(a, b).to(h.dtype),
+                                                (b - a, adj.n_src))
                 out[a:b] = block @ h
             out[a:b].addcmul_(self_w[a:b, None].to(h.dtype), h[a:b])
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        adj, values = ctx.adj, ctx.values
+        adj = ctx.adj
         g_h = grad.new_zeros((ctx.n_src, grad.shape[1]))
         g_h[: adj.n_dst].addcmul_(ctx.self_w[:, None].to(grad.dtype), grad)
         for a, b in chunk_bounds(adj.indptr, _SLICE // max(1, grad.shape[1])):
@@ -79,8 +81,8 @@ class _Propagate(torch.autograd.Function):
                 rows = torch.repeat_interleave(torch.arange(a, b, device=grad.device),
                                                adj.row_count[a:b], output_size=e - s)
                 g_h.index_add_(0, adj.indices[s:e],
-                               grad[rows] * values[s:e, None].to(grad.dtype))
-        return g_h, None, None, None
+                               grad[rows] * adj.gcn_weights(a, b)[:, None].to(grad.dtype))
+        return g_h, None, None
 
 
 def propagate(adj: SparseAdj, h: Tensor) -> Tensor:
@@ -89,8 +91,8 @@ def propagate(adj: SparseAdj, h: Tensor) -> Tensor:
     if h.shape[0] != adj.n_src:
         raise ValueError(f"propagate: input has {h.shape[0]} rows, the adjacency block has "
                          f"{adj.n_src} source columns")
-    ew, sw = adj.gcn_norm(torch.float32)
-    return _Propagate.apply(h, adj, ew, sw)
+    dinv_dst = adj.gcn_factors(torch.float32)[1]
+    return _Propagate.apply(h, adj, dinv_dst * dinv_dst)
 
 
 def _rowwise(fn: Callable[[Tensor, int, int], Tensor], h: Tensor, width_out: int) -> Tensor:
