@@ -257,6 +257,30 @@ def test_lean_halo_equals_centralized(graph, lean_reference, P):
                                       atol=1e-5), (m, name)
 
 
+def _lean_step_small_slices(comm, graph, parts, lean):
+    from quietgnn.nn import lean as lean_module
+    lean_module._SLICE = 40     # slices of a few rows: every sliced path runs many times
+    return _lean_step(comm, graph, parts, lean)
+
+
+@pytest.mark.parametrize("P", [1, 2])
+def test_lean_halo_in_small_slices_equals_centralized(graph, lean_reference, P, monkeypatch):
+    from quietgnn.nn import lean as lean_module
+    parts = partition_nodes(graph, "metis" if P > 1 else "random", P, seed=0)
+    if P == 1:
+        monkeypatch.setattr(lean_module, "_SLICE", 40)
+        results = [_lean_step(Communicator(0, 1), graph, parts, True)]
+    else:
+        results = spawn_function(_lean_step_small_slices, P, args=(graph, parts, True))
+    for m in LEAN_MODELS:
+        logits = torch.empty_like(lean_reference[m]["logits"])
+        for res in results:
+            logits[res["owned"]] = res[m]["logits"]
+            for name, g in lean_reference[m]["grads"].items():
+                assert torch.allclose(res[m]["grads"][name], g, atol=1e-5), (m, name)
+        assert torch.allclose(logits, lean_reference[m]["logits"], atol=1e-5), m
+
+
 def test_lean_halo_sends_narrow_rows(graph):
     """The output layer's rows travel out_dim (3) wide, dense, both ways; a widening hidden
     layer's only what dropout kept; the layer-0 inputs not at all (cached)."""
