@@ -197,7 +197,7 @@ def test_fill_halo_in_rounds(round_bytes):
 LEAN_MODELS = [(4, 2), (16, 2), (16, 3), (4, 3), (8, 1)]   # (hidden, layers): 8 -> hidden -> ... -> 3
 
 
-def _lean_step(comm, graph, parts, lean):
+def _lean_step(comm, graph, parts, lean, cache=True):
     """Logits, gradients and records of one training step and one evaluation per model of
     LEAN_MODELS, with or without options.lean; ``parts`` a prepared directory: this rank's
     part as stored (mapped int32 edges, as the worker gives a lean run)."""
@@ -212,7 +212,7 @@ def _lean_step(comm, graph, parts, lean):
                             model_cfg=ModelConfig(arch="gcn", hidden=hidden, layers=layers,
                                                   dropout=0.5, norm="layer"),
                             train_cfg=TrainConfig(seed=7))
-        s = Halo(ctx, HaloOptions(lean=lean))
+        s = Halo(ctx, HaloOptions(lean=lean, cache_inputs=cache))
         s.setup()
         comm.take_records()
         s.model.train()
@@ -235,13 +235,14 @@ def lean_reference(graph):
                       False)
 
 
-@pytest.mark.parametrize("P", [1, 2, 4])
-def test_lean_halo_equals_centralized(graph, lean_reference, P):
+@pytest.mark.parametrize("P,cache", [(1, True), (2, True), (4, True), (2, False)])
+def test_lean_halo_equals_centralized(graph, lean_reference, P, cache):
     """options.lean gives the default's logits, loss, gradients and accuracies, for widening
-    and narrowing first layers, 2 and 3 layers, dropout and layer norm on."""
+    and narrowing first layers, 1-3 layers, dropout and layer norm on; with the input rows
+    cached or exchanged (only what dropout kept) at layer 0."""
     parts = partition_nodes(graph, "metis" if P > 1 else "random", P, seed=0)
     results = [_lean_step(Communicator(0, 1), graph, parts, True)] if P == 1 else \
-        spawn_function(_lean_step, P, args=(graph, parts, True))
+        spawn_function(_lean_step, P, args=(graph, parts, True, cache))
     for m in LEAN_MODELS:
         ref = lean_reference[m]
         logits = torch.empty_like(ref["logits"])
