@@ -144,6 +144,7 @@ class RunConfig:
         if self.options is None or isinstance(self.options, dict):
             self.options = options_from_dict(cls, self.options or {})
         check_residency(cls, self.runtime.residency, self.partition_method)
+        cls.check_model(self.options, self.model)
 
     @property
     def strategy_cls(self) -> Any:

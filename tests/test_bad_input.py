@@ -50,6 +50,8 @@ def _subprocess(argv, timeout=300):
     (["--runtime.keep_checkpoints", "1"], "runtime.keep_checkpoints = 1; expected an int >= 2"),
     (["--runtime.timeout_s", "0"], "runtime.timeout_s = 0"),
     (["--options.nosuch", "1"], "unknown option(s) ['nosuch'] for strategy 'halo'"),
+    (["--options.lean", "true", "--model", "sage"],
+     "options.lean = true needs model.arch in ['gcn']; got model.arch = 'sage'"),
     (["stray"], "unexpected argument 'stray'"),
     (["--dataset", "nosuch"], "unknown dataset 'nosuch'; expected one of"),
     (["--dataset", "cora", "--root", "/nonexistent/qg"], "/nonexistent/qg"),

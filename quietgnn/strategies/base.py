@@ -162,6 +162,12 @@ class Strategy(ABC):
         return False
 
     @classmethod
+    def check_model(cls, options: Any, model_cfg: ModelConfig) -> None:
+        """Raise ``ValueError`` (naming the values and the fix) when ``options`` cannot train
+        ``model_cfg``; called when a run's configuration is built, before any process starts,
+        and again in :meth:`setup` by strategies that need it. Default: every model."""
+
+    @classmethod
     def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
         """Optimizer updates in one epoch-equivalent (one pass over the training set) with
         ``options`` when part r owns ``train_per_part[r]`` training nodes: 1 for a full-batch

@@ -72,6 +72,13 @@ class Halo(Strategy):
         # the lean forward widens what it reads a slice at a time (int32 edges, float16 rows)
         return bool(getattr(options, "lean", False))
 
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: Any) -> None:
+        if getattr(options, "lean", False) and model_cfg.arch not in LEAN_ARCHS:
+            raise ValueError(f"options.lean = true needs model.arch in {list(LEAN_ARCHS)}; got "
+                             f"model.arch = {model_cfg.arch!r}: set model.arch gcn or "
+                             f"options.lean false")
+
     def setup(self) -> None:
         ctx, p = self.ctx, self.ctx.part
         dev = ctx.device
@@ -82,10 +89,7 @@ class Halo(Strategy):
         self.inputs_have_halo = False
         self._epoch = 0
         if self.options.lean:
-            if self.ctx.model_cfg.arch not in LEAN_ARCHS:
-                raise ValueError(f"options.lean = true needs model.arch in {list(LEAN_ARCHS)}; "
-                                 f"got model.arch = {self.ctx.model_cfg.arch!r}: set model.arch "
-                                 f"gcn or options.lean false")
+            self.check_model(self.options, ctx.model_cfg)
             if ctx.world_size > 1 and self.options.cache_inputs:
                 self.x = inputs_with_halo(ctx.comm, p, dev, sparse=False)
                 self.ids_in = p.local_ids().to(dev)
