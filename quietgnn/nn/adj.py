@@ -77,19 +77,15 @@ class SparseAdj:
         return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device),
                                        self.row_count)
 
-    def _per_edge(self, per_row: Tensor, per_src: Optional[Tensor] = None) -> Tensor:
-        """``per_row[row]`` without materialising the int64 row index, times
-        ``per_src[indices]`` when given. A slice of rows at a time: repeat_interleave builds
-        an int64 index of all its output before gathering (8 bytes an edge), and a gather by
-        int32 indices widens them first."""
+    def _per_edge(self, per_row: Tensor) -> Tensor:
+        """``per_row[row]`` without materialising the int64 row index. A slice of rows at a
+        time: repeat_interleave builds an int64 index of all its output before gathering
+        (8 bytes an edge)."""
         out = per_row.new_empty(self.nnz)
         for a, b in chunk_bounds(self.indptr, 1 << 22):
             s, e = int(self.indptr[a]), int(self.indptr[b])
-            piece = torch.repeat_interleave(per_row[a:b], self.row_count[a:b], output_size=e - s)
-            if per_src is None:
-                out[s:e] = piece
-            else:
-                torch.mul(per_src[self.indices[s:e]], piece, out=out[s:e])
+            out[s:e] = torch.repeat_interleave(per_row[a:b], self.row_count[a:b],
+                                               output_size=e - s)
         return out
 
     def transpose_structure(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -108,8 +104,12 @@ class SparseAdj:
         self-loop 1/(d_v+1); d = in-degree (``src_degree``/``dst_degree``)."""
         key = f"gcn:{dtype}"
         if key not in self._cache:
-            dinv_src, dinv_dst = self.gcn_factors(dtype)
-            ew = self._per_edge(dinv_dst, per_src=dinv_src)
+            # a slice of rows at a time (gcn_weights): a gather by int32 indices widens them
+            # first, and repeat_interleave builds an int64 index of all its output
+            ew = torch.empty(self.nnz, dtype=dtype, device=self.device)
+            for a, b in chunk_bounds(self.indptr, 1 << 22):
+                ew[int(self.indptr[a]):int(self.indptr[b])] = self.gcn_weights(a, b, dtype)
+            dinv_dst = self.gcn_factors(dtype)[1]
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
 
