@@ -52,6 +52,8 @@ def _subprocess(argv, timeout=300):
     (["--options.nosuch", "1"], "unknown option(s) ['nosuch'] for strategy 'halo'"),
     (["--options.lean", "true", "--model", "sage"],
      "options.lean = true needs model.arch in ['gcn']; got model.arch = 'sage'"),
+    (["--strategy", "retexo", "--options.lean", "true", "--model", "gin"],
+     "retexo: options.lean = true needs model.arch gcn; got model.arch = 'gin'"),
     (["stray"], "unexpected argument 'stray'"),
     (["--dataset", "nosuch"], "unknown dataset 'nosuch'; expected one of"),
     (["--dataset", "cora", "--root", "/nonexistent/qg"], "/nonexistent/qg"),

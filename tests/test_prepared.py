@@ -155,11 +155,15 @@ def test_every_strategy_trains_from_a_prepared_directory(tmp_path, prepared, str
     assert s["strategy"] == strategy and s["parts"] == 2 and s["dataset"] == "synthetic"
 
 
-def test_lean_halo_trains_from_a_prepared_directory(tmp_path, prepared):
-    r = _cli("train", "--data", str(prepared), "--strategy", "halo", "--options.lean", "true",
-             "--epochs", "2", "--hidden", "8", "--runtime.progress", "false", "--out",
+@pytest.mark.parametrize("strategy", ["halo", "retexo"])
+def test_lean_trains_from_a_prepared_directory(tmp_path, prepared, strategy):
+    """options.lean reads the part as stored (int32 edges, float16 features, mapped); 8
+    features widen to 16 hidden (retexo exchanges layer 0's aggregates)."""
+    r = _cli("train", "--data", str(prepared), "--strategy", strategy, "--options.lean", "true",
+             "--epochs", "2", "--hidden", "16", "--runtime.progress", "false", "--out",
              str(tmp_path), "--run-name", "r", "--summary-json", str(tmp_path / "s.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["epochs"] == 2 and s["train_bytes"] > 0 and 0 <= s["test_acc"] <= 1
-    assert 0 <= s["test_acc"] <= 1 and s["train_bytes"] > 0
+    if strategy == "retexo":
+        assert s["strategy_report"]["exchange_widths"] == [8, 8]

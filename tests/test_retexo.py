@@ -236,7 +236,7 @@ def _final(comm, graph, parts, cases):
 
 def _jobs(comm, graph, parts, jobs):
     """Several checks in one process group (process start-up dominates on a small machine)."""
-    fns = {"final": _final, "traffic": _traffic, "resume": _resume}
+    fns = {"final": _final, "traffic": _traffic, "resume": _resume, "lean": _lean}
     return {name: fns[name](comm, graph, parts, *args) for name, args in jobs.items()}
 
 
@@ -251,9 +251,13 @@ def spawned(graph):
     """Per P: random partitions (many boundary rows), the equivalence and traffic runs; P=2
     also the resume runs."""
     out = {}
+    narrow = _narrow_graph()
     for P in (2, 4):
         parts = partition_nodes(graph, "random", P, seed=3)
-        jobs = {"final": (CASES,), "traffic": (RUNS,)}
+        # the lean path on narrow features (they widen at layer 0); at P = 2 in slices of a
+        # few rows, so every sliced loop runs many times
+        jobs = {"final": (CASES,), "traffic": (RUNS,),
+                "lean": (narrow, partition_nodes(narrow, "random", P, seed=3), P == 2)}
         if P == 2:
             jobs["resume"] = ()
         by_rank = spawn_function(_jobs, P, args=(graph, parts, jobs))
@@ -405,6 +409,111 @@ def test_resume_across_layer_boundary(spawned):
         for cut, (losses, accs) in res["cuts"].items():
             assert losses == res["unbroken"], cut
             assert accs == res["final"], cut
+
+
+# ---------------------------------------------------------------------- lean (GCN)
+def _narrow_graph():
+    return small_graph(n=150, seed=1, features=4)     # 4 features < HIDDEN: layer 0 widens
+
+
+# (layers, embed, options.layer_norm): 2 layers: h_1 travels as layer 0's aggregates; 3
+# layers: then h_2 as itself (8 -> 8 does not widen); logits: nothing widens into C = 3
+LEAN_CASES = [(2, "hidden", None), (3, "hidden", True), (3, "logits", True)]
+
+
+def _lean(comm, graph, parts, narrow, nparts, small_slices=False):
+    """options.lean on ``narrow``: final logits and parameters per case, the bytes of every
+    embedding exchange, a resume at and after the layer boundary (the checkpoint through the
+    safe serializer), and a run under residency."""
+    from quietgnn import serial
+    from quietgnn.nn import lean as lean_module
+    if small_slices:
+        lean_module._SLICE = 8
+    part = build_partitions(narrow, nparts, ranks=[comm.rank])[0]
+    out = {"owned": part.owned, "rows": sum(int(t.numel()) for t in part.send_idx)}
+
+    def run(layers, embed, ln, dropout=0.0, R=None):
+        s = Retexo(_ctx(comm, part, "gcn", layers, dropout=dropout),
+                   RetexoOptions(rounds_per_layer=R or R_EQ[:layers], embed=embed,
+                                 layer_norm=ln, lean=True))
+        s.setup()
+        return s
+
+    for case in LEAN_CASES:
+        s = run(*case)
+        log = _drive(s, comm)
+        with torch.no_grad():
+            s.layers[-1].eval()
+            logits = s.layers[-1](s.pre)
+        out[case] = {"logits": logits, "val_best": s.val_best,
+                     "params": {k: v.clone() for k, v in s.layers.state_dict().items()},
+                     "embed": [x[3] for ep in log for x in ep["recs"] if x[1] == "embed_fwd"],
+                     "widths": s.run_report()["exchange_widths"]}
+    torch.manual_seed(11 + comm.rank)
+    out["unbroken"] = [x["loss"] for x in _drive(run(2, "hidden", None, 0.5, [3, 3]), comm)]
+    out["cuts"] = {}
+    for cut in (3, 4):          # h_next is the aggregates / layer 1 trains on them
+        torch.manual_seed(11 + comm.rank)
+        s = run(2, "hidden", None, 0.5, [3, 3])
+        losses = [s.train_epoch(e).loss for e in range(cut)]
+        state = serial.loads(serial.dumps(s.state_dict()))
+        s2 = run(2, "hidden", None, 0.5, [3, 3])
+        s2.load_state_dict(state)
+        losses += [x["loss"] for x in _drive(s2, comm, start=cut)]
+        out["cuts"][cut] = losses
+    comm.residency = "features"
+    try:
+        s = run(2, "hidden", None)
+        out["residency"] = [x[3] for ep in _drive(s, comm) for x in ep["recs"]
+                            if x[1] == "embed_fwd"]
+    finally:
+        comm.residency = "none"
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+def test_lean_equals_single_process_layerwise_reference(spawned, P):
+    """options.lean trains the same layers as the single-process reference: the aggregation
+    in slices, and h_1 exchanged and held as layer 0's aggregates (4 wide, not 8), mapped to
+    h_1 per edge where layer 1 aggregates it."""
+    narrow = _narrow_graph()
+    results = [_lean(Communicator(0, 1), None, None, narrow,
+                     np.zeros(narrow.num_nodes, dtype=np.int64))] if P == 1 \
+        else spawned[P]["lean"]
+    F_, C = narrow.num_features, narrow.num_classes
+    for case in LEAN_CASES:
+        layers, embed, ln = case
+        ref_logits, ref_best, ref_mods = _reference(narrow, "gcn", layers, R_EQ[:layers],
+                                                    embed, ln)
+        logits = torch.empty_like(ref_logits)
+        for res in results:
+            logits[res["owned"]] = res[case]["logits"]
+            assert res[case]["val_best"] == pytest.approx(ref_best), case
+            for name, v in ref_mods.state_dict().items():
+                assert torch.allclose(res[case]["params"][name], v, atol=1e-5), (case, name)
+            widths = {(2, "hidden"): [F_, F_], (3, "hidden"): [F_, F_, HIDDEN],
+                      (3, "logits"): [F_, C, C]}[(layers, embed)]
+            assert res[case]["widths"] == widths
+            if P > 1:                # one exchange per layer, of those widths, fp32
+                assert res[case]["embed"] == [4 * w * res["rows"] for w in widths], case
+        assert torch.allclose(logits, ref_logits, atol=1e-4), case
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_lean_resumes_and_keeps_raw_aggregates_home_under_residency(spawned, P):
+    for res in spawned[P]["lean"]:
+        for cut, losses in res["cuts"].items():
+            assert losses == res["unbroken"], cut
+        # residency: no layer-0 exchange, and h_1 crosses as itself (HIDDEN wide), never as
+        # the aggregates of raw features
+        assert res["residency"] == [4 * HIDDEN * res["rows"]]
+
+
+def test_lean_refuses_other_archs():
+    with pytest.raises(ValueError, match=r"options.lean = true needs model.arch gcn; got "
+                                         r"model.arch = 'sage'"):
+        Retexo.check_model(RetexoOptions(lean=True), ModelConfig(arch="sage"))
+    Retexo.check_model(RetexoOptions(lean=False), ModelConfig(arch="sage"))
 
 
 # ---------------------------------------------------------------------- options

@@ -38,7 +38,7 @@ from ..rows import chunk_bounds
 from .adj import SparseAdj
 from .keyed import keyed_dropout, mix_key
 
-__all__ = ["lean_forward", "LEAN_ARCHS", "propagate"]
+__all__ = ["lean_forward", "LEAN_ARCHS", "propagate", "propagate_input", "propagate_rowwise"]
 
 LEAN_ARCHS = ("gcn",)
 
@@ -93,6 +93,41 @@ def propagate(adj: SparseAdj, h: Tensor) -> Tensor:
                          f"{adj.n_src} source columns")
     dinv_dst = adj.gcn_factors(torch.float32)[1]
     return _Propagate.apply(h, adj, dinv_dst * dinv_dst)
+
+
+def propagate_input(adj: SparseAdj, x: Tensor) -> Tensor:
+    """:func:`propagate` of rows that need no gradient, in any float dtype (a stored part's
+    float16 rows are widened a block of columns at a time), as float32."""
+    if x.dtype == torch.float32:
+        with torch.no_grad():
+            return propagate(adj, x)
+    return _columns(x, adj, lambda h, a, b, c0, c1: h)
+
+
+@torch.no_grad()
+def propagate_rowwise(adj: SparseAdj, z: Tensor, fn: Callable[[Tensor], Tensor],
+                      width: int) -> Tensor:
+    """``propagate(adj, fn(z))`` for a row-wise ``fn`` (``[m, d] -> [m, width]``, no
+    gradient), without ever holding ``fn(z)``: each slice of edges applies ``fn`` to the source
+    rows it gathers, and each slice of destination rows to its own rows (the self-loop term).
+    ``fn`` runs once per edge instead of once per source row -- more arithmetic (the mean
+    degree times), in exchange for no ``[n_src, width]`` array when ``z`` is narrower."""
+    if z.shape[0] != adj.n_src:
+        raise ValueError(f"propagate_rowwise: input has {z.shape[0]} rows, the adjacency block "
+                         f"has {adj.n_src} source columns")
+    dinv_dst = adj.gcn_factors(torch.float32)[1]
+    out = torch.empty((adj.n_dst, width), dtype=torch.float32, device=z.device)
+    step = max(1, _SLICE // max(1, width, z.shape[1]))
+    for a, b in chunk_bounds(adj.indptr, step, max_items=step):
+        s, e = int(adj.indptr[a]), int(adj.indptr[b])
+        out[a:b] = fn(z[a:b].float()).mul_((dinv_dst[a:b] * dinv_dst[a:b])[:, None])
+        if e > s:
+            # one column per edge: the slice's rows sum their own edges' transformed sources
+            crow = adj.indptr[a:b + 1] - s
+            block = torch.sparse_csr_tensor(crow, torch.arange(e - s, device=z.device),
+                                            adj.gcn_weights(a, b), (b - a, e - s))
+            out[a:b] += block @ fn(z.index_select(0, adj.indices[s:e]).float())
+    return out
 
 
 def _rowwise(fn: Callable[[Tensor, int, int], Tensor], h: Tensor, width_out: int) -> Tensor:

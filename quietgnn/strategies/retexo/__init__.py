@@ -82,7 +82,7 @@ from ...nn import GNN
 from ...seeds import stream_seed
 from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
                     partition_adj, register, sync_gradients)
-from .layers import Pre, build_layers
+from .layers import Lazy, Pre, build_layers
 
 __all__ = ["Retexo", "RetexoOptions"]
 
@@ -105,6 +105,15 @@ def _parse_rounds(v: Any) -> Optional[list[int]]:
     return out
 
 
+def _pack(h: Optional[Tensor | Lazy]) -> Any:
+    """A frozen input as checkpoint data (tensors and plain values only)."""
+    return {"z": h.z, "layer": h.layer, "mode": h.mode} if isinstance(h, Lazy) else h
+
+
+def _unpack(v: Any) -> Optional[Tensor | Lazy]:
+    return Lazy(v["z"], int(v["layer"]), str(v["mode"])) if isinstance(v, dict) else v
+
+
 @dataclass
 class RetexoOptions:
     """Options of ``retexo`` (``--options.KEY VALUE``)."""
@@ -124,6 +133,11 @@ class RetexoOptions:
     #: rank of the low-rank (PowerSGD, error feedback) gradient all-reduce: 0 = off (exact);
     #: r >= 1 sends each large weight matrix's gradient as rank-r factors (comm/lowrank.py)
     grad_rank: int = 0
+    #: GCN, for parts of 10^7+ rows: the part read as stored (int32 edges, float16 features,
+    #: mapped), aggregations a slice of rows at a time, and a widening layer's output neither
+    #: exchanged nor held -- its narrower aggregates are, and the next layer recomputes the
+    #: row-wise map per edge as it aggregates (the same sums in another order; fewer bytes)
+    lean: bool = False
 
     def __post_init__(self) -> None:
         self.rounds_per_layer = _parse_rounds(self.rounds_per_layer)
@@ -158,6 +172,18 @@ class Retexo(Strategy):
     default_partitioner = "metis"
     residency_levels = ("none", "features", "strict")
     residency_traffic = "sends raw features in its first exchange"   # skipped under residency
+
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # the lean aggregation widens what it reads a block at a time (int32 edges, fp16 rows)
+        return bool(getattr(options, "lean", False))
+
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: Any) -> None:
+        if getattr(options, "lean", False) and model_cfg.arch != "gcn":
+            raise ValueError(f"retexo: options.lean = true needs model.arch gcn; got "
+                             f"model.arch = {model_cfg.arch!r}: set model.arch gcn or "
+                             f"options.lean false")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -197,12 +223,29 @@ class Retexo(Strategy):
                                         stream_seed(self.ctx.seed, f"retexo.lowrank/{self.k}"))
                         if r else None)
 
-    def _enter(self, k: int, h: Tensor) -> None:
+    def _enter(self, k: int, h: Tensor | Lazy) -> None:
         """Start layer ``k`` on frozen input ``h``: aggregate once, fresh Adam."""
-        self.k, self.round, self.h, self.h_next = k, 0, h, None
-        self.pre = self.layers[k].precompute(h, self.adj)
+        # the previous layer's aggregates go before this layer's are made
+        self.k, self.round, self.h, self.h_next, self.pre = k, 0, h, None, None
+        self.pre = self._precompute(k, h)
         self._new_optimizer()
         self.best_val, self.best_state = -1.0, None
+
+    def _precompute(self, k: int, h: Tensor | Lazy) -> Pre:
+        if isinstance(h, Lazy):
+            prev = self.layers[h.layer]
+            return self.layers[k].precompute(h.z, self.adj, lean=True,
+                                             rowmap=lambda a: prev.next_rows(a, h.mode))
+        return self.layers[k].precompute(h, self.adj, lean=self.options.lean)
+
+    def _lazy_after(self, k: int) -> bool:
+        """Whether ``h_{k+1}`` travels and stays as layer ``k``'s aggregates (``Lazy``): lean,
+        and the aggregates are narrower than ``h_{k+1}``. Not after layer 0 under a residency
+        level: its aggregates are of raw features."""
+        layer = self.layers[k]
+        width = self.ctx.part.num_classes if self.options.embed == "logits" else layer.out_dim
+        return (self.options.lean and layer.in_dim < width
+                and (k > 0 or self.ctx.comm.residency == "none"))
 
     def _first_input(self) -> Tensor:
         """Layer 0's frozen input: the features with their halo rows, fetched from the peers,
@@ -291,7 +334,15 @@ class Retexo(Strategy):
         if self.best_state is not None:
             layer.load_state_dict(self.best_state)
         self.val_best.append(self.best_val)
-        if self.k < len(self.R) - 1:
+        if self.k < len(self.R) - 1 and self._lazy_after(self.k):
+            # the aggregates, whose every row the next layer maps to h_{k+1} where it reads it
+            p, a = self.ctx.part, self.pre.t[0]
+            z = a.new_empty((p.n_own + p.n_halo, a.shape[1]))
+            z[: p.n_own] = a
+            self.h_next = Lazy(self.exchanger.fill_halo(
+                z, Traffic.FEATURES if self.k == 0 else Traffic.EMBEDDINGS), self.k,
+                self.options.embed)
+        elif self.k < len(self.R) - 1:
             # computed straight into the exchange's buffer: h_{k+1} is never held twice
             p = self.ctx.part
             width = p.num_classes if self.options.embed == "logits" else layer.out_dim
@@ -328,14 +379,16 @@ class Retexo(Strategy):
                 "layers_done": len(self.val_best), "layer_best_val": list(self.val_best),
                 "params_per_layer": [sum(p.numel() for p in m.parameters())
                                      for m in self.layers],
-                "exchange_widths": [m.in_dim for m in self.layers]}
+                "exchange_widths": [self.layers[0].in_dim] + [
+                    self.layers[k].in_dim if self._lazy_after(k) else self.layers[k + 1].in_dim
+                    for k in range(len(self.layers) - 1)]}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": list(self.R), "k": self.k, "round": self.round,
                 "layers": self.layers.state_dict(), "optimizer": self.opt.state_dict(),
                 "best_val": self.best_val, "best_state": self.best_state,
-                "val_best": list(self.val_best), "h": self.h, "h_next": self.h_next,
+                "val_best": list(self.val_best), "h": _pack(self.h), "h_next": _pack(self.h_next),
                 "lowrank": self.lowrank.state_dict() if self.lowrank else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -345,9 +398,9 @@ class Retexo(Strategy):
                              f"options.rounds_per_layer and model.layers")
         self.layers.load_state_dict(state["layers"])
         self.k, self.round = int(state["k"]), int(state["round"])
-        self.h, self.h_next = state["h"], state["h_next"]
+        self.h, self.h_next = _unpack(state["h"]), _unpack(state["h_next"])
         # the aggregates are a deterministic local function of h: recomputed, not stored
-        self.pre = None if self.h is None else self.layers[self.k].precompute(self.h, self.adj)
+        self.pre = None if self.h is None else self._precompute(self.k, self.h)
         self._new_optimizer()
         self.opt.load_state_dict(state["optimizer"])
         if self.lowrank is not None:

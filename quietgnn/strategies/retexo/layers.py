@@ -28,7 +28,7 @@ also to the head's input.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,10 @@ from torch import Tensor, nn
 from ...nn import SparseAdj
 from ...nn.adj import spmm_rows
 from ...nn.layers import CONVS, GATConv
+from ...nn.lean import propagate_input, propagate_rowwise
 from ...seeds import stream_seed
 
-__all__ = ["RetexoLayer", "build_layers", "Pre"]
+__all__ = ["RetexoLayer", "build_layers", "Pre", "Lazy"]
 
 #: values per slice of rows in the maps over every owned row (the GCN self-loop term,
 #: :meth:`RetexoLayer.next_input` into a buffer): their temporaries are a few tens of MB
@@ -62,6 +63,17 @@ class Pre:
 
     t: tuple[Tensor, ...]
     adj: Optional[SparseAdj] = None
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A frozen input ``h_{k+1}`` that is not held (``options.lean``): ``z`` ``[n_own + n_halo,
+    d_k]`` is layer ``layer``'s aggregates of every row (its own, and the halo's as their
+    owners computed them), and ``h_{k+1} = layers[layer].next_rows(z, mode)`` row by row."""
+
+    z: Tensor
+    layer: int
+    mode: str
 
 
 class RetexoLayer(nn.Module):
@@ -87,9 +99,24 @@ class RetexoLayer(nn.Module):
 
     # ------------------------------------------------------------------ the cached inputs
     @torch.no_grad()
-    def precompute(self, h: Tensor, adj: SparseAdj) -> Pre:
-        """The parameter-free part of the convolution over frozen ``h`` (once per layer)."""
+    def precompute(self, h: Tensor, adj: SparseAdj, lean: bool = False,
+                   rowmap: Optional[Callable[[Tensor], Tensor]] = None) -> Pre:
+        """The parameter-free part of the convolution over frozen ``h`` (once per layer).
+
+        ``lean`` (GCN): the aggregation runs a slice of rows at a time with each slice's
+        weights formed when used (:mod:`quietgnn.nn.lean`; ``h`` may be float16), and with
+        ``rowmap`` the frozen input is ``rowmap(h)`` -- a row-wise map of narrower rows ``h``,
+        applied to the rows each slice gathers, so the wide input is never held."""
         n = adj.n_dst
+        if lean:
+            if self.arch != "gcn":
+                raise ValueError(f"retexo: the lean aggregation needs model.arch gcn, not "
+                                 f"{self.arch!r}")
+            if rowmap is not None:
+                return Pre((propagate_rowwise(adj, h, rowmap, self.in_dim),))
+            return Pre((propagate_input(adj, h),))
+        if rowmap is not None:
+            raise ValueError("retexo: a row-mapped input needs the lean aggregation")
         if self.arch == "gcn":
             ew, sw = adj.gcn_norm(h.dtype)       # global degrees: equals the whole-graph GCN
             a = spmm_rows(adj, ew, h)
@@ -137,6 +164,18 @@ class RetexoLayer(nn.Module):
         # reads its input through dropout: dropping h_{k+1} here keeps the hidden units from
         # co-adapting to one linear read-out (0.2-1.7 points at P = 1 on Cora / CiteSeer)
         return z if self.head is None else self.head(self._drop(z))
+
+    @torch.no_grad()
+    def next_rows(self, a: Tensor, mode: str = "hidden") -> Tensor:
+        """``h_{k+1}`` of rows whose aggregates are ``a`` (GCN: ``A_hat h_k`` rows, of any
+        node: the map is row-wise), as :meth:`next_input` computes it."""
+        was = self.training
+        self.eval()
+        try:
+            pre = Pre((a,))
+            return self.hidden(pre) if mode == "hidden" else self(pre)
+        finally:
+            self.train(was)
 
     @torch.no_grad()
     def next_input(self, pre: Pre, mode: str = "hidden", out: Optional[Tensor] = None
