@@ -53,6 +53,18 @@ skipped: layer 0 aggregates the neighbours on its own rank only (a remote neighb
 counts as zeros; degrees stay global), so what crosses is learned embeddings of layer >= 1,
 gradients of parameters and counts, and no feature, label or id ever leaves its rank.
 
+``lean`` (GCN): the same layers in memory that follows the narrower widths, for parts of
+10^7+ rows. The part is read as stored (int32 edges, float16 features, mapped; layer 0's
+exchange sends the features as stored, 2 bytes a value), each aggregation runs a slice of rows
+at a time with that slice's GCN weights formed when used (:mod:`quietgnn.nn.lean`), and where
+layer ``k`` widens (``d_k`` < ``d_{k+1}``, e.g. 16 features -> 64 hidden) ``h_{k+1}`` is never
+built: layer ``k``'s aggregates ``A_hat h_k`` of the owned rows cross instead (``4 d_k`` bytes a
+boundary row, not ``4 d_{k+1}``), and layer ``k+1`` applies layer ``k``'s row-wise map (conv's
+transform, LayerNorm, ReLU) to the rows each slice of edges gathers as it aggregates -- once
+per edge instead of once per row, so ``[n_own + n_halo, d_{k+1}]`` never exists. Not after
+layer 0 under a residency level (those aggregates are of raw features): ``h_1`` crosses as
+itself there.
+
 Evaluation (phase ``eval``) is ``eval_metrics`` only: the model runs on the already exchanged
 frozen inputs. Compare ``halo``: per epoch, ``4 sum|B| (sum_l d_l + sum_{l>=1} d_l)`` bytes of
 halo rows plus the whole model's gradients.
@@ -79,6 +91,7 @@ from ...comm import HaloExchanger
 from ...comm.lowrank import LowRankReducer
 from ...comm.traffic import Traffic
 from ...nn import GNN
+from ...nn import lean as lean_module
 from ...seeds import stream_seed
 from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
                     partition_adj, register, sync_gradients)
@@ -287,11 +300,14 @@ class Retexo(Strategy):
         val = torch.tensor([self._val_correct()])
         layer.train()
         self.opt.zero_grad(set_to_none=True)
-        logits = layer(self.pre, self.train_rows)
-        # sum / global count: summed over ranks this is the global mean (local-share weights)
-        loss = F.cross_entropy(logits, self.y_train, reduction="sum") / \
-            self.ctx.part.num_train_global
-        loss.backward()
+        loss = None
+        for r in self._row_chunks(self.train_rows.numel()):   # gradients add up over slices
+            logits = layer(self.pre, self.train_rows[r])
+            # sum / global count: summed over ranks this is the global mean (local-share weights)
+            piece = F.cross_entropy(logits, self.y_train[r], reduction="sum") / \
+                self.ctx.part.num_train_global
+            piece.backward()
+            loss = piece.detach() if loss is None else loss + piece.detach()
         global_loss = sync_gradients(self.ctx.comm, self.params, loss, extra=val,
                                      bits=self.options.grad_bits, lowrank=self.lowrank)
         acc = self._consider(float(val[0]))    # before the step: val is of these parameters
@@ -306,11 +322,36 @@ class Retexo(Strategy):
         layer = self.layers[self.k]
         was = layer.training
         layer.eval()
+        correct = 0
         try:
-            pred = layer(self.pre, self.val_rows).argmax(-1)
+            for r in self._row_chunks(self.val_rows.numel()):
+                pred = layer(self.pre, self.val_rows[r]).argmax(-1)
+                correct += int((pred == self.y_val[r]).sum())
         finally:
             layer.train(was)
-        return float((pred == self.y_val).sum())
+        return float(correct)
+
+    def _row_chunks(self, n: int) -> list[slice]:
+        """Rows ``0..n`` at once, or with ``lean`` in slices whose activations are a few MB
+        (a layer's step over every training row holds several ``[n_train, hidden]`` arrays:
+        gigabytes at 10^8 edges)."""
+        if not self.options.lean or n == 0:
+            return [slice(0, n)]
+        layer = self.layers[self.k]
+        step = max(1, lean_module._SLICE // max(layer.in_dim, layer.out_dim))
+        return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+    @torch.no_grad()
+    def _logits(self) -> Tensor:
+        """The current layer's logits of every owned row (eval mode set by the caller)."""
+        layer, n = self.layers[self.k], self.ctx.part.n_own
+        chunks = self._row_chunks(n)
+        if len(chunks) == 1:
+            return layer(self.pre)
+        out = torch.empty((n, self.ctx.part.num_classes))
+        for r in chunks:
+            out[r] = layer(self.pre, r)
+        return out
 
     def _consider(self, correct: float) -> float:
         """Keep the current parameters if their global validation accuracy is the best yet."""
@@ -355,7 +396,7 @@ class Retexo(Strategy):
         if self.pre is None:
             raise RuntimeError("retexo: evaluate() before the first round (nothing trained yet)")
         layer = self.layers[self.k]
-        return global_evaluate(layer, self.ctx.part, self.ctx.comm, lambda: layer(self.pre))
+        return global_evaluate(layer, self.ctx.part, self.ctx.comm, self._logits)
 
     def export_model(self) -> Optional[GNN]:
         """Once the last layer trains, what :meth:`evaluate` scores is the end-to-end stack
