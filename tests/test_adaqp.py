@@ -20,7 +20,7 @@ from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.launcher import spawn_function
 from quietgnn.strategies.adaqp import AdaQP, AdaQPOptions
 from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
-from quietgnn.strategies.halo import Halo
+from quietgnn.strategies.halo import Halo, HaloOptions
 
 from helpers import small_graph
 
@@ -106,11 +106,46 @@ def _bytes_run(comm, graph, parts):
     return out
 
 
+def _lean(comm, graph, parts):
+    """options.lean (GCN): at 32 bits, halo's lean forward exactly (keyed dropout; narrowing
+    and widening first layers, 2 and 3 layers); at 8 bits, every exchange as wide as the lean
+    forward sends it; adaptive widths assigned, the halo rows' aggregation weights those of
+    the split blocks."""
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {"send": sum(int(t.numel()) for t in part.send_idx), "halo": part.n_halo, "eq": {}}
+    for hid, layers in ((4, 2), (16, 2), (16, 3)):
+        h = Halo(_ctx(comm, part, "gcn", layers=layers, hidden=hid, dropout=0.5),
+                 HaloOptions(lean=True))
+        h.setup()
+        ref = _grads(h, h.forward, part, comm)
+        s = AdaQP(_ctx(comm, part, "gcn", layers=layers, hidden=hid, dropout=0.5),
+                  AdaQPOptions(bits=32, lean=True))
+        s.setup()
+        out["eq"][(hid, layers)] = (ref, _grads(s, lambda: s.forward(train=True), part, comm))
+    s = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=20), AdaQPOptions(bits=8, lean=True))
+    s.setup()
+    comm.take_records()
+    res = s.train_epoch(0)
+    out["bytes"] = {"recs": [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()],
+                    "extra": res.extra, "eval": s.evaluate(), "local": s.evaluate_local()}
+    opts = dict(bits="adaptive", assign_cycle=2, group_size=5, time_model="lan")
+    s = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=16), AdaQPOptions(lean=True, **opts))
+    s.setup()
+    split = AdaQP(_ctx(comm, part, "gcn", layers=3, hidden=16), AdaQPOptions(**opts))
+    split.setup()
+    losses = [s.train_epoch(e).loss for e in range(5)]
+    out["adaptive"] = {"losses": losses, "assignments": s.assignments,
+                       "hist": s.train_epoch(5).extra["bits_hist"],
+                       "beta": (getattr(s, "_beta_fwd", []), getattr(split, "_beta_fwd", []))}
+    return out
+
+
 def _p4(comm, graph, parts_metis, parts_random):
     """Everything that needs 4 ranks, in one spawn (process start-up dominates the test)."""
     return {"halo": _vs_halo(comm, graph, parts_metis),
             "bytes": _bytes_run(comm, graph, parts_random),
-            "adaptive": _adaptive_run(comm, graph, parts_metis, 5)}
+            "adaptive": _adaptive_run(comm, graph, parts_metis, 5),
+            "lean": _lean(comm, graph, parts_random)}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +163,8 @@ def _check_vs_halo(results):
 
 
 def _p2(comm, graph, parts):
-    return {"halo": _vs_halo(comm, graph, parts), "async_cpu": _async_cpu(comm)}
+    return {"halo": _vs_halo(comm, graph, parts), "async_cpu": _async_cpu(comm),
+            "lean": _lean(comm, graph, parts)}
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +276,46 @@ def test_adaptive_assignment_is_consistent_and_resumable(p4):
         # resuming from the state dict repeats the next epoch exactly (weights, widths, RNG)
         assert r["resume"][0] == pytest.approx(r["resume"][1], rel=1e-6)
         assert r["losses"][-1] < r["losses"][0]
+
+
+def test_lean_at_32_bits_equals_lean_halo(p2, p4):
+    one = _lean(Communicator(0, 1), small_graph(n=150, seed=1), np.zeros(150, dtype=np.int64))
+    for results in ([one], [r["lean"] for r in p2], [r["lean"] for r in p4]):
+        _check_vs_halo([r["eq"] for r in results])
+
+
+def test_lean_sends_narrow_quantized_rows(p4):
+    """3 layers 8 -> 20 -> 20 -> 3 at 8 bits: layer 0's rows never cross (cached), layer 1's
+    cross 20 wide, the output layer's 3 wide after its transform; their gradients likewise."""
+    results = [r["lean"] for r in p4]
+    for res in results:
+        rows, recs = res["send"], res["bytes"]["recs"]
+        fwd = [r for r in recs if r[0] == "adaqp_fwd"]
+        bwd = [r for r in recs if r[0] == "adaqp_bwd"]
+        assert [r[1] for r in fwd] == [rows * row_bytes(8, d) for d in (20, 3)]
+        assert [r[1] for r in bwd] == [res["halo"] * row_bytes(8, d) for d in (3, 20)]
+        assert res["bytes"]["extra"]["halo_bytes"] == sum(r[1] for r in fwd + bwd)
+        assert {r[0] for r in recs} == {"adaqp_fwd", "adaqp_bwd", "grad_allreduce"}
+        assert res["bytes"]["local"] is None and 0 <= res["bytes"]["eval"]["test"] <= 1
+    assert sum(r[1] for res in results for r in res["bytes"]["recs"] if r[0] != "grad_allreduce") \
+        == sum(r[2] for res in results for r in res["bytes"]["recs"]
+               if r[0] != "grad_allreduce") > 0
+
+
+def test_lean_adaptive_assigns_widths(p4):
+    for r in [x["lean"]["adaptive"] for x in p4]:
+        assert r["assignments"] == 2 and len(r["hist"]) > 1      # cycles at epochs 2 and 4
+        assert all(np.isfinite(r["losses"])) and r["losses"][-1] < r["losses"][0]
+        for lean, split in zip(*r["beta"]):
+            assert torch.allclose(lean, split)
+
+
+def test_lean_options_are_checked():
+    with pytest.raises(ValueError, match="options.lean = true needs options.cache_inputs"):
+        AdaQPOptions(lean=True, cache_inputs=False)
+    with pytest.raises(ValueError, match="needs model.arch in \\['gcn'\\]; got model.arch = "
+                                         "'sage'"):
+        AdaQP.check_model(AdaQPOptions(lean=True), ModelConfig(arch="sage"))
 
 
 def test_fast_solver_reaches_milp_objective():

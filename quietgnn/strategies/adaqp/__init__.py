@@ -34,6 +34,12 @@ two strategies differ by quantization alone. Layer 0's input rows never change: 
 hidden activations and their gradients travel quantized; ``cache_inputs false`` is the paper's
 data flow (every layer's rows quantized every epoch).
 
+``lean`` (GCN): ``halo``'s memory-lean forward (:mod:`quietgnn.nn.lean`) with this exchange
+as its halo exchange, for parts whose hidden activations do not fit: the part read as
+stored, a narrowing layer's rows quantized after its transform (the output layer's ``C``
+columns instead of ``hidden``), the row-wise work recomputed a slice of rows at a time. No
+central | marginal split (its two blocks copy the part's edges), so no overlap.
+
 Traffic per epoch: the halo rows at ``ceil(b D / 8) + 4`` bytes instead of ``4 D``
 (``adaqp_fwd``/``adaqp_bwd``), the fp32 gradient all-reduce, and once per cycle the assignment
 (group sums, widths, one byte per halo row per exchange). With ``bits=32`` the strategy is
@@ -46,7 +52,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -57,9 +63,12 @@ from ...comm.bitassign import AssignProblem, solve
 from ...comm.traffic import Traffic
 from ...nn import SparseAdj
 from ...nn.keyed import keyed_dropout, mix_key
+from ...nn.lean import LEAN_ARCHS, lean_forward
 from ...partition.local import gather_rows
+from ...rows import chunk_bounds
 from ...seeds import stream_seed
-from ..base import EpochResult, Strategy, global_evaluate, masked_loss, register, sync_gradients
+from ..base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
+                    partition_adj, register, sync_gradients)
 from .exchange import QuantizedHalo
 from .split import SplitConv
 
@@ -91,11 +100,21 @@ class AdaQPOptions:
     #: fetch the halo's static input rows once at setup (exact fp32, sparse when smaller)
     #: instead of quantizing and sending them every epoch (false: the paper's data flow)
     cache_inputs: bool = True
+    #: GCN, for parts of 10^7+ rows: halo's memory-lean forward (:mod:`quietgnn.nn.lean`) with
+    #: the quantized exchange -- the part read as stored, a narrowing layer's rows quantized
+    #: after its transform (fewer of them), the hidden activations recomputed a slice of rows
+    #: at a time. No central/marginal overlap (its two blocks would copy the part's edges)
+    lean: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cache_inputs, bool):
-            raise ValueError(f"options.cache_inputs = {self.cache_inputs!r}; expected true or "
-                             f"false")
+        for key in ("cache_inputs", "lean"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"options.{key} = {getattr(self, key)!r}; expected true or "
+                                 f"false")
+        if self.lean and not self.cache_inputs:
+            raise ValueError("options.lean = true needs options.cache_inputs = true (the lean "
+                             "forward fetches the input rows once; set cache_inputs true or "
+                             "lean false)")
         if str(self.bits).lower() == "adaptive":
             self.bits = "adaptive"
         else:
@@ -133,30 +152,31 @@ class AdaQP(Strategy):
     residency_traffic = ("sends boundary nodes' raw input features, quantized (layer 1's halo "
                          "exchange)")
 
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # the lean forward widens what it reads a slice at a time (int32 edges, float16 rows)
+        return bool(getattr(options, "lean", False))
+
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: Any) -> None:
+        if getattr(options, "lean", False) and model_cfg.arch not in LEAN_ARCHS:
+            raise ValueError(f"adaqp: options.lean = true needs model.arch in "
+                             f"{list(LEAN_ARCHS)}; got model.arch = {model_cfg.arch!r}: set "
+                             f"model.arch gcn or options.lean false")
+
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        ctx, p, o = self.ctx, self.ctx.part, self.options
-        comm = ctx.comm
+        ctx, o, comm = self.ctx, self.options, self.ctx.comm
         self.model = ctx.build_model()
         self.params = list(self.model.parameters())
         self.opt = ctx.optimizer(self.params)
         self.L = self.model.num_layers
         self._epoch = 0
-        central = p.central_mask()
-        self.perm = torch.cat([torch.nonzero(central).flatten(), torch.nonzero(~central).flatten()])
-        self.inv = torch.empty_like(self.perm)
-        self.inv[self.perm] = torch.arange(p.n_own)
-        self.n_c = int(central.sum())
-        self.x, self.y = p.x[self.perm], p.y[self.perm]
-        self.train_mask = p.train_mask[self.perm]
-        self._build_blocks()
         self.gen = torch.Generator().manual_seed(stream_seed(ctx.seed, "adaqp.rounding", ctx.rank))
-        self.ex = QuantizedHalo(comm, [self.inv[t] for t in p.send_idx],
-                                [int(c) for c in p.recv_counts], p.n_own, self.n_c,
-                                self.model.dims, self.gen)
-        # layer 0's input rows never change: fetched once, layer 0 then exchanges nothing
-        self.halo_x = fetch_static_rows(comm, p, p.x.float(), kind="data").to(p.x.dtype) \
-            if o.cache_inputs and comm.world_size > 1 else None
+        if o.lean:
+            self._setup_lean()
+        else:
+            self._setup_split()
         start = 8 if o.bits == "adaptive" else int(o.bits)
         self.ex.set_uniform(start if start != 32 else 8, self.L)
         self.ex.reset_trace(self.L)
@@ -165,6 +185,43 @@ class AdaQP(Strategy):
         if o.bits == "adaptive" and comm.world_size > 1:
             self._beta_fwd = self._forward_beta()
             self._channel_model()
+
+    def _setup_lean(self) -> None:
+        """The partition's own row order and block (no central | marginal split); the input
+        rows with their halo, fetched once; exchanges as wide as the lean forward sends them
+        (a narrowing layer's output width)."""
+        ctx, p = self.ctx, self.ctx.part
+        self.check_model(self.options, ctx.model_cfg)
+        self.perm = self.inv = None
+        self.n_c = 0
+        self.adj = partition_adj(p, ctx.device)
+        self.x, self.y, self.train_mask = p.x, p.y, p.train_mask
+        self.ids_in = None
+        self.cached = ctx.world_size > 1
+        if self.cached:
+            self.x = inputs_with_halo(ctx.comm, p, ctx.device, sparse=False)
+            self.ids_in = p.local_ids()
+        dims = [c.out_dim if c.out_dim < c.in_dim else c.in_dim for c in self.model.convs]
+        self.ex = QuantizedHalo(ctx.comm, list(p.send_idx), [int(c) for c in p.recv_counts],
+                                p.n_own, 0, dims, self.gen)
+
+    def _setup_split(self) -> None:
+        p, o, comm = self.ctx.part, self.options, self.ctx.comm
+        central = p.central_mask()
+        self.perm = torch.cat([torch.nonzero(central).flatten(), torch.nonzero(~central).flatten()])
+        self.inv = torch.empty_like(self.perm)
+        self.inv[self.perm] = torch.arange(p.n_own)
+        self.n_c = int(central.sum())
+        self.x, self.y = p.x[self.perm], p.y[self.perm]
+        self.train_mask = p.train_mask[self.perm]
+        self._build_blocks()
+        self.ex = QuantizedHalo(comm, [self.inv[t] for t in p.send_idx],
+                                [int(c) for c in p.recv_counts], p.n_own, self.n_c,
+                                self.model.dims, self.gen)
+        # layer 0's input rows never change: fetched once, layer 0 then exchanges nothing
+        self.halo_x = fetch_static_rows(comm, p, p.x.float(), kind="data").to(p.x.dtype) \
+            if o.cache_inputs and comm.world_size > 1 else None
+        self.cached = self.halo_x is not None
 
     def _build_blocks(self) -> None:
         """Central block over ``[central | marginal]`` and marginal block over
@@ -188,6 +245,16 @@ class AdaQP(Strategy):
 
     def _forward_beta(self) -> list[torch.Tensor]:
         """Per peer ``j``: total aggregation weight of each halo row from ``j`` here."""
+        p = self.ctx.part
+        if self.options.lean:     # GCN over the whole block, its weights a slice at a time
+            a = self.adj
+            beta = torch.zeros(p.n_halo, dtype=torch.float64)
+            for lo, hi in chunk_bounds(a.indptr, 1 << 22):
+                s, e = int(a.indptr[lo]), int(a.indptr[hi])
+                cols = a.indices[s:e].long()
+                halo = cols >= p.n_own
+                beta.index_add_(0, cols[halo] - p.n_own, a.gcn_weights(lo, hi)[halo].double())
+            return list(torch.split(beta, [int(c) for c in p.recv_counts]))
         a, arch = self.adj_m, self.model.arch
         if arch == "gcn":
             w = a.gcn_norm()[0]
@@ -197,7 +264,6 @@ class AdaQP(Strategy):
             w = 1.0 / (a.row_count.float() + 1)[a.row()]
         else:
             w = a.ones()
-        p = self.ctx.part
         halo = a.indices >= p.n_own
         beta = torch.zeros(p.n_halo, dtype=torch.float64)
         beta.index_add_(0, a.indices[halo] - p.n_own, w[halo].double())
@@ -241,7 +307,7 @@ class AdaQP(Strategy):
         self.layout: list[tuple[Any, int, int, int, int]] = []   # key, src, dst, offset, groups
         off = 0
         for key in self.ex.keys(self.L):
-            if key == ("f", 0) and self.halo_x is not None:
+            if key == ("f", 0) and self.cached:
                 continue   # the cached input rows are never sent, so never given a width
             for dst in range(P):
                 for src in range(P):
@@ -317,7 +383,7 @@ class AdaQP(Strategy):
                 al.append(self.alpha[src, dst])
                 ga.append(self.gamma[src, dst])
             prob = AssignProblem(np.concatenate(sig), np.concatenate(size), np.concatenate(chan),
-                                 np.array(al), np.array(ga), self.model.dims[key[1]], o.lam)
+                                 np.array(al), np.array(ga), self.ex.dims[key[1]], o.lam)
             bits = solve(prob, o.solver)
             flat = torch.tensor([_CODE[int(b)] for b in bits], dtype=torch.uint8)
             pos = 0
@@ -329,10 +395,18 @@ class AdaQP(Strategy):
 
     # ------------------------------------------------------------------ model
     def _forward(self, train: bool) -> torch.Tensor:
-        """Logits in central | marginal order."""
+        """Logits in central | marginal order (lean: in the partition's own order)."""
         ex, m = self.ex, self.model
         ex.quantize = train and self.options.bits != 32
         ex.trace = train
+        if self.options.lean:
+            def exchange(h: torch.Tensor, i: int) -> torch.Tensor:
+                return torch.cat([h, ex(h, i, None, halo_only=True)[1]])
+
+            key = mix_key(self.ctx.train_cfg.seed, self._epoch) if m.training else None
+            return lean_forward(m, self.x, self.adj, exchange if self.cached else None,
+                                dropout_key=key, ids=self.ctx.part.owned, ids_in=self.ids_in,
+                                inputs_have_halo=self.cached)
         h = self.x
         for i in range(self.L):
             if m.training and m.dropout > 0:
@@ -374,7 +448,8 @@ class AdaQP(Strategy):
 
     def forward(self, train: bool = False) -> torch.Tensor:
         """Logits of every owned node in the partition's own order."""
-        return self._forward(train)[self.inv]
+        out = self._forward(train)
+        return out if self.inv is None else out[self.inv]
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self._epoch = epoch
@@ -411,8 +486,9 @@ class AdaQP(Strategy):
         return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
                                lambda: self.forward(False))
 
-    def evaluate_local(self) -> dict[str, float]:
-        return self._induced_evaluate()
+    def evaluate_local(self) -> Optional[dict[str, float]]:
+        # lean: the induced subgraph would be a second copy of the part's edges (as halo's)
+        return None if self.options.lean else self._induced_evaluate()
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
