@@ -155,7 +155,7 @@ def test_every_strategy_trains_from_a_prepared_directory(tmp_path, prepared, str
     assert s["strategy"] == strategy and s["parts"] == 2 and s["dataset"] == "synthetic"
 
 
-@pytest.mark.parametrize("strategy", ["halo", "retexo"])
+@pytest.mark.parametrize("strategy", ["halo", "adaqp", "retexo"])
 def test_lean_trains_from_a_prepared_directory(tmp_path, prepared, strategy):
     """options.lean reads the part as stored (int32 edges, float16 features, mapped); 8
     features widen to 16 hidden (retexo exchanges layer 0's aggregates)."""
