@@ -192,6 +192,8 @@ class AdaQP(Strategy):
         (a narrowing layer's output width)."""
         ctx, p = self.ctx, self.ctx.part
         self.check_model(self.options, ctx.model_cfg)
+        if self.options.overlap and ctx.rank == 0:
+            ctx.log("adaqp: options.lean runs without the central/marginal overlap")
         self.perm = self.inv = None
         self.n_c = 0
         self.adj = partition_adj(p, ctx.device)
