@@ -448,7 +448,7 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append(f"- {r['strategy']}: {r['reason']}")
     rec = res["recommendation"]
     lines += ["", f"recommendation: {rec}" if rec else "recommendation: none (every probe "
-              f"failed or no strategy has measured epochs to borrow)"]
+              "failed or no strategy has measured epochs to borrow)"]
     return "\n".join(lines)
 
 

@@ -80,7 +80,7 @@ def print_summary(s: dict[str, Any]) -> None:
     per = f"/epoch{'-equivalent' if work else ''}"
     # the progress line's basis first (rank 0, sent), then what all ranks sent
     rank0 = s.get("rank0_train_bytes_per_epoch")
-    print(f"  training bytes  " + (f"rank 0 sent {human_bytes(rank0)}{per}; " if rank0 is not
+    print("  training bytes  " + (f"rank 0 sent {human_bytes(rank0)}{per}; " if rank0 is not
                                    None else "") +
           f"all ranks sent {human_bytes(s['train_bytes_per_epoch'])}{per}, "
           f"{human_bytes(s['train_bytes'])} in all")

@@ -4,7 +4,6 @@ operation, and leave no process behind (real `quietgnn train` subprocesses, tiny
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -157,7 +157,7 @@ def test_a_host_that_disappears(tmp_path, strategy):
             err = (tmp_path / "r" / "logs" / f"rank-{i}.error").read_text()
             assert f"CommError: rank {i}: " in err and "peer rank probably died" in err
             if i < 2:   # the survivors name the host whose heartbeat stopped, by address
-                assert f"rank 2 on " in err and f"({addrs[2]})" in err, err[-1500:]
+                assert "rank 2 on " in err and f"({addrs[2]})" in err, err[-1500:]
                 assert "rank 1 on" not in err.splitlines()[-1].split("Silent")[-1]
             else:       # the vanished host cannot reach the store: it says so
                 assert "this host lost its link" in err, err[-1500:]

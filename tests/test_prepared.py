@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from quietgnn.datasets import load_dataset
-from quietgnn.partition import PartitionBook, build_partitions, make_book
+from quietgnn.partition import build_partitions, make_book
 from quietgnn.runtime.launcher import spawn_function
 
 from helpers import small_graph

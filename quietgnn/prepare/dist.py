@@ -146,7 +146,7 @@ def prepare_distributed(edges: str | Path, nodes: str | Path, out: str | Path,
     """This rank's share of preparing the graph whose slices are ``edges`` and ``nodes``
     (``{rank}`` replaced) into ``out`` (see the module docstring); every rank of ``comm``
     calls it and gets the finished book."""
-    P, r = comm.world_size, comm.rank
+    r = comm.rank
     out = Path(out)
     name = name or Path(str(edges).replace("{rank}", "")).stem.strip("-_") or "graph"
     if x_dtype not in ("float32", "float16"):

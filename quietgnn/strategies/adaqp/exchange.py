@@ -71,7 +71,7 @@ class _Finish(torch.autograd.Function):
         if ctx.halo_only:
             ex._start_bwd(g, ctx.layer, ctx.box)
             return None, g.new_zeros(0), None, None, None, None
-        nc, nm, n_own = ex.n_central, ex.n_own - ex.n_central, ex.n_own
+        nm, n_own = ex.n_own - ex.n_central, ex.n_own
         g_h = torch.cat([g[nm:n_own], g[:nm]])
         ex._start_bwd(g[n_own:], ctx.layer, ctx.box)
         return g_h, g.new_zeros(0), None, None, None, None
