@@ -15,7 +15,7 @@ normalisation weights are computed once per block and cached, never per epoch.
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -237,22 +237,28 @@ def spmm(adj: SparseAdj, values: Optional[Tensor], h: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def spmm_rows(adj: SparseAdj, values: Optional[Tensor], h: Tensor, budget: int = 1 << 22
-              ) -> Tensor:
+def spmm_rows(adj: SparseAdj, values: Optional[Tensor | Callable[[int, int], Tensor]],
+              h: Tensor, budget: int = 1 << 22) -> Tensor:
     """:func:`spmm` without gradient, a slice of about ``budget`` entries' rows at a time: the
     CPU kernel's own temporaries (an int32 copy of the indices, a second output it copies
     from) are then of one slice, not of the whole block (for a layer's aggregation of a
-    10^7-node partition, hundreds of MB). Each row's sum is the same as in one piece."""
+    10^7-node partition, hundreds of MB). Each row's sum is the same as in one piece.
+    ``values``: one per edge, None (ones), or ``values(a, b)`` giving the edge values of rows
+    ``a:b`` when that slice is used (e.g. :meth:`SparseAdj.gcn_weights`: no per-edge array)."""
     if h.shape[0] != adj.n_src:
         raise ValueError(f"spmm_rows: input has {h.shape[0]} rows, the adjacency block has "
                          f"{adj.n_src} source columns")
-    values = (adj.ones(h.dtype) if values is None else values).to(h.dtype)
+    per_slice = values if callable(values) else None
+    if per_slice is None:
+        values = (adj.ones(h.dtype) if values is None else values).to(h.dtype)
     out = h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
     h = h.contiguous()
     for a, b in chunk_bounds(adj.indptr, budget):
         s, e = int(adj.indptr[a]), int(adj.indptr[b])
         if e > s:
-            block = torch.sparse_csr_tensor(adj.indptr[a:b + 1] - s, adj.indices[s:e],
-                                            values[s:e], (b - a, adj.n_src))
+            w = per_slice(a, b).to(h.dtype) if per_slice is not None else values[s:e]
+            # the row offsets in the indices' dtype: a stored part's edges are int32
+            block = torch.sparse_csr_tensor((adj.indptr[a:b + 1] - s).to(adj.indices.dtype),
+                                            adj.indices[s:e], w, (b - a, adj.n_src))
             out[a:b] = block @ h
     return out

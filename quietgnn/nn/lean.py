@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..rows import chunk_bounds
-from .adj import SparseAdj
+from .adj import SparseAdj, spmm_rows
 from .keyed import keyed_dropout, mix_key
 
 __all__ = ["lean_forward", "LEAN_ARCHS", "propagate", "propagate_input", "propagate_rowwise"]
@@ -51,24 +51,16 @@ class _Propagate(torch.autograd.Function):
     time; backward scatters ``A^T grad`` the same way. Differentiable in ``h`` only. The
     weights of a slice's edges are formed when it is used (the products
     :meth:`SparseAdj.gcn_norm` would keep for every edge: 4 bytes an edge, for the run), and
-    the self-loop term is added slice by slice (as a separate product and sum it would make
-    two more ``[n_dst, d]`` temporaries)."""
+    the self-loop term is added in place (as a separate product and sum it would make two
+    more ``[n_dst, d]`` temporaries). The forward is :func:`~quietgnn.nn.adj.spmm_rows` with
+    those per-slice weights."""
 
     @staticmethod
     def forward(ctx, h: Tensor, adj: SparseAdj, self_w: Tensor) -> Tensor:  # type: ignore[override]
         ctx.adj, ctx.self_w, ctx.n_src = adj, self_w, h.shape[0]
-        out = h.new_zeros((adj.n_dst, h.shape[1]))
-        idx_t = adj.indices.dtype
-        for a, b in chunk_bounds(adj.indptr, _SLICE):
-            s, e = int(adj.indptr[a]), int(adj.indptr[b])
-            if e > s:
-                crow = (adj.indptr[a:b + 1] - s).to(idx_t)
-                block = torch.sparse_csr_tensor(crow, adj.indices[s:e],
-                                                adj.gcn_weights(a, b).to(h.dtype),
-                                                (b - a, adj.n_src))
-                out[a:b] = block @ h
-            out[a:b].addcmul_(self_w[a:b, None].to(h.dtype), h[a:b])
-        return out
+        out = spmm_rows(adj, adj.gcn_weights, h, _SLICE)
+        # in place, row by row: no [n_dst, d] temporary for the self-loop term
+        return out.addcmul_(self_w[:, None].to(h.dtype), h[: adj.n_dst])
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
