@@ -52,7 +52,7 @@ def _subprocess(argv, timeout=300):
     (["--options.lean", "true", "--model", "sage"],
      "options.lean = true needs model.arch in ['gcn']; got model.arch = 'sage'"),
     (["--strategy", "retexo", "--options.lean", "true", "--model", "gin"],
-     "retexo: options.lean = true needs model.arch gcn; got model.arch = 'gin'"),
+     "retexo: options.lean = true needs model.arch in ['gcn']; got model.arch = 'gin'"),
     (["--strategy", "adaqp", "--options.lean", "true", "--model", "gat"],
      "adaqp: options.lean = true needs model.arch in ['gcn']; got model.arch = 'gat'"),
     (["--strategy", "adaqp", "--options.lean", "true", "--options.cache_inputs", "false"],

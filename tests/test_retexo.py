@@ -510,7 +510,7 @@ def test_lean_resumes_and_keeps_raw_aggregates_home_under_residency(spawned, P):
 
 
 def test_lean_refuses_other_archs():
-    with pytest.raises(ValueError, match=r"options.lean = true needs model.arch gcn; got "
+    with pytest.raises(ValueError, match=r"retexo: options.lean = true needs model.arch in \['gcn'\]; got "
                                          r"model.arch = 'sage'"):
         Retexo.check_model(RetexoOptions(lean=True), ModelConfig(arch="sage"))
     Retexo.check_model(RetexoOptions(lean=False), ModelConfig(arch="sage"))

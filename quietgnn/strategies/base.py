@@ -34,6 +34,7 @@ from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
 from ..comm.traffic import LEVELS, Traffic
 from ..nn import GNN, ModelConfig, SparseAdj, SparseFeatures, build_model, maybe_sparse
+from ..nn.lean import LEAN_ARCHS
 from ..partition import LocalPartition
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
@@ -316,6 +317,25 @@ def check_gradient_compression(grad_bits: Any, grad_rank: Any) -> None:
     if not isinstance(grad_rank, int) or isinstance(grad_rank, bool) or grad_rank < 0:
         raise ValueError(f"options.grad_rank = {grad_rank!r}; expected an int >= 0 (0: exact "
                          f"gradients; r >= 1: rank-r factors with error feedback)")
+
+
+class LeanOption:
+    """A strategy with ``options.lean``: the memory-lean GCN path of :mod:`quietgnn.nn.lean`,
+    which reads the part as stored and needs a GCN model (refused otherwise, before launch)."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def reads_stored_part(cls, options: Any) -> bool:
+        # the lean path widens what it reads a slice at a time (int32 edges, float16 rows)
+        return bool(getattr(options, "lean", False))
+
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: ModelConfig) -> None:
+        if getattr(options, "lean", False) and model_cfg.arch not in LEAN_ARCHS:
+            raise ValueError(f"{cls.name}: options.lean = true needs model.arch in "
+                             f"{list(LEAN_ARCHS)}; got model.arch = {model_cfg.arch!r}: set "
+                             f"model.arch gcn or options.lean false")
 
 
 def partition_adj(part: LocalPartition, device: torch.device | str = "cpu") -> SparseAdj:

@@ -28,10 +28,10 @@ import torch
 
 from ..comm import HaloExchanger
 from ..nn import maybe_sparse
-from ..nn.lean import LEAN_ARCHS, lean_forward
+from ..nn.lean import lean_forward
 from ..nn.keyed import mix_key
-from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
-                   partition_adj, register, sync_gradients)
+from .base import (EpochResult, LeanOption, Strategy, global_evaluate, inputs_with_halo,
+                   masked_loss, partition_adj, register, sync_gradients)
 
 
 @dataclass
@@ -59,25 +59,13 @@ class HaloOptions:
 
 
 @register
-class Halo(Strategy):
+class Halo(LeanOption, Strategy):
     name = "halo"
     description = "full-graph training with a halo exchange per layer (exact)"
     default_partitioner = "metis"
     residency_traffic = "sends boundary nodes' raw input features (layer 1's halo exchange)"
     exact = True
     Options = HaloOptions
-
-    @classmethod
-    def reads_stored_part(cls, options: Any) -> bool:
-        # the lean forward widens what it reads a slice at a time (int32 edges, float16 rows)
-        return bool(getattr(options, "lean", False))
-
-    @classmethod
-    def check_model(cls, options: Any, model_cfg: Any) -> None:
-        if getattr(options, "lean", False) and model_cfg.arch not in LEAN_ARCHS:
-            raise ValueError(f"options.lean = true needs model.arch in {list(LEAN_ARCHS)}; got "
-                             f"model.arch = {model_cfg.arch!r}: set model.arch gcn or "
-                             f"options.lean false")
 
     def setup(self) -> None:
         ctx, p = self.ctx, self.ctx.part

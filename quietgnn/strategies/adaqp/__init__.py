@@ -59,11 +59,11 @@ import torch.nn.functional as F
 from ...comm import fetch_static_rows
 from ...nn import SparseAdj
 from ...nn.keyed import keyed_dropout, mix_key
-from ...nn.lean import LEAN_ARCHS, lean_forward
+from ...nn.lean import lean_forward
 from ...partition.local import gather_rows
 from ...seeds import stream_seed
-from ..base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
-                    partition_adj, register, sync_gradients)
+from ..base import (EpochResult, LeanOption, Strategy, global_evaluate, inputs_with_halo,
+                    masked_loss, partition_adj, register, sync_gradients)
 from .assign import Assignment
 from .exchange import QuantizedHalo
 from .split import SplitConv
@@ -137,25 +137,13 @@ class AdaQPOptions:
 
 
 @register
-class AdaQP(Assignment, Strategy):
+class AdaQP(Assignment, LeanOption, Strategy):
     name = "adaqp"
     description = "halo exchange with stochastic 2/4/8-bit messages, adaptive widths, overlap"
     Options = AdaQPOptions
     default_partitioner = "metis"
     residency_traffic = ("sends boundary nodes' raw input features, quantized (layer 1's halo "
                          "exchange)")
-
-    @classmethod
-    def reads_stored_part(cls, options: Any) -> bool:
-        # the lean forward widens what it reads a slice at a time (int32 edges, float16 rows)
-        return bool(getattr(options, "lean", False))
-
-    @classmethod
-    def check_model(cls, options: Any, model_cfg: Any) -> None:
-        if getattr(options, "lean", False) and model_cfg.arch not in LEAN_ARCHS:
-            raise ValueError(f"adaqp: options.lean = true needs model.arch in "
-                             f"{list(LEAN_ARCHS)}; got model.arch = {model_cfg.arch!r}: set "
-                             f"model.arch gcn or options.lean false")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:

@@ -93,8 +93,8 @@ from ...comm.traffic import Traffic
 from ...nn import GNN
 from ...nn import lean as lean_module
 from ...seeds import stream_seed
-from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
-                    partition_adj, register, sync_gradients)
+from ..base import (EpochResult, LeanOption, Strategy, check_gradient_compression,
+                    global_evaluate, partition_adj, register, sync_gradients)
 from .layers import Lazy, Pre, build_layers
 
 __all__ = ["Retexo", "RetexoOptions"]
@@ -177,7 +177,7 @@ class RetexoOptions:
 
 
 @register
-class Retexo(Strategy):
+class Retexo(LeanOption, Strategy):
     name = "retexo"
     description = ("RETEXO: layer-by-layer training on frozen inputs, one boundary embedding "
                    "exchange per layer + per-round gradients of one small layer")
@@ -185,18 +185,6 @@ class Retexo(Strategy):
     default_partitioner = "metis"
     residency_levels = ("none", "features", "strict")
     residency_traffic = "sends raw features in its first exchange"   # skipped under residency
-
-    @classmethod
-    def reads_stored_part(cls, options: Any) -> bool:
-        # the lean aggregation widens what it reads a block at a time (int32 edges, fp16 rows)
-        return bool(getattr(options, "lean", False))
-
-    @classmethod
-    def check_model(cls, options: Any, model_cfg: Any) -> None:
-        if getattr(options, "lean", False) and model_cfg.arch != "gcn":
-            raise ValueError(f"retexo: options.lean = true needs model.arch gcn; got "
-                             f"model.arch = {model_cfg.arch!r}: set model.arch gcn or "
-                             f"options.lean false")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
