@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -187,6 +188,39 @@ def test_shared_folder_untouched(shared, real_cache, monkeypatch):
     _load_real("cora", shared / "planetoid", real_cache, monkeypatch)
     assert not list(shared.rglob("processed"))
     assert list((real_cache / "pyg").glob("planetoid-*/Cora/processed"))
+
+
+def test_pyg_cache_is_locked_while_processed(shared, tmp_path, monkeypatch):
+    """Ranks that start together on a fresh cache: each waits for the one processing it (a
+    reader of a half-written processed/ file failed with EOFError on emulated hosts)."""
+    import fcntl
+
+    from quietgnn.datasets.pyg import PYG_DATASETS, _cache_entry, _locked, find_raw_dir
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "fresh"))
+    spec = PYG_DATASETS["cora"]
+    entry = _cache_entry(spec, find_raw_dir(spec, shared.resolve()))
+    code = ("from quietgnn.datasets import load_dataset; "
+            f"print(load_dataset('cora', {str(shared)!r}).num_edges)")
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", code], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    entry.mkdir(parents=True)
+    with _locked(entry):
+        waiting = start()
+        time.sleep(8)          # long enough to import quietgnn and reach the lock
+        assert waiting.poll() is None, waiting.communicate()
+        assert not (entry / "Cora").exists()      # it has not touched the cache
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and out.split() == ["10556"], err[-2000:]
+    # three at once on a fresh cache: every one loads the same graph
+    shutil.rmtree(tmp_path / "fresh")
+    procs = [start() for _ in range(3)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for _, e in outs]
+    assert [o.split() for o, _ in outs] == [["10556"]] * 3
+    with open(entry / ".lock") as f:    # released: a non-blocking lock succeeds
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_pyg_name_needs_root():

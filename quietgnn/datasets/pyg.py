@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,44 @@ def _missing_error(spec: _Spec, root: Path, cause: BaseException | None) -> Valu
         f"parent holding {spec.family_dir}/{spec.folder}/raw/).")
 
 
+def _cache_entry(spec: _Spec, source: Path) -> Path:
+    key = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    return cache_root() / "pyg" / f"{spec.family.lower()}-{key}"
+
+
+@contextmanager
+def _locked(cache: Path):
+    """Hold an exclusive lock on ``cache`` while its raw copy is refreshed and PyG processes
+    it: ranks of one run (or runs on emulated hosts) that share a cache and start together
+    would otherwise read a ``processed/`` file another rank is still writing (an ``EOFError``
+    from ``torch.load``), or delete a copy another rank is reading."""
+    try:
+        import fcntl
+    except ImportError:          # not POSIX: no lock (the race stays, as PyG has it)
+        yield
+        return
+    with open(cache / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _open(spec: _Spec, cache: Path, root: Path, raw: Path | None):
+    import torch_geometric.datasets as pyg_datasets
+    cls = getattr(pyg_datasets, spec.family)
+    try:
+        # with raw/ in place PyG only processes; without it, this is where it downloads
+        return cls(str(cache), spec.folder)
+    except Exception as exc:  # noqa: BLE001 - offline downloads fail in many ways (URLError,
+        # socket errors, fsspec/aiohttp errors): all mean "the raw files are not there"
+        if raw is None:
+            shutil.rmtree(cache / spec.folder, ignore_errors=True)   # no half-downloads kept
+            raise _missing_error(spec, root, exc) from exc
+        raise
+
+
 def load_pyg(name: str, root: str | os.PathLike, *, split_seed: int = 0) -> Graph:
     """Load a PyG dataset as an undirected :class:`Graph`.
 
@@ -142,26 +181,15 @@ def load_pyg(name: str, root: str | os.PathLike, *, split_seed: int = 0) -> Grap
     spec = PYG_DATASETS[name.lower()]
     root = Path(root).expanduser().resolve()
     raw = find_raw_dir(spec, root)
-    key = hashlib.sha256(str(raw or root).encode()).hexdigest()[:12]
-    cache = cache_root() / "pyg" / f"{spec.family.lower()}-{key}"
-    if raw is not None:
-        _sync_raw(raw, cache / spec.folder, spec.raw_files)
-    elif not all((cache / spec.folder / "raw" / f).is_file() for f in spec.raw_files) and \
-            os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
-        raise _missing_error(spec, root, None)
+    cache = _cache_entry(spec, raw or root)
     cache.mkdir(parents=True, exist_ok=True)
-
-    import torch_geometric.datasets as pyg_datasets
-    cls = getattr(pyg_datasets, spec.family)
-    try:
-        # with raw/ in place PyG only processes; without it, this is where it downloads
-        dataset = cls(str(cache), spec.folder)
-    except Exception as exc:  # noqa: BLE001 - offline downloads fail in many ways (URLError,
-        # socket errors, fsspec/aiohttp errors): all mean "the raw files are not there"
-        if raw is None:
-            shutil.rmtree(cache / spec.folder, ignore_errors=True)   # no half-downloads kept
-            raise _missing_error(spec, root, exc) from exc
-        raise
+    with _locked(cache):
+        if raw is not None:
+            _sync_raw(raw, cache / spec.folder, spec.raw_files)
+        elif not all((cache / spec.folder / "raw" / f).is_file() for f in spec.raw_files) and \
+                os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
+            raise _missing_error(spec, root, None)
+        dataset = _open(spec, cache, root, raw)
     data = dataset[0]
     if spec.split == "public":
         graph = Graph.from_pyg(data, name=spec.folder.lower())   # keeps PyG's public masks
