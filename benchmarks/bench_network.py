@@ -268,7 +268,7 @@ def main() -> int:
     ap.add_argument("--datasets", default="computers,cs")
     ap.add_argument("--strategies", default="halo,adaqp,grappa,tma,retexo,minibatch")
     ap.add_argument("--rates", default="1gbit,100mbit,10mbit")
-    ap.add_argument("--epochs", type=int, default=4, help="epochs per run (the first is "
+    ap.add_argument("--epochs", type=int, default=8, help="epochs per run (the first is "
                     "warm-up and left out)")
     ap.add_argument("--to-target", action="store_true",
                     help=f"runs of {TARGET_EPOCHS} epoch-equivalents at the defaults, timed to "

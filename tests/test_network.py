@@ -141,14 +141,21 @@ def test_projection_of_a_real_halo_run(tmp_path):
         assert row["crit_bytes"] == want > 0
         assert row["compute_s"] == max(rec["compute_s"] for rec in recs)
         assert row["compute_sum_s"] == pytest.approx(sum(rec["compute_s"] for rec in recs))
-        # ranks sharing one core: a phase takes their total CPU seconds; with a core each
-        # (or more cores than ranks) the slowest rank's
+        # every thread's CPU of the epoch's training, per rank: at least its compute
+        assert all(rec["cpu_s"] >= rec["compute_s"] for rec in recs)
+        assert row["cpu_sum_s"] == pytest.approx(sum(rec["cpu_s"] for rec in recs))
+        # ranks sharing one core: a phase takes their total CPU seconds (all threads); with a
+        # core each (or more cores than ranks) the slowest rank's compute
         one = project({"epochs": [row]}, Tier("free", 1e30, 0.0), cores=1)[0]
-        assert one["compute_s"] == pytest.approx(row["compute_sum_s"])
+        assert one["compute_s"] == pytest.approx(row["cpu_sum_s"])
         for cores in (None, 2, 8):
             p = project({"epochs": [row]}, Tier("free", 1e30, 0.0), cores=cores)[0]
             assert p["compute_s"] == pytest.approx(
-                max(row["compute_s"], row["compute_sum_s"] / (cores or 1e9)))
+                max(row["compute_s"], row["cpu_sum_s"] / (cores or 1e9)))
+        # records written before cpu_s was kept: the compute alone
+        old = {k: v for k, v in row.items() if k != "cpu_sum_s"}
+        assert project({"epochs": [old]}, Tier("free", 1e30, 0.0), cores=1)[0][
+            "compute_s"] == pytest.approx(row["compute_sum_s"])
         # a tier with 1 byte/s and no latency projects exactly crit_bytes seconds of comm
         p = project({"epochs": [row]}, Tier("unit", 8.0, 0.0))[0]
         assert p["comm_s"] == pytest.approx(want)

@@ -169,6 +169,7 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
 
         epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
         compute_sum_s / eval_compute_sum_s (summed over ranks: what ranks sharing cores need),
+        cpu_sum_s / eval_cpu_sum_s (every thread's CPU, summed over ranks; None if not kept),
         hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
         (the epoch's evaluation, if any),
         train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
@@ -198,11 +199,15 @@ def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
             "epoch": ep, "work": float(r0.get("work", 1.0)),
             "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
             "compute_sum_s": sum(float(r.get("compute_s") or 0.0) for r in recs.values()),
+            # every thread's CPU (communication's copies and framing included): what ranks
+            # sharing cores take from each other; None for records written before it was kept
+            "cpu_sum_s": _total(recs.values(), "cpu_s"),
             "hops": hops, "crit_bytes": crit, "rounds": n,
             "eval_hops": e_hops, "eval_crit_bytes": e_crit,
             "eval_compute_s": max(float(r.get("eval_compute_s") or 0.0) for r in recs.values()),
             "eval_compute_sum_s": sum(float(r.get("eval_compute_s") or 0.0)
                                       for r in recs.values()),
+            "eval_cpu_sum_s": _total(recs.values(), "eval_cpu_s"),
             "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),
             "data_bytes": sum(_phase_bytes(r, "data") for r in recs.values()),
             "eval_bytes": sum(_phase_bytes(r, "eval") for r in recs.values()),
@@ -225,10 +230,21 @@ def curve_work(epochs: Sequence[Mapping[str, Any]]) -> float:
     return w if w > 0 else float(len(epochs))
 
 
+def _total(recs: Iterable[Mapping[str, Any]], key: str) -> Optional[float]:
+    vals = [r.get(key) for r in recs]
+    return None if any(v is None for v in vals) else sum(float(v) for v in vals)
+
+
+def _first(row: Mapping[str, Any], *keys: str) -> Optional[float]:
+    return next((row[k] for k in keys if row.get(k) is not None), None)
+
+
 def _shared(slowest: float, total: Optional[float], cores: Optional[int]) -> float:
     """Wall seconds of a compute phase: the slowest rank's CPU seconds on hosts with a core
     each; with the ranks sharing ``cores`` cores (processor sharing: a work-conserving
-    scheduler), no less than the ranks' total CPU seconds spread over the cores either."""
+    scheduler), no less than the ranks' total CPU seconds spread over the cores either: all
+    of a process's threads (``cpu_sum_s``: communication's copies and framing take cores
+    too), or the compute alone for older records."""
     if not cores or total is None:
         return slowest
     return max(slowest, total / cores)
@@ -244,9 +260,9 @@ def project(curve: Mapping[str, Any], tier: Tier,
     out, cum = [], 0.0
     for row in curve["epochs"]:
         comm = tier.seconds(row["hops"], row["crit_bytes"])
-        compute = _shared(row["compute_s"], row.get("compute_sum_s"), cores)
-        ev = _shared(float(row.get("eval_compute_s") or 0.0), row.get("eval_compute_sum_s"),
-                     cores) + tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
+        compute = _shared(row["compute_s"], _first(row, "cpu_sum_s", "compute_sum_s"), cores)
+        ev = _shared(float(row.get("eval_compute_s") or 0.0),
+                     _first(row, "eval_cpu_sum_s", "eval_compute_sum_s"), cores) + tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
         t = compute + comm + ev
         cum += t
         out.append({"epoch": row["epoch"], "compute_s": compute, "comm_s": comm,

@@ -109,18 +109,19 @@ class Trainer:
     def _epoch(self, epoch: int, last: bool) -> dict[str, Any]:
         s, comm = self.strategy, self.comm
         comm.epoch = epoch
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         with comm.phase("train"):
             res = s.train_epoch(epoch)
         t_train, c_train = time.perf_counter() - t0, time.thread_time() - c0
+        p_train = time.process_time() - p0
         before, self.work_done = self.work_done, self.work_done + float(res.work)
         every = self.cfg.train.eval_every
         due = math.floor(self.work_done / every + 1e-9) > math.floor(before / every + 1e-9)
         accs: Optional[dict[str, float]] = None
-        how, final, t_eval, c_eval = None, None, 0.0, 0.0
+        how, final, t_eval, c_eval, p_eval = None, None, 0.0, 0.0, 0.0
         records = comm.take_records()
         if last or s.finished() or due:
-            te, ce = time.perf_counter(), time.thread_time()
+            te, ce, pe = time.perf_counter(), time.thread_time(), time.process_time()
             with comm.phase("eval"):
                 accs, how = self._evaluate()
                 self._select(accs, how, epoch)
@@ -128,7 +129,7 @@ class Trainer:
                 self.stop = bool(tc.patience) and self.work_done - self.best_work >= tc.patience
                 if last or s.finished() or self.stop:
                     final = self._final_exact()
-            t_eval = time.perf_counter() - te
+            t_eval, p_eval = time.perf_counter() - te, time.process_time() - pe
             eval_records = comm.take_records()
             c_eval = max(0.0, time.thread_time() - ce - sum(r.cpu_seconds for r in eval_records))
             records += eval_records
@@ -144,6 +145,7 @@ class Trainer:
             "train_acc": None, "val_acc": None, "test_acc": None,
             "wall_s": t_train + t_eval, "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
             "comm_s": ops["comm_s"], "eval_s": t_eval, "eval_compute_s": c_eval,
+            "cpu_s": p_train, "eval_cpu_s": p_eval,
             "eval_mode": how, "bytes": ops["bytes"],
             "bytes_by_kind": ops["bytes_by_kind"], "messages": ops["messages"],
             "rounds": ops["rounds"], "peak_rss_mb": peak_rss_mb(), "extra": res.extra,
