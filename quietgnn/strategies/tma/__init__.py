@@ -262,6 +262,12 @@ class TMA(Strategy):
             math.ceil(self.train_idx.numel() / o.batch_size)
         self.period_len = o.period_steps if o.period_steps > 0 else \
             max(1, math.ceil(float(o.period_epochs) * self.steps_per_epoch))
+        #: the ranks' mean steps per epoch-equivalent, from the global count of training
+        #: nodes: an epoch's ``work`` must be the same number on every rank (the trainer
+        #: decides from it when all evaluate together), and ``steps_per_epoch`` is not where
+        #: parts hold different numbers of training nodes
+        self.mean_steps_per_epoch = 1.0 if o.mode == "full" else max(
+            1.0, p.num_train_global / (o.batch_size * ctx.world_size))
         self._queue: list[Tensor] = []
         self._anchor = self._flat_state()   # the last average (all ranks start from one init)
         self.avg_round = 0
@@ -391,7 +397,7 @@ class TMA(Strategy):
             self.history.append({"round": self.avg_round, "epoch": epoch, "ranks": ranks})
         mean_steps = float(total[-2]) / max(1, len(ranks))
         return EpochResult(loss=loss if math.isfinite(loss) else 0.0, steps=steps,
-                           work=mean_steps / self.steps_per_epoch,
+                           work=mean_steps / self.mean_steps_per_epoch,
                            extra={"avg_round": self.avg_round, "survivors": len(ranks),
                                   "averaged_ranks": ranks, "local_steps": steps,
                                   "local_epochs": steps / max(1, self.steps_per_epoch),
