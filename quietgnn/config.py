@@ -83,6 +83,11 @@ class RuntimeConfig:
     overwrite: bool = False           # replace the results of an earlier run of this name
     deterministic: bool = False       # torch deterministic algorithms (slower, repeatable)
     residency: str = "none"           # none | features (raw features, labels stay home) | strict
+    # all-to-all payloads as point-to-point sends over two gloo connections per pair of
+    # ranks, one per direction: auto (when the ranks span hosts) | on | off. gloo's one
+    # connection per pair carries both directions of an exchange, which slow each other on
+    # a capped link (docs/findings.md, measured on emulated hosts)
+    duplex: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 1:
@@ -93,6 +98,9 @@ class RuntimeConfig:
             raise ValueError(f"runtime.backend = {self.backend!r}; expected auto, gloo or nccl")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"runtime.device = {self.device!r}; expected cpu or cuda")
+        if self.duplex not in ("auto", "on", "off"):
+            raise ValueError(f"runtime.duplex = {self.duplex!r}; expected auto (split the "
+                             f"all-to-all's directions when the ranks span hosts), on or off")
         from .comm.traffic import LEVELS
         if self.residency not in LEVELS:
             raise ValueError(f"runtime.residency = {self.residency!r}; expected one of "

@@ -29,32 +29,68 @@ def _collectives(comm):
             "recv_async": recv_async, "records": [r_.as_dict() for r_ in comm.take_records()]}
 
 
+def _collectives_split(comm):
+    """The same with the all-to-all split by direction (runtime.duplex on), plus two
+    exchanges in flight at once, waited in reverse order, one with empty blocks."""
+    modes = (comm.split_duplex("auto"), comm.split_duplex("on"))
+    out = _collectives(comm)
+    P, r = comm.world_size, comm.rank
+    a = comm.all_to_all_async([torch.full((j % 2 * (r + 1), 2), float(10 * r + j))
+                               for j in range(P)], "twice_a", carries="control")
+    b = comm.all_to_all_async([torch.full((1,), float(r))] * P, "twice_b", carries="control")
+    got_b, got_a = b.wait(), a.wait()
+    return {**out, "modes": modes, "twice_a": got_a, "twice_b": got_b,
+            "records_after": [x.as_dict() for x in comm.take_records()]}
+
+
+def test_all_to_all_split_by_direction_is_the_collective():
+    """runtime.duplex: the split exchange gives the collective's blocks and records (the
+    counts checked by the test below); 'auto' leaves it off on one host."""
+    P = 4
+    for r, out in enumerate(spawn_function(_collectives_split, P)):
+        assert out["modes"] == (False, True)
+        _check_collectives(r, out, P)
+        for j in range(P):
+            assert torch.equal(out["twice_a"][j],
+                               torch.full((r % 2 * (j + 1), 2), float(10 * j + r)))
+            assert torch.equal(out["twice_b"][j], torch.full((1,), float(j)))
+        sent = {x["kind"]: x["bytes_sent"] for x in out["records_after"]}
+        assert sent["twice_a"] == sum(j % 2 * (r + 1) for j in range(P) if j != r) * 8 + \
+            8 * (P - 1)
+    with pytest.raises(ValueError, match=r"runtime.duplex = 'yes'; expected auto, on or off"):
+        Communicator().split_duplex("yes")
+
+
+def _check_collectives(r, out, P):
+    assert torch.equal(out["x"], torch.full((10,), float(sum(range(1, P + 1)))))
+    assert torch.equal(out["b"], torch.arange(6.0))
+    for j in range(P):
+        expect = torch.full((j + r + 1, 3), float(j))
+        assert torch.equal(out["recv_known"][j], expect)
+        assert torch.equal(out["recv_hand"][j], expect)
+        assert torch.equal(out["recv_async"][j], expect.to(torch.uint8))
+    recs = {rec["kind"]: rec for rec in out["records"]}
+    assert [rec["round"] for rec in out["records"]] == list(range(6))
+    ar = recs["grad_allreduce"]
+    assert ar["bytes_sent"] == ar["bytes_recv"] == 2 * (P - 1) * 40 // P
+    assert ar["hops"] == 4 and ar["phase"] == "setup"   # the default phase outside a trainer
+    rows_out = sum(r + j + 1 for j in range(P) if j != r)
+    rows_in = sum(j + r + 1 for j in range(P) if j != r)
+    assert recs["known"]["bytes_sent"] == rows_out * 3 * 4
+    assert recs["known"]["bytes_recv"] == rows_in * 3 * 4
+    assert recs["known"]["messages"] == P - 1 and recs["known"]["hops"] == 1
+    # unknown sizes cost a handshake of P-1 int64 counts and one more hop
+    assert recs["handshake"]["bytes_sent"] == rows_out * 12 + 8 * (P - 1)
+    assert recs["handshake"]["hops"] == 2
+    assert recs["async"]["bytes_sent"] == rows_out * 3 + 8 * (P - 1)   # uint8 rows
+    assert recs["barrier"]["phase"] == "eval"
+
+
 def test_collectives_results_and_counts():
     P = 4
     res = spawn_function(_collectives, P)
     for r, out in enumerate(res):
-        assert torch.equal(out["x"], torch.full((10,), float(sum(range(1, P + 1)))))
-        assert torch.equal(out["b"], torch.arange(6.0))
-        for j in range(P):
-            expect = torch.full((j + r + 1, 3), float(j))
-            assert torch.equal(out["recv_known"][j], expect)
-            assert torch.equal(out["recv_hand"][j], expect)
-            assert torch.equal(out["recv_async"][j], expect.to(torch.uint8))
-        recs = {rec["kind"]: rec for rec in out["records"]}
-        assert [rec["round"] for rec in out["records"]] == list(range(6))
-        ar = recs["grad_allreduce"]
-        assert ar["bytes_sent"] == ar["bytes_recv"] == 2 * (P - 1) * 40 // P
-        assert ar["hops"] == 4 and ar["phase"] == "setup"   # the default phase outside a trainer
-        rows_out = sum(r + j + 1 for j in range(P) if j != r)
-        rows_in = sum(j + r + 1 for j in range(P) if j != r)
-        assert recs["known"]["bytes_sent"] == rows_out * 3 * 4
-        assert recs["known"]["bytes_recv"] == rows_in * 3 * 4
-        assert recs["known"]["messages"] == P - 1 and recs["known"]["hops"] == 1
-        # unknown sizes cost a handshake of P-1 int64 counts and one more hop
-        assert recs["handshake"]["bytes_sent"] == rows_out * 12 + 8 * (P - 1)
-        assert recs["handshake"]["hops"] == 2
-        assert recs["async"]["bytes_sent"] == rows_out * 3 + 8 * (P - 1)   # uint8 rows
-        assert recs["barrier"]["phase"] == "eval"
+        _check_collectives(r, out, P)
     # a broadcast's bytes are conserved: what the tree sends is what the non-roots receive
     bc = [out["records"][1] for out in res]
     assert sum(b["bytes_sent"] for b in bc) == sum(b["bytes_recv"] for b in bc) == (P - 1) * 24

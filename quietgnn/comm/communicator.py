@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..serial import dumps, loads
+from .duplex import direction_groups, post_pairs
 from .liveness import Liveness, watch
 from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
 from .traffic import Traffic, check_traffic
@@ -191,6 +192,8 @@ class Communicator:
         self.sent_by_class: dict[str, int] = {}
         #: host labels and heartbeat (set by :meth:`init` on a multi-process group)
         self.liveness: Liveness | None = None
+        #: (lower -> higher rank, higher -> lower rank) gloo groups, set by split_duplex
+        self._duplex: tuple[Any, Any] | None = None
 
     # ------------------------------------------------------------------ life cycle
     @classmethod
@@ -233,6 +236,14 @@ class Communicator:
                 dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
                                         world_size=world_size, timeout=timeout)
         return cls(rank, world_size, timeout_s=timeout_s, device=device)
+
+    def split_duplex(self, mode: str = "auto") -> bool:
+        """Send the all-to-all's payloads point to point over two more gloo groups, one per
+        direction (:mod:`.duplex`). ``mode``: 'on', 'off', or 'auto' (on when the ranks span
+        hosts). Collective: every rank calls it after :meth:`init`. Returns whether it is on."""
+        if self._duplex is None:
+            self._duplex = direction_groups(self, mode)
+        return self._duplex is not None
 
     def close(self) -> None:
         if self.liveness is not None:
@@ -435,9 +446,14 @@ class Communicator:
             flat_recv = out.view(-1)
         else:
             flat_recv = send[0].new_empty(sum(recv_counts) * row_numel)
-        work = self._guard(lambda: dist.all_to_all_single(
-            flat_recv, flat_send, [c * row_numel for c in recv_counts],
-            [c * row_numel for c in send_counts], async_op=True), "all_to_all", kind)
+        recv_n, send_n = [c * row_numel for c in recv_counts], [c * row_numel for c in send_counts]
+        if self._duplex is not None:
+            work = self._guard(lambda: post_pairs(self._duplex, self.rank, flat_recv, flat_send,
+                                                  recv_n, send_n, self.timeout_s),
+                               "all_to_all", kind)
+        else:
+            work = self._guard(lambda: dist.all_to_all_single(
+                flat_recv, flat_send, recv_n, send_n, async_op=True), "all_to_all", kind)
         esize = send[0].element_size() * row_numel
         sent = sum(c for j, c in enumerate(send_counts) if j != self.rank) * esize + extra
         recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize + extra

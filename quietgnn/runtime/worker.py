@@ -98,6 +98,7 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
         record_attempt(run_dir)
     comm = Communicator.init(rank, world, backend=cfg.runtime.resolved_backend(),
                              timeout_s=cfg.runtime.timeout_s, device=device)
+    comm.split_duplex(cfg.runtime.duplex)
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
     if write_config and rank == 0:
         (run_dir / "config.json").write_text(cfg.to_json())
