@@ -106,6 +106,46 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
     return _project(rec, epoch_curve(read_metrics(OUT / "runs" / run)), central)
 
 
+def probe(rate: str, hosts: int = 4) -> dict:
+    """``netprobe.py`` on ``hosts`` emulated hosts at ``rate``: one flow, and a balanced
+    all-to-all as gloo's collective and split by direction, each host sending the same bytes
+    in every case; beside them the bytes over the rate (what the projection charges)."""
+    logs = OUT / "logs" / f"probe-{rate}"
+    logs.mkdir(parents=True, exist_ok=True)
+    with Cluster(hosts, rate=rate) as c:
+        codes = c.wait(c.torchrun([str(ROOT / "benchmarks/netprobe.py")], run_id=f"probe-{rate}",
+                                  log_dir=logs), timeout=600)
+    rec = {"kind": "link_probe", "rate": rate, "bandwidth_bps": _rate_bps(rate),
+           "parts": hosts, "status": "ok" if codes == [0] * hosts else "failed"}
+    lines = [ln for ln in (logs / "host-0.log").read_text(errors="replace").splitlines()
+             if ln.startswith("PROBE ")]
+    if rec["status"] != "ok" or not lines:
+        return {**rec, "status": "failed", "exit_codes": codes}
+    got = json.loads(lines[-1][len("PROBE "):])
+    return {**rec, **got, "model_s": got["bytes_per_host"] * 8 / rec["bandwidth_bps"]}
+
+
+def _render_probes(records: list[dict]) -> list[str]:
+    lines = ["", "## Link probe", "",
+             "Command: `python benchmarks/bench_network.py --probe` (as root; "
+             "`benchmarks/netprobe.py` on 4 emulated hosts). Each host sends 3 x 2 MiB: to one "
+             "peer as one flow (*one flow*), or 2 MiB to each of the 3 others at once, through "
+             "gloo's all-to-all (one TCP connection per pair carries both directions) or split "
+             "by direction (`runtime.duplex`, one connection per pair and direction). Best of "
+             "2, seconds; *bytes / rate* is what the projection charges.", "",
+             "| link | bytes / rate | one flow | all-to-all, gloo's | all-to-all, split |",
+             "|---|---|---|---|---|"]
+    for r in records:
+        if r["status"] != "ok":
+            lines.append(f"| {r['rate']} | failed: exit {r.get('exit_codes')} | | | |")
+            continue
+        m = r["model_s"]
+        lines.append(f"| {r['rate']} | {m:.3g} s | " + " | ".join(
+            f"{r[k]:.3g} s ({100 * (r[k] / m - 1):+.0f}%)"
+            for k in ("single_s", "collective_s", "split_s")) + " |")
+    return lines
+
+
 def _reproject(rec: dict, central_acc: dict) -> dict:
     run = OUT / "runs" / _run_name(rec)
     if rec["status"] != "ok" or not (run / "metrics").is_dir():
@@ -184,7 +224,8 @@ def centralized_accuracy(ds: str, data_root: Path) -> float:
 
 def render(records: list[dict]) -> list[str]:
     targets = [r for r in records if r.get("kind") == "to_target"]
-    records = [r for r in records if r.get("kind") != "to_target"]
+    probes = [r for r in records if r.get("kind") == "link_probe"]
+    records = [r for r in records if r.get("kind") in (None, "epoch_time")]
     base = {(r["dataset"], r["strategy"]): r for r in records
             if r["rate"] == "uncapped" and r["status"] == "ok"}
     lines = ["# Measured vs projected epoch time on emulated hosts", "",
@@ -224,7 +265,8 @@ def render(records: list[dict]) -> list[str]:
             f"{r['projected_comm_epoch_s']:.3g} s | "
             f"{'—' if cerr is None else f'{100 * cerr:+.0f}%'} | "
             f"{'—' if lat is None else f'{lat:.3g} s'} |")
-    return lines + (_render_targets(targets) if targets else [])
+    return (lines + (_render_targets(targets) if targets else [])
+            + (_render_probes(probes) if probes else []))
 
 
 def _s(x: Optional[float]) -> str:
@@ -274,6 +316,9 @@ def main() -> int:
                     help=f"runs of {TARGET_EPOCHS} epoch-equivalents at the defaults, timed to "
                     f"90/95/98 %% of centralized (capped links only)")
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
+    ap.add_argument("--probe", action="store_true",
+                    help="the link probe only: one flow and a balanced all-to-all (gloo's "
+                    "and split by direction) of known sizes at each rate")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--reproject", action="store_true",
                     help="recompute every record's measured and projected figures from its "
@@ -295,10 +340,19 @@ def main() -> int:
             print(f"bench_network: cannot emulate hosts here: {why}", file=sys.stderr)
             return 2
         cmd = "python benchmarks/bench_network.py " + " ".join(sys.argv[1:])
-        key = lambda r: (r["dataset"], r["strategy"], r["rate"],  # noqa: E731
+        key = lambda r: (r.get("dataset", ""), r.get("strategy", ""), r["rate"],  # noqa: E731
                          r.get("kind", "epoch_time"))
         done = {key(r): r for r in old}
-        for ds in args.datasets.split(","):
+        for rate in (args.rates.split(",") if args.probe else []):
+            print(f"probe {rate} ...", file=sys.stderr, flush=True)
+            r = probe(rate)
+            done[key(r)] = r
+            jpath.write_text(json.dumps({
+                "commands": commands + ([cmd] if cmd not in commands else []),
+                "centralized_test_acc": central_acc, "runs": list(done.values())}, indent=1))
+            print(f"  {r['status']} {r.get('collective_s')} {r.get('split_s')}", file=sys.stderr,
+                  flush=True)
+        for ds in ([] if args.probe else args.datasets.split(",")):
             central = None
             if args.to_target:
                 if ds not in central_acc:

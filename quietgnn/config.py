@@ -83,10 +83,9 @@ class RuntimeConfig:
     overwrite: bool = False           # replace the results of an earlier run of this name
     deterministic: bool = False       # torch deterministic algorithms (slower, repeatable)
     residency: str = "none"           # none | features (raw features, labels stay home) | strict
-    # all-to-all payloads as point-to-point sends over two gloo connections per pair of
-    # ranks, one per direction: auto (when the ranks span hosts) | on | off. gloo's one
-    # connection per pair carries both directions of an exchange, which slow each other on
-    # a capped link (docs/findings.md, measured on emulated hosts)
+    #: all-to-all payloads over one gloo connection per pair and direction: auto (when the
+    #: ranks span hosts) | on | off. gloo's one connection per pair carries both directions
+    #: of an exchange, which slow each other on a capped link (docs/findings.md)
     duplex: str = "auto"
 
     def __post_init__(self) -> None:

@@ -249,6 +249,9 @@ class Communicator:
         if self.liveness is not None:
             self.liveness.stop()
         if self.world_size > 1 and dist.is_initialized():
+            for g in self._duplex or ():
+                dist.destroy_process_group(g)
+            self._duplex = None   # no group object left for the interpreter's exit to destroy
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ bookkeeping

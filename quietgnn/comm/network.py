@@ -262,7 +262,8 @@ def project(curve: Mapping[str, Any], tier: Tier,
         comm = tier.seconds(row["hops"], row["crit_bytes"])
         compute = _shared(row["compute_s"], _first(row, "cpu_sum_s", "compute_sum_s"), cores)
         ev = _shared(float(row.get("eval_compute_s") or 0.0),
-                     _first(row, "eval_cpu_sum_s", "eval_compute_sum_s"), cores) + tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
+                     _first(row, "eval_cpu_sum_s", "eval_compute_sum_s"), cores)
+        ev += tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
         t = compute + comm + ev
         cum += t
         out.append({"epoch": row["epoch"], "compute_s": compute, "comm_s": comm,
