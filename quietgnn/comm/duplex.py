@@ -13,6 +13,7 @@ their order and the records are those of the collective.
 from __future__ import annotations
 
 import itertools
+import time
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -36,15 +37,16 @@ def direction_groups(comm: Any, mode: str) -> Optional[tuple[Any, Any]]:
 
 
 class _Works:
-    """Point-to-point requests waited on as one, each for at most ``timeout_s`` (a
+    """Point-to-point requests waited on as one, all within ``timeout_s`` of the first wait (a
     point-to-point wait has no group timeout of its own: a vanished peer would hang it)."""
 
     def __init__(self, works: list[Any], timeout_s: float) -> None:
-        self.works, self.timeout = works, timedelta(seconds=timeout_s)
+        self.works, self.timeout_s = works, timeout_s
 
     def wait(self) -> bool:
+        deadline = time.monotonic() + self.timeout_s
         for w in self.works:
-            w.wait(self.timeout)
+            w.wait(timedelta(seconds=max(0.001, deadline - time.monotonic())))
         return True
 
 
