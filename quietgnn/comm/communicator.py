@@ -33,14 +33,13 @@ Failure handling. The process group is created with a finite timeout, so a colle
 on a dead or stuck peer raises after ``timeout_s`` at the latest (a crashed peer usually makes
 gloo raise at once). Errors are re-raised as :class:`CommError` naming this rank, the
 operation, the traffic kind, the round and the epoch. ``QUIETGNN_FAULT`` injects faults for
-tests (see :func:`_parse_fault`).
+tests (see :class:`~quietgnn.comm.faults.Fault`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -53,6 +52,7 @@ from torch import Tensor
 
 from ..serial import dumps, loads
 from .duplex import direction_groups, post_pairs
+from .faults import Fault
 from .liveness import Liveness, watch
 from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
 from .traffic import Traffic, check_traffic
@@ -86,27 +86,6 @@ class OpRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _parse_fault() -> dict[str, Any] | None:
-    """``QUIETGNN_FAULT="rank=1,round=12,action=exit"``: on that rank, when the collective with
-    that round number starts, ``exit`` (os._exit(17)), ``kill`` (SIGKILL self), ``raise``
-    (RuntimeError), ``hang`` (sleep until killed) or ``nan`` (the next
-    :func:`~quietgnn.strategies.base.sync_gradients` on that rank sees a NaN gradient).
-    ``epoch=E`` instead of ``round`` fires at the first collective of epoch E. Under torchrun
-    the fault fires only in the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), so a
-    restarted group can show that it recovers."""
-    spec = os.environ.get("QUIETGNN_FAULT")
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
-        return None
-    out: dict[str, Any] = {}
-    for item in spec.split(","):
-        k, _, v = item.partition("=")
-        out[k.strip()] = v.strip()
-    for key in ("rank", "round", "epoch"):
-        if key in out:
-            out[key] = int(out[key])
-    return out
 
 
 def _nbytes(t: Tensor) -> int:
@@ -185,7 +164,7 @@ class Communicator:
         self.round = 0
         self.epoch = -1
         self._phase = "setup"
-        self._fault = _parse_fault()
+        self._fault = Fault.from_env()
         self._poison = False   # set by the "nan" fault; consumed by take_poison()
         self.residency = "none"
         #: bytes sent by this rank per traffic class, every op of the run (never drained)
@@ -293,31 +272,9 @@ class Communicator:
     def _begin(self) -> tuple[int, float, float]:
         r = self.round
         self.round += 1
-        self._maybe_fault(r)
-        return r, time.perf_counter(), time.thread_time()
-
-    def _maybe_fault(self, round_: int) -> None:
-        f = self._fault
-        if not f or f.get("rank") != self.rank:
-            return
-        if "round" in f and f["round"] != round_:
-            return
-        if "epoch" in f and f["epoch"] != self.epoch:
-            return
-        action = f.get("action", "raise")
-        self._fault = None  # fire once
-        if action == "nan":
+        if self._fault is not None and self._fault.fire(self.rank, r, self.epoch):
             self._poison = True
-            return
-        if action == "exit":
-            os._exit(17)
-        if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if action == "hang":
-            while True:
-                time.sleep(3600)
-        raise RuntimeError(f"injected fault on rank {self.rank} at round {round_} "
-                           f"(QUIETGNN_FAULT)")
+        return r, time.perf_counter(), time.thread_time()
 
     def take_poison(self) -> bool:
         """True once after a ``nan`` fault fired on this rank (fault injection for tests)."""
