@@ -8,9 +8,9 @@
 
 Every run is ``quietgnn train`` under one ``torchrun`` agent per emulated host
 (``benchmarks/netcluster.py``: network namespaces on a bridge, each host's egress capped by
-``tbf``), the c10d rendezvous and every byte over the bridge. Each rank loads the dataset and
-partitions it with its strategy's own partitioner (no shared prepared directory), as on real
-hosts. Per run it records the measured wall seconds per epoch-equivalent (training only: the
+``htb``, acknowledgements first), the c10d rendezvous and every byte over the bridge. Each
+rank loads the dataset and partitions it with its strategy's own partitioner (no shared
+prepared directory), as on real hosts. Per run it records the measured wall seconds per epoch-equivalent (training only: the
 epoch's wall time less its evaluation) and ``quietgnn report``'s projection for a tier of the
 same bandwidth and no latency (``netem`` is absent here, so the link adds only the kernel's
 sub-millisecond latency; the projection's latency term for the named tier is reported apart).
@@ -147,6 +147,8 @@ def _render_probes(records: list[dict]) -> list[str]:
 
 
 def _reproject(rec: dict, central_acc: dict) -> dict:
+    if rec.get("kind") == "link_probe":
+        return rec   # measured only: nothing to project
     run = OUT / "runs" / _run_name(rec)
     if rec["status"] != "ok" or not (run / "metrics").is_dir():
         return rec
@@ -184,6 +186,12 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
         rec.update(tier=TIER_OF.get(rate, rate), projected_comm_epoch_s=comm / work,
                    latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
                                          if named else None))
+    else:
+        # no cap: the projection is the compute alone, the check of the shared-core bound
+        free = Tier("uncapped", 1e15, 0.0)
+        for key, c in (("projected", cores), ("projected_dedicated", None)):
+            proj = project({"epochs": rows}, free, c)
+            rec[f"{key}_epoch_s"] = sum(p["compute_s"] for p in proj) / work
     rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)
     if central and rate:
         rec.update(centralized_test_acc=central, **_to_target(curve, link, central, cores))
@@ -230,7 +238,8 @@ def render(records: list[dict]) -> list[str]:
             if r["rate"] == "uncapped" and r["status"] == "ok"}
     lines = ["# Measured vs projected epoch time on emulated hosts", "",
              "Command: `python benchmarks/bench_network.py` (as root). P = 4 hosts (network "
-             "namespaces, tbf-capped egress, torchrun + c10d over the bridge), GCN 2x64. "
+             "namespaces, each host's egress capped by an htb class that lets TCP's "
+             "acknowledgements pass first, torchrun + c10d over the bridge), GCN 2x64. "
              "Seconds per epoch-equivalent, training only (compute and communication, no "
              "evaluation, on both sides), warm-up epoch left out. *projected* is the model "
              "of `comm/network.py` for hosts sharing this machine's cores, as they did "
@@ -239,13 +248,22 @@ def render(records: list[dict]) -> list[str]:
              "`quietgnn report` shows. "
              "*link share* = measured capped − measured uncapped (what the link added), "
              "against the projection's communication term (bytes / bandwidth; the named "
-             "tier's latency term is shown apart: the emulated link has none).", "",
+             "tier's latency term is shown apart: the emulated link has none). Link *none*: "
+             "the same run uncapped, projected as its compute alone: the check of the "
+             "shared-core bound without the network.", "",
              "| dataset | strategy | link | bytes/epoch | measured epoch | projected epoch | "
              "error | a core per host | link share measured | projected comm | error | "
              "latency term (tier) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        if r["rate"] == "uncapped":
+        if r["status"] == "ok" and r["rate"] == "uncapped":
+            if r.get("projected_epoch_s") is not None:
+                err = r["projected_epoch_s"] / r["measured_epoch_s"] - 1
+                lines.append(
+                    f"| {r['dataset']} | {r['strategy']} | none | "
+                    f"{r['bytes_per_epoch'] / 1e6:.3g} MB | {r['measured_epoch_s']:.3g} s | "
+                    f"{r['projected_epoch_s']:.3g} s | {100 * err:+.0f}% | "
+                    f"{_s(r.get('projected_dedicated_epoch_s'))} | — | — | — | — |")
             continue
         if r["status"] != "ok":
             lines.append(f"| {r['dataset']} | {r['strategy']} | {r['rate']} | failed: "
