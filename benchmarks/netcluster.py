@@ -1,6 +1,6 @@
 """An emulated cluster on one machine: P "hosts", each a Linux network namespace with its own
 address and network stack, joined by veth pairs to a bridge in a namespace of its own, each
-host's egress capped by a ``tbf`` qdisc. One ``torchrun`` agent per host joins a c10d
+host's egress capped by an ``htb`` class (acknowledgements first, see :meth:`Cluster.cap`). One ``torchrun`` agent per host joins a c10d
 rendezvous over the bridge addresses: quietgnn's multi-host path, over real TCP links.
 
     with Cluster(hosts=4, rate="100mbit") as c:
@@ -116,16 +116,41 @@ class Cluster:
                 self.cap(i, self.rate)
 
     def cap(self, host: int, rate: str) -> None:
-        """(Re)cap ``host``'s egress at ``rate`` with a token bucket. The burst is 10 ms of
-        the rate (at least 32 KiB: a few full-size segments) so that the cap holds over any
-        window longer than a few milliseconds."""
+        """(Re)cap ``host``'s egress at ``rate``: an ``htb`` class of that rate, in which
+        TCP's bare acknowledgements (IP packets under 128 bytes) go first and everything else
+        waits in a FIFO of about 100 ms of the rate.
+
+        Why not one FIFO (a ``tbf``, as before): a host that sends and receives at once then
+        queues the acknowledgements of what it receives behind its own data, and its peers'
+        flows stall on them, which no real host does: Linux's default qdisc (``fq_codel``,
+        absent on these machines) lets such sparse flows pass; an acknowledgement class is the
+        nearest this kernel offers. The burst is 10 ms of the rate (at least 32 KiB) so the
+        cap holds over any window longer than a few milliseconds."""
         bps = _rate_bps(rate)
-        burst = max(32 * 1024, int(bps / 8 * 0.010))
-        r = subprocess.run(_in(self.names[host], "tc", "qdisc", "replace", "dev", "eth0",
-                               "root", "tbf", "rate", rate, "burst", str(burst),
-                               "latency", "100ms"), capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"tc on {self.names[host]}: {r.stderr.strip()}")
+        burst = str(max(32 * 1024, int(bps / 8 * 0.010)))
+        packets = str(max(16, int(bps / 8 * 0.100 / 1514)))
+        ns = self.names[host]
+        subprocess.run(_in(ns, "tc", "qdisc", "del", "dev", "eth0", "root"), capture_output=True)
+        acks = max(8000, int(bps // 20))  # guaranteed to the acknowledgements; both may use all
+        steps = [
+            ["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20"],
+            ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb",
+             "rate", rate, "burst", burst, "cburst", burst],
+            ["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:10", "htb",
+             "rate", f"{acks}bit", "ceil", rate, "burst", burst, "cburst", burst, "prio", "0"],
+            ["class", "add", "dev", "eth0", "parent", "1:1", "classid", "1:20", "htb",
+             "rate", f"{int(bps) - acks}bit", "ceil", rate, "burst", burst, "cburst", burst,
+             "prio", "1"],
+            ["qdisc", "add", "dev", "eth0", "parent", "1:20", "pfifo", "limit", packets],
+            # IPv4, protocol TCP, total length < 128: a segment without payload
+            ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1",
+             "u32", "match", "ip", "protocol", "6", "0xff",
+             "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10"],
+        ]
+        for step in steps:
+            r = subprocess.run(_in(ns, "tc", *step), capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"tc {' '.join(step)} on {ns}: {r.stderr.strip()}")
 
     def link(self, host: int, up: bool) -> None:
         """Take ``host``'s link down (a host that disappears) or back up."""
