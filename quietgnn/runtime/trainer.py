@@ -69,6 +69,11 @@ class Trainer:
         heap.trim()   # the set-up's freed temporaries (quietgnn/heap.py)
         self._ledger("setup")
         start_epoch = self._maybe_resume()
+        with comm.phase("setup"):
+            # Ranks load and partition at their own pace; without this the first collective
+            # of epoch 0 absorbs the skew and a rank's first epoch counts seconds of waiting
+            # for the last one to arrive (seen on emulated hosts: 11 s of a 0.9 s epoch).
+            comm.barrier("start")
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
         rec = {"epoch": -1, "rank": rank, "phase": "setup", "bytes": setup["bytes"],
