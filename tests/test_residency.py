@@ -135,7 +135,8 @@ def test_forbidden_send_is_stopped_on_every_rank_before_anything_is_sent(level, 
         assert res["error"].startswith(f"rank {r}: all_to_all (leak) carries features")
         assert f"runtime.residency = {level} forbids" in res["error"]
         assert "stopped before sending anything" in res["error"]
-        assert res["round"] == 1                   # the warm-up only: the exchange never began
+        # the warm-up and the trainer's start barrier only: the exchange never began
+        assert res["round"] == 2
         assert list(res["sent"]) == ["control"]
         assert res["after"] == P
 
