@@ -10,8 +10,8 @@ Every run is ``quietgnn train`` under one ``torchrun`` agent per emulated host
 (``benchmarks/netcluster.py``: network namespaces on a bridge, each host's egress capped by
 ``htb``, acknowledgements first), the c10d rendezvous and every byte over the bridge. Each
 rank loads the dataset and partitions it with its strategy's own partitioner (no shared
-prepared directory), as on real hosts. Per run it records the measured wall seconds per epoch-equivalent (training only: the
-epoch's wall time less its evaluation) and ``quietgnn report``'s projection for a tier of the
+prepared directory), as on real hosts. Per run it records the measured wall seconds per
+epoch-equivalent (training only: the epoch's wall time less its evaluation) and ``quietgnn report``'s projection for a tier of the
 same bandwidth and no latency (``netem`` is absent here, so the link adds only the kernel's
 sub-millisecond latency; the projection's latency term for the named tier is reported apart).
 

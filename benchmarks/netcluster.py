@@ -1,7 +1,8 @@
 """An emulated cluster on one machine: P "hosts", each a Linux network namespace with its own
 address and network stack, joined by veth pairs to a bridge in a namespace of its own, each
-host's egress capped by an ``htb`` class (acknowledgements first, see :meth:`Cluster.cap`). One ``torchrun`` agent per host joins a c10d
-rendezvous over the bridge addresses: quietgnn's multi-host path, over real TCP links.
+host's egress capped by an ``htb`` class (acknowledgements first, see :meth:`Cluster.cap`).
+One ``torchrun`` agent per host joins a c10d rendezvous over the bridge addresses: quietgnn's
+multi-host path, over real TCP links.
 
     with Cluster(hosts=4, rate="100mbit") as c:
         procs = c.torchrun(["-m", "quietgnn", "train", "--data", "d", ...], run_id="x")

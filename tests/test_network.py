@@ -7,13 +7,17 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from quietgnn.comm import Traffic
 from quietgnn.comm.network import (TIERS, Tier, epoch_curve, parse_tier, project,
                                    resolve_tiers, time_to_accuracy)
 from quietgnn.runtime.metrics import read_metrics
+from quietgnn.strategies.base import EpochResult, Strategy
 
 LAN, WAN = TIERS["lan"], TIERS["wan"]
 
@@ -168,32 +172,21 @@ def test_projection_of_a_real_halo_run(tmp_path):
 
 
 # ---------------------------------------------------------------------- the first epoch's clock
-class _SlowStart:
+class _SlowStart(Strategy):
     """Rank 1's set-up takes 2.5 s (as a rank that loads or partitions slower would); an
     epoch is one tiny all-reduce."""
+    name = "slow-start"
 
-    def __new__(cls, ctx):
-        from quietgnn.strategies.base import EpochResult, Strategy
+    def setup(self) -> None:
+        if self.ctx.rank == 1:
+            time.sleep(2.5)
 
-        class SlowStart(Strategy):
-            name = "slow-start"
+    def train_epoch(self, epoch: int) -> EpochResult:
+        self.ctx.comm.all_reduce(torch.ones(4), "grad_allreduce", carries=Traffic.GRADIENTS)
+        return EpochResult(loss=0.0)
 
-            def setup(self) -> None:
-                if self.ctx.rank == 1:
-                    import time
-                    time.sleep(2.5)
-
-            def train_epoch(self, epoch: int) -> EpochResult:
-                import torch
-                from quietgnn.comm import Traffic
-                self.ctx.comm.all_reduce(torch.ones(4), "grad_allreduce",
-                                         carries=Traffic.GRADIENTS)
-                return EpochResult(loss=0.0)
-
-            def evaluate(self) -> dict[str, float]:
-                return {"train": 0.0, "val": 0.0, "test": 0.0}
-
-        return SlowStart(ctx)
+    def evaluate(self) -> dict[str, float]:
+        return {"train": 0.0, "val": 0.0, "test": 0.0}
 
 
 def _first_epoch(comm, part, run_dir):
