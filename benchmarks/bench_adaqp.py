@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     data.setdefault("runs", {})
     data.setdefault("commands", [])
     if not args.render_only:
-        from quietgnn.runtime.launcher import spawn_function
+        from quietgnn.runtime.spawn import spawn_function
         cmd = "python benchmarks/bench_adaqp.py " + " ".join(sys.argv[1:] if argv is None
                                                              else argv)
         if cmd not in data["commands"]:

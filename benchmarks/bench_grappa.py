@@ -206,7 +206,7 @@ def run_matrix(cfg, save, prev: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tables behind. Centralized references run once per dataset (skipped if ``prev`` has
     them)."""
     from quietgnn.comm import Communicator
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     out_runs: list[dict[str, Any]] = list(prev)
     loaded: tuple[str, Any] = ("", None)
     for dataset, P in cfg.groups:

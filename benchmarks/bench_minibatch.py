@@ -43,7 +43,7 @@ from _study import run_job  # noqa: E402
 from bench_sampling import load_real  # noqa: E402
 from quietgnn.comm import Communicator  # noqa: E402
 from quietgnn.partition import build_partitions, partition_nodes  # noqa: E402
-from quietgnn.runtime.launcher import spawn_function  # noqa: E402
+from quietgnn.runtime.spawn import spawn_function  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "minibatch"
 MODEL = dict(arch="sage", hidden=64, layers=2, dropout=0.5)

@@ -113,7 +113,7 @@ def run_matrix(cfg, runs: dict[str, Any], save) -> None:
     from _study import run_job
     from quietgnn.comm import Communicator
     from quietgnn.partition import build_partitions, partition_nodes
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     for dataset in cfg.datasets:
         graph = None
         seeds = cfg.seeds_big if dataset in cfg.big else cfg.seeds

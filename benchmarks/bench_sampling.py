@@ -264,7 +264,7 @@ def _dist_work(comm, indptr, indices, parts, fanouts, batch, ks, total, modes):
 
 def distributed(n: int, avg: float, batch: int, total: int, quick: bool) -> list[dict]:
     from quietgnn.partition import partition_nodes
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     indptr, indices = power_law_csr(n, avg, seed=3)
     g = Graph(indptr, indices, torch.zeros(n, 1), torch.zeros(n, dtype=torch.int64),
               torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool),

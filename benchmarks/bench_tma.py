@@ -247,7 +247,7 @@ def main(argv=None) -> int:
         return 0
     from quietgnn.comm.network import TIERS
     from quietgnn.partition import partition_nodes
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     datasets = [d for d in args.datasets.split(",") if d]
     archs = args.archs.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -17,7 +17,7 @@ from quietgnn.comm.bitassign import AssignProblem, evaluate, solve_fast, solve_m
 from quietgnn.comm.codecs import payload_bytes, row_bytes
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.adaqp import AdaQP, AdaQPOptions
 from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
 from quietgnn.strategies.halo import Halo, HaloOptions

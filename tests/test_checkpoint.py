@@ -16,7 +16,7 @@ import torch
 
 from quietgnn.runtime.checkpoint import (MARKER, Checkpointer, check_resume_compatible,
                                          identity_differences, run_identity)
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.seeds import rank_seed
 
 CFG = {"strategy": "halo", "dataset": {"name": "synthetic", "root": None, "split_seed": 0},

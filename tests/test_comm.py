@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from quietgnn.comm import CommError, Communicator
-from quietgnn.runtime.launcher import LaunchError, spawn_function
+from quietgnn.runtime.launcher import LaunchError
+from quietgnn.runtime.spawn import spawn_function
 
 
 def _collectives(comm):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 
 TINY = ["--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
         "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "16"]

@@ -16,7 +16,7 @@ from quietgnn.comm.lowrank import lowrank_floats
 from quietgnn.comm.qreduce import quantized_all_reduce_bytes
 from quietgnn.nn import ModelConfig, SparseAdj, build_model
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.grappa import Grappa, GrappaOptions
 from quietgnn.strategies.halo import Halo

@@ -13,7 +13,7 @@ import torch
 
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.partition.shards import read_part, write_part
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.grappa.data import coverage
 from quietgnn.strategies.grappa.loader import ChunkLoader, Scratch
 

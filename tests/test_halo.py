@@ -13,7 +13,7 @@ from quietgnn.comm.traffic import Traffic
 from quietgnn.nn import ModelConfig
 from quietgnn.nn.keyed import mix_key, row_keep_mask
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
 from quietgnn.strategies.halo import Halo, HaloOptions
 

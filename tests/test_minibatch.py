@@ -11,7 +11,7 @@ import torch
 from quietgnn.comm import Communicator
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.halo import Halo
 from quietgnn.strategies.minibatch import MiniBatch

@@ -208,7 +208,7 @@ def test_a_slow_rank_set_up_is_not_charged_to_the_first_epoch(tmp_path):
     """Ranks meet once after set-up: a peer's slower set-up is set-up time, not part of epoch
     0's wall (which the projection and every time-to-accuracy figure start from)."""
     from quietgnn.partition import build_partitions, partition_nodes
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     from helpers import small_graph
     g = small_graph(n=40, seed=1)
     parts = build_partitions(g, partition_nodes(g, "random", 2, seed=0))

@@ -15,7 +15,7 @@ import torch
 
 from quietgnn.datasets import load_dataset
 from quietgnn.partition import build_partitions, make_book
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 
 from helpers import small_graph
 from test_halo import ARCHS, LEAN_MODELS, _lean_step, _one_step

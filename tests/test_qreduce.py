@@ -8,7 +8,7 @@ import torch
 
 from quietgnn.comm.qreduce import (decode_flat, encode_flat, encoded_len, quantized_all_reduce,
                                    quantized_all_reduce_bytes)
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 
 N, TAIL, REPS = 1000, 3, 150
 

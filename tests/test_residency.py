@@ -17,7 +17,7 @@ from quietgnn.comm.traffic import allowed, forbidden
 from quietgnn.config import load_config
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.base import (EpochResult, Strategy, TrainConfig, WorkerContext,
                                       available_strategies)
 from quietgnn.strategies.retexo import Retexo, RetexoOptions

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from quietgnn.comm import Communicator
 from quietgnn.nn import ModelConfig, SparseAdj
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.retexo import layers as _retexo_layers
 from quietgnn.strategies.retexo.layers import RetexoLayer, build_layers
 from quietgnn.strategies.base import TrainConfig, WorkerContext, partition_adj

@@ -67,7 +67,7 @@ def test_sample_is_the_collective_evaluators(book):
     P-rank run (rank order, same splits and labels), and it has the rule's properties on the
     original graph: ceil(k / P) of each part's nodes per split (all when fewer), each in its
     split's mask, no repeats, fixed per seed and another for another seed."""
-    from quietgnn.runtime.launcher import spawn_function
+    from quietgnn.runtime.spawn import spawn_function
     g, pb = book
     P, k, seed = pb.num_parts, 12, 7
     ev = BookEvaluator(PartitionBook.open(pb.path), [3, 2], k, batch_size=5, seed=seed)

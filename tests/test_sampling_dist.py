@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.sampling import NeighborSampler
 from quietgnn.sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 

@@ -24,7 +24,7 @@ import torch
 from quietgnn import serial
 from quietgnn.runtime import checkpoint as ckpt_mod
 from quietgnn.runtime.checkpoint import MARKER, CheckpointError, Checkpointer
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = {"strategy": "halo", "dataset": {"name": "synthetic", "root": None, "split_seed": 0},

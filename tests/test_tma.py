@@ -16,7 +16,8 @@ from quietgnn.comm.store import HEADER_BYTES
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, make_book, partition_nodes
 from quietgnn.runtime.books import dataset_identity_of
-from quietgnn.runtime.launcher import launch, spawn_function
+from quietgnn.runtime.launcher import launch
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.runtime.plan import RunPlan
 from quietgnn.strategies.base import TrainConfig, WorkerContext
 from quietgnn.strategies.tma import TMA, LocalSampler, TMAOptions, assemble_graph

@@ -10,7 +10,7 @@ import pytest
 import quietgnn
 from quietgnn.config import load_config
 from quietgnn.partition import build_partitions, partition_nodes
-from quietgnn.runtime.launcher import spawn_function
+from quietgnn.runtime.spawn import spawn_function
 from quietgnn.runtime.trainer import train_on
 
 from helpers import small_graph

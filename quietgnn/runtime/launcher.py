@@ -17,17 +17,13 @@ orphaned.
 from __future__ import annotations
 
 import ctypes
-import io
 import json
-import multiprocessing as mp
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
-import traceback
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
@@ -37,7 +33,7 @@ from .supervise import (ErrorPipes, describe_failures, error_text, is_consequenc
 if TYPE_CHECKING:
     from .plan import RunPlan
 
-__all__ = ["LaunchError", "launch", "spawn_function", "free_port", "cache_dir", "prepare_book",
+__all__ = ["LaunchError", "launch", "free_port", "cache_dir", "prepare_book",
            "check_book_dataset"]
 
 
@@ -130,64 +126,3 @@ def launch(plan: RunPlan,
         exc.input_error = is_input_error(cause)
         raise exc
     return json.loads(summary_path.read_text()) if summary_path.is_file() else None
-
-
-# ---------------------------------------------------------------------- functions (tests)
-def _fn_entry(fn: Callable, rank: int, world: int, port: int, timeout_s: float,
-              args: tuple, queue: Any) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    import torch
-    torch.set_num_threads(1)
-    from ..comm import Communicator
-    try:
-        comm = Communicator.init(rank, world, timeout_s=timeout_s)
-        result = fn(comm, *args)
-        # Plain bytes through the queue: torch's shared-memory tensor pickling would need this
-        # process alive until the parent has read the result.
-        buf = io.BytesIO()
-        torch.save(result, buf)
-        queue.put((rank, True, buf.getvalue()))
-        comm.close()
-    except BaseException:  # noqa: BLE001 - report everything to the parent
-        queue.put((rank, False, traceback.format_exc()))
-
-
-def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 300.0,
-                   comm_timeout_s: float = 60.0) -> list[Any]:
-    """Run ``fn(comm, *args)`` on ``world_size`` fresh processes joined in a gloo group on
-    127.0.0.1 and return the results by rank. Raises ``LaunchError`` with the traceback if any
-    rank fails or the whole call exceeds ``timeout_s`` (for tests and benchmarks)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_fn_entry, args=(fn, r, world_size, port, comm_timeout_s, args,
-                                                 queue), daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LaunchError(f"spawn_function timed out after {timeout_s}s; finished ranks: "
-                                  f"{sorted(results)}")
-            try:
-                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
-            except Exception:  # queue.Empty
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
-                if dead and all(p.exitcode not in (0, None) for p in (procs[r] for r in dead)):
-                    raise LaunchError(f"rank(s) {dead} died without reporting (exit codes "
-                                      f"{[procs[r].exitcode for r in dead]})")
-                continue
-            if not ok:
-                raise LaunchError(f"rank {rank} failed:\n{value}")
-            import torch
-            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    return [results[r] for r in range(world_size)]
