@@ -39,7 +39,7 @@ def run_job(comm: Any, part: Any, job: dict[str, Any]) -> dict[str, Any]:
     from quietgnn.runtime.trainer import train_on
     cfg = job_config(job, comm.world_size)
     with tempfile.TemporaryDirectory(prefix="quietgnn-study-") as d:
-        trainer = train_on(comm, part, cfg, Path(d), keep_records=True)
+        trainer = train_on(comm, part, cfg, Path(d), device=comm.device, keep_records=True)
     return {"records": trainer.records, "summary": trainer.summary}
 
 

@@ -50,7 +50,12 @@ SUBDIR = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon", "
 PYG_MODES = ("edge_index", "adj_t")
 
 
-def quietgnn_runner(graph, arch: str, epochs: int, seed: int):
+def _sync(device: str) -> None:
+    if device == "cuda":   # a GPU epoch ends when its kernels do
+        torch.cuda.synchronize()
+
+
+def quietgnn_runner(graph, arch: str, epochs: int, seed: int, device: str = "cpu"):
     """(train_epoch, evaluate, info) of the ``centralized`` strategy."""
     import numpy as np
     from quietgnn.comm import Communicator
@@ -59,7 +64,8 @@ def quietgnn_runner(graph, arch: str, epochs: int, seed: int):
     from quietgnn.strategies import TrainConfig, WorkerContext, get_strategy
     part = build_partitions(graph, np.zeros(graph.num_nodes, dtype=np.int64))[0]
     cls = get_strategy("centralized")
-    ctx = WorkerContext(rank=0, world_size=1, comm=Communicator(0, 1), part=part,
+    ctx = WorkerContext(rank=0, world_size=1, comm=Communicator(0, 1, device=device), part=part,
+                        device=torch.device(device),
                         model_cfg=ModelConfig(arch=arch, hidden=64, layers=2, dropout=0.5),
                         train_cfg=TrainConfig(epochs=epochs, lr=0.01, weight_decay=5e-4,
                                               seed=seed), log=lambda m: None)
@@ -70,7 +76,8 @@ def quietgnn_runner(graph, arch: str, epochs: int, seed: int):
     return s.train_epoch, s.evaluate, info
 
 
-def pyg_runner(graph, arch: str, epochs: int, seed: int, mode: str = "adj_t"):
+def pyg_runner(graph, arch: str, epochs: int, seed: int, mode: str = "adj_t",
+               device: str = "cpu"):
     from torch_geometric.nn import GCNConv, SAGEConv
     n = graph.num_nodes
     if mode == "edge_index":
@@ -82,13 +89,15 @@ def pyg_runner(graph, arch: str, epochs: int, seed: int, mode: str = "adj_t"):
                                       (n, n))
     else:
         raise ValueError(f"PyG mode {mode!r}; expected one of {PYG_MODES}")
-    x, y = graph.x, graph.y
+    adj, x, y = adj.to(device), graph.x.to(device), graph.y.to(device)
+    masks = {k: getattr(graph, f"{k}_mask").to(device) for k in ("train", "val", "test")}
     torch.manual_seed(seed)
     if arch == "gcn":
         convs = torch.nn.ModuleList([GCNConv(x.shape[1], 64, cached=True),
                                      GCNConv(64, graph.num_classes, cached=True)])
     else:
         convs = torch.nn.ModuleList([SAGEConv(x.shape[1], 64), SAGEConv(64, graph.num_classes)])
+    convs = convs.to(device)
     opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
 
     def forward():
@@ -103,7 +112,7 @@ def pyg_runner(graph, arch: str, epochs: int, seed: int, mode: str = "adj_t"):
     def train_epoch(epoch):
         convs.train()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward()[graph.train_mask], y[graph.train_mask])
+        loss = F.cross_entropy(forward()[masks["train"]], y[masks["train"]])
         loss.backward()
         opt.step()
         return loss
@@ -112,18 +121,16 @@ def pyg_runner(graph, arch: str, epochs: int, seed: int, mode: str = "adj_t"):
         convs.eval()
         with torch.no_grad():
             pred = forward().argmax(-1)
-        return {k: float((pred[m] == y[m]).float().mean())
-                for k, m in (("train", graph.train_mask), ("val", graph.val_mask),
-                             ("test", graph.test_mask))}
+        return {k: float((pred[m] == y[m]).float().mean()) for k, m in masks.items()}
     return train_epoch, evaluate, {"mode": mode}
 
 
 class Run:
     """One training run, stepped an epoch at a time with its own RNG state."""
 
-    def __init__(self, name: str, make, seed: int) -> None:
+    def __init__(self, name: str, make, seed: int, device: str = "cpu") -> None:
         torch.manual_seed(seed)
-        self.name = name
+        self.name, self.device = name, device
         self.train_epoch, self.evaluate, self.info = make()
         self.rng = torch.random.get_rng_state()
         self.wall: list[float] = []
@@ -132,8 +139,10 @@ class Run:
 
     def step(self, epoch: int) -> None:
         torch.random.set_rng_state(self.rng)
+        _sync(self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
         self.train_epoch(epoch)
+        _sync(self.device)
         self.wall.append(time.perf_counter() - t0)
         self.cpu.append(time.thread_time() - c0)
         acc = self.evaluate()
@@ -148,8 +157,8 @@ class Run:
                 "test_acc": self.best_test, "val_acc": self.best_val, **self.info}
 
 
-def run_together(makers: dict, epochs: int, seed: int) -> dict[str, dict]:
-    runs = [Run(name, make, seed) for name, make in makers.items()]
+def run_together(makers: dict, epochs: int, seed: int, device: str = "cpu") -> dict[str, dict]:
+    runs = [Run(name, make, seed, device) for name, make in makers.items()]
     for ep in range(epochs):
         for r in runs:
             r.step(ep)

@@ -71,8 +71,11 @@ class RuntimeConfig:
 
     threads: int = 1                  # compute threads per worker
     timeout_s: float = 120.0          # a collective waiting longer fails the run
-    backend: str = "auto"             # gloo | nccl | auto (nccl when device is cuda)
-    device: str = "cpu"               # cpu | cuda
+    #: gloo | nccl | auto: nccl when every rank on a host has a GPU of its own, else gloo
+    #: (config.json records the choice)
+    backend: str = "auto"
+    #: cpu | cuda: rank k of a host takes cuda:(k % GPUs on the host)
+    device: str = "cpu"
     out_dir: str = "runs"             # parent directory of run directories
     run_name: Optional[str] = None    # default: <time>-<strategy>-<dataset>-p<parts>
     progress: bool = True             # rank 0 prints a progress line per epoch (stderr)
@@ -117,11 +120,6 @@ class RuntimeConfig:
                                           or str(self.run_name) in (".", "..")):
             raise ValueError(f"runtime.run_name = {self.run_name!r}; expected a plain directory "
                              f"name (no '/'), e.g. cora-halo-1; use --out for the parent directory")
-
-    def resolved_backend(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "nccl" if self.device == "cuda" else "gloo"
 
 
 def _synthetic_spec(values: dict[str, Any]) -> Any:

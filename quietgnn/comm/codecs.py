@@ -121,7 +121,8 @@ class QuantizedRows:
             return cls(32, n, d, buf, buf.new_empty(0), buf.new_empty(0))
         # a fresh [n, 4] copy: aligned and densely strided even for a single row of odd
         # length (clone() of a one-row slice keeps its stride, which view() rejects)
-        side = torch.empty(n, SIDE_BYTES, dtype=torch.uint8).copy_(buf[:, :SIDE_BYTES])
+        side = torch.empty(n, SIDE_BYTES, dtype=torch.uint8, device=buf.device).copy_(
+            buf[:, :SIDE_BYTES])
         side = side.view(torch.bfloat16)  # [n, 2]
         return cls(b, n, d, buf[:, SIDE_BYTES:], side[:, 0].contiguous(),
                    side[:, 1].contiguous())
@@ -208,7 +209,11 @@ def quantize(x: Tensor, bits: int, generator: Optional[torch.Generator] = None) 
     s = scale.float()
     # v = (x - m) s + u >= 0, so truncation is floor; clamp guards float rounding at the top
     v = torch.sub(x, mn.float()[:, None]).mul_(s[:, None])
-    v.add_(torch.rand(x.shape, generator=generator, device=x.device)).clamp_(0, levels)
+    # the noise is drawn where the generator lives (a host generator on a GPU run: the same
+    # draws as on the CPU, so both runs round alike) and added where the rows are
+    u = torch.rand(x.shape, generator=generator,
+                   device=generator.device if generator is not None else x.device)
+    v.add_(u.to(x.device)).clamp_(0, levels)
     q = v.to(torch.uint8)
     any_const = bool(const.any())
     if any_const:
@@ -232,7 +237,7 @@ def dequantize(qr: QuantizedRows) -> Tensor:
     if b == 32:
         return _as_f32(qr.packed, n, d).clone()
     if n == 0 or d == 0:
-        return torch.zeros(n, d)
+        return torch.zeros(n, d, device=qr.packed.device)
     s = qr.scale.float()
     const = s == 0
     q = _unpack(qr.packed, b, d).float()
@@ -255,10 +260,11 @@ def encode_rows(x: Tensor, bits_per_row: Tensor,
     n, d = x.shape
     if bits_per_row.shape != (n,):
         raise ValueError(f"encode_rows: {bits_per_row.numel()} widths for {n} rows")
+    bits_per_row = bits_per_row.to(x.device)   # the widths select rows where the rows are
     if n and bool((bits_per_row == bits_per_row[0]).all()):   # one width: no regrouping
         qr = quantize(x, int(bits_per_row[0]), generator)
         return qr.to_bytes().reshape(-1), qr.ranges()
-    parts, ranges = [], torch.zeros(n)
+    parts, ranges = [], torch.zeros(n, device=x.device)
     for b in SUPPORTED_BITS:
         sel = torch.nonzero(bits_per_row == b).flatten()
         if sel.numel():
@@ -269,7 +275,7 @@ def encode_rows(x: Tensor, bits_per_row: Tensor,
             sum(p.numel() for p in parts) != payload_bytes(bits_per_row, d):
         raise ValueError(f"encode_rows: widths must be in {SUPPORTED_BITS}, got "
                          f"{sorted(set(bits_per_row.tolist()))}")
-    payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+    payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=x.device)
     return payload, ranges
 
 
@@ -284,7 +290,8 @@ def decode_rows(payload: Tensor, bits_per_row: Tensor, d: int,
     if n and bool((bits_per_row == bits_per_row[0]).all()):
         qr = QuantizedRows.from_bytes(payload, int(bits_per_row[0]), d)
         return dequantize(qr), (qr.ranges() if with_ranges else None)
-    out, ranges = torch.empty(n, d), torch.zeros(n)
+    bits_per_row = bits_per_row.to(payload.device)
+    out, ranges = torch.empty(n, d, device=payload.device), torch.zeros(n, device=payload.device)
     off = 0
     for b in SUPPORTED_BITS:
         sel = torch.nonzero(bits_per_row == b).flatten()

@@ -96,9 +96,11 @@ class PendingExchange:
     """An all-to-all in flight; :meth:`wait` returns the received blocks (and records the op)."""
 
     def __init__(self, comm: "Communicator", work: Any, recv_flat: Tensor, recv_counts: list[int],
-                 row_shape: tuple[int, ...], finish: Any) -> None:
+                 row_shape: tuple[int, ...], finish: Any,
+                 home: tuple[torch.device, Tensor | None] | None = None) -> None:
         self._comm, self._work, self._flat = comm, work, recv_flat
         self._counts, self._row_shape, self._finish = recv_counts, row_shape, finish
+        self._home = home   # (device, out) a staged exchange's result goes back to
         self._result: list[Tensor] | None = None
 
     def wait(self) -> list[Tensor]:
@@ -109,7 +111,11 @@ class PendingExchange:
                 self._comm._guard(lambda: work.wait(), "all_to_all.wait",
                                   getattr(self, "kind", ""))
             self._finish(self)
-            self._result = _split_rows(self._flat, self._counts, self._row_shape)
+            flat = self._flat
+            if self._home is not None:
+                device, out = self._home
+                flat = out.view(-1).copy_(flat) if out is not None else flat.to(device)
+            self._result = _split_rows(flat, self._counts, self._row_shape)
             # The work handle keeps gloo's send and receive buffers alive; let them go now
             # rather than when the exchange object is collected.
             self._work = self._finish = None
@@ -156,10 +162,15 @@ class Communicator:
     """Counted, time-limited collectives for one rank (see the module docstring)."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, *, timeout_s: float = 120.0,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", backend: str = "gloo") -> None:
         self.rank, self.world_size = rank, world_size
         self.timeout_s = float(timeout_s)
         self.device = torch.device(device)
+        self.backend = backend
+        #: where the backend takes tensors: the device under NCCL; host memory under gloo,
+        #: which has no all-to-all of CUDA tensors (a device tensor is staged through it; the
+        #: records count the payload either way, so they do not depend on the staging)
+        self.wire = self.device if backend == "nccl" else torch.device("cpu")
         self.records: list[OpRecord] = []
         self.round = 0
         self.epoch = -1
@@ -198,7 +209,7 @@ class Communicator:
                 store = dist.PrefixStore(prefix, base)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
-                comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
+                comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
                 comm.liveness = watch(comm, store, _connector(world_size, prefix, not agent))
                 return comm
             elif init_method == "env://":
@@ -208,13 +219,13 @@ class Communicator:
                 store = _tcp_store(addr, port, world_size, rank == 0, timeout)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world_size, timeout=timeout)
-                comm = cls(rank, world_size, timeout_s=timeout_s, device=device)
+                comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
                 comm.liveness = watch(comm, store, _connector(world_size, None, False))
                 return comm
             else:
                 dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
                                         world_size=world_size, timeout=timeout)
-        return cls(rank, world_size, timeout_s=timeout_s, device=device)
+        return cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
 
     def split_duplex(self, mode: str = "auto") -> bool:
         """Send the all-to-all's payloads point to point over two more gloo groups, one per
@@ -307,7 +318,10 @@ class Communicator:
             return t
         r, t0, c0 = self._begin()
         red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        self._guard(lambda: dist.all_reduce(t, op=red), "all_reduce", kind)
+        w = t.to(self.wire)   # t itself where the backend takes it
+        self._guard(lambda: dist.all_reduce(w, op=red), "all_reduce", kind)
+        if w is not t:
+            t.copy_(w)
         P = self.world_size
         vol = 2 * (P - 1) * _nbytes(t) // P
         steps = 2 * math.ceil(math.log2(P))
@@ -322,7 +336,10 @@ class Communicator:
         if self.world_size == 1:
             return t
         r, t0, c0 = self._begin()
-        self._guard(lambda: dist.broadcast(t, src=src), "broadcast", kind)
+        w = t.to(self.wire)
+        self._guard(lambda: dist.broadcast(w, src=src), "broadcast", kind)
+        if w is not t:
+            t.copy_(w)
         P, rel = self.world_size, (self.rank - src) % self.world_size
         children = sum(1 for k in range(max(1, math.ceil(math.log2(P))))
                        if rel < 2 ** k and rel + 2 ** k < P)
@@ -384,8 +401,8 @@ class Communicator:
         send_counts = [int(s.shape[0]) for s in send]
         extra = 0
         if recv_counts is None:
-            sc = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
-            rc = torch.empty(P, dtype=torch.int64, device=self.device)
+            sc = torch.tensor(send_counts, dtype=torch.int64, device=self.wire)
+            rc = torch.empty(P, dtype=torch.int64, device=self.wire)
             self._guard(lambda: dist.all_to_all_single(rc, sc), "all_to_all.sizes", kind)
             recv_counts = rc.tolist()
             extra = 8 * (P - 1)
@@ -393,6 +410,10 @@ class Communicator:
         if callable(out):
             out = out(sum(recv_counts))
         row_numel = math.prod(row_shape) if row_shape else 1
+        home: tuple[torch.device, Tensor | None] | None = None
+        if send[0].device != self.wire:   # staged: the blocks over, the result back at wait
+            home = (send[0].device, out)
+            send = [s.to(self.wire) for s in send]
         flat_send = None if _copy_send else _one_buffer(send)
         if flat_send is None:
             flat_send = torch.cat([s.reshape(-1) for s in send]) if any(send_counts) else \
@@ -404,7 +425,7 @@ class Communicator:
                                  f"{out.dtype}, expected a contiguous {dtype} tensor of "
                                  f"{sum(recv_counts)} rows of shape {row_shape}")
             flat_recv = out.view(-1)
-        else:
+        if out is None or home is not None:
             flat_recv = send[0].new_empty(sum(recv_counts) * row_numel)
         recv_n, send_n = [c * row_numel for c in recv_counts], [c * row_numel for c in send_counts]
         if self._duplex is not None:
@@ -432,7 +453,7 @@ class Communicator:
             self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0,
                          pending.wait_cpu0 - start_cpu, r, cls)
 
-        pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish)
+        pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish, home)
         pending.kind = kind   # named in the error if the wait fails
         return pending
 
@@ -447,14 +468,14 @@ class Communicator:
         data = dumps(obj, where=f"all_gather_object({kind})")   # TypeError before any traffic
         P = self.world_size
         r, t0, c0 = self._begin()
-        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.wire)
         sizes = [torch.empty_like(size) for _ in range(P)]
         self._guard(lambda: dist.all_gather(sizes, size), "all_gather_object.sizes", kind)
         lens = [int(x) for x in sizes]
         longest = max(lens)
         buf = torch.zeros(longest, dtype=torch.uint8)
         buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        buf = buf.to(self.device)
+        buf = buf.to(self.wire)
         bufs = [torch.empty_like(buf) for _ in range(P)]
         self._guard(lambda: dist.all_gather(bufs, buf), "all_gather_object", kind)
         vol = (P - 1) * (8 + longest)
@@ -476,7 +497,7 @@ class Communicator:
         r, t0, c0 = self._begin()
         # A tiny all-reduce instead of dist.barrier(): it honours the group timeout on every
         # backend and its cost is accounted like any other op.
-        flag = torch.zeros(1, device=self.device)
+        flag = torch.zeros(1, device=self.wire)
         self._guard(lambda: dist.all_reduce(flag), "barrier", kind)
         self._record("barrier", kind, 0, 0, 0, 2 * math.ceil(math.log2(self.world_size)), t0, c0, r,
                      Traffic.CONTROL)

@@ -113,6 +113,11 @@ class LowRankReducer:
             raise ValueError(f"low-rank all-reduce: gradient shapes "
                              f"{[tuple(g.shape) for g in grads]} differ from the ones this "
                              f"reducer was built for {self.shapes}")
+        # the state follows the gradients to their device (it is built, and read from a
+        # checkpoint, in host memory; .to is a no-op once it is there)
+        dev = grads[0].device if grads else tail.device
+        self.q = [None if t is None else t.to(dev) for t in self.q]
+        self.err = [None if t is None else t.to(dev) for t in self.err]
         ms: list[Optional[Tensor]] = []
         first: list[Tensor] = []
         exact: list[Tensor] = []

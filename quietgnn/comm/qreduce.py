@@ -89,7 +89,8 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
     n = flat.numel() - exact_tail
     body, tail = flat[:n], flat[n:]
     width, c = _layout(n, P, width)
-    rows = torch.zeros(P * c * width)
+    dev = flat.device
+    rows = torch.zeros(P * c * width, device=dev)
     rows[:n] = body
     rows = rows.view(P, c, width)
     rb = row_bytes(bits, width)
@@ -98,7 +99,7 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
     send = []
     for j in range(P):
         if j == me:
-            send.append(torch.zeros(0, dtype=torch.uint8))
+            send.append(torch.zeros(0, dtype=torch.uint8, device=dev))
             continue
         payload = quantize(rows[j], bits, generator).to_bytes().reshape(-1)
         if j == P - 1 and exact_tail:
@@ -121,12 +122,13 @@ def quantized_all_reduce(comm: Communicator, flat: Tensor, bits: int, kind: str,
     payload = quantize(mine, bits, generator).to_bytes().reshape(-1)
     if tail_b:
         payload = torch.cat([payload, tail_sum.contiguous().view(torch.uint8)])
-    send = [torch.zeros(0, dtype=torch.uint8) if j == me else payload for j in range(P)]
+    send = [torch.zeros(0, dtype=torch.uint8, device=dev) if j == me else payload
+            for j in range(P)]
     counts = [0 if j == me else c * rb + (4 * exact_tail if j == P - 1 else 0)
               for j in range(P)]
     got = comm.all_to_all(send, kind, recv_counts=counts, carries=carries)
     got[me] = payload
-    out = torch.empty(P, c, width)
+    out = torch.empty(P, c, width, device=dev)
     for j in range(P):
         out[j] = dequantize(QuantizedRows.from_bytes(got[j][:c * rb], bits, width))
     result = out.reshape(-1)[:n]

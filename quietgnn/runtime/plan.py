@@ -57,6 +57,13 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     """The plan of a local run into ``run_dir`` (already claimed): the configured book checked
     against the dataset, or the cached one made or reused (raises ``ValueError`` before any
     worker starts when the book and the dataset disagree)."""
+    from .devices import place
+    # every local rank on this host: refused here (exit 2) when the host cannot run it; the
+    # backend chosen is what config.json records
+    placement = place(cfg.runtime.device, cfg.runtime.backend, 0, cfg.num_parts)
+    if placement.device.type != "cpu":
+        log(f"placement: {placement}")
+    cfg.runtime.backend = placement.backend
     identity = dataset_identity_of(cfg)
     book, key = resolve_book(cfg, log, identity)
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=identity, book=book,

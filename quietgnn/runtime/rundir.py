@@ -223,3 +223,29 @@ def write_json(path: Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(obj, indent=1).encode())
+
+
+def check_shared(comm: Any, run_dir: Path) -> None:
+    """Refuse, on every rank alike (``ValueError``: exit 2), a run whose ranks do not see one
+    run directory: rank 0 commits a checkpoint once every rank's shard is in it, and a restart
+    looks for them there, so a directory per host would skip every checkpoint as torn and keep
+    shards nobody commits. Rank 0 leaves a token file; every rank says whether it sees it.
+    Collective (two small gathers, at start-up under torchrun)."""
+    import secrets
+    import socket
+    token = None
+    if comm.rank == 0:
+        token = f".shared-check-{secrets.token_hex(8)}"
+        (run_dir / token).write_text(socket.gethostname())
+    token = comm.all_gather_object(token, "control", carries="control")[0]
+    seen = comm.all_gather_object(((run_dir / token).is_file(), socket.gethostname()),
+                                  "control", carries="control")
+    if comm.rank == 0:
+        (run_dir / token).unlink(missing_ok=True)
+    blind = [(r, host) for r, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        raise ValueError(
+            f"the run directory {str(run_dir)!r} is not shared: rank(s) {[r for r, _ in blind]} "
+            f"(host(s) {sorted({h for _, h in blind})}) do not see the file rank 0 wrote there. "
+            f"Every host must use one run directory (checkpoints are committed across ranks): "
+            f"pass the same --out on a filesystem every host mounts (NFS, a shared volume)")

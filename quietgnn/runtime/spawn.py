@@ -31,14 +31,19 @@ _ENV = "QUIETGNN_REUSE_WORKERS"
 
 
 def _fn_entry(fn: Callable, rank: int, world: int, port: int, timeout_s: float,
-              args: tuple, queue: Any) -> None:
+              args: tuple, queue: Any, device: str = "cpu") -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port)})
     import torch
     torch.set_num_threads(1)
     from ..comm import Communicator
+    from .devices import place
     try:
-        comm = Communicator.init(rank, world, timeout_s=timeout_s)
+        where = place(device, "auto", rank, world)   # as the launcher places a local run
+        if where.device.type == "cuda":
+            torch.cuda.set_device(where.device)
+        comm = Communicator.init(rank, world, timeout_s=timeout_s, backend=where.backend,
+                                 device=where.device)
         result = fn(comm, *args)
         # Plain bytes through the queue: torch's shared-memory tensor pickling would need this
         # process alive until the parent has read the result.
@@ -102,14 +107,14 @@ def _serve(conn: Any, queue: Any) -> None:
             return
         if task is None:
             return
-        fn, rank, world, port, timeout_s, args, env = task
+        fn, rank, world, port, timeout_s, args, env, device = task
         snap = _snapshot()
         os.environ.clear()
         os.environ.update(env)
         torch.manual_seed(seed)
         torch.use_deterministic_algorithms(False)
         try:
-            _fn_entry(fn, rank, world, port, timeout_s, args, queue)
+            _fn_entry(fn, rank, world, port, timeout_s, args, queue, device)
         finally:
             _restore(snap)
 
@@ -156,11 +161,14 @@ def retire_workers() -> None:
 
 
 def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 300.0,
-                   comm_timeout_s: float = 60.0, reuse: Optional[bool] = None) -> list[Any]:
-    """Run ``fn(comm, *args)`` on ``world_size`` processes joined in a gloo group on 127.0.0.1
-    and return the results by rank. Raises ``LaunchError`` with the traceback if any rank fails
-    or the whole call exceeds ``timeout_s``. ``reuse`` (default: ``QUIETGNN_REUSE_WORKERS`` is
-    set) hands the call to kept workers instead of fresh processes (module docstring)."""
+                   comm_timeout_s: float = 60.0, reuse: Optional[bool] = None,
+                   device: str = "cpu") -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``world_size`` processes joined in a process group on
+    127.0.0.1 and return the results by rank. Raises ``LaunchError`` with the traceback if any
+    rank fails or the whole call exceeds ``timeout_s``. ``reuse`` (default:
+    ``QUIETGNN_REUSE_WORKERS`` is set) hands the call to kept workers instead of fresh processes
+    (module docstring). ``device``: ``cpu`` (gloo) or ``cuda`` (placed as ``quietgnn train``
+    places its ranks: :mod:`.devices`); ``comm.device`` is the rank's device."""
     global _pool
     from .launcher import free_port
     if reuse is None:
@@ -174,12 +182,12 @@ def spawn_function(fn: Callable, world_size: int, args: tuple = (), timeout_s: f
         queue = _pool.queue
         env = {k: v for k, v in os.environ.items() if k != _ENV}
         for r, (_, conn) in enumerate(_pool.workers[:world_size]):
-            conn.send((fn, r, world_size, port, comm_timeout_s, args, env))
+            conn.send((fn, r, world_size, port, comm_timeout_s, args, env, device))
     else:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         procs = [ctx.Process(target=_fn_entry, args=(fn, r, world_size, port, comm_timeout_s,
-                                                     args, queue), daemon=True)
+                                                     args, queue, device), daemon=True)
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -89,17 +89,25 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     torch.set_num_threads(cfg.runtime.threads)
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True)
-    device = torch.device("cpu")
-    if cfg.runtime.device == "cuda":
-        device = torch.device("cuda", local_rank)
+    from .devices import place
+    placement = place(cfg.runtime.device, cfg.runtime.backend, local_rank,
+                      int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    device = placement.device
+    if device.type == "cuda":
         torch.cuda.set_device(device)
+        if rank == 0 and write_config:   # under torchrun (the launcher said it already)
+            print(f"placement: {placement}", file=sys.stderr, flush=True)
+            cfg.runtime.backend = placement.backend   # what config.json records
     if rank == 0:
         from .rundir import record_attempt
         record_attempt(run_dir)
-    comm = Communicator.init(rank, world, backend=cfg.runtime.resolved_backend(),
+    comm = Communicator.init(rank, world, backend=placement.backend,
                              timeout_s=cfg.runtime.timeout_s, device=device)
     comm.split_duplex(cfg.runtime.duplex)
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
+    if write_config:   # under torchrun, where each host may have been given its own --out
+        from .rundir import check_shared
+        check_shared(comm, run_dir)
     if write_config and rank == 0:
         (run_dir / "config.json").write_text(cfg.to_json())
     part = load_local_partition(plan, rank, world)

@@ -134,7 +134,10 @@ class SampledEvaluator:
                 x = self.fetcher.fetch(mb.input_nodes)
                 if not t.numel() or self.replica != 0:
                     continue
-                pred = model(x.float(), mb.adjs(self.in_degree, self.fanouts)).argmax(-1)
+                # sampled and fetched on the host, classified where the model is
+                dev = next(model.parameters()).device
+                adjs = [a.to(dev) for a in mb.adjs(self.in_degree, self.fanouts)]
+                pred = model(x.float().to(dev), adjs).argmax(-1).cpu()
                 tally(counts, pred, self.y[b * bs:(b + 1) * bs], self.split[b * bs:(b + 1) * bs])
         finally:
             model.train(was)

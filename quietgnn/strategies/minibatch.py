@@ -172,7 +172,8 @@ class MiniBatch(Strategy):
                                                  fetcher=self.fetcher, in_degree=self.in_degree,
                                                  c=self.c)
         else:
-            self.eval_forward = halo_forward(self.model, part, comm, partition_adj(part))
+            self.eval_forward = halo_forward(self.model, part, comm,
+                                             partition_adj(part, ctx.device))
         self.epochs_done = 0
 
     @classmethod
@@ -216,16 +217,16 @@ class MiniBatch(Strategy):
         t0 = time.perf_counter()
         batches = iterate_bulks(plan, self.sampler, o.bulk, self.c, self.replica,
                                 self.fetcher.fetch)
+        put = self.ctx.put   # sampling and fetching run on the host; the step on the device
         for t, (mb, x) in enumerate(batches):
             self.opt.zero_grad(set_to_none=True)
             if mb.targets.numel():
-                out = self.model(x, mb.adjs(self.in_degree, o.fanouts))
+                out = self.model(put(x), put(mb.adjs(self.in_degree, o.fanouts)))
                 y = self.seed_labels[torch.searchsorted(self.seeds, mb.targets)]
-                loss = F.cross_entropy(out, y, reduction="sum") / \
-                    float(totals[t])
+                loss = F.cross_entropy(out, put(y), reduction="sum") / float(totals[t])
                 loss.backward()
             else:  # an empty minibatch still joins the step's all-reduce
-                loss = torch.zeros(())
+                loss = torch.zeros((), device=self.ctx.device)
             losses.append(sync_gradients(comm, self.params, loss, bits=o.grad_bits))
             self.opt.step()
             edges += sum(b.nnz for b in mb.blocks)

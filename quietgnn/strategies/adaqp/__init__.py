@@ -158,6 +158,7 @@ class AdaQP(Assignment, LeanOption, Strategy):
             self._setup_lean()
         else:
             self._setup_split()
+        self._to_device()
         start = 8 if o.bits == "adaptive" else int(o.bits)
         self.ex.set_uniform(start if start != 32 else 8, self.L)
         self.ex.reset_trace(self.L)
@@ -166,6 +167,19 @@ class AdaQP(Assignment, LeanOption, Strategy):
         if o.bits == "adaptive" and comm.world_size > 1:
             self._beta_fwd = self._forward_beta()
             self._channel_model()
+
+    def _to_device(self) -> None:
+        """What the forward reads, on the rank's device (the set-up's index work ran on the
+        host): inputs, labels, masks, blocks, orders, and the ids that key dropout masks."""
+        put = self.ctx.put
+        self.x, self.y, self.train_mask = put(self.x), put(self.y), put(self.train_mask)
+        self.perm, self.inv = put(self.perm), put(self.inv)
+        for name in ("adj", "adj_c", "adj_m", "halo_x", "ids_in"):
+            if getattr(self, name, None) is not None:
+                setattr(self, name, put(getattr(self, name)))
+        p = self.ctx.part
+        self.x_own = put(p.x)   # layer 0's rows in the partition's order (dropout keys)
+        self.owned, self.halo_ids = put(p.owned), put(p.halo)
 
     def _setup_lean(self) -> None:
         """The partition's own row order and block (no central | marginal split); the input
@@ -238,7 +252,7 @@ class AdaQP(Assignment, LeanOption, Strategy):
 
             key = mix_key(self.ctx.train_cfg.seed, self._epoch) if m.training else None
             return lean_forward(m, self.x, self.adj, exchange if self.cached else None,
-                                dropout_key=key, ids=self.ctx.part.owned, ids_in=self.ids_in,
+                                dropout_key=key, ids=self.owned, ids_in=self.ids_in,
                                 inputs_have_halo=self.cached)
         h = self.x
         for i in range(self.L):
@@ -246,15 +260,15 @@ class AdaQP(Assignment, LeanOption, Strategy):
                 # the masks halo uses (keyed by seed, epoch, layer, global node, column; in the
                 # partition's own row order, then permuted): at 32 bits the two train
                 # identically and otherwise they differ by quantization alone
-                h_own = self.ctx.part.x if i == 0 else h[self.inv]
+                h_own = self.x_own if i == 0 else h[self.inv]
                 key = mix_key(mix_key(self.ctx.train_cfg.seed, self._epoch), i)
-                h = keyed_dropout(h_own, m.dropout, key, self.ctx.part.owned)[self.perm]
+                h = keyed_dropout(h_own, m.dropout, key, self.owned)[self.perm]
             halo_in = None
             if i == 0 and self.halo_x is not None:   # cached inputs: the owners' masks
                 halo_in = self.halo_x
                 if m.training and m.dropout > 0:
                     key = mix_key(mix_key(self.ctx.train_cfg.seed, self._epoch), 0)
-                    halo_in = keyed_dropout(halo_in, m.dropout, key, self.ctx.part.halo)
+                    halo_in = keyed_dropout(halo_in, m.dropout, key, self.halo_ids)
             if SplitConv.supports(m.convs[i]):   # narrowing: transform the owned rows once
                 sp = SplitConv(m.convs[i], self.adj_c, self.adj_m)
                 if halo_in is not None:

@@ -91,7 +91,8 @@ class QuantizedHalo:
                  kind: str = "adaqp") -> None:
         self.comm, self.kind = comm, kind
         self.P, self.rank = comm.world_size, comm.rank
-        self.send_idx = send_idx
+        self.device = comm.device   # where the rows are; widths and traces stay on the host
+        self.send_idx = [t.to(self.device) for t in send_idx]
         self.recv_counts = [int(c) for c in recv_counts]
         self.send_counts = [int(t.numel()) for t in send_idx]
         self.n_own, self.n_central, self.dims = n_own, n_central, dims
@@ -160,7 +161,7 @@ class QuantizedHalo:
         payloads = []
         for j in range(self.P):
             if j == self.rank or rows[j].shape[0] == 0:
-                payloads.append(torch.zeros(0, dtype=torch.uint8))
+                payloads.append(torch.zeros(0, dtype=torch.uint8, device=self.device))
                 continue
             pl, _ = encode_rows(rows[j], send_w[j], self.gen)
             payloads.append(pl)
@@ -198,7 +199,7 @@ class QuantizedHalo:
             rows, rng = decode_rows(got[j], recv_w[j], d, with_ranges=self.trace)
             out.append(rows)
             if rng is not None:
-                self.traced[key][j] += (d / 6.0) * rng.double() ** 2
+                self.traced[key][j] += (d / 6.0) * rng.double().cpu() ** 2
         st = self.stats
         st["span_s"] += t2 - t1
         st["wait_s"] += t2 - tw
@@ -214,7 +215,7 @@ class QuantizedHalo:
     def _finish_fwd(self, layer: int, box: dict, dtype: torch.dtype) -> Tensor:
         d = self.dims[layer]
         if self.P == 1:
-            return torch.zeros(0, d, dtype=dtype)
+            return torch.zeros(0, d, dtype=dtype, device=self.device)
         recv = self._recv(box, "fwd")
         return torch.cat([r for r in recv if r is not None]).to(dtype)
 
@@ -229,7 +230,7 @@ class QuantizedHalo:
 
     def _finish_bwd(self, layer: int, box: dict) -> Tensor:
         d = self.dims[layer]
-        g = torch.zeros(self.n_own, d)
+        g = torch.zeros(self.n_own, d, device=self.device)
         if self.P == 1:
             return g
         back = self._recv(box, "bwd")

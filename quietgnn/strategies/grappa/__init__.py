@@ -198,7 +198,7 @@ class Grappa(Strategy):
         else:
             # exact global evaluation: halo's forward, its static input rows fetched once here
             self.sampled_eval = None
-            self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p))
+            self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p, ctx.device))
         self.lg: Optional[LocalGraph] = None
         self._eval_blocks: Optional[tuple] = None    # (local graph, input rows, blocks)
         self._reload(0)
@@ -231,8 +231,9 @@ class Grappa(Strategy):
                 self._x = SparseFeatures(self._x.indptr, self._x.indices,
                                          self._x.values.float(), self._x.num_cols)
             if o.mode == "full":
-                self._full_blocks = expand(self.lg, self.seed_local, self.fanouts)
-                self._full_x = self._rows(self._full_blocks[0])
+                nodes, blocks = expand(self.lg, self.seed_local, self.fanouts)
+                self._full_blocks = nodes, self.ctx.put(blocks)
+                self._full_x = self._rows(nodes)
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
             else:
                 # each step reads a few scattered rows of the mapped chunks: no read-around
@@ -240,11 +241,12 @@ class Grappa(Strategy):
         heap.trim()   # the load's and the coverage's freed temporaries (quietgnn/heap.py)
 
     def _rows(self, nodes: torch.Tensor):
+        """The input rows of ``nodes``, gathered on the host, on the rank's device."""
         if self._x is not None:
-            return self._x.rows(nodes)
+            return self.ctx.put(self._x.rows(nodes))
         # float16 when the part was read as stored: the gathered rows widened (exactly)
         x = self.lg.rows(nodes)
-        return x.to(torch.promote_types(x.dtype, torch.float32))
+        return self.ctx.put(x.to(torch.promote_types(x.dtype, torch.float32)))
 
     # ------------------------------------------------------------------ weights
     def _step_weights(self, idx: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -298,14 +300,15 @@ class Grappa(Strategy):
                 nodes, blocks = self._full_blocks
             else:
                 nodes, blocks = expand(self.lg, seeds, self.fanouts, self.gen)
+                blocks = self.ctx.put(blocks)
             x = self._full_x if self._full_blocks is not None else self._rows(nodes)
             logits = self.model(x, blocks)
-            per_node = F.cross_entropy(logits, self.y_seed[idx], reduction="none")
+            per_node = F.cross_entropy(logits, self.ctx.put(self.y_seed[idx]), reduction="none")
             wt, _ = self._step_weights(idx)
-            loss = (wt * per_node).sum() / z
+            loss = (self.ctx.put(wt) * per_node).sum() / z
             loss.backward()
         else:  # an empty batch still joins the all-reduce with zero gradients
-            loss = torch.zeros(())
+            loss = torch.zeros((), device=self.ctx.device)
         global_loss = sync_gradients(self.ctx.comm, self.params, loss,
                                      bits=self.options.grad_bits, lowrank=self.lowrank)
         self.opt.step()
@@ -328,7 +331,7 @@ class Grappa(Strategy):
         p, lg = self.ctx.part, self.lg
         if self._eval_blocks is None or self._eval_blocks[0] is not lg:
             nodes, blocks = expand(lg, torch.arange(p.n_own), [None] * len(self.fanouts))
-            self._eval_blocks = (lg, self._rows(nodes), blocks)
+            self._eval_blocks = (lg, self._rows(nodes), self.ctx.put(blocks))
         _, x, blocks = self._eval_blocks
         return global_evaluate(self.model, p, self.ctx.comm, lambda: self.model(x, blocks))
 

@@ -123,8 +123,10 @@ def _pack(h: Optional[Tensor | Lazy]) -> Any:
     return {"z": h.z, "layer": h.layer, "mode": h.mode} if isinstance(h, Lazy) else h
 
 
-def _unpack(v: Any) -> Optional[Tensor | Lazy]:
-    return Lazy(v["z"], int(v["layer"]), str(v["mode"])) if isinstance(v, dict) else v
+def _unpack(v: Any, device: torch.device) -> Optional[Tensor | Lazy]:
+    if isinstance(v, dict):
+        return Lazy(v["z"].to(device), int(v["layer"]), str(v["mode"]))
+    return None if v is None else v.to(device)
 
 
 @dataclass
@@ -285,7 +287,7 @@ class Retexo(LeanOption, Strategy):
         """One full-batch step of layer ``k``; returns (global loss, global validation accuracy
         of the parameters the round started from)."""
         layer = self.layers[self.k]
-        val = torch.tensor([self._val_correct()])
+        val = torch.tensor([self._val_correct()], device=self.ctx.device)
         layer.train()
         self.opt.zero_grad(set_to_none=True)
         loss = None
@@ -336,7 +338,7 @@ class Retexo(LeanOption, Strategy):
         chunks = self._row_chunks(n)
         if len(chunks) == 1:
             return layer(self.pre)
-        out = torch.empty((n, self.ctx.part.num_classes))
+        out = torch.empty((n, self.ctx.part.num_classes), device=self.ctx.device)
         for r in chunks:
             out[r] = layer(self.pre, r)
         return out
@@ -357,7 +359,7 @@ class Retexo(LeanOption, Strategy):
         """Validate the last step, restore the best parameters, exchange ``h_{k+1}``."""
         layer, comm = self.layers[self.k], self.ctx.comm
         if self.ctx.part.num_val_global > 0:
-            t = torch.tensor([self._val_correct()], dtype=torch.float64)
+            t = torch.tensor([self._val_correct()], dtype=torch.float64, device=self.ctx.device)
             comm.all_reduce(t, "val_counts", carries=Traffic.CONTROL)
             self._consider(float(t[0]))
         if self.best_state is not None:
@@ -427,7 +429,8 @@ class Retexo(LeanOption, Strategy):
                              f"options.rounds_per_layer and model.layers")
         self.layers.load_state_dict(state["layers"])
         self.k, self.round = int(state["k"]), int(state["round"])
-        self.h, self.h_next = _unpack(state["h"]), _unpack(state["h_next"])
+        dev = self.ctx.device   # a checkpoint is read to host memory
+        self.h, self.h_next = _unpack(state["h"], dev), _unpack(state["h_next"], dev)
         # the aggregates are a deterministic local function of h: recomputed, not stored
         self.pre = None if self.h is None else self._precompute(self.k, self.h)
         self._new_optimizer()

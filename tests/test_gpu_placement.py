@@ -1,0 +1,170 @@
+"""Every strategy and model on a GPU, proven on a CPU-only machine: each trains on the stand-in
+device of ``fakecuda`` (which raises where a real GPU raises: a CPU tensor in a device op, a
+host generator for device noise), and its run equals the same run on the CPU — losses,
+accuracies, and every communicator record, byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quietgnn.comm import Communicator
+from quietgnn.config import load_config
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.spawn import spawn_function
+from quietgnn.runtime.trainer import train_on
+
+from fakecuda import fake_cuda, tensors_on_device, to_host
+from helpers import small_graph
+
+STRATEGIES = ["centralized", "halo", "adaqp", "grappa", "tma", "retexo", "minibatch"]
+ARCHS = ["gcn", "sage", "gat", "gin"]
+EPOCHS = 2
+
+
+def _cfg(strategy: str, parts: int, arch: str = "gcn", **options):
+    return load_config(None, {"strategy": strategy, "partition": {"parts": parts},
+                              "model": {"hidden": 8, "arch": arch}, "options": options,
+                              "train": {"epochs": EPOCHS, "eval_every": 1, "eval_mode": "exact"},
+                              "runtime": {"progress": False}})
+
+
+def _run(comm_on, part, cfg, run_dir, device):
+    """One run; (per-epoch essentials, where the trained parameters live)."""
+    t = train_on(comm_on, part, cfg, run_dir, device=device, keep_records=True)
+    params = [q for _, q in t.strategy.model.named_parameters()] \
+        if hasattr(t.strategy, "model") else [q for q in t.strategy.layers.parameters()]
+    essence = [(r["epoch"], r.get("loss"), r["bytes"], r.get("bytes_by_kind"),
+                r.get("val_acc"), r.get("test_acc")) for r in t.records]
+    return essence, tensors_on_device(params), to_host([q.detach() for q in params])
+
+
+def _same(cpu, gpu):
+    (e_cpu, _, p_cpu), (e_gpu, on_dev, p_gpu) = cpu, gpu
+    assert on_dev, "the model's parameters are not on the device"
+    assert len(e_cpu) == len(e_gpu)
+    for a, b in zip(e_cpu, e_gpu):
+        assert a[0] == b[0] and a[2] == b[2] and a[3] == b[3], (a, b)   # every byte alike
+        assert (a[1] is None and b[1] is None) or a[1] == pytest.approx(b[1], rel=1e-4, abs=1e-6)
+        assert a[4] == b[4] and a[5] == b[5]
+    for x, y in zip(p_cpu, p_gpu):
+        assert torch.allclose(x, y, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_and_model_trains_on_the_device_as_on_the_cpu(strategy, arch, tmp_path):
+    graph = small_graph()
+    cfg = _cfg(strategy, 1, arch)
+    part = build_partitions(graph, partition_nodes(graph, cfg.partition_method, 1, seed=0),
+                            ranks=[0])[0]
+    cpu = _run(Communicator(0, 1), part, cfg, tmp_path / "cpu", torch.device("cpu"))
+    with fake_cuda():
+        gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
+                   torch.device("cuda", 0))
+    _same(cpu, gpu)
+
+
+# the options that take other device paths at P = 1: full-graph and sampled modes, sampled
+# evaluation, the lean forward (activation checkpointing), another sampler
+VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),
+            ("minibatch", {"eval_nodes": 50}), ("minibatch", {"sampler": "ladies",
+                                                             "fanouts": [20, 20]}),
+            ("halo", {"lean": True}), ("adaqp", {"lean": True}), ("retexo", {"lean": True}),
+            ("tma", {"mode": "full"}), ("halo", {"cache_inputs": False})]
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["in-memory", "stored"])
+@pytest.mark.parametrize("strategy,options", VARIANTS, ids=[
+    f"{s}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for s, o in VARIANTS])
+def test_each_variant_trains_on_the_device_as_on_the_cpu(strategy, options, stored, tmp_path):
+    """``stored``: the part as a prepared directory holds it (memory-mapped int32 edges,
+    float16 features), where the strategy reads it so."""
+    from quietgnn.partition import make_book
+    graph = small_graph()
+    cfg = _cfg(strategy, 1, **options)
+    if stored:
+        book = make_book(tmp_path / "d", graph, "random", 1, x_dtype="float16")
+        part = book.load_part(0, 1, stored=cfg.strategy_cls.reads_stored_part(cfg.options))
+    else:
+        part = build_partitions(graph, partition_nodes(graph, cfg.partition_method, 1, seed=0),
+                                ranks=[0])[0]
+    cpu = _run(Communicator(0, 1), part, cfg, tmp_path / "cpu", torch.device("cpu"))
+    with fake_cuda():
+        gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
+                   torch.device("cuda", 0))
+    _same(cpu, gpu)
+
+
+# options that take each strategy's own device paths at P = 2: quantized messages and
+# gradients, low-rank gradients, mini-batches that fetch rows, the averaging hub
+P2 = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4}, "grappa": {"grad_rank": 2},
+      "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8}, "minibatch": {"grad_bits": 8}}
+
+
+def _both(comm, graph, parts, tmp):
+    """Every strategy at P = 2 on the CPU, then on one stand-in GPU shared by both ranks (gloo:
+    collectives staged through host memory), in one process group."""
+    torch.set_num_threads(1)
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {}
+    for strategy, options in P2.items():
+        if strategy == "centralized":
+            continue
+        cfg = _cfg(strategy, 2, **options)
+        cpu = _run(comm, part, cfg, f"{tmp}/{strategy}-cpu", torch.device("cpu"))
+        with fake_cuda(devices=1):
+            comm.device = torch.device("cuda", 0)
+            try:
+                gpu = _run(comm, part, cfg, f"{tmp}/{strategy}-gpu", comm.device)
+            finally:
+                comm.device = torch.device("cpu")
+        out[strategy] = (cpu, gpu)
+    return out
+
+
+def test_two_ranks_on_one_gpu_train_as_on_the_cpu_with_the_same_records(tmp_path):
+    graph = small_graph()
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    # fresh processes: a kept worker may have run a backward before the stand-in existed
+    for rank_result in spawn_function(_both, 2, args=(graph, parts, str(tmp_path)),
+                                      reuse=False):
+        assert sorted(rank_result) == sorted(s for s in P2 if s != "centralized")
+        for strategy, (cpu, gpu) in rank_result.items():
+            try:
+                _same(cpu, gpu)
+            except AssertionError as exc:
+                raise AssertionError(f"{strategy}: {exc}") from None
+
+
+# ---------------------------------------------------------------- ranks, devices, backends
+def _gpus(monkeypatch, n):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_ranks_take_gpus_in_turn_and_auto_picks_nccl_only_with_a_gpu_each(monkeypatch):
+    from quietgnn.runtime.devices import place
+    _gpus(monkeypatch, 2)
+    got = [place("cuda", "auto", r, 4) for r in range(4)]
+    assert [str(p.device) for p in got] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert {p.backend for p in got} == {"gloo"} and "share 2 GPU(s)" in got[0].why
+    assert [p.backend for p in (place("cuda", "auto", r, 2) for r in range(2))] == ["nccl"] * 2
+    assert place("cuda", "gloo", 1, 2).backend == "gloo"
+    with pytest.raises(ValueError, match="NCCL refuses two ranks on one GPU.*at most 2 ranks"):
+        place("cuda", "nccl", 0, 3)
+    with pytest.raises(ValueError, match="needs runtime.device cuda"):
+        place("cpu", "nccl", 0, 1)
+    assert place("cpu", "auto", 0, 4).backend == "gloo"
+
+
+def test_cuda_without_a_gpu_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys,
+                                                                           monkeypatch):
+    from quietgnn.cli import main
+    _gpus(monkeypatch, 0)
+    assert main(["train", "--runtime.device", "cuda", "--parts", "2", "--out",
+                 str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device is visible" in err[0]
+    assert "--runtime.device cpu" in err[0]
+    assert not (tmp_path / "runs").exists()      # no run directory left behind
