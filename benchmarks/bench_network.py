@@ -65,11 +65,6 @@ def _train_args(ds: str, data_root: Path, strategy: str, epochs: int, run: str,
     the target is reached is known); otherwise a few epochs timed, evaluated once."""
     how = (["--train.eval_every", str(TARGET_EVAL_EVERY), "--train.eval_mode", "exact"]
            if to_target else ["--train.eval_every", str(epochs), *EXTRA.get(strategy, [])])
-    if to_target and strategy == "tma":
-        # a tma epoch is one averaging period (period_epochs passes): the same work is
-        # epochs / period_epochs of them, as in benchmarks/headline.yaml
-        from quietgnn.strategies.tma import TMAOptions
-        epochs = max(1, round(epochs / TMAOptions().period_epochs))
     return ["-m", "quietgnn", "train", "--dataset", ds, "--root", str(data_root / DATA[ds]),
             "--strategy", strategy, "--parts", "4", "--model", "gcn", "--hidden", "64",
             "--layers", "2", "--epochs", str(epochs), *how,

@@ -89,7 +89,8 @@ def _group(comm, graph, assignments, jobs, halo_parts, halo_jobs, epochs, period
     for variant, arch, seed in jobs:
         run = run_job(comm, parts_cache[(variant, seed)], {
             "strategy": "tma", "model": _model(arch), "eval_every": 1,
-            "train": {"epochs": epochs, "lr": 0.01, "seed": seed},
+            # train.epochs counts passes: ``epochs`` averages of ``period`` passes each
+            "train": {"epochs": max(1, round(epochs * period)), "lr": 0.01, "seed": seed},
             "options": {"mode": mode, "period_epochs": period, "eval_graph": "gather",
                         "avg_bits": avg_bits, "lr": tma_lr}})
         rows = []
@@ -185,7 +186,7 @@ def failure_runs(graph, name, arch, epochs, period, out_dir: Path, seed=0):
                 "strategy": "tma", "dataset": {"name": name},
                 "partition": {"parts": 4, "book": str(book), "method": method},
                 "model": {"arch": arch, "hidden": 64, "layers": 2, "dropout": 0.5},
-                "train": {"epochs": epochs, "lr": 0.01, "seed": seed},
+                "train": {"epochs": max(1, round(epochs * period)), "lr": 0.01, "seed": seed},
                 "runtime": {"progress": False, "timeout_s": 120},
                 "options": {"mode": "full", "period_epochs": period}})
             env = {"QUIETGNN_FAULT": f"rank=2,epoch={epochs // 2},action=exit"} if fault else {}

@@ -95,7 +95,10 @@ def plan_extension(measured: dict[str, Any], ref_work: float, ref_cost_s: float,
     out, left = {}, float(ref_cost_s)
     for _, s, work, per_work, epoch_work in sorted(wanted):
         k = min(math.ceil(work / epoch_work), math.floor(left / (per_work * epoch_work)))
-        if k > probe_epochs.get(s, 0):
-            out[s] = k
+        # train.epochs counts passes: a strategy whose epoch holds many (tma's averaging
+        # period) is asked for its epochs' passes
+        epochs = int(round(k * epoch_work)) if epoch_work > 1 else k
+        if epochs > probe_epochs.get(s, 0):
+            out[s] = epochs
             left -= k * epoch_work * per_work
     return out

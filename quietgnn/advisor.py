@@ -51,11 +51,12 @@ __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
 CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
 
 # Per strategy, how one probe epoch is made comparable with the headline runs the prior
-# comes from: tma's epoch is one averaging period of 25 local passes, so 2 epochs already
-# hold 50 passes; grappa runs 4 so that one repartitioning (below) falls between two plain
+# comes from: tma averages every 25 local passes, so it runs 50 (two averages, each
+# evaluated); grappa runs 4 so that one repartitioning (below) falls between two plain
 # epochs; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is left
 # out of the per-epoch figures.
-_PROBE_EPOCHS = {"tma": 2, "grappa": 4}
+_PROBE_EPOCHS = {"tma": 50, "grappa": 4}
+_PROBE_EVAL_EVERY = {"tma": 25}
 _DEFAULT_PROBE_EPOCHS = 3
 #: work a strategy repeats every few epochs, by the option that sets the period in epochs
 #: (grappa reloads a chunk every ``repart_every`` epochs). A few probe epochs at the real
@@ -209,7 +210,8 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
             k, opts = PROBE_PHASE * layers, {PHASED[s]: PROBE_PHASE}
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
                              root=root, options=opts,
-                             overrides={**common, "train.epochs": k, "train.eval_every": k}))
+                             overrides={**common, "train.epochs": k,
+                                        "train.eval_every": _PROBE_EVAL_EVERY.get(s, k)}))
     ref_spec = None
     if not prepared and reference_epochs > 0:
         ref_spec = RunSpec(dataset=dataset, strategy="centralized", parts=1, model=model,
@@ -415,6 +417,12 @@ def advise(dataset: str = "synthetic", *, root: Optional[str] = None,
     docstring); returns the dict ``quietgnn advise --json`` prints. ``extend=False``: no
     extension of the probes (quicker; the borrowed table alone predicts the work)."""
     _tier(tier)   # a bad tier fails before minutes of probing
+    if log is not None:
+        log(f"quietgnn advise: {len(strategies)} probe runs of a few epochs at P = {parts}"
+            f"{'' if prepared else f', then centralized for up to {REFERENCE_EPOCHS} epochs'}"
+            f"{' and the probes extended to the target' if extend else ''}: each starts "
+            f"{parts} processes; on 2 cores and a graph like Computers this takes 5-6 min "
+            f"(--no-extend is quicker)")
     return rank(probe(dataset, root=root, prepared=prepared, parts=parts, model=model,
                       strategies=strategies, set_=set_, log=log, extend=extend), tier)
 

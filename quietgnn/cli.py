@@ -160,7 +160,20 @@ def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
                          "(or a .npz / edge-list path)")
     out = predict_to_file(args.run, args.dataset, root=args.root, out=args.out,
                           embed=args.embed)
-    print(f"wrote {out}")
+    if out.suffix == ".npy":
+        import numpy as np
+        n, w = np.load(out, mmap_mode="r").shape
+        layout = "a float32 array [nodes, columns]"
+    else:
+        import pyarrow.parquet as pq
+        meta = pq.read_metadata(out)
+        n, w = meta.num_rows, meta.num_columns - 1
+        c = "h" if args.embed else "p"
+        layout = f"a table: node, then {c}0..{c}{w - 1}"
+    what = (f"the last hidden layer ({w} values per node)" if args.embed else
+            f"class probabilities ({w} classes per node; the predicted class is the largest)")
+    print(f"wrote {out}: {what} for {n} nodes, one row per node in the dataset's node order, "
+          f"as {layout}")
     return 0
 
 
@@ -275,6 +288,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--memory-budget", default="4GiB",
                            help="peak memory of the out-of-core prepare (default 4GiB)")
             p.add_argument("--out", help="output directory of the prepared graph")
+            p.add_argument("--overwrite", action="store_true",
+                           help="replace a prepared graph already at --out (it stays until the "
+                                "new one is complete)")
             p.add_argument("--x-dtype", default="float32",
                            help="feature storage: float32 (default) or float16")
         if name == "predict":

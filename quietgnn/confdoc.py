@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import io
+import re
 import shutil
 import textwrap
 import tokenize
@@ -53,8 +54,19 @@ def _own_docs(cls: type) -> dict[str, str]:
     return out
 
 
+_ROLE = re.compile(r":(?:attr|meth|class|func|mod|data|exc):`(~?)([\w.]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` with Sphinx roles as the names they point to (``:attr:`~a.B.c``` -> ``c``,
+    ``:meth:`A.b``` -> ``A.b``) and ````code```` as ```code```: what a terminal shows."""
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return text.replace("``", "`")
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field name: one-line meaning}`` of a dataclass, base classes' fields included."""
+    """``{field name: one-line meaning}`` of a dataclass, base classes' fields included (in
+    plain text: :func:`plain`)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
@@ -62,7 +74,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for f in dataclasses.fields(cls):
         if f.metadata.get("help"):
             docs[f.name] = str(f.metadata["help"])
-    return docs
+    return {k: plain(v) for k, v in docs.items()}
 
 
 def format_value(v: Any) -> str:

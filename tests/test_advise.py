@@ -96,6 +96,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow   # probes every strategy end to end: the slow tier (pytest -m slow)
 def test_advise_json_on_a_dataset_end_to_end():
     r = _cli("--dataset", "synthetic", "--parts", "2", "--strategies", "halo,tma",
              "--tier", "wan", "--json", "--no-extend", *SYN)
@@ -113,6 +114,7 @@ def test_advise_json_on_a_dataset_end_to_end():
     assert res["parameters"] == sum(p.numel() for p in net.parameters())
 
 
+@pytest.mark.slow   # probes every strategy end to end: the slow tier (pytest -m slow)
 def test_advise_on_a_prepared_graph(tmp_path):
     d = tmp_path / "prep"
     r = subprocess.run([sys.executable, "-m", "quietgnn", "prepare", "--dataset", "synthetic",
@@ -330,25 +332,27 @@ def test_the_extension_runs_on_what_centralized_needed_within_its_cost():
     # compute_s per epoch-equivalent, one rank; the budget counts all 4 ranks
     m = {"cheap": {"compute_s": 0.01, "updates_per_epoch": 1},      # 40 epochs: 1.6 s
          "batches": {"compute_s": 0.01, "updates_per_epoch": 5},    # 40 updates: 8 epochs
-         "periods": {"compute_s": 0.01, "epoch_work": 25.0},        # 40 passes: 2 epochs
+         "periods": {"compute_s": 0.01, "epoch_work": 25.0},        # 40 passes: 2 epochs of 25
          "slow": {"compute_s": 0.5, "updates_per_epoch": 1},        # what is left: 2 epochs
          "done": {"compute_s": 0.01, "reached_at": 3.0},            # its probe got there
          "failed": {"error": "boom"},
          "phased": {"compute_s": 0.01}}                             # skipped by the caller
-    probe = {"cheap": 3, "batches": 3, "periods": 1, "slow": 1}
+    # train.epochs counts passes: the periodic strategy's probe was one epoch of 25 passes
+    probe = {"cheap": 3, "batches": 3, "periods": 25, "slow": 1}
     plan = plan_extension(m, ref_work=40.0, ref_cost_s=6.0, parts=4, probe_epochs=probe,
                           skip={"phased"})
     # cheapest first: batches (0.32 s), cheap (1.6 s), periods (two whole epochs: 2 s), then
     # slow gets (6 - 3.92) / 2 = 1.04 -> 1 epoch: no longer than its probe, not extended
-    assert plan == {"batches": 8, "cheap": 40, "periods": 2}
+    assert plan == {"batches": 8, "cheap": 40, "periods": 50}     # periods: 2 epochs, in passes
     assert plan_extension(m, ref_work=40.0, ref_cost_s=10.0, parts=4, probe_epochs=probe,
                           skip={"phased"})["slow"] == 3
     # no longer than its probe: nothing to learn
     assert plan_extension(m, ref_work=3.0, ref_cost_s=8.0, parts=4,
-                          probe_epochs={"cheap": 3, "batches": 3, "periods": 2, "slow": 3},
+                          probe_epochs={"cheap": 3, "batches": 3, "periods": 50, "slow": 3},
                           skip={"phased"}) == {}
 
 
+@pytest.mark.slow   # probes every strategy end to end: the slow tier (pytest -m slow)
 def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_path,
                                                                            monkeypatch):
     from quietgnn import advisor

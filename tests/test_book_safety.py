@@ -279,3 +279,39 @@ def test_edited_cached_book_is_rebuilt(tmp_path):
     (path / "book.json").write_text(json.dumps(meta))
     assert prepare_book(cfg, log=lambda m: None) == path
     assert PartitionBook.open(path).num_parts == 2
+
+
+def test_a_book_refuses_a_dataset_whose_features_were_edited(tmp_path):
+    """--book with the dataset the book was made from, but its features edited in place (the
+    same graph, labels and split): refused by name, not trained on the book's old features."""
+    from quietgnn.partition import make_book
+    from quietgnn.runtime.books import check_book_dataset
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    graph = load_dataset(str(f))
+    book = make_book(tmp_path / "book", graph, "random", 2)
+    cfg = _cfg(dataset={"name": str(f)}, partition={"parts": 2, "book": str(tmp_path / "book")})
+    check_book_dataset(book, cfg, load=True)                # the same file: accepted
+    with np.load(f) as z:
+        arrays = dict(z)
+    arrays["x"][7, 2] += 1.0                                # one value of one node
+    np.savez(f, **arrays)
+    assert load_dataset(str(f)).fingerprint() == graph.fingerprint()   # topology, labels alike
+    with pytest.raises(ValueError, match=r"features: book [0-9a-f]+, dataset [0-9a-f]+ .*edited"):
+        check_book_dataset(book, cfg, load=True)
+
+
+def test_the_features_digest_is_the_same_in_any_chunking_and_sees_one_value():
+    import torch
+
+    from quietgnn.graph import Graph
+    x = torch.randn(500, 6)
+    y = torch.zeros(500, dtype=torch.int64)
+    ei = torch.stack([torch.arange(499), torch.arange(1, 500)])
+    a = Graph.from_edge_index(ei, x, y, num_classes=2)
+    b = Graph.from_edge_index(ei, x.clone(), y, num_classes=2)
+    assert a.features_digest() == b.features_digest() == a.features_digest(chunk_rows=7)
+    b.x[123, 4] = torch.nextafter(b.x[123, 4], torch.tensor(float("inf")))   # one ulp
+    assert a.features_digest() != b.features_digest()
+    c = Graph.from_edge_index(ei, x[torch.randperm(500)], y, num_classes=2)   # rows reordered
+    assert c.features_digest() != a.features_digest()

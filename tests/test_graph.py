@@ -279,3 +279,24 @@ def test_fingerprint_stable_and_sensitive():
     g3 = Graph.from_edge_index(moved, g.x, g.y, train_mask=g.train_mask, val_mask=g.val_mask,
                                test_mask=g.test_mask, num_classes=2, undirected=False)
     assert g3.num_edges == g.num_edges and g3.fingerprint() != g.fingerprint()
+
+
+def test_a_graph_without_nodes_or_edges():
+    """No nodes: refused by name. No edges: a graph like any other (every halo empty)."""
+    from quietgnn.partition import build_partitions, partition_nodes
+    with pytest.raises(ValueError, match="has no nodes .*nothing to train on"):
+        Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, 4),
+                              torch.zeros(0, dtype=torch.int64), num_classes=2)
+    g = Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.int64), torch.randn(30, 4),
+                              torch.arange(30) % 3, num_classes=3)
+    parts = build_partitions(g, partition_nodes(g, "random", 2, seed=0))
+    assert [p.n_halo for p in parts] == [0, 0] and sum(p.n_own for p in parts) == 30
+
+
+def test_help_shows_no_sphinx_markup(capsys):
+    from quietgnn.cli import main
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--train.epochs" in out
+    assert not any(role in out for role in (":attr:", ":meth:", ":class:", ":mod:", "``"))

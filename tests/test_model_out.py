@@ -108,12 +108,17 @@ def test_predict_cli_writes_probabilities_and_embeddings(tmp_path, capsys):
     out = tmp_path / "p.npy"
     assert cli_main(["predict", "--run", str(run), "--dataset", str(data), "--out",
                      str(out)]) == 0
+    said = capsys.readouterr().out      # what the file holds, said where it is written
+    assert "class probabilities (3 classes per node" in said and "for 80 nodes" in said
+    assert "node order" in said
     p = np.load(out)
     assert p.shape == (80, 3) and np.allclose(p.sum(1), 1.0, atol=1e-5) and (p >= 0).all()
     want = torch.softmax(TrainedModel(gnn)(g.x, g.edge_index()), -1).detach().numpy()
     assert np.allclose(p, want, atol=1e-6)
     assert cli_main(["predict", "--run", str(run), "--dataset", str(data), "--embed",
                      "--out", str(tmp_path / "e.parquet")]) == 0
+    said = capsys.readouterr().out
+    assert "the last hidden layer (16 values per node)" in said and "node, then h0..h15" in said
     import pyarrow.parquet as pq
     t = pq.read_table(tmp_path / "e.parquet")
     assert t.num_rows == 80 and t.column_names == ["node"] + [f"h{j}" for j in range(16)]

@@ -127,3 +127,39 @@ def test_readme_recipe_converts_an_edge_csv_and_feature_lists(tmp_path, monkeypa
     assert g.x.shape == (n, width)
     for i in (0, 7, 49):
         assert torch.nonzero(g.x[i]).flatten().tolist() == feats[str(i)]
+
+
+def test_label_names_become_classes_and_the_mapping_is_kept(tmp_path):
+    """Labels given as names (a .npy of strings, or a .txt of words) map to classes in sorted
+    order; graph.meta['label_names'] keeps the mapping."""
+    from quietgnn.datasets import load_dataset
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n2 3\n")
+    names = np.array(["tvshow", "company", "tvshow", "politician"])
+    np.save(tmp_path / "g.labels.npy", names)
+    g = load_dataset(str(tmp_path / "g.txt"))
+    assert g.meta["label_names"] == ["company", "politician", "tvshow"]
+    assert g.y.tolist() == [2, 0, 2, 1] and g.num_classes == 3
+    (tmp_path / "g.labels.npy").unlink()
+    (tmp_path / "g.labels.txt").write_text("\n".join(names) + "\n")
+    assert load_dataset(str(tmp_path / "g.txt")).y.tolist() == [2, 0, 2, 1]
+    (tmp_path / "g.features.txt").write_text("1 2\n3 x\n5 6\n7 8\n")
+    with pytest.raises(ValueError, match=r"g\.features\.txt: .*expected numbers"):
+        load_dataset(str(tmp_path / "g.txt"))
+
+
+def test_the_shchur_csr_npz_layout_loads(tmp_path):
+    """adj_* (CSR adjacency), attr_* (CSR features) and labels, as the graph2gauss files that
+    PyG's Amazon / CitationFull loaders read."""
+    import scipy.sparse as sp
+
+    from quietgnn.datasets import load_dataset
+    adj = sp.csr_matrix(np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]],
+                                 dtype=np.float32))
+    attr = sp.csr_matrix(np.eye(4, 6, dtype=np.float32))
+    np.savez(tmp_path / "amazon_like.npz", adj_data=adj.data, adj_indices=adj.indices,
+             adj_indptr=adj.indptr, adj_shape=adj.shape, attr_data=attr.data,
+             attr_indices=attr.indices, attr_indptr=attr.indptr, attr_shape=attr.shape,
+             labels=np.array([0, 1, 1, 0]))
+    g = load_dataset(str(tmp_path / "amazon_like.npz"))
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (4, 6, 6, 2)
+    assert torch.equal(g.x, torch.eye(4, 6))

@@ -96,6 +96,7 @@ def test_lean_halo_from_stored_part_equals_in_memory(tmp_path):
                 assert torch.allclose(grad, d[model]["grads"][name], atol=1e-5), (model, name)
 
 
+@pytest.mark.slow   # prepare and train through the CLI: the slow tier (pytest -m slow)
 def test_prepare_then_train_with_data(tmp_path):
     r = _cli("prepare", *SYN, "--parts", "2", "--out", str(tmp_path / "d"))
     assert r.returncode == 0, r.stderr
@@ -167,3 +168,23 @@ def test_lean_trains_from_a_prepared_directory(tmp_path, prepared, strategy):
     assert s["epochs"] == 2 and s["train_bytes"] > 0 and 0 <= s["test_acc"] <= 1
     if strategy == "retexo":
         assert s["strategy_report"]["exchange_widths"] == [8, 8]
+
+
+def test_prepare_refuses_to_replace_a_prepared_graph_unless_asked(tmp_path, capsys):
+    from quietgnn.cli import main
+    from quietgnn.partition import PartitionBook
+    d = tmp_path / "d"
+    small = ["prepare", "--dataset", "synthetic", "--synthetic.nodes", "200", "--out", str(d)]
+    assert main(small + ["--parts", "2"]) == 0
+    before = (d / "book.json").read_text()
+    capsys.readouterr()
+    assert main(small + ["--parts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a prepared graph (2 parts" in err and "--overwrite" in err
+    assert (d / "book.json").read_text() == before              # untouched
+    assert main(small + ["--parts", "1", "--overwrite"]) == 0
+    assert PartitionBook.open(d).num_parts == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]    # nothing set aside is left
+    (tmp_path / "f").write_text("x")
+    assert main(small[:-1] + [str(tmp_path / "f"), "--parts", "1"]) == 2
+    assert "is a file" in capsys.readouterr().err

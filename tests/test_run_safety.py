@@ -20,6 +20,7 @@ import pytest
 from test_failures import TINY, _alive, _assert_no_orphans, _cli, _start_training, _survivors
 
 from quietgnn.runtime.metrics import MetricsWriter
+from quietgnn.runtime.spawn import spawn_function
 
 
 def _summary(run_dir: Path) -> dict:
@@ -34,6 +35,7 @@ def _one_error_line(stderr: str) -> str:
 
 
 # ---------------------------------------------------------------------- overwrite / resume
+@pytest.mark.slow   # four CLI runs: the slow tier (pytest -m slow)
 def test_a_named_run_is_not_overwritten_unless_asked(tmp_path):
     first = _cli(["--epochs", "2", "--runtime.checkpoint_every", "1"], tmp_path)
     assert first.returncode == 0, first.stderr
@@ -51,6 +53,7 @@ def test_a_named_run_is_not_overwritten_unless_asked(tmp_path):
     assert not (run_dir / "checkpoints").exists()
 
 
+@pytest.mark.slow   # four CLI runs: the slow tier (pytest -m slow)
 def test_resume_of_a_finished_run_or_with_other_training_settings_is_refused(tmp_path):
     ck = ["--runtime.checkpoint_every", "1"]
     assert _cli(["--epochs", "3", *ck], tmp_path).returncode == 0
@@ -152,6 +155,9 @@ def test_full_disk_is_named_and_leaves_no_torn_files(tmp_path, tiny_fs):
              tiny_fs)
     assert r.returncode != 0
     assert "No space left on device" in r.stderr, r.stderr[-3000:]
+    # what is left is said as it is: an earlier checkpoint named, or none
+    assert ("is intact: --runtime.resume true continues from it" in r.stderr or
+            "there is no earlier checkpoint" in r.stderr), r.stderr[-3000:]
     assert "without a traceback" not in r.stderr and "Traceback" not in r.stderr
     run_dir = tiny_fs / "r"
     for f in (run_dir / "metrics").glob("*.jsonl"):
@@ -227,6 +233,7 @@ def test_workers_stop_when_the_torchrun_agent_is_killed(tmp_path):
     assert "torchrun agent) is gone; stopping" in logs
 
 
+@pytest.mark.slow   # two torchrun agents, a failure and a restart: the slow tier (pytest -m slow)
 def test_two_host_torchrun_restart_resumes_with_logs_and_attempts(tmp_path):
     """Two torchrun agents on one machine emulate two hosts (c10d rendezvous, one worker
     each). Rank 1 raises in epoch 3 of the first attempt; both agents restart their workers,
@@ -262,3 +269,26 @@ def test_two_host_torchrun_restart_resumes_with_logs_and_attempts(tmp_path):
     # 2 unless ranks swapped agents on the restart and the fault fired once more
     assert s["attempts"] >= 2 and s["epochs"] == 6
     assert s["wall_seconds_total"] > s["wall_seconds"]
+
+
+def _shared(comm, dirs):
+    from pathlib import Path
+
+    from quietgnn.runtime.rundir import check_shared
+    d = Path(dirs[comm.rank])
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        check_shared(comm, d)
+        return "ok", sorted(p.name for p in d.iterdir())
+    except ValueError as exc:
+        return str(exc), None
+
+
+def test_ranks_that_do_not_share_the_run_directory_are_refused_together(tmp_path):
+    """Under torchrun each host names its own --out: one run directory per host would lose
+    every checkpoint as torn. Every rank refuses alike, naming the ranks that see another."""
+    same = spawn_function(_shared, 2, args=([str(tmp_path / "run")] * 2,))
+    assert same == [("ok", []), ("ok", [])]          # the token is removed again
+    apart = spawn_function(_shared, 2, args=([str(tmp_path / "a"), str(tmp_path / "b")],))
+    for msg, _ in apart:
+        assert "is not shared: rank(s) [1]" in msg and "the same --out" in msg

@@ -93,3 +93,27 @@ def test_a_failed_set_up_reports_its_own_error(tmp_path):
     cfg = _cfg("tma", 1, mode="minibatch", fanouts="5,5,5")     # 3 fanouts, 2 layers
     with pytest.raises(ValueError, match="fanouts"):
         train_on(Communicator(0, 1), part, cfg, tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["centralized", "halo", "adaqp", "grappa", "tma", "retexo",
+                                      "minibatch"])
+def test_epochs_buy_every_strategy_the_same_passes(strategy, tmp_path):
+    """``--epochs N``: N passes over the training set for every strategy (tma: its averages
+    fall every period_epochs = 25 passes, the last one cut short)."""
+    import torch
+
+    from quietgnn.comm import Communicator
+    graph = small_graph()
+    part = build_partitions(graph, partition_nodes(graph, "random", 1, seed=0), ranks=[0])[0]
+    for epochs in (3, 30):
+        cfg = load_config(None, {"strategy": strategy, "partition": {"parts": 1},
+                                 "model": {"hidden": 8}, "train": {"epochs": epochs,
+                                                                   "eval_every": 1000},
+                                 "runtime": {"progress": False}})
+        torch.manual_seed(0)
+        t = train_on(Communicator(0, 1), part, cfg, tmp_path / f"{epochs}", keep_records=True)
+        work = sum(r["work"] for r in t.records if r["epoch"] >= 0)
+        assert work == pytest.approx(epochs, rel=0.05), (strategy, epochs, work)
+        assert t.summary["epoch_equivalents"] == pytest.approx(epochs, rel=0.05)
+        if strategy == "tma":   # averages: one after 3 passes; after 25 and after 30
+            assert len([r for r in t.records if r["epoch"] >= 0]) == (1 if epochs == 3 else 2)

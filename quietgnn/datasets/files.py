@@ -3,7 +3,9 @@
 ``.npz`` keys (``np.savez(path, edge_index=..., x=..., y=...)``):
 
 * ``edge_index`` int ``[2, E]`` (source, destination), **or** ``src`` and ``dst`` int ``[E]``
-* ``y`` int ``[N]`` (or ``[N, 1]``) labels in ``[0, num_classes)``            (required)
+* ``y`` int ``[N]`` (or ``[N, 1]``) labels in ``[0, num_classes)``            (required), or
+  label *names* (strings): class ``k`` is the ``k``-th name in sorted order, and the mapping
+  is kept (``graph.meta["label_names"]``)
 * ``x`` float ``[N, F]`` features       (optional: degree-bucket features, see below), **or**
   the same as a sparse CSR matrix: ``x_data``, ``x_indices``, ``x_indptr``, ``x_shape``
   (optional ``x_format`` = ``csr``): the keys :func:`scipy.sparse.save_npz` writes, prefixed
@@ -11,6 +13,11 @@
 * ``train_mask``, ``val_mask``, ``test_mask`` bool ``[N]``  (optional, all three or none:
   without them, seeded random 60/20/20)
 * ``num_classes`` scalar                 (optional: default ``max(y) + 1``)
+
+The CSR layout of the Shchur et al. / graph2gauss graphs (Amazon, Coauthor, Cora-ML, ...,
+as PyG's ``CitationFull`` and ``Amazon`` loaders read them) is read as well: ``adj_data``,
+``adj_indices``, ``adj_indptr``, ``adj_shape`` (the adjacency), ``attr_*`` (the features, the
+same four keys) and ``labels``.
 
 Edge list ``graph.txt`` / ``.edges`` / ``.csv`` / ``.tsv``: one edge ``u v`` per line, node ids
 from 0; whitespace- or comma-separated; lines starting with ``#`` or ``%`` are comments; extra
@@ -103,7 +110,7 @@ def csr_features(arrays: Any, prefix: str, where: str) -> np.ndarray | None:
 
 def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray,
             masks: list[np.ndarray] | None, num_classes: int | None, split_seed: int,
-            where_x: str) -> Graph:
+            where_x: str, label_names: list[str] | None = None) -> Graph:
     n = int(y.shape[0])
     if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
         bad = int(edge_index.min()) if edge_index.min() < 0 else int(edge_index.max())
@@ -122,6 +129,8 @@ def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndar
             "random"}
     if not masks:
         meta.update(split_seed=split_seed, split_fractions=[0.6, 0.2, 0.2])
+    if label_names is not None:
+        meta["label_names"] = label_names   # class k is label_names[k]
     return Graph.from_edge_index(
         torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
         torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
@@ -132,20 +141,25 @@ def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndar
         undirected=True, name=path.stem, split_seed=split_seed, meta=meta)
 
 
-def _labels(arr: np.ndarray, where: str) -> np.ndarray:
+def _labels(arr: np.ndarray, where: str) -> tuple[np.ndarray, list[str] | None]:
+    """(int64 class ids, the label names they stand for or None): names (strings) become
+    classes in sorted order."""
     y = np.asarray(arr)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
         raise ValueError(f"{where}: labels have shape {tuple(y.shape)}, expected [N] (one class "
                          f"id per node)")
+    if y.dtype.kind in "US":
+        names, ids = np.unique(y.astype(str), return_inverse=True)
+        return ids.astype(np.int64), [str(n) for n in names]
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
             raise ValueError(f"{where}: labels must be integer class ids in [0, num_classes); "
                              f"found non-integer or NaN values")
     elif y.dtype.kind not in "iub":
-        raise ValueError(f"{where}: labels have dtype {y.dtype}, expected integers")
-    return y.astype(np.int64)
+        raise ValueError(f"{where}: labels have dtype {y.dtype}, expected integers or names")
+    return y.astype(np.int64), None
 
 
 def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
@@ -156,7 +170,9 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
                          f"edge_index (or src, dst), y, optional x and masks)")
     with np.load(path, allow_pickle=False) as z:
         keys = set(z.files)
-        if "edge_index" in keys:
+        if "adj_indptr" in keys:    # the Shchur et al. CSR layout (module docstring)
+            ei = _csr_edges(z, str(path))
+        elif "edge_index" in keys:
             ei = np.asarray(z["edge_index"])
             if ei.ndim != 2 or ei.shape[0] != 2:
                 hint = " (transpose it: edge_index.T)" if ei.ndim == 2 and ei.shape[1] == 2 else ""
@@ -173,11 +189,13 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
                              f"and 'dst' [E]; found keys {sorted(keys)}")
         if ei.dtype.kind not in "iu":
             raise ValueError(f"{path}: edge ids have dtype {ei.dtype}, expected integers")
-        if "y" not in keys:
+        ykey = "y" if "y" in keys or "labels" not in keys else "labels"
+        if ykey not in keys:
             raise ValueError(f"{path}: missing key 'y' (int labels [N]); found keys "
                              f"{sorted(keys)}. Node classification needs a label per node")
-        y = _labels(z["y"], f"{path} key 'y'")
-        x = np.asarray(z["x"]) if "x" in keys else csr_features(z, "x_", str(path))
+        y, names = _labels(z[ykey], f"{path} key {ykey!r}")
+        x = np.asarray(z["x"]) if "x" in keys else \
+            csr_features(z, "attr_" if "attr_data" in keys else "x_", str(path))
         mask_keys = ("train_mask", "val_mask", "test_mask")
         present = [k for k in mask_keys if k in keys]
         if present and len(present) != 3:
@@ -190,7 +208,19 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
                                  f"[{y.shape[0]}] (one bool per node)")
         num_classes = int(z["num_classes"]) if "num_classes" in keys else None
     return _finish(path, ei.astype(np.int64), x, y, masks, num_classes, split_seed,
-                   f"{path} key 'x'")
+                   f"{path} key 'x'", names)
+
+
+def _csr_edges(z: Any, where: str) -> np.ndarray:
+    """``[2, E]`` edges (source, destination) of the adjacency stored as ``adj_*`` CSR keys
+    (row = source, as the Shchur et al. files store it; quietgnn makes the graph undirected)."""
+    missing = [f"adj_{k}" for k in ("data", "indices", "indptr", "shape") if f"adj_{k}" not in z]
+    if missing:
+        raise ValueError(f"{where}: the CSR adjacency needs keys adj_data, adj_indices, "
+                         f"adj_indptr, adj_shape; {missing} missing")
+    indptr = np.asarray(z["adj_indptr"]).astype(np.int64)
+    src = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
+    return np.stack([src, np.asarray(z["adj_indices"]).astype(np.int64)])
 
 
 def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray | None, str]:
@@ -204,9 +234,16 @@ def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray 
                     raise ValueError(f"{p}: expected a sparse matrix written by "
                                      f"scipy.sparse.save_npz (keys data, indices, indptr, "
                                      f"shape); found keys {sorted(z.files)}")
+            elif suffix == ".npy":
+                arr = np.load(p, allow_pickle=False)
             else:
-                arr = np.load(p, allow_pickle=False) if suffix == ".npy" else \
-                    np.loadtxt(p, ndmin=1)
+                try:
+                    arr = np.loadtxt(p, ndmin=1)
+                except ValueError as exc:
+                    if what != "labels":
+                        raise ValueError(f"{p}: {exc} (expected numbers, one row per node)") \
+                            from None
+                    arr = np.loadtxt(p, ndmin=1, dtype=str)   # label names, one per line
             return arr, str(p)
     if required:
         raise ValueError(f"{stem_path.parent / stem_path.name}: edge list needs its labels: "
@@ -258,8 +295,8 @@ def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
     ei = _parse_edges(path)
     stem = path.with_suffix("")
     y_raw, where_y = _read_array(stem, "labels", required=True)
-    y = _labels(y_raw, where_y)
+    y, names = _labels(y_raw, where_y)
     x, where_x = _read_array(stem, "features", required=False)
     if x is not None and x.ndim == 1:
         x = x[:, None]
-    return _finish(path, ei, x, y, None, None, split_seed, where_x)
+    return _finish(path, ei, x, y, None, None, split_seed, where_x, names)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,10 @@ def load_pyg(name: str, root: str | os.PathLike, *, split_seed: int = 0) -> Grap
         elif not all((cache / spec.folder / "raw" / f).is_file() for f in spec.raw_files) and \
                 os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
             raise _missing_error(spec, root, None)
+        if not (cache / spec.folder / "processed").is_dir():
+            # PyG prints its own "Processing..." / "Done!" below: say what it is, once
+            print(f"quietgnn: first use of {spec.folder} in this cache ({cache}): PyG converts "
+                  f"its raw files once", file=sys.stderr, flush=True)
         dataset = _open(spec, cache, root, raw)
     data = dataset[0]
     if spec.split == "public":

@@ -208,9 +208,15 @@ def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
     meta = {"format": BOOK_FORMAT, "version": BOOK_VERSION, **meta, "files": files,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (tmp / "book.json").write_text(json.dumps(meta, indent=1))
-    if path.exists():
-        shutil.rmtree(path)
+    if not path.exists():
+        os.replace(tmp, path)
+        return
+    # the old directory is moved aside, not removed, before the new one takes its place: a
+    # crash in between leaves one whole graph (the old one beside it), never half of one
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    os.replace(path, old / "graph")
     os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
@@ -218,7 +224,8 @@ def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
     (the keys of :func:`quietgnn.datasets.dataset_identity`, plus sizes and fingerprint)."""
     ident: dict[str, Any] = {"name": graph.name, "num_nodes": graph.num_nodes,
                              "num_edges": graph.num_edges, "num_features": graph.num_features,
-                             "num_classes": graph.num_classes, "fingerprint": fingerprint}
+                             "num_classes": graph.num_classes, "fingerprint": fingerprint,
+                             "features_digest": graph.features_digest()}
     if graph.meta.get("split") == "random" and "split_seed" in graph.meta:
         ident["split_seed"] = graph.meta["split_seed"]      # the masks in the parts depend on it
     if isinstance(graph.meta.get("synthetic"), dict):

@@ -236,6 +236,8 @@ def iter_partitions(graph: Graph, parts: np.ndarray | Tensor, ranks: list[int] |
         cross = req != owner
         blocks.append(torch.unique((req[cross] * P + owner[cross]) * n + src[cross]))
         del dst, src, req, owner, cross
+    if not blocks:   # no edges at all: nothing crosses, every halo is empty
+        blocks = [torch.zeros(0, dtype=torch.int64)]
     key = torch.unique(torch.cat(blocks)) if len(blocks) != 1 else blocks[0]
     del blocks
     req_s, owner_s, u_s = key // (P * n), (key // n) % P, key % n

@@ -5,9 +5,11 @@ per host under ``torchrun``."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ["run_prepare"]
@@ -21,6 +23,7 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
     from ..partition import make_book
     if not args.out:
         raise ValueError(f"quietgnn {args.cmd} needs --out DIR (where the prepared graph goes)")
+    check_out(args.out, bool(getattr(args, "overwrite", False)))
     if args.x_dtype not in ("float32", "float16"):
         raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
                          f"disk and page cache; the workers compute in float32)")
@@ -80,6 +83,28 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
           f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
     return 0
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    """Refuse (``ValueError``: exit 2) to replace what is at ``--out`` unless asked: a prepared
+    graph can be hours of work. An empty directory is used as it is."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; the prepared graph is a directory: choose "
+                         f"another --out")
+    if overwrite or not path.is_dir() or not any(path.iterdir()):
+        return
+    what = "files that are not a prepared graph"
+    try:
+        meta = json.loads((path / "book.json").read_text())
+        graph = meta.get("graph", {})
+        what = (f"a prepared graph ({meta.get('num_parts')} parts, {meta.get('method')}, "
+                f"{graph.get('num_nodes', '?')} nodes, {graph.get('num_edges', '?')} stored "
+                f"edges, written {meta.get('created', '?')})")
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace it (the "
+                     f"old one stays until the new one is complete), or choose another --out")
 
 
 #: the process group's timeout of `quietgnn prepare` under torchrun unless --runtime.timeout_s

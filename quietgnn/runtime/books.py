@@ -166,6 +166,12 @@ def check_book_dataset(book: Any, cfg: RunConfig, load: bool,
                 diffs = [f"fingerprint: book {have['fingerprint']}, dataset {fp} (same name and "
                          f"sizes, other edges, labels or split: an edited file or another "
                          f"split_seed)"]
+        # books written before the features were hashed (or out of core) have no digest
+        if not diffs and "features_digest" in have:
+            fd = graph.features_digest()
+            if fd != have["features_digest"]:
+                diffs = [f"features: book {have['features_digest']}, dataset {fd} (same "
+                         f"graph, other feature values: an edited feature file)"]
         del graph
         release_free_memory()
     if diffs:

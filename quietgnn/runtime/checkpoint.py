@@ -322,7 +322,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"checkpoint of epoch {epoch} in {str(d)!r} failed on rank(s) "
                 f"{[i['rank'] for i in bad]}: {bad[0]['error']}; training stopped on every rank "
-                f"(the previous checkpoint is intact)")
+                f"({self._left(epoch)})")
         commit_error = None
         if self.rank == 0:
             try:
@@ -344,8 +344,17 @@ class Checkpointer:
         commit_error = self._gather(commit_error)[0]
         if commit_error:
             raise CheckpointError(f"checkpoint of epoch {epoch} in {str(d)!r}: rank 0 could not "
-                                  f"commit it ({commit_error}); training stopped on every rank")
+                                  f"commit it ({commit_error}); training stopped on every rank "
+                                  f"({self._left(epoch)})")
         return d
+
+    def _left(self, epoch: int) -> str:
+        """What a failed checkpoint of ``epoch`` leaves to resume from, said as it is."""
+        earlier = [e for e, _, _ in committed_checkpoints(self.dir) if e < epoch]
+        if earlier:
+            return (f"the checkpoint of epoch {earlier[-1]} is intact: --runtime.resume true "
+                    f"continues from it")
+        return "there is no earlier checkpoint: a rerun starts over"
 
     def _prune(self) -> None:
         committed = committed_checkpoints(self.dir)

@@ -81,7 +81,7 @@ class Trainer:
                "setup_s": time.perf_counter() - t_start}
         self._keep(rec)
         metrics.write(rec)
-        epochs = cfg.train.epochs
+        epochs = s.max_calls(cfg.train.epochs)   # train.epochs: passes, for every strategy
         epoch = start_epoch - 1
         for epoch in range(start_epoch, epochs):
             rec = self._epoch(epoch, last=epoch == epochs - 1)

@@ -50,7 +50,9 @@ class NonFiniteError(RuntimeError):
 class TrainConfig:
     """Optimisation settings shared by all strategies (``train.*`` keys)."""
 
-    epochs: int = 100            # passes over the training set (epoch-equivalents)
+    #: passes over the training set (epoch-equivalents), the same work for every strategy
+    #: (tma averages every options.period_epochs of them; retexo splits them over the layers)
+    epochs: int = 100
     lr: float = 0.01             # Adam learning rate
     weight_decay: float = 5e-4   # Adam weight decay (L2)
     #: evaluate after every this many epoch-equivalents of training (passes over the training
@@ -103,6 +105,13 @@ class WorkerContext:
         m = build_model(self.model_cfg, in_dim or self.part.num_features,
                         out_dim or self.part.num_classes, self.seed)
         return m.to(self.device)
+
+    def put(self, obj: Any) -> Any:
+        """``obj`` (a tensor, SparseFeatures, SparseAdj, None, or a list/tuple of them) on this
+        rank's device: host-side index work (sampling, chunk loads) hands its results over here."""
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.put(o) for o in obj)
+        return None if obj is None else obj.to(self.device)
 
     def optimizer(self, params: Iterable[nn.Parameter],
                   lr: Optional[float] = None) -> torch.optim.Optimizer:
@@ -224,6 +233,13 @@ class Strategy(ABC):
     def finished(self) -> bool:
         """True when the strategy's own schedule is done before ``train.epochs``."""
         return False
+
+    def max_calls(self, epochs: int) -> int:
+        """The most :meth:`train_epoch` calls a run of ``epochs`` epoch-equivalents makes (the
+        trainer's loop bound, asked after :meth:`setup`): ``epochs``, one pass a call. A
+        strategy whose call is another amount of work bounds it here and ends the run with
+        :meth:`finished` once ``train.epochs`` passes are done."""
+        return epochs
 
     def close(self) -> None:
         """Release what :meth:`setup` opened beside the communicator (sockets, threads), once

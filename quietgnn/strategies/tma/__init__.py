@@ -11,9 +11,10 @@ local training nodes) or on neighbour-sampled mini-batches drawn inside that sub
 trainer finishes its current step and the models are averaged; everyone continues from the
 average (optimizer states stay local).
 
-One trainer epoch = one averaging period: train until the period is over, then average. So
-``train.epochs`` counts *averages* for ``tma`` (each is ``period_epochs`` local passes by
-default: ``--epochs 10`` is 200 passes over every trainer's data).
+One trainer call (one record in the metrics) = one averaging period: train until the period
+is over, then average. ``train.epochs`` counts passes over the training set (epoch-equivalents),
+as for every strategy: ``--epochs 50`` with the default 25-pass period is two averages; the
+last period is cut short where the passes run out (``--epochs 10``: one average after 10).
 
 The period, in order of precedence:
 
@@ -241,7 +242,7 @@ class TMA(Strategy):
         self.adj: Optional[SparseAdj] = None
         if o.mode == "full":
             deg = indptr[1:] - indptr[:-1]
-            self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg)
+            self.adj = SparseAdj(indptr, indices, p.n_own, deg, deg).to(ctx.device)
         # mostly-zero features stay sparse (a trainer's subgraph is whole: nothing to
         # exchange); a mini-batch gathers its input rows from the sparse matrix
         self.x, self.y = maybe_sparse(p.x), p.y
@@ -250,6 +251,9 @@ class TMA(Strategy):
             self.x = SparseFeatures(self.x.indptr, self.x.indices, self.x.values.float(),
                                     self.x.num_cols)
         self.train_idx = torch.nonzero(p.train_mask).flatten()
+        if o.mode == "full":   # mini-batches gather their rows on the host and hand them over
+            self.x, self.y = ctx.put(self.x), ctx.put(self.y)
+            self._train_idx_dev = ctx.put(self.train_idx)
         fanouts = o.fanouts if len(o.fanouts) > 1 else o.fanouts * ctx.model_cfg.layers
         if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
             raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
@@ -271,6 +275,9 @@ class TMA(Strategy):
         self._queue: list[Tensor] = []
         self._anchor = self._flat_state()   # the last average (all ranks start from one init)
         self.avg_round = 0
+        #: epoch-equivalents trained so far (the sum of the averages' ``work``: the same
+        #: number on every rank) against the run's budget, ``train.epochs`` passes
+        self.work_total, self.budget = 0.0, float(ctx.train_cfg.epochs)
         self.history: list[dict[str, Any]] = []     # rank 0: survivors per average
         timeout = o.fail_timeout_s or ctx.comm.timeout_s
         self.chan = StarChannel.open(ctx.comm, timeout_s=timeout)
@@ -325,8 +332,8 @@ class TMA(Strategy):
         if self.full is not None:
             deg = self.full["indptr"][1:] - self.full["indptr"][:-1]
             self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
-                                      p.num_nodes_global, deg, deg)
-            self.full["x"] = maybe_sparse(self.full["x"])
+                                      p.num_nodes_global, deg, deg).to(ctx.device)
+            self.full["x"] = ctx.put(maybe_sparse(self.full["x"]))
 
     # ------------------------------------------------------------------ training
     def _step(self) -> float:
@@ -334,7 +341,8 @@ class TMA(Strategy):
         self.opt.zero_grad(set_to_none=True)
         if self.options.mode == "full":
             logits = self.model(self.x, self.adj)
-            loss = F.cross_entropy(logits[self.train_idx], self.y[self.train_idx])
+            idx = self._train_idx_dev
+            loss = F.cross_entropy(logits[idx], self.y[idx])
         else:
             if not self._queue:
                 self._queue = self.sampler.batches(self.train_idx, self.options.batch_size)
@@ -344,8 +352,8 @@ class TMA(Strategy):
                 xb = self.x.rows(nodes)
             else:   # a part read as stored keeps float16 features: widen the rows (exact)
                 xb = self.x[nodes].to(torch.promote_types(self.x.dtype, torch.float32))
-            logits = self.model(xb, blocks)
-            loss = F.cross_entropy(logits, self.y[seeds])
+            logits = self.model(self.ctx.put(xb), self.ctx.put(blocks))
+            loss = F.cross_entropy(logits, self.ctx.put(self.y[seeds]))
         loss.backward()
         if self.options.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.clip)
@@ -354,6 +362,11 @@ class TMA(Strategy):
 
     def _period_over(self, steps: int) -> bool:
         o = self.options
+        # the passes left, in this trainer's steps (at least one step: a trainer with no
+        # budget left still takes part in the last average)
+        left = (self.budget - self.work_total) * self.steps_per_epoch
+        if steps >= max(1, math.ceil(left - 1e-9)):
+            return True
         if o.period_s > 0:
             return time.monotonic() - self._t_period >= o.period_s
         return steps >= self.period_len
@@ -396,6 +409,7 @@ class TMA(Strategy):
         if self.ctx.rank == 0:
             self.history.append({"round": self.avg_round, "epoch": epoch, "ranks": ranks})
         mean_steps = float(total[-2]) / max(1, len(ranks))
+        self.work_total += mean_steps / self.mean_steps_per_epoch
         return EpochResult(loss=loss if math.isfinite(loss) else 0.0, steps=steps,
                            work=mean_steps / self.mean_steps_per_epoch,
                            extra={"avg_round": self.avg_round, "survivors": len(ranks),
@@ -407,14 +421,16 @@ class TMA(Strategy):
         return [t for t in self.model.state_dict().values() if t.is_floating_point()]
 
     def _flat_state(self) -> Tensor:
-        return torch.cat([t.detach().reshape(-1).float() for t in self._float_state()])
+        """The model's floats in one host vector: averages are summed on the host (the hub
+        moves bytes, and the anchor is one more model copy best kept out of device memory)."""
+        return torch.cat([t.detach().reshape(-1).float() for t in self._float_state()]).cpu()
 
     def _load_flat(self, flat: Tensor) -> None:
         off = 0
         with torch.no_grad():
             for t in self._float_state():
                 k = t.numel()
-                t.copy_(flat[off:off + k].view_as(t))
+                t.copy_(flat[off:off + k].view_as(t))   # host to device where the model is
                 off += k
 
     def model_numel(self) -> int:
@@ -431,7 +447,7 @@ class TMA(Strategy):
             f = self.full
             self.model.eval()
             try:
-                pred = self.model(f["x"], self.full_adj).argmax(-1)
+                pred = self.model(f["x"], self.full_adj).argmax(-1).cpu()
             finally:
                 self.model.train()
             accs = {}
@@ -464,7 +480,12 @@ class TMA(Strategy):
             method or "", str(self.options.variant))
 
     def finished(self) -> bool:
-        return False
+        # done once less than half a step (of the ranks' mean pass) is left
+        return (self.budget - self.work_total) * self.mean_steps_per_epoch < 0.5
+
+    def max_calls(self, epochs: int) -> int:
+        # a period is at least one step: at most one average per step of the budget
+        return math.ceil(epochs * self.mean_steps_per_epoch) + 1
 
     def close(self) -> None:
         if self.chan is not None:     # None: setup failed before it opened the hub
@@ -475,7 +496,7 @@ class TMA(Strategy):
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "avg_round": self.avg_round, "sampler_rng": self.sampler.gen.get_state(),
                 "queue": list(self._queue), "history": list(self.history),
-                "anchor": self._anchor.clone()}
+                "anchor": self._anchor.clone(), "work_total": self.work_total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -485,3 +506,6 @@ class TMA(Strategy):
         self._queue = list(state.get("queue", []))
         self.history = list(state.get("history", []))
         self._anchor = state["anchor"].clone() if "anchor" in state else self._flat_state()
+        # a checkpoint from before the budget was kept: every average was a whole period
+        self.work_total = float(state.get("work_total", self.avg_round *
+                                          float(self.options.period_epochs)))
