@@ -55,6 +55,7 @@ set: {train.epochs: 4, model.dropout: 0.0}   # no dropout: halo == centralized e
 """
 
 
+@pytest.mark.slow   # a bench matrix through the CLI: the slow tier (pytest -m slow)
 def test_bench_resume_failures_and_report(tmp_path, capsys):
     mfile = tmp_path / "m.yaml"
     mfile.write_text(MATRIX)

@@ -72,6 +72,7 @@ def test_unknown_key_is_rejected_before_anything_starts(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow   # 200 epochs on Cora through the CLI: the slow tier (pytest -m slow)
 @pytest.mark.skipif(not (SHARED_DATA / "planetoid" / "Cora").is_dir(),
                     reason="../shared/data not found: real-dataset tests need the shared datasets")
 @pytest.mark.parametrize("strategy, parts", [("centralized", 1), ("halo", 4)])

@@ -110,6 +110,7 @@ def _late_peer(comm):
     return "no error"
 
 
+@pytest.mark.slow   # waits out a timeout: the slow tier (pytest -m slow)
 def test_stuck_peer_times_out_with_a_clear_error():
     res = spawn_function(_late_peer, 2, comm_timeout_s=3)
     assert isinstance(res[0], dict), res[0]

@@ -190,6 +190,7 @@ def test_shared_folder_untouched(shared, real_cache, monkeypatch):
     assert list((real_cache / "pyg").glob("planetoid-*/Cora/processed"))
 
 
+@pytest.mark.slow   # three processes load Cora from a fresh cache: the slow tier (pytest -m slow)
 def test_pyg_cache_is_locked_while_processed(shared, tmp_path, monkeypatch):
     """Ranks that start together on a fresh cache: each waits for the one processing it (a
     reader of a half-written processed/ file failed with EOFError on emulated hosts)."""

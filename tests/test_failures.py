@@ -73,6 +73,7 @@ def test_crashing_rank_shows_its_traceback(tmp_path):
     _assert_no_orphans(tmp_path / "r")
 
 
+@pytest.mark.slow   # waits out a 10 s timeout: the slow tier (pytest -m slow)
 def test_stuck_rank_times_out_and_is_named(tmp_path):
     r = _cli(["--epochs", "200", "--runtime.timeout_s", "8"], tmp_path,
              fault="rank=1,epoch=2,action=hang")

@@ -16,7 +16,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from netcluster import Cluster, available  # noqa: E402
 
 WHY = available()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable: {WHY}")
+# emulated hosts (root, namespaces): the slow tier (pytest -m slow), which .ci/run runs too
+pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable: {WHY}"),
+              pytest.mark.slow]
 
 SYN = ["--dataset", "synthetic", "--synthetic.nodes", "300", "--synthetic.feature_dim", "8"]
 TRAIN = ["--strategy", "halo", "--epochs", "2", "--hidden", "8", "--runtime.progress", "false",

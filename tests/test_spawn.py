@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quietgnn.runtime.launcher import LaunchError
-from quietgnn.runtime.spawn import retire_workers, spawn_function
+from quietgnn.runtime.spawn import spawn_function
 
 
 def _state(comm, set_slice):
@@ -30,7 +30,6 @@ def _fail(comm):
 
 
 def test_kept_workers_start_each_call_afresh(monkeypatch):
-    retire_workers()
     monkeypatch.setenv("QG_SPAWN_PROBE", "first")
     a = spawn_function(_state, 2, args=(True,), reuse=True)
     monkeypatch.setenv("QG_SPAWN_PROBE", "second")
@@ -52,7 +51,6 @@ def _has_left_behind(comm):
 
 
 def test_a_failed_call_retires_the_kept_workers():
-    retire_workers()
     before = spawn_function(_state, 2, args=(False,), reuse=True)
     with pytest.raises(LaunchError, match="planted failure"):
         spawn_function(_fail, 2, reuse=True, comm_timeout_s=10)
