@@ -51,6 +51,15 @@ def _same(cpu, gpu):
         assert torch.allclose(x, y, atol=1e-5)
 
 
+def _same_on_both(part, cfg, tmp_path):
+    """One rank: the run on the stand-in device equals the run on the CPU."""
+    cpu = _run(Communicator(0, 1), part, cfg, tmp_path / "cpu", torch.device("cpu"))
+    with fake_cuda():
+        gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
+                   torch.device("cuda", 0))
+    _same(cpu, gpu)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_and_model_trains_on_the_device_as_on_the_cpu(strategy, arch, tmp_path):
@@ -58,11 +67,7 @@ def test_every_strategy_and_model_trains_on_the_device_as_on_the_cpu(strategy, a
     cfg = _cfg(strategy, 1, arch)
     part = build_partitions(graph, partition_nodes(graph, cfg.partition_method, 1, seed=0),
                             ranks=[0])[0]
-    cpu = _run(Communicator(0, 1), part, cfg, tmp_path / "cpu", torch.device("cpu"))
-    with fake_cuda():
-        gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
-                   torch.device("cuda", 0))
-    _same(cpu, gpu)
+    _same_on_both(part, cfg, tmp_path)
 
 
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
@@ -89,11 +94,7 @@ def test_each_variant_trains_on_the_device_as_on_the_cpu(strategy, options, stor
     else:
         part = build_partitions(graph, partition_nodes(graph, cfg.partition_method, 1, seed=0),
                                 ranks=[0])[0]
-    cpu = _run(Communicator(0, 1), part, cfg, tmp_path / "cpu", torch.device("cpu"))
-    with fake_cuda():
-        gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
-                   torch.device("cuda", 0))
-    _same(cpu, gpu)
+    _same_on_both(part, cfg, tmp_path)
 
 
 # options that take each strategy's own device paths at P = 2: quantized messages and
