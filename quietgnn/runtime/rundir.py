@@ -236,8 +236,13 @@ def check_shared(comm: Any, run_dir: Path) -> None:
     token = None
     if comm.rank == 0:
         token = f".shared-check-{secrets.token_hex(8)}"
-        (run_dir / token).write_text(socket.gethostname())
+        try:
+            (run_dir / token).write_text(socket.gethostname())
+        except OSError as exc:   # said on every rank below, not left to a peer's timeout
+            token = f"!{_oserr(exc)}"
     token = comm.all_gather_object(token, "control", carries="control")[0]
+    if token.startswith("!"):
+        raise ValueError(f"rank 0 cannot write the run directory {str(run_dir)!r}: {token[1:]}")
     seen = comm.all_gather_object(((run_dir / token).is_file(), socket.gethostname()),
                                   "control", carries="control")
     if comm.rank == 0:
