@@ -279,6 +279,7 @@ def _shared(comm, dirs):
     d.mkdir(parents=True, exist_ok=True)
     try:
         check_shared(comm, d)
+        comm.barrier()                    # rank 0 has removed its token by now
         return "ok", sorted(p.name for p in d.iterdir())
     except ValueError as exc:
         return str(exc), None
