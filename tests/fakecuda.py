@@ -193,6 +193,19 @@ def _to_fake(d: Any) -> Any:
     return d if index is None else torch.device(NAME, index)
 
 
+class _Event:
+    """``torch.cuda.Event``: the stand-in's copies are done when they return."""
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 def _patches(devices: int) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, stand-in): the entry points that reach CUDA before the dispatcher
     (a copy's device guard, ``torch.tensor``'s internal copy, pinned memory, lazy init)."""
@@ -223,6 +236,7 @@ def _patches(devices: int) -> list[tuple[Any, str, Any]]:
         (torch.cuda, "max_memory_allocated", lambda d=None: 0),
         (torch.cuda, "memory_allocated", lambda d=None: 0),
         (torch.cuda, "empty_cache", lambda: None),
+        (torch.cuda, "Event", _Event),
     ]
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..rows import chunk_bounds
+from ..rows import chunk_bounds, to_device
 
 __all__ = ["SparseAdj", "spmm", "spmm_rows"]
 
@@ -164,9 +164,9 @@ class SparseAdj:
         device = torch.device(device)
         if device == self.device:
             return self
-        sd = None if self.src_degree is None else self.src_degree.to(device)
-        return SparseAdj(self.indptr.to(device), self.indices.to(device), self.n_src, sd,
-                         self.dst_degree.to(device))
+        sd = None if self.src_degree is None else to_device(self.src_degree, device)
+        return SparseAdj(to_device(self.indptr, device), to_device(self.indices, device),
+                         self.n_src, sd, to_device(self.dst_degree, device))
 
     def csr(self, values: Tensor) -> Tensor:
         return torch.sparse_csr_tensor(self.indptr, self.indices, values,

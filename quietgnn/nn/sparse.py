@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..rows import to_device
+
 __all__ = ["SparseFeatures", "maybe_sparse", "SPARSE_MAX_DENSITY"]
 
 #: Above this fraction of non-zeros the dense path is faster. Measured on random matrices, no
@@ -72,8 +74,8 @@ class SparseFeatures:
     def to(self, device: torch.device | str) -> "SparseFeatures":
         if torch.device(device) == self.device:
             return self
-        return SparseFeatures(self.indptr.to(device), self.indices.to(device),
-                              self.values.to(device), self.num_cols)
+        return SparseFeatures(to_device(self.indptr, device), to_device(self.indices, device),
+                              to_device(self.values, device), self.num_cols)
 
     def to_dense(self) -> Tensor:
         return self.csr().to_dense()

@@ -36,6 +36,7 @@ from ..comm.traffic import LEVELS, Traffic
 from ..nn import GNN, ModelConfig, SparseAdj, SparseFeatures, build_model, maybe_sparse
 from ..nn.lean import LEAN_ARCHS
 from ..partition import LocalPartition
+from ..rows import to_device
 
 __all__ = ["Strategy", "WorkerContext", "EpochResult", "TrainConfig", "NonFiniteError",
            "register", "get_strategy", "available_strategies", "partition_adj", "sync_gradients",
@@ -111,6 +112,8 @@ class WorkerContext:
         rank's device: host-side index work (sampling, chunk loads) hands its results over here."""
         if isinstance(obj, (list, tuple)):
             return type(obj)(self.put(o) for o in obj)
+        if isinstance(obj, Tensor):
+            return to_device(obj, self.device)   # large arrays in slices (quietgnn.rows)
         return None if obj is None else obj.to(self.device)
 
     def optimizer(self, params: Iterable[nn.Parameter],
@@ -235,9 +238,8 @@ class Strategy(ABC):
         return False
 
     def max_calls(self, epochs: int) -> int:
-        """The most :meth:`train_epoch` calls a run of ``epochs`` epoch-equivalents makes (the
-        trainer's loop bound, asked after :meth:`setup`): ``epochs``, one pass a call. A
-        strategy whose call is another amount of work bounds it here and ends the run with
+        """The trainer's loop bound, asked after :meth:`setup`: ``epochs`` calls, one pass each.
+        A strategy whose call is another amount of work bounds it here and ends the run with
         :meth:`finished` once ``train.epochs`` passes are done."""
         return epochs
 
@@ -496,5 +498,5 @@ def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.dev
     exchange."""
     halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
                                carries=Traffic.FEATURES).to(device)
-    x = torch.cat([part.x.to(device), halo_x.to(part.x.dtype)])
+    x = torch.cat([to_device(part.x, device), halo_x.to(part.x.dtype)])
     return maybe_sparse(x) if sparse else x

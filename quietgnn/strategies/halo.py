@@ -30,6 +30,7 @@ from ..comm import HaloExchanger
 from ..nn import maybe_sparse
 from ..nn.lean import lean_forward
 from ..nn.keyed import mix_key
+from ..rows import to_device
 from .base import (EpochResult, LeanOption, Strategy, global_evaluate, inputs_with_halo,
                    masked_loss, partition_adj, register, sync_gradients)
 
@@ -71,7 +72,7 @@ class Halo(LeanOption, Strategy):
         ctx, p = self.ctx, self.ctx.part
         dev = ctx.device
         self.adj = partition_adj(p, dev)
-        self.x, self.y = p.x.to(dev), p.y.to(dev)
+        self.x, self.y = to_device(p.x, dev), p.y.to(dev)
         self.ids = p.owned.to(dev)          # global ids: the dropout masks' keys
         self.ids_in: Optional[torch.Tensor] = None
         self.inputs_have_halo = False

@@ -92,6 +92,7 @@ from ...comm.lowrank import LowRankReducer
 from ...comm.traffic import Traffic
 from ...nn import GNN
 from ...nn import lean as lean_module
+from ...rows import to_device
 from ...seeds import stream_seed
 from ..base import (EpochResult, LeanOption, Strategy, check_gradient_compression,
                     global_evaluate, partition_adj, register, sync_gradients)
@@ -254,7 +255,7 @@ class Retexo(LeanOption, Strategy):
         """Layer 0's frozen input: the features with their halo rows, fetched from the peers,
         or, under a residency level, zeros in the halo rows (raw features stay home)."""
         p = self.ctx.part
-        h = p.x.to(self.ctx.device)
+        h = to_device(p.x, self.ctx.device)
         if p.n_halo:     # the halo rows are received into one buffer after the own ones
             h = h.new_empty((p.n_own + p.n_halo,) + tuple(h.shape[1:]))
             h[: p.n_own] = p.x
