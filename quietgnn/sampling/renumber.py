@@ -3,7 +3,7 @@
 Per minibatch i the next level is the current level (same order: targets first) followed by
 the sampled sources not in it, in order of first appearance (row order, then sampled order),
 so the result does not depend on how the work was split. Two equivalent implementations of
-the key lookup ``key = i * n + v`` (docs/methods.md section 5):
+the key lookup ``key = i * n + v`` (the extraction step of Tripathy et al., arXiv 2311.02909):
 
 * **dense accumulator** (CPU fast path): a scratch array of int32 slots indexed by key,
   written and reset only where keys occur -- O(R + E) per hop, no sort. Three random passes

@@ -2,7 +2,7 @@
 
 Tripathy, Yelick, Buluc, "Distributed Matrix-Based Sampling for Graph Neural Network
 Training", MLSys 2024 (arXiv 2311.02909); samplers: GraphSAGE (Hamilton et al. 2017) and
-LADIES (Zou et al. 2019). Spec: ``docs/methods.md`` section 5.
+LADIES (Zou et al. 2019). What it sends and gives up: ``docs/guide/strategies.md``.
 
 Per epoch each rank (or each replica group, 1.5D) shuffles its seeds -- the training nodes
 it owns -- into minibatches; all ranks take the same number of steps (the schedule is in

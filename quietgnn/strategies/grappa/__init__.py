@@ -1,9 +1,9 @@
 """``grappa``: gradient-only training with periodic repartitioning and coverage-corrected
 aggregation.
 
-Paper: Xu, Siebenbrunner, Bindschaedler, "Grappa" (2026, arXiv 2602.01872); design in
-``docs/methods.md`` section 2. The estimator below is the *derived* sound version (coverage of
-the whole computation tree), not the public code's seed-layer correction.
+Paper: Xu, Siebenbrunner, Bindschaedler, "Grappa" (2026, arXiv 2602.01872). The estimator
+below is the *derived* sound version (coverage of the whole computation tree), not the public
+code's seed-layer correction.
 
 How it trains (rank ``k`` of ``P``):
 

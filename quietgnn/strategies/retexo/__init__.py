@@ -2,7 +2,7 @@
 embeddings once per layer.
 
 Paper: Kolluri, Choudhary, Hooi, Saxena, "RETEXO: Scalable neural network training over
-distributed graphs" (arXiv 2302.13053); spec in ``docs/methods.md`` section 4. Layers in
+distributed graphs" (arXiv 2302.13053); ``docs/guide/strategies.md`` for users. Layers in
 :mod:`.layers` (RetexoGCN / RetexoSAGE / RetexoGAT via ``model.arch``; GIN works too).
 
 How it trains (rank ``i`` of ``P``, any partition -- ``metis`` by default, ``given``,

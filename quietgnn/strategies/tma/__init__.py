@@ -1,7 +1,7 @@
 """``tma``: RandomTMA / SuperTMA / PSGD-PA -- independent trainers, periodic model averaging.
 
 Paper: "Simplifying Distributed Neural Network Training on Massive Graphs: Randomized
-Partitions Improve Model Aggregation" (2023, arXiv 2305.09887). Spec: methods.md section 3.
+Partitions Improve Model Aggregation" (2023, arXiv 2305.09887).
 
 What each rank does. It trains its *own* copy of the model, with its *own* Adam state, on the
 node-induced subgraph of the nodes it owns (``LocalPartition.induced()``: edges to other
