@@ -421,8 +421,9 @@ def advise(dataset: str = "synthetic", *, root: Optional[str] = None,
         log(f"quietgnn advise: {len(strategies)} probe runs of a few epochs at P = {parts}"
             f"{'' if prepared else f', then centralized for up to {REFERENCE_EPOCHS} epochs'}"
             f"{' and the probes extended to the target' if extend else ''}: each starts "
-            f"{parts} processes; on 2 cores and a graph like Computers this takes 5-6 min "
-            f"(--no-extend is quicker)")
+            f"{parts} processes; on 2 cores this took " + (
+                "5-6 min on Computers (--no-extend is quicker)" if extend else
+                "about a minute on Cora"))
     return rank(probe(dataset, root=root, prepared=prepared, parts=parts, model=model,
                       strategies=strategies, set_=set_, log=log, extend=extend), tier)
 
