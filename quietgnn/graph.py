@@ -37,10 +37,39 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "csr_from_edges", "random_split"]
+__all__ = ["Graph", "FeaturesDigest", "csr_from_edges", "random_split"]
 
 #: edges checked per block by :meth:`Graph.validate` (bounds its memory on big graphs)
 _VALIDATE_BLOCK = 1 << 22
+
+
+class FeaturesDigest:
+    """An order-sensitive hash of a feature matrix, written a block of rows at a time in any
+    chunking (so the out-of-core ``prepare`` computes what :meth:`Graph.features_digest`
+    computes): per column, the sum over rows of the value's float32 bits times an odd
+    multiplier of the row id, modulo 2^64 -- an integer sum, the same in any order of blocks.
+    Any single changed value changes it (an odd multiplier is invertible modulo 2^64). Cost:
+    one vectorised pass, about the cost of reading the matrix; a cryptographic hash of every
+    byte costs several times that at 10^9 values. A check against edits and mix-ups, not a
+    defence against a crafted collision."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.rows = int(width), 0
+        self.acc = np.zeros(self.width, dtype=np.uint64)
+
+    def update(self, x: np.ndarray, first_id: int) -> None:
+        """Add rows ``first_id ..`` of the matrix (``[rows, width]``, any float dtype)."""
+        bits = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1).view(np.uint32)
+        ids = np.arange(first_id, first_id + bits.shape[0], dtype=np.uint64)
+        mult = ids * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
+        with np.errstate(over="ignore"):      # the wrap-around is the modulo
+            self.acc += (bits.astype(np.uint64) * mult[:, None]).sum(0, dtype=np.uint64)
+        self.rows += bits.shape[0]
+
+    def hexdigest(self) -> str:
+        h = hashlib.sha256(f"{(self.rows, self.width)}:float32".encode())
+        h.update(self.acc.tobytes())
+        return h.hexdigest()[:16]
 
 
 def csr_from_edges(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
@@ -130,26 +159,14 @@ class Graph:
         return h.hexdigest()[:16]
 
     def features_digest(self, chunk_rows: int = 0) -> str:
-        """Short hash of the feature matrix ``x``, order-sensitive: per column, the sum over
-        rows of the value's bits times an odd multiplier of the row id, modulo 2^64 (an
-        integer sum: the same in any chunking, so a streamed writer can compute it too). Any
-        single changed value changes it. Cost: one vectorised pass over ``x`` in chunks (no
-        second copy), about the cost of reading it; a cryptographic hash of every byte would
-        cost several times that at 10^9 entries. Not a defence against a crafted collision:
-        a check against edits and mix-ups. ``chunk_rows``: rows per pass (0: about 4M values)."""
-        x = self.x.detach().contiguous()
-        bits = x.numpy().reshape(x.shape[0], -1)
-        bits = bits.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[bits.itemsize])
-        acc = np.zeros(bits.shape[1], dtype=np.uint64)
-        step = chunk_rows or max(1, (1 << 22) // max(1, bits.shape[1]))
-        with np.errstate(over="ignore"):      # the wrap-around is the modulo
-            for a in range(0, bits.shape[0], step):
-                ids = np.arange(a, min(bits.shape[0], a + step), dtype=np.uint64)
-                mult = ids * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
-                acc += (bits[a:a + step].astype(np.uint64) * mult[:, None]).sum(0, dtype=np.uint64)
-        h = hashlib.sha256(f"{tuple(x.shape)}:{x.dtype}".encode())
-        h.update(acc.tobytes())
-        return h.hexdigest()[:16]
+        """Short hash of the feature matrix ``x`` (:class:`FeaturesDigest`), one pass in chunks
+        of ``chunk_rows`` rows (0: about 4M values)."""
+        x = self.x.detach()
+        d = FeaturesDigest(int(x[0].numel()) if x.shape[0] else 0)
+        step = chunk_rows or max(1, (1 << 22) // max(1, d.width))
+        for a in range(0, x.shape[0], step):
+            d.update(x[a:a + step].numpy(), a)
+        return d.hexdigest()
 
     def __repr__(self) -> str:
         return (f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "

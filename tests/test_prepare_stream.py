@@ -77,6 +77,8 @@ def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list, method
     ref = make_book(tmp_path / "ref", g, method, P)
     assert book.method == method
     assert book.graph["fingerprint"] == ref.graph["fingerprint"] == g.fingerprint()
+    # the features' digest too, streamed in blocks as the in-memory path computes it whole
+    assert book.graph["features_digest"] == ref.graph["features_digest"] == g.features_digest()
     assert book.graph["num_edges"] == g.num_edges
     assert (book.assignment() == ref.assignment()).all()
     assert book.stats["halo"] == ref.stats["halo"] and book.stats["edge_cut"] == \
@@ -106,6 +108,7 @@ def test_repeated_pairs_across_batches(tmp_path, monkeypatch):
                               split_seed=5, method=method)
         ref = make_book(tmp_path / f"ref-{method}", g, method, 2)
         assert book.graph["fingerprint"] == g.fingerprint()
+        assert book.graph["features_digest"] == g.features_digest()   # blocks of 5 rows
         assert book.graph["num_edges"] == g.num_edges
         assert (book.assignment() == ref.assignment()).all()
         for k in range(2):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
+from ..graph import FeaturesDigest
 from ..partition.book import PartitionBook, book_id_of, finish_book, new_book_dir
 from ..partition.partitioners import hash_part_of
 from ..partition.shards import PART_ARRAYS
@@ -271,7 +272,8 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         raise ValueError(f"the {method} partitioner leaves part(s) "
                          f"{np.nonzero(owned_n == 0)[0].tolist()} of {P} empty on {n} nodes; "
                          f"use fewer parts")
-    counts = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of, x_dtype)
+    counts, features_digest = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of,
+                                           x_dtype)
     fingerprint = _fingerprint(edges, tmp, in_deg, nodes)
 
     # halos: remote in-neighbours of each part's nodes, ordered by (owner, id); one streamed
@@ -318,16 +320,18 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
              "replication_factor": float((n + sum(halos)) / n)}
     ident = {"name": name, "num_nodes": n, "num_edges": int(m),
              "num_features": nodes.num_features, "num_classes": nodes.num_classes,
-             "fingerprint": fingerprint, **identity}
+             "fingerprint": fingerprint, "features_digest": features_digest, **identity}
     return {"book_id": book_id, "num_parts": P, "method": method, "seed": seed,
             "options": {"streamed": True}, "graph": ident, "stats": stats}
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
                  owned_n: np.ndarray, P: int, part_of: Callable[[np.ndarray], np.ndarray],
-                 x_dtype: str) -> dict[int, int]:
+                 x_dtype: str) -> tuple[dict[int, int], str]:
     """Every part's owned ids, x, y and masks, and the whole graph's y and split codes (temporary
-    files, for the fingerprint), from one pass over the node source."""
+    files, for the fingerprint), from one pass over the node source; returns the split counts
+    and the features' digest (:class:`~quietgnn.graph.FeaturesDigest`, of the rows as read,
+    before any narrowing to ``x_dtype``)."""
     n, F = nodes.num_nodes, nodes.num_features
     for d in part_dirs:
         d.mkdir()
@@ -341,6 +345,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     at = np.zeros(P, dtype=np.int64)
     nxt = 0
     assignment = NpyWriter(tmp / "assignment.npy", np.int64, (n,))
+    digest = FeaturesDigest(F)
     for blk in nodes.blocks(con):
         ids = np.asarray(blk.ids, dtype=np.int64)
         if ids.size == 0:
@@ -349,6 +354,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
             raise ValueError(f"the node table must list ids 0 .. N-1 once each, in order; "
                              f"found id {int(ids[0])} where {nxt} was expected")
         nxt = int(ids[-1]) + 1
+        digest.update(blk.x, int(ids[0]))
         gy.write(blk.y)
         gs.write(blk.split)
         codes += np.bincount(blk.split, minlength=4)
@@ -374,7 +380,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
             np.save(d / f"{mask}.npy", a["split"] == code)
     for w in (gy, gs, assignment):
         w.close()
-    return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}
+    return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}, digest.hexdigest()
 
 
 def _fingerprint(edges: Path, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
