@@ -3,7 +3,11 @@
     .venv/bin/python benchmarks/bench_gpu.py                 # the whole check, one GPU
     .venv/bin/python benchmarks/bench_gpu.py --graphs cora --epochs 5 --no-big   # a quick one
 
-On a machine without a visible GPU it says so and exits 0, writing nothing.
+On a machine without a visible GPU it says so and exits 0, writing nothing. Where torch has
+CUDA but quietgnn is not installed, run it from the checkout: ``PYTHONPATH=. python
+benchmarks/bench_gpu.py``. The results are written after every group of runs (a run stopped
+by a time limit keeps what it measured); a group that fails is run again a strategy at a time,
+and a strategy that fails is a row of the table's "Failed" list, not the end of the run.
 
 Cells: each strategy at its defaults (``tma`` averages once per pass, ``period_epochs 1``, so
 an epoch is one pass for every strategy) at P = 1 and P = 2 ranks sharing GPU 0 (gloo, every
@@ -102,19 +106,30 @@ def _row(graph: str, origin: str, job: dict, P: int, device: str, backend: str, 
 
 
 def _group(source, name, origin, strategies, P, device, role, epochs, threads, timeout):
+    """The rows of ``strategies`` trained in one process group; where the group fails, each
+    strategy again in a group of its own, so that one failure costs one row (an ``error``)."""
     from quietgnn.runtime.devices import place
     from quietgnn.runtime.spawn import spawn_function
     jobs = [{"strategy": s, "options": OPTIONS.get(s, {}), "model": {},
              "train": {"epochs": epochs}, "eval_every": 1} for s in strategies
             if P == 1 or s != "centralized"]
     t0 = time.perf_counter()
-    per_rank = spawn_function(_cells, P, args=(source, jobs, threads), timeout_s=timeout,
-                              reuse=False, device=device)
+    try:
+        per_rank = spawn_function(_cells, P, args=(source, jobs, threads), timeout_s=timeout,
+                                  reuse=False, device=device)
+    except Exception as exc:  # noqa: BLE001 - one row per strategy says what failed
+        if len(jobs) == 1:
+            return [{"graph": name, "source": origin, "strategy": jobs[0]["strategy"],
+                     "parts": P, "device": device, "role": role,
+                     "error": str(exc).strip().splitlines()[-1][:500]}]
+        print(f"{name} P={P} {role}: the group failed, each strategy alone", flush=True)
+        return [r for j in jobs for r in _group(source, name, origin, [j["strategy"]], P,
+                                                device, role, epochs, threads, timeout)]
     backend = place(device, "auto", 0, P).backend
     rows = [_row(name, origin, j, P, device, backend, role, [r[i] for r in per_rank])
             for i, j in enumerate(jobs)]
-    print(f"{name} P={P} {role} ({device}): {len(jobs)} strategies in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    print(f"{name} P={P} {role} ({device}): {len(jobs)} strategies in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     return rows
 
 
@@ -158,9 +173,10 @@ def render(data: dict) -> list[str]:
           "s/epoch CPU | s/epoch GPU | speed-up | records | GPU peak MiB |", "|" + "---|" * 12]
     by = {(r["graph"], r["strategy"], r["parts"], r["role"]): r for r in rows}
     for (g, s, P, role), gpu in by.items():
-        if role != "gpu":
+        if role != "gpu" or "error" in gpu:
             continue
         cpu = by.get((g, s, P, "cpu"))
+        cpu = None if cpu is None or "error" in cpu else cpu
         acc_c = f"{cpu['test_acc']:.3f}" if cpu else "-"
         sec_c = f"{cpu['wall_s_per_epoch']:.3f}" if cpu else "-"
         speed = f"{cpu['wall_s_per_epoch'] / gpu['wall_s_per_epoch']:.1f}x" if cpu else "-"
@@ -171,6 +187,11 @@ def render(data: dict) -> list[str]:
                   f"{gpu['backend']} | {acc_c} | {gpu['test_acc']:.3f} | "
                   f"{gpu['bytes_per_epoch']:,.0f} | {sec_c} | {gpu['wall_s_per_epoch']:.3f} | "
                   f"{speed} | {same} | {gpu['peak_gpu_mib']:.0f} |")
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        md += ["", "## Failed", ""] + [f"- {r['graph']} `{r['strategy']}` P = {r['parts']} "
+                                        f"on the {r['role'].upper()}: {r['error']}"
+                                        for r in failed]
     if data.get("pyg"):
         md += ["", "## `centralized` against plain PyG on the GPU", "",
                "| graph | model | quietgnn s/epoch | PyG edge_index | PyG adj_t | ratio vs best "
@@ -189,6 +210,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graphs", default="cora,computers")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--parts", default="1,2", help="ranks sharing GPU 0 (and P = #GPUs over "
+                    "NCCL where there are more than 2)")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--cpu-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--big-edges", type=float, default=1e7)
@@ -205,35 +228,42 @@ def main(argv=None) -> int:
         return 0
     import warnings
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-    t_start, out, rows = time.perf_counter(), Path(args.out), []
+    t_start, out = time.perf_counter(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n_gpu = torch.cuda.device_count() if gpu == "cuda" else 1
     strategies = args.strategies.split(",")
-    graphs = {g: _graph(g) for g in args.graphs.split(",")}
-    sizes = sorted({1, 2} | ({n_gpu} if n_gpu > 2 else set()))
-    for name, (graph, origin) in graphs.items():
-        for P in sizes:
-            for device, role in ((gpu, "gpu"), ("cpu", "cpu")):
-                threads = args.cpu_threads // P if role == "cpu" else 1
-                rows += _group(graph, name, origin, strategies, P, device, role, args.epochs,
-                               max(1, threads), args.timeout)
-    if not args.no_big:
-        big = _prepare_big(int(args.big_edges), out / "prepared")
-        rows += _group(big, f"synthetic {args.big_edges:.0e} edges", "prepared",
-                       ["halo", "minibatch"], 2, gpu, "gpu", 3, 1, args.timeout)
     meta = {"gpu": torch.cuda.get_device_name(0) if gpu == "cuda" else "dry run (CPU)",
             "gpus": n_gpu, "torch": torch.__version__,
             "python": platform.python_version(), "epochs": args.epochs,
             "cpu_threads": args.cpu_threads,
-            "command": "python benchmarks/bench_gpu.py " + " ".join(argv or sys.argv[1:]),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    data = {"meta": meta, "rows": rows,
-            "pyg": _pyg(graphs, args.epochs) if gpu == "cuda" else []}
-    meta["elapsed_s"] = time.perf_counter() - t_start
-    (out / "gpu.json").write_text(json.dumps(data, indent=1))
-    md = render(data)
-    (out / "gpu.md").write_text("\n".join(md))
-    print("\n".join(md))
+            "command": "python benchmarks/bench_gpu.py " + " ".join(argv or sys.argv[1:])}
+    data: dict = {"meta": meta, "rows": [], "pyg": []}
+
+    def save() -> None:
+        # after every group: a run stopped by its time limit keeps what it measured
+        meta.update(when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    elapsed_s=time.perf_counter() - t_start)
+        (out / "gpu.json").write_text(json.dumps(data, indent=1))
+        (out / "gpu.md").write_text("\n".join(render(data)))
+
+    graphs = {g: _graph(g) for g in args.graphs.split(",")}
+    sizes = sorted({int(p) for p in args.parts.split(",")} | ({n_gpu} if n_gpu > 2 else set()))
+    for name, (graph, origin) in graphs.items():
+        for P in sizes:
+            for device, role in ((gpu, "gpu"), ("cpu", "cpu")):
+                threads = args.cpu_threads // P if role == "cpu" else 1
+                data["rows"] += _group(graph, name, origin, strategies, P, device, role,
+                                       args.epochs, max(1, threads), args.timeout)
+                save()
+    if gpu == "cuda":
+        data["pyg"] = _pyg(graphs, args.epochs)
+        save()
+    if not args.no_big:
+        big = _prepare_big(int(args.big_edges), out / "prepared")
+        data["rows"] += _group(big, f"synthetic {args.big_edges:.0e} edges", "prepared",
+                               ["halo", "minibatch"], 2, gpu, "gpu", 3, 1, args.timeout)
+        save()
+    print("\n".join(render(data)))
     return 0
 
 
