@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..nn.keyed import row_keep_mask
+from ..nn.keyed import keep_mask, row_keep_mask
 from ..partition.local import LocalPartition
 from .communicator import Communicator
 from .traffic import Traffic
@@ -102,6 +102,38 @@ class _KeptFn(torch.autograd.Function):
         back[m_send] = torch.cat(got)
         return grad[:ex.n_own].index_add(0, ex.send_all, back), None, None, None, None, None, \
             None
+
+
+class _SampledFn(torch.autograd.Function):
+    # The exchange of a sample of the boundary rows (BNS-GCN): both ends know which rows are
+    # in it (a keyed function of the global id, :meth:`HaloExchanger.row_sample`), so only
+    # those travel, both ways, with no size handshake; the receiver scales them by 1 / rate
+    # (an unbiased estimate of the full aggregation) and holds zeros for the others.
+    @staticmethod
+    def forward(ctx, h: Tensor, ex: "HaloExchanger", kind_bwd: str, kind_fwd: str,
+                carries: Traffic, m_send: Tensor, m_recv: Tensor, scale: float) -> Tensor:
+        n_send = [int(c.sum()) for c in m_send.split(ex.send_counts)]
+        n_recv = [int(c.sum()) for c in m_recv.split(ex.recv_counts)]
+        ctx.ex, ctx.kind_bwd, ctx.scale = ex, kind_bwd, scale
+        ctx.save_for_backward(m_send, m_recv)
+        ctx.counts = (n_send, n_recv)
+        send = torch.split(h.index_select(0, ex.send_all[m_send]), n_send)
+        got = ex.comm.all_to_all(list(send), kind_fwd, n_recv, carries=carries)
+        out = h.new_zeros((ex.n_own + ex.n_halo,) + tuple(h.shape[1:]))
+        out[: ex.n_own] = h
+        out[ex.n_own:][m_recv] = torch.cat(got) * scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        ex = ctx.ex
+        m_send, m_recv = ctx.saved_tensors
+        n_send, n_recv = ctx.counts
+        send = torch.split(grad[ex.n_own:][m_recv] * ctx.scale, n_recv)
+        got = ex.comm.all_to_all(list(send), ctx.kind_bwd, n_send,
+                                 carries=Traffic.ACTIVATION_GRADS)
+        return grad[:ex.n_own].index_add(0, ex.send_all[m_send], torch.cat(got)), None, None, \
+            None, None, None, None, None
 
 
 class HaloExchanger:
@@ -181,6 +213,24 @@ class HaloExchanger:
             for j, g in enumerate(got):
                 halo[at[j] + a: at[j] + a + g.shape[0]] = g
         return out
+
+    def row_sample(self, rate: float, key: int) -> tuple[Tensor, Tensor]:
+        """(rows sent, halo rows received) in the sample ``key`` of ``rate`` of the boundary
+        rows: bool masks over ``send_all`` and the halo, a keyed function of each row's
+        global id, so both ends agree without a message."""
+        return (keep_mask(self.send_ids, 1.0 - rate, key),
+                keep_mask(self.halo_ids, 1.0 - rate, key))
+
+    def sampled(self, h: Tensor, layer: int, masks: tuple[Tensor, Tensor],
+                scale: float) -> Tensor:
+        """``[h ; halo rows]`` with only the rows in ``masks`` (:meth:`row_sample`) exchanged
+        (forward and backward), received rows times ``scale``, the others zero."""
+        carries = Traffic.FEATURES if layer == 0 else Traffic.EMBEDDINGS
+        self.comm.declare(carries, "halo exchange", f"{self.kind}_fwd")
+        if self.comm.world_size == 1:
+            return h
+        return _SampledFn.apply(h, self, f"{self.kind}_bwd", f"{self.kind}_fwd", carries,
+                                masks[0], masks[1], float(scale))
 
     def bytes_per_call(self, width: int, element_size: int = 4) -> int:
         """Analytic bytes this rank sends in one forward exchange of ``width`` columns."""
