@@ -57,14 +57,23 @@ class FeaturesDigest:
         self.width, self.rows = int(width), 0
         self.acc = np.zeros(self.width, dtype=np.uint64)
 
-    def update(self, x: np.ndarray, first_id: int) -> None:
-        """Add rows ``first_id ..`` of the matrix (``[rows, width]``, any float dtype)."""
+    def update(self, x: np.ndarray, ids: "int | np.ndarray") -> None:
+        """Add rows of the matrix (``[rows, width]``, any float dtype): ``ids`` their global
+        ids, or the first of consecutive ones."""
         bits = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1).view(np.uint32)
-        ids = np.arange(first_id, first_id + bits.shape[0], dtype=np.uint64)
+        ids = np.arange(ids, ids + bits.shape[0], dtype=np.uint64) if np.isscalar(ids) else \
+            np.asarray(ids).astype(np.uint64)
         mult = ids * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
         with np.errstate(over="ignore"):      # the wrap-around is the modulo
             self.acc += (bits.astype(np.uint64) * mult[:, None]).sum(0, dtype=np.uint64)
         self.rows += bits.shape[0]
+
+    def merge(self, rows: int, acc: bytes) -> None:
+        """Add another writer's sums (its ``rows`` and ``acc.tobytes()``): one digest from the
+        parts that ranks hashed apart."""
+        with np.errstate(over="ignore"):
+            self.acc += np.frombuffer(acc, dtype=np.uint64)
+        self.rows += int(rows)
 
     def hexdigest(self) -> str:
         h = hashlib.sha256(f"{(self.rows, self.width)}:float32".encode())

@@ -57,6 +57,7 @@ import torch
 
 from ..comm.communicator import Communicator
 from ..comm.traffic import Traffic
+from ..graph import FeaturesDigest
 from ..partition.book import PartitionBook, _sha256, finish_book, new_book_dir
 from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
@@ -325,7 +326,7 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     np.save(d / "owned.npy", owned)
     np.save(d / "halo.npy", halo)
     np.save(d / "halo_owner.npy", halo_owner)
-    own_y, own_split = _write_nodes(con, d, src_nodes, owned, x_dtype)
+    own_y, own_split, digest = _write_nodes(con, d, src_nodes, owned, x_dtype)
     indptr = np.zeros(n_own + 1, dtype=np.int64)
     np.cumsum(in_deg, out=indptr[1:])
     _write_indices(con, d, owned, halo, halo_owner, r, n, int(indptr[-1]), B)
@@ -357,6 +358,10 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     per = comm.all_gather_object([n_own, int(m_loc), int(halo.size), int(cut)],
                                  "prepare_control", carries=Traffic.CONTROL)
     nodes_, edges_, halos, cuts = ([p[i] for p in per] for i in range(4))
+    whole = FeaturesDigest(F)      # every rank's share of the features' digest, summed
+    for rows, acc in comm.all_gather_object((digest.rows, digest.acc.tobytes()),
+                                            "prepare_control", carries=Traffic.CONTROL):
+        whole.merge(rows, acc)
     stats = {"num_parts": P, "nodes": nodes_, "edges": edges_, "halo": halos,
              "edge_cut": sum(cuts),
              "edge_cut_fraction": float(np.float32(sum(cuts) / m)) if m else 0.0,
@@ -364,7 +369,7 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
              "replication_factor": float((n + sum(halos)) / n)}
     ident = {"name": name, "num_nodes": n, "num_edges": m, "num_features": F,
              "num_classes": src_nodes.num_classes, "fingerprint": fingerprint,
-             "source": source, "split_seed": split_seed}
+             "features_digest": whole.hexdigest(), "source": source, "split_seed": split_seed}
     return {"book_id": book_id, "num_parts": P, "method": "given", "seed": 0,
             "options": {"streamed": True, "distributed": True}, "graph": ident,
             "stats": stats}
@@ -397,10 +402,12 @@ def _load_received(con: Any, work: Path, k: int) -> None:
 
 
 def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray,
-                 x_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+                 x_dtype: str) -> tuple[np.ndarray, np.ndarray, FeaturesDigest]:
     """x, y and the masks of this rank's nodes (its node table in id order); returns y and
-    the split codes (kept for the fingerprint)."""
+    the split codes (kept for the fingerprint) and this rank's share of the features' digest
+    (the rows as read, before any narrowing to ``x_dtype``)."""
     c = owned.size
+    digest = FeaturesDigest(src_nodes.num_features)
     xw = NpyWriter(d / "x.npy", x_dtype, (c, src_nodes.num_features))
     y = np.zeros(c, dtype=np.int64)
     split = np.zeros(c, dtype=np.uint8)
@@ -410,13 +417,14 @@ def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray,
         if not (blk.ids == owned[at:at + k]).all():
             raise RuntimeError("the node table changed while it was read")
         xw.write(blk.x)
+        digest.update(blk.x, blk.ids)
         y[at:at + k], split[at:at + k] = blk.y, blk.split
         at += k
     xw.close()
     np.save(d / "y.npy", y)
     for code, mask in ((TRAIN, "train_mask"), (VAL, "val_mask"), (TEST, "test_mask")):
         np.save(d / f"{mask}.npy", split == code)
-    return y, split
+    return y, split, digest
 
 
 def _write_indices(con: Any, d: Path, owned: np.ndarray, halo: np.ndarray,
