@@ -420,3 +420,22 @@ def test_the_tagged_edges_are_read_back_without_holding_what_was_read(tmp_path, 
         n += b["src"].size
     assert n == rows * groups
     assert max(held) - base < size // 3, (base, max(held), size)
+
+
+def test_a_label_column_of_names_becomes_classes(tmp_path):
+    """Labels given as names in the node table (VARCHAR) map to classes in sorted order, as
+    the in-memory loaders map them; the book keeps the mapping."""
+    g0 = small_graph(n=120, seed=5)
+    e, n, ei = _tables(tmp_path, g0, "parquet")
+    names = np.array(["politician", "company", "tvshow"])        # class k -> an arbitrary name
+    t = pq.read_table(n)
+    t = t.set_column(t.column_names.index("y"), "y", pa.array(names[t.column("y").to_numpy()]))
+    pq.write_table(t, n)
+    book = prepare_tables(e, n, tmp_path / "out", parts=2, memory_budget=TINY_BUDGET,
+                          split_seed=5, method="hash")
+    assert book.graph["label_names"] == ["company", "politician", "tvshow"]
+    want = {0: 1, 1: 0, 2: 2}                       # old class -> the sorted names' order
+    for k in range(2):
+        part = book.load_part(k, 2)
+        old = g0.y[part.owned]
+        assert part.y.tolist() == [want[int(c)] for c in old]

@@ -16,7 +16,8 @@ prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
 
 Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
 ``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops and duplicates are
-dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``) and optionally
+dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``: class ids, or
+names, which become classes in sorted order, kept in the book as ``label_names``) and optionally
 ``split`` (``train`` / ``val`` / ``test``, anything else: none; without it a seeded random
 60/20/20 split); features are a list column ``x`` or every other numeric column, in order.
 """
@@ -109,14 +110,27 @@ class TableNodes:
                                  f"y, split nor numeric features")
             self.x_list, self.x_cols = False, [c for c, _ in rest]
         types = dict(cols)
-        for col in ("id", self.y_col):
+        y = sql_name(self.y_col)
+        #: label names (a text label column): class k is the k-th name in sorted order
+        self.label_names: Optional[list[str]] = None
+        if types[self.y_col].startswith("VARCHAR"):
+            if not whole:
+                raise ValueError(f"node table {str(path)!r}: labels {self.y_col} are names; "
+                                 f"the per-host prepare needs class ids (every host must map "
+                                 f"names alike): map them to 0 .. C-1 first, or prepare in one "
+                                 f"process")
+            self.label_names = sorted(str(r[0]) for r in con.sql(
+                f"SELECT DISTINCT {y} FROM {self.reader} WHERE {y} IS NOT NULL").fetchall())
+        for col in ("id",) + (() if self.label_names is not None else (self.y_col,)):
             if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|U)", types[col]):
                 raise ValueError(f"node table {str(path)!r}: column {col} has type "
-                                 f"{types[col]}, expected integers")
-        y = sql_name(self.y_col)
+                                 f"{types[col]}, expected integers (or, for the labels, names)")
+        yv = "0" if self.label_names is not None else y     # names: no numeric range to check
         n, lo, hi, ymin, ymax, nully = con.sql(
-            f"SELECT count(*), min(id), max(id), min({y}), max({y}), count(*) - count({y}) "
+            f"SELECT count(*), min(id), max(id), min({yv}), max({yv}), count(*) - count({y}) "
             f"FROM {self.reader}").fetchall()[0]
+        if self.label_names is not None:
+            ymax = len(self.label_names) - 1
         self.count, self.lo, self.hi, self.ymax = int(n), lo, hi, ymax
         if not whole and n == 0:
             raise ValueError(f"node table {str(path)!r} is empty; every rank's slice needs at "
@@ -156,7 +170,12 @@ class TableNodes:
                          f"{self.reader} ORDER BY id").to_arrow_reader(1 << 16)
         for batch in reader:
             ids = batch.column("id").to_numpy().astype(np.int64)
-            y = batch.column("y").to_numpy().astype(np.int64)
+            if self.label_names is None:
+                y = batch.column("y").to_numpy().astype(np.int64)
+            else:
+                y = np.searchsorted(np.array(self.label_names),
+                                    np.array(batch.column("y").to_pylist(), dtype=str))
+                y = y.astype(np.int64)
             if self.x_list:
                 flat = batch.column("x").flatten().to_numpy(zero_copy_only=False)
                 x = np.asarray(flat, dtype=np.float32).reshape(ids.size, self.num_features)

@@ -321,6 +321,8 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
     ident = {"name": name, "num_nodes": n, "num_edges": int(m),
              "num_features": nodes.num_features, "num_classes": nodes.num_classes,
              "fingerprint": fingerprint, "features_digest": features_digest, **identity}
+    if getattr(nodes, "label_names", None):
+        ident["label_names"] = list(nodes.label_names)     # class k is label_names[k]
     return {"book_id": book_id, "num_parts": P, "method": method, "seed": seed,
             "options": {"streamed": True}, "graph": ident, "stats": stats}
 
