@@ -226,6 +226,8 @@ def _collect(procs: list[Any], queue: Any, world_size: int, timeout_s: float) ->
         if not ok:
             raise LaunchError(f"rank {rank} failed:\n{value}")
         import torch
-        # the bytes come from our own worker (torch.save of the function's result)
+        # Not weights_only: a test's function returns whatever it likes (records, numpy,
+        # dataclasses). The bytes come through a pipe from a child this process started, running
+        # this package's code: no file and no peer on the network is read here.
         results[rank] = torch.load(io.BytesIO(value), weights_only=False)
     return [results[r] for r in range(world_size)]

@@ -93,11 +93,12 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     placement = place(cfg.runtime.device, cfg.runtime.backend, local_rank,
                       int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = placement.device
+    if write_config:   # under torchrun: what config.json records, as the launcher's does
+        cfg.runtime.backend = placement.backend
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if rank == 0 and write_config:   # under torchrun (the launcher said it already)
             print(f"placement: {placement}", file=sys.stderr, flush=True)
-            cfg.runtime.backend = placement.backend   # what config.json records
     if rank == 0:
         from .rundir import record_attempt
         record_attempt(run_dir)
