@@ -44,17 +44,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-STRATEGIES = ["centralized", "halo", "adaqp", "grappa", "tma", "retexo", "minibatch"]
+STRATEGIES = ["centralized", "halo", "bns", "adaqp", "grappa", "tma", "retexo", "minibatch"]
 OPTIONS = {"tma": {"period_epochs": 1.0}}
 STAND_IN = {"cora": (2708, 5, 1433, 7), "computers": (13752, 36, 767, 10)}   # n, degree, F, C
 
 
-def _graph(name: str):
+def _graph(name: str, data: Path):
     """(graph, where it came from): the dataset, or a synthetic graph of its size."""
     from quietgnn.datasets import load_dataset
     sub = {"cora": "planetoid", "computers": "amazon"}[name]
-    if (DATA / sub).is_dir():
-        return load_dataset(name, str(DATA / sub)), "dataset"
+    if (data / sub).is_dir():
+        return load_dataset(name, str(data / sub)), "dataset"
     from quietgnn.datasets.synthetic import SyntheticSpec, make_synthetic
     n, deg, f, c = STAND_IN[name]
     spec = SyntheticSpec(nodes=n, avg_degree=deg, feature_dim=f, classes=c)
@@ -183,7 +183,8 @@ def render(data: dict) -> list[str]:
         same = "-" if not cpu else ("equal" if cpu["records"] == gpu["records"] else
                                     # its bit widths follow measured times: two CPU runs differ
                                     "differ (timed widths)" if s == "adaqp" else "DIFFER")
-        md.append(f"| {g}{'' if gpu['source'] == 'dataset' else ' (stand-in)'} | {s} | {P} | "
+        label = g if gpu["source"] == "dataset" else f"{g} ({gpu['source']})"
+        md.append(f"| {label} | {s} | {P} | "
                   f"{gpu['backend']} | {acc_c} | {gpu['test_acc']:.3f} | "
                   f"{gpu['bytes_per_epoch']:,.0f} | {sec_c} | {gpu['wall_s_per_epoch']:.3f} | "
                   f"{speed} | {same} | {gpu['peak_gpu_mib']:.0f} |")
@@ -202,7 +203,9 @@ def render(data: dict) -> list[str]:
             md.append(f"| {r['graph']} | {r['model']} | {q['epoch_s']:.4f} | "
                       f"{e['epoch_s']:.4f} | {a['epoch_s']:.4f} | {q['epoch_s'] / best:.2f} | "
                       f"{q['test_acc']:.3f} | {a['test_acc']:.3f} |")
-    md += ["", f"Command: `{meta['command']}` ({meta['when']}, {meta['elapsed_s']:.0f} s)", ""]
+    for run in meta.get("runs", [meta]):   # a table merged from several runs lists each
+        md += ["", f"Command: `{run['command']}` ({run['when']}, {run['elapsed_s']:.0f} s)"]
+    md += [""] + [f"- {n}" for n in meta.get("notes", [])] + [""]
     return md
 
 
@@ -215,9 +218,13 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--cpu-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--big-edges", type=float, default=1e7)
+    ap.add_argument("--big-epochs", type=int, default=3, help="epochs on the big graph")
     ap.add_argument("--no-big", action="store_true", help="skip the prepared big graph")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per group of runs")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu"))
+    ap.add_argument("--data", default=str(DATA), help="the datasets' folder (default ../shared/data)")
+    ap.add_argument("--prepared", default=None, help="where the big graph is prepared "
+                    "(default OUT/prepared; kept and reused)")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the script on a CPU: the 'GPU' runs use the CPU, no PyG part")
     args = ap.parse_args(argv)
@@ -246,7 +253,7 @@ def main(argv=None) -> int:
         (out / "gpu.json").write_text(json.dumps(data, indent=1))
         (out / "gpu.md").write_text("\n".join(render(data)))
 
-    graphs = {g: _graph(g) for g in args.graphs.split(",")}
+    graphs = {g: _graph(g, Path(args.data)) for g in args.graphs.split(",")}
     sizes = sorted({int(p) for p in args.parts.split(",")} | ({n_gpu} if n_gpu > 2 else set()))
     for name, (graph, origin) in graphs.items():
         for P in sizes:
@@ -259,9 +266,10 @@ def main(argv=None) -> int:
         data["pyg"] = _pyg(graphs, args.epochs)
         save()
     if not args.no_big:
-        big = _prepare_big(int(args.big_edges), out / "prepared")
+        big = _prepare_big(int(args.big_edges), Path(args.prepared or out / "prepared"))
         data["rows"] += _group(big, f"synthetic {args.big_edges:.0e} edges", "prepared",
-                               ["halo", "minibatch"], 2, gpu, "gpu", 3, 1, args.timeout)
+                               ["halo", "minibatch"], 2, gpu, "gpu", args.big_epochs, 1,
+                               args.timeout)
         save()
     print("\n".join(render(data)))
     return 0

@@ -16,6 +16,7 @@ from quietgnn.comm.store import HEADER_BYTES
 from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, make_book, partition_nodes
 from quietgnn.runtime.books import dataset_identity_of
+from quietgnn.serial import dumps
 from quietgnn.runtime.launcher import launch
 from quietgnn.runtime.spawn import spawn_function
 from quietgnn.runtime.plan import RunPlan
@@ -119,6 +120,11 @@ def test_training_traffic_is_model_averaging_only(runs, config):
             else:
                 assert (sent, recv) == (up, down)
             assert {x["kind"] for x in r["eval"][e]} == {"eval_metrics"}
+            # the same bytes every epoch, whatever the accuracies: three IEEE doubles in hex
+            ev = r["eval"][e][0]
+            size = HEADER_BYTES + len(dumps("0" * 48))
+            assert (ev["bytes_sent"], ev["bytes_recv"]) == \
+                (((P - 1) * size, 0) if rank == 0 else (0, size))
             assert r["steps"][e] == 2
         # evaluation graph gathered to rank 0 once, at setup
         assert "eval_graph" in {x["kind"] for x in r["setup"]}

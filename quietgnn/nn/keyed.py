@@ -37,12 +37,24 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ (x >> 31)
 
 
+def _wrap(x: int) -> int:
+    """A Python int as the int64 torch would hold (two's complement wrap-around)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
 def mix_key(*parts: int) -> int:
-    """One signed 64-bit key from small integers (seed, epoch, layer), order-sensitive."""
-    k = torch.zeros((), dtype=torch.int64)
+    """One signed 64-bit key from small integers (seed, epoch, layer), order-sensitive: the
+    same numbers as :func:`_mix` on int64 tensors (arithmetic shifts, wrapping products), in
+    Python integers: on tensors, every key of every layer and epoch cost a dozen dispatched
+    operations, which is most of an epoch's overhead on a small graph on a GPU."""
+    k = 0
     for p in parts:
-        k = _mix(k + _GOLDEN + int(p))
-    return int(k)
+        x = _wrap(k + _GOLDEN + int(p))
+        x = _wrap((x ^ (x >> 30)) * _M1)
+        x = _wrap((x ^ (x >> 27)) * _M2)
+        k = x ^ (x >> 31)
+    return k
 
 
 def keep_mask(counters: Tensor, p: float, key: int) -> Tensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -389,23 +390,30 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
     n = flat.numel() - 1 - P - (0 if extra is None else extra.numel())
     if comm.take_poison():
         flat[0] = float("nan")   # QUIETGNN_FAULT action=nan: a NaN gradient on this rank
-    bad = not bool(torch.isfinite(flat[: n + 1]).all())
-    if bad:
-        flat[n + 1 + comm.rank] = 1.0
+    # set without reading it back: on a GPU every read is a sync, and one per step will do
+    flat[n + 1 + comm.rank] = (~torch.isfinite(flat[: n + 1]).all()).to(flat.dtype)
 
-    def check(tail_sum: Tensor, grads_finite: bool = True) -> None:
-        """Raise on every rank alike; ``tail_sum`` = the summed ``[loss | flags | extra]``."""
-        flags = tail_sum[1:1 + P]
-        if bool((flags > 0).any()) or not (grads_finite and bool(torch.isfinite(tail_sum[0]))):
-            ranks = torch.nonzero(flags > 0).flatten().tolist()
+    def check(tail_sum: Tensor, grads_finite: Optional[Tensor] = None) -> float:
+        """Raise on every rank alike; ``tail_sum`` = the summed ``[loss | flags | extra]``,
+        ``grads_finite`` a 0-d bool (or None: not checked). Returns the loss (one host read)."""
+        head = tail_sum[:1 + P]
+        if grads_finite is not None:
+            head = torch.cat([head, grads_finite.reshape(1).to(head.dtype)])
+        vals = head.cpu().tolist()
+        loss, flags = vals[0], vals[1:1 + P]
+        finite = math.isfinite(loss) and (grads_finite is None or vals[-1] > 0)
+        if any(f > 0 for f in flags) or not finite:
+            ranks = [j for j, f in enumerate(flags) if f > 0]
             raise NonFiniteError(f"non-finite loss or gradient on rank(s) {ranks or 'unknown'} "
                                  f"in epoch {comm.epoch}; all ranks stopped before the optimizer "
                                  f"step (lower train.lr, check the input features, or resume from "
                                  f"the last checkpoint)")
+        return loss
 
     if P > 1 and lowrank is not None:
-        if bad:   # zeros keep the factorisation finite; the flag stops every rank in check()
-            flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
+        # zeros keep the factorisation finite (a no-op on finite values); the flag stops
+        # every rank in check()
+        flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
         views, off = [], 0
         for g in grads:
             views.append(flat[off:off + g.numel()].view_as(g))
@@ -417,21 +425,25 @@ def sync_gradients(comm: Communicator, params: list[nn.Parameter], loss: Tensor,
             p.grad = g
         return float(tail_sum[0])
     if P > 1 and int(bits) < 32:
-        if bad:   # the codec refuses non-finite rows; the flag tells every rank
-            flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
+        # the codec refuses non-finite rows (a no-op on finite ones); the flag tells every rank
+        flat[: n + 1] = torch.nan_to_num(flat[: n + 1], nan=0.0, posinf=0.0, neginf=0.0)
         flat = quantized_all_reduce(comm, flat, bits, kind, exact_tail=flat.numel() - n,
                                     carries=Traffic.GRADIENTS)
     elif P > 1:
         comm.all_reduce(flat, kind, carries=Traffic.GRADIENTS)
     if extra is not None:
         extra.copy_(flat[n + 1 + P:].view_as(extra))
-    check(flat[n:], grads_finite=bool(torch.isfinite(flat[:n]).all()))
+    if P == 1:   # the flag already covers the gradients, which are the rank's own
+        for p, g in zip(params, grads):
+            p.grad = g   # the zeros of an unused parameter too, as the views below would
+        return check(flat[n:])
+    loss_sum = check(flat[n:], grads_finite=torch.isfinite(flat[:n]).all())
     off = 0
     for p, g in zip(params, grads):  # views into the fresh buffer: no copy needed
         k = g.numel()
         p.grad = flat[off:off + k].view_as(p)
         off += k
-    return float(flat[n])
+    return loss_sum
 
 
 def masked_loss(logits: Tensor, y: Tensor, mask: Tensor, total: int) -> Tensor:

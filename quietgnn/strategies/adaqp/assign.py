@@ -31,13 +31,14 @@ class Assignment:
         p = self.ctx.part
         if self.options.lean:     # GCN over the whole block, its weights a slice at a time
             a = self.adj
-            beta = torch.zeros(p.n_halo, dtype=torch.float64)
+            # summed where the block lives; the widths it weighs are decided on the host
+            beta = torch.zeros(p.n_halo, dtype=torch.float64, device=a.indices.device)
             for lo, hi in chunk_bounds(a.indptr, 1 << 22):
                 s, e = int(a.indptr[lo]), int(a.indptr[hi])
                 cols = a.indices[s:e].long()
                 halo = cols >= p.n_own
                 beta.index_add_(0, cols[halo] - p.n_own, a.gcn_weights(lo, hi)[halo].double())
-            return list(torch.split(beta, [int(c) for c in p.recv_counts]))
+            return list(torch.split(beta.cpu(), [int(c) for c in p.recv_counts]))
         a, arch = self.adj_m, self.model.arch
         if arch == "gcn":
             w = a.gcn_norm()[0]
@@ -48,9 +49,9 @@ class Assignment:
         else:
             w = a.ones()
         halo = a.indices >= p.n_own
-        beta = torch.zeros(p.n_halo, dtype=torch.float64)
+        beta = torch.zeros(p.n_halo, dtype=torch.float64, device=a.indices.device)
         beta.index_add_(0, a.indices[halo] - p.n_own, w[halo].double())
-        return list(torch.split(beta, [int(c) for c in p.recv_counts]))
+        return list(torch.split(beta.cpu(), [int(c) for c in p.recv_counts]))
 
     def _channel_model(self) -> None:
         """Fit ``t = alpha MB + gamma`` per outgoing channel (or take a tier), share with all."""

@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -111,6 +112,7 @@ from torch import Tensor
 from ...comm.store import StarChannel
 from ...comm.traffic import Traffic
 from ...nn import SparseAdj, SparseFeatures, maybe_sparse
+from ...sampling.evaluate import SPLITS
 from ...sampling.fanouts import parse_fanouts
 from ...sampling.local import LocalSampler
 from ...seeds import stream_seed
@@ -451,11 +453,15 @@ class TMA(Strategy):
             finally:
                 self.model.train()
             accs = {}
-            for split in ("train", "val", "test"):
+            for split in SPLITS:
                 m = f[split]
                 accs[split] = float((pred[m] == f["y"][m]).float().mean()) if m.any() \
                     else float("nan")
-        return self.chan.broadcast_object(accs, kind="eval_metrics", carries=Traffic.CONTROL)
+        # as fixed-width IEEE bits, not JSON numbers (whose length follows the digits): the
+        # bytes a run sends must not depend on the values (a GPU run's records equal the CPU's)
+        packed = struct.pack("<3d", *(accs[k] for k in SPLITS)).hex() if accs else None
+        got = self.chan.broadcast_object(packed, kind="eval_metrics", carries=Traffic.CONTROL)
+        return dict(zip(SPLITS, struct.unpack("<3d", bytes.fromhex(got))))
 
     # ------------------------------------------------------------------ run summary
     def gather_objects(self, obj: Any) -> Optional[list[Any]]:
