@@ -1,0 +1,191 @@
+"""``pipegcn``: PipeGCN -- ``halo``'s exchange, one epoch stale, so that it flies while the
+epoch computes.
+
+Paper: Wan, Li, Lin et al., "PipeGCN: Efficient Full-Graph Training of Graph Convolutional
+Networks with Pipelined Feature Communication" (ICLR 2022). A seed baseline: AdaQP measures
+itself against it.
+
+Training is ``halo``'s (the same parts, keyed dropout, inputs fetched once, exact evaluation)
+but, in every hidden layer, the halo rows a rank aggregates are the ones its peers sent in
+the *previous* epoch, and the gradients of those rows reach their owners one epoch late too.
+This epoch's boundary rows leave as soon as the layer has them (an asynchronous all-to-all)
+and arrive for the next epoch; the halo rows' gradients leave as backward reaches them, and
+their owners add them to the next epoch's gradients. Every exchange is waited for at the end
+of the epoch, before the gradient all-reduce: it overlaps the rest of the epoch's forward and
+backward instead of stalling them (the paper overlaps into the next epoch; a rank here cannot
+have a second collective in flight while it evaluates). The first epoch has no stale rows:
+its forward exchange is waited for at once, as ``halo``'s is. ``smoothing`` = gamma > 0 is the
+paper's PipeGCN-GF: the stale rows and gradients used are moving averages,
+``gamma * previous + (1 - gamma) * received``.
+
+``stale false`` is ``halo`` with whole rows (``skip_dropped false``): every exchange waited
+for where it is made, the same numbers. Traffic per epoch is that of ``halo`` with whole rows:
+``4 sum|B| (sum_{1<=l<L} d_l) * 2`` bytes + one all-reduce of ``|theta| + 1 + P`` floats; once
+at set-up, the halo's input rows. Gives up: exact gradients (features and their gradients one
+step stale) for time, where the link is slow and the epoch has compute to hide it behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from ..comm import HaloExchanger
+from ..comm.traffic import Traffic
+from ..nn.keyed import mix_key
+from ..rows import to_device
+from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
+                   partition_adj, register, sync_gradients)
+
+
+@dataclass
+class PipeGCNOptions:
+    """``options.*`` of ``pipegcn``."""
+
+    #: use the previous epoch's halo rows and gradients (the pipeline); false: ``halo``
+    stale: bool = True
+    #: PipeGCN-GF's gamma: stale rows and gradients as moving averages (0: off, the paper's
+    #: PipeGCN; it suggests 0.95 for GF)
+    smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stale, bool):
+            raise ValueError(f"options.stale = {self.stale!r}; expected true or false")
+        if not 0.0 <= float(self.smoothing) < 1.0:
+            raise ValueError(f"options.smoothing = {self.smoothing!r}; expected a gamma in "
+                             f"[0, 1) (0: off; the paper's PipeGCN-GF uses 0.95)")
+
+
+class StaleExchange:
+    """``exchange(h, layer)`` for the model: ``[h ; the halo rows of the previous epoch]``,
+    this epoch's boundary rows (and, in backward, the halo rows' gradients) sent on their
+    way; :meth:`finish` waits for them all and keeps them for the next epoch."""
+
+    skips_dropped = False
+
+    def __init__(self, ex: HaloExchanger, smoothing: float) -> None:
+        self.ex, self.gamma = ex, float(smoothing)
+        self.rows: dict[int, Tensor] = {}       # layer -> [n_halo, d] for the next forward
+        self.grads: dict[int, Tensor] = {}      # layer -> [len(send_all), d] for the next backward
+        self._flying: list[tuple[str, int, Any]] = []
+
+    def __call__(self, h: Tensor, layer: int) -> Tensor:
+        ex = self.ex
+        ex.comm.declare(Traffic.EMBEDDINGS, "halo exchange", f"{ex.kind}_fwd")
+        send = torch.split(h.detach().index_select(0, ex.send_all), ex.send_counts)
+        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_fwd", ex.recv_counts,
+                                           carries=Traffic.EMBEDDINGS)
+        if layer not in self.rows:   # the first epoch: nothing stale yet, wait as halo does
+            self._keep("fwd", layer, pending.wait())
+        else:
+            self._flying.append(("fwd", layer, pending))
+        return _StaleFn.apply(h, self, layer)
+
+    def _keep(self, way: str, layer: int, blocks: list[Tensor]) -> None:
+        got = torch.cat(blocks)
+        store = self.rows if way == "fwd" else self.grads
+        old = store.get(layer)
+        store[layer] = got if old is None or self.gamma == 0.0 else \
+            old.mul_(self.gamma).add_(got, alpha=1.0 - self.gamma)
+
+    def finish(self) -> None:
+        """Wait for every exchange this epoch started; keep what came for the next one."""
+        flying, self._flying = self._flying, []
+        for way, layer, pending in flying:
+            self._keep(way, layer, pending.wait())
+
+    def state(self) -> dict[str, Any]:
+        return {"rows": dict(self.rows), "grads": dict(self.grads)}
+
+    def load(self, state: dict[str, Any], device: torch.device) -> None:
+        self.rows = {int(k): v.to(device) for k, v in state["rows"].items()}
+        self.grads = {int(k): v.to(device) for k, v in state["grads"].items()}
+
+
+class _StaleFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: Tensor, se: StaleExchange, layer: int) -> Tensor:
+        ctx.se, ctx.layer = se, layer
+        return torch.cat([h, se.rows[layer].to(h.dtype)])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        se, ex = ctx.se, ctx.se.ex
+        halo = grad[ex.n_own:]
+        send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
+        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts,
+                                           carries=Traffic.GRADIENTS)
+        se._flying.append(("bwd", ctx.layer, pending))
+        g = grad[: ex.n_own]
+        stale = se.grads.get(ctx.layer)
+        if stale is not None:   # what the peers sent last epoch for the rows this rank owns
+            g = g.index_add(0, ex.send_all, stale.to(g.dtype))
+        return g, None, None
+
+
+@register
+class PipeGCN(Strategy):
+    name = "pipegcn"
+    description = "PipeGCN: halo exchange one epoch stale, overlapped with the epoch's compute"
+    default_partitioner = "metis"
+    residency_traffic = "sends boundary nodes' raw input features (fetched once at set-up)"
+    Options = PipeGCNOptions
+
+    def setup(self) -> None:
+        ctx, p = self.ctx, self.ctx.part
+        dev = ctx.device
+        self.adj = partition_adj(p, dev)
+        self.y, self.train_mask = p.y.to(dev), p.train_mask.to(dev)
+        self.ids = p.owned.to(dev)
+        self.model = ctx.build_model()
+        self.params = list(self.model.parameters())
+        self.opt = ctx.optimizer(self.params)
+        self.exchanger: Optional[HaloExchanger] = None
+        self.stale: Optional[StaleExchange] = None
+        self.x, self.ids_in = to_device(p.x, dev), None
+        if ctx.world_size > 1:
+            self.exchanger = HaloExchanger(ctx.comm, p, kind="pipegcn")
+            self.x = inputs_with_halo(ctx.comm, p, dev, sparse=False)
+            self.ids_in = p.local_ids().to(dev)
+            if self.options.stale:
+                self.stale = StaleExchange(self.exchanger, self.options.smoothing)
+
+    def _forward(self, key: Optional[int], exchange: Any) -> Tensor:
+        return self.model(self.x, self.adj, exchange=exchange, dropout_key=key, ids=self.ids,
+                          ids_in=self.ids_in, inputs_have_halo=self.ids_in is not None)
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        key = mix_key(self.ctx.train_cfg.seed, epoch)
+        logits = self._forward(key, self.stale or self.exchanger)
+        loss = masked_loss(logits, self.y, self.train_mask, self.ctx.part.num_train_global)
+        loss.backward()
+        if self.stale is not None:
+            self.stale.finish()   # before the all-reduce: one collective in flight at a time
+        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
+        self.opt.step()
+        return EpochResult(loss=global_loss)
+
+    def evaluate(self) -> dict[str, float]:
+        # exact, as halo's: this epoch's whole rows, exchanged where they are needed
+        return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
+                               lambda: self._forward(None, self.exchanger))
+
+    def evaluate_local(self) -> Optional[dict[str, float]]:
+        return self._induced_evaluate()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+        if self.stale is not None:   # the pipeline's contents: a resumed run goes on alike
+            state["stale"] = self.stale.state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.stale is not None and "stale" in state:
+            self.stale.load(state["stale"], self.ctx.device)

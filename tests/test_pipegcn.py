@@ -1,0 +1,117 @@
+"""``pipegcn`` (PipeGCN): without staleness it is ``halo`` (whole rows); with it, every hidden
+layer aggregates the halo rows its peers computed one epoch earlier, their gradients reach
+the owners one epoch late, and the same bytes as ``halo``'s cross every epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quietgnn.comm import Communicator, HaloExchanger
+from quietgnn.config import load_config
+from quietgnn.partition import build_partitions, partition_nodes
+from quietgnn.runtime.spawn import spawn_function
+from quietgnn.runtime.trainer import train_on
+from quietgnn.strategies.pipegcn import PipeGCNOptions, StaleExchange
+
+from helpers import small_graph
+
+EPOCHS, HIDDEN = 3, 8
+
+
+def _cfg(strategy, parts, **options):
+    return load_config(None, {"strategy": strategy, "options": options,
+                              "partition": {"parts": parts}, "model": {"hidden": HIDDEN},
+                              "train": {"epochs": EPOCHS, "eval_every": 1,
+                                        "eval_mode": "exact"},
+                              "runtime": {"progress": False}})
+
+
+def _train(comm, part, cfg, run_dir):
+    t = train_on(comm, part, cfg, run_dir, keep_records=True)
+    return ([(r["epoch"], r.get("loss"), r.get("test_acc")) for r in t.records],
+            [q.detach().clone() for q in t.strategy.model.parameters()], t.records)
+
+
+def _runs(comm, graph, parts, tmp):
+    torch.set_num_threads(1)
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    P = comm.world_size
+    halo = _train(comm, part, _cfg("halo", P, skip_dropped=False), f"{tmp}/h")
+    off = _train(comm, part, _cfg("pipegcn", P, stale=False), f"{tmp}/o")
+    out = {"halo": halo, "off": off}
+    if P > 1:
+        out["stale"] = _train(comm, part, _cfg("pipegcn", P), f"{tmp}/s")
+        ex = HaloExchanger(Communicator(comm.rank, P), part)
+        out["boundary"] = (sum(ex.send_counts), sum(ex.recv_counts))
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+def test_without_staleness_it_is_halo(P, tmp_path):
+    graph = small_graph(n=200)
+    parts = partition_nodes(graph, "metis", P, seed=0)
+    res = [_runs(Communicator(0, 1), graph, parts, tmp_path)] if P == 1 else \
+        spawn_function(_runs, P, args=(graph, parts, str(tmp_path)))
+    for r in res:
+        (h_run, h_par, h_rec), (o_run, o_par, o_rec) = r["halo"], r["off"]
+        for a, b in zip(h_run, o_run):
+            assert a[0] == b[0] and a[2] == b[2]
+            assert (a[1] is None and b[1] is None) or a[1] == pytest.approx(b[1], rel=1e-6)
+        assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(h_par, o_par))
+        assert [x["bytes"] for x in h_rec] == [x["bytes"] for x in o_rec]
+        if P == 1:
+            continue
+        # stale: the first forward is halo's (nothing stale yet), then the runs part ways,
+        # sending exactly halo's bytes every epoch, in both directions
+        s_run, _, s_rec = r["stale"]
+        train = [e for e in s_run if e[0] >= 0]
+        assert train[0][1] == pytest.approx([e for e in h_run if e[0] >= 0][0][1], rel=1e-6)
+        assert train[1][1] != pytest.approx([e for e in h_run if e[0] >= 0][1][1], rel=1e-6)
+        assert [x["bytes"] for x in s_rec] == [x["bytes"] for x in h_rec]
+        out_rows, in_rows = r["boundary"]
+        for x in s_rec:
+            if x["epoch"] >= 0:
+                kinds = x["bytes_by_kind"]
+                assert kinds["train/pipegcn_fwd"] == 4 * HIDDEN * out_rows
+                assert kinds["train/pipegcn_bwd"] == 4 * HIDDEN * in_rows
+
+
+def _pipeline(comm, graph, parts):
+    """Three epochs of one StaleExchange (gamma 0.5) on rows that name their epoch and
+    owner: what each forward aggregates and each backward returns."""
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    ex = HaloExchanger(comm, part, kind="probe")
+    se = StaleExchange(ex, smoothing=0.5)
+    seen = []
+    for epoch in range(3):
+        h = torch.full((part.n_own, 2), float(10 * epoch + comm.rank), requires_grad=True)
+        out = se(h, 1)
+        out.backward(torch.ones_like(out))
+        se.finish()
+        seen.append((out[part.n_own:].detach().clone(), h.grad.clone()))
+    sent_to = torch.zeros(part.n_own)   # how many peers each own row goes to
+    sent_to.index_add_(0, ex.send_all, torch.ones(ex.send_all.numel()))
+    return seen, sent_to
+
+
+def test_the_pipeline_is_one_epoch_stale_and_smoothed():
+    graph = small_graph(n=200)
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    for rank, (seen, sent_to) in enumerate(spawn_function(_pipeline, 2, args=(graph, parts))):
+        peer = 1 - rank
+        (halo0, g0), (halo1, g1), (halo2, g2) = seen
+        assert torch.all(halo0 == peer)                  # epoch 0: fresh, as halo's
+        assert torch.all(halo1 == peer)                  # epoch 1: epoch 0's rows
+        assert torch.all(halo2 == 0.5 * peer + 0.5 * (10 + peer))   # gamma 0.5 of 0 and 1
+        # gradients: the own rows' 1, plus (from epoch 1 on) what the peer sent back last
+        # epoch, one per peer a row goes to (smoothed the same way: all ones stay ones)
+        assert torch.all(g0 == 1)
+        assert torch.equal(g1[:, 0], 1 + sent_to) and torch.equal(g2[:, 0], 1 + sent_to)
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="smoothing"):
+        PipeGCNOptions(smoothing=1.0)
+    with pytest.raises(ValueError, match="stale"):
+        PipeGCNOptions(stale="yes")
