@@ -18,7 +18,7 @@ from fakecuda import fake_cuda, tensors_on_device, to_host
 from helpers import small_graph
 
 STRATEGIES = ["centralized", "halo", "adaqp", "grappa", "tma", "retexo", "minibatch", "bns",
-              "pipegcn"]
+              "pipegcn", "sancus"]
 ARCHS = ["gcn", "sage", "gat", "gin"]
 EPOCHS = 2
 
@@ -104,7 +104,7 @@ def test_each_variant_trains_on_the_device_as_on_the_cpu(strategy, options, stor
 P2 = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4}, "grappa": {"grad_rank": 2},
       "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8}, "minibatch": {"grad_bits": 8},
       "bns": {"p": 0.5}, "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1},
-      "pipegcn": {"smoothing": 0.5}}
+      "pipegcn": {"smoothing": 0.5}, "sancus": {"bound": 0.05, "max_stale": 2}}
 
 
 def _both(comm, graph, parts, tmp):

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason=(
 RUNS = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4},
         "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1}, "grappa": {"grad_rank": 2},
         "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8},
-        "minibatch": {"grad_bits": 8}, "bns": {"p": 0.5}, "pipegcn": {"smoothing": 0.5}}
+        "minibatch": {"grad_bits": 8}, "bns": {"p": 0.5}, "pipegcn": {"smoothing": 0.5},
+        "sancus": {"bound": 0.05, "max_stale": 2}}
 
 
 def _train(comm, graph, parts, tmp, names):

@@ -96,7 +96,7 @@ def test_a_failed_set_up_reports_its_own_error(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["centralized", "halo", "adaqp", "grappa", "tma", "retexo",
-                                      "minibatch", "bns", "pipegcn"])
+                                      "minibatch", "bns", "pipegcn", "sancus"])
 def test_epochs_buy_every_strategy_the_same_passes(strategy, tmp_path):
     """``--epochs N``: N passes over the training set for every strategy (tma: its averages
     fall every period_epochs = 25 passes, the last one cut short)."""

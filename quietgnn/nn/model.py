@@ -13,7 +13,10 @@ applied *before* the exchange, so a hidden row's mask is applied once, by its ow
 (:mod:`~quietgnn.nn.keyed`), so input rows a rank holds for its halo (fetched once, layer 0
 then exchanges nothing) are dropped exactly as their owner would drop them.
 An exchanger that declares ``skips_dropped`` is then told the rate and key and sends only
-the kept entries (both ends can recompute the mask).
+the kept entries (both ends can recompute the mask). One that declares ``drops_rows`` gets the
+rows *before* dropout, with the rate and key, and drops ``[owned ; halo]`` itself after the
+exchange -- the same masks, so the same numbers -- for exchangers that keep rows across epochs
+(a cached row must not carry one epoch's mask).
 Layers are reachable one by one (``model.convs[l]``, :meth:`GNN.block`) for strategies that
 train them separately (RETEXO).
 """
@@ -118,12 +121,18 @@ class GNN(nn.Module):
                             "exchange dense rows, or pass x as a dense tensor")
         for i in range(self.num_layers):
             adj = adjs if isinstance(adjs, SparseAdj) else adjs[i]
-            h = self._dropout(h, i, dropout_key, ids_in if i == 0 and ids_in is not None
-                              else ids)
-            if exchange is not None and not (i == 0 and inputs_have_halo):
-                keep = self._known_zeros(h, i, dropout_key, ids) \
-                    if getattr(exchange, "skips_dropped", False) else None
-                h = exchange(h, i, keep=keep) if keep is not None else exchange(h, i)
+            exchanging = exchange is not None and not (i == 0 and inputs_have_halo)
+            late = self._known_zeros(h, i, dropout_key, ids) \
+                if exchanging and getattr(exchange, "drops_rows", False) else None
+            if late is not None:   # the exchanger drops [owned ; halo] after it (same masks)
+                h = exchange(h, i, drop=late)
+            else:
+                h = self._dropout(h, i, dropout_key, ids_in if i == 0 and ids_in is not None
+                                  else ids)
+                if exchanging:
+                    keep = self._known_zeros(h, i, dropout_key, ids) \
+                        if getattr(exchange, "skips_dropped", False) else None
+                    h = exchange(h, i, keep=keep) if keep is not None else exchange(h, i)
             h = self.block(i, h, adj)
         return h
 

@@ -117,7 +117,7 @@ class _StaleFn(torch.autograd.Function):
         halo = grad[ex.n_own:]
         send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
         pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts,
-                                           carries=Traffic.GRADIENTS)
+                                           carries=Traffic.ACTIVATION_GRADS)
         se._flying.append(("bwd", ctx.layer, pending))
         g = grad[: ex.n_own]
         stale = se.grads.get(ctx.layer)
@@ -148,7 +148,7 @@ class PipeGCN(Strategy):
         self.x, self.ids_in = to_device(p.x, dev), None
         if ctx.world_size > 1:
             self.exchanger = HaloExchanger(ctx.comm, p, kind="pipegcn")
-            self.x = inputs_with_halo(ctx.comm, p, dev, sparse=False)
+            self.x = inputs_with_halo(ctx.comm, p, dev)   # mostly-zero inputs stay sparse
             self.ids_in = p.local_ids().to(dev)
             if self.options.stale:
                 self.stale = StaleExchange(self.exchanger, self.options.smoothing)
