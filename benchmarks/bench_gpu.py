@@ -106,9 +106,10 @@ def _row(graph: str, origin: str, job: dict, P: int, device: str, backend: str, 
             "records": [[r["epoch"], r["bytes"]] for r in per_rank[0]["records"]]}
 
 
-def _group(source, name, origin, strategies, P, device, role, epochs, threads, timeout):
-    """The rows of ``strategies`` trained in one process group; where the group fails, each
-    strategy again in a group of its own, so that one failure costs one row (an ``error``)."""
+def _group(source, name, origin, strategies, P, device, role, epochs, threads, timeout, keep):
+    """``keep(rows)``: the rows of ``strategies`` trained in one process group; where the group
+    fails, each strategy again in a group of its own (each kept as it ends: a run stopped by a
+    time limit keeps them), so that one failure costs one row (an ``error``)."""
     from quietgnn.runtime.devices import place
     from quietgnn.runtime.spawn import spawn_function
     jobs = [{"strategy": s, "options": OPTIONS.get(s, {}), "model": {},
@@ -120,18 +121,20 @@ def _group(source, name, origin, strategies, P, device, role, epochs, threads, t
                                   reuse=False, device=device)
     except Exception as exc:  # noqa: BLE001 - one row per strategy says what failed
         if len(jobs) == 1:
-            return [{"graph": name, "source": origin, "strategy": jobs[0]["strategy"],
-                     "parts": P, "device": device, "role": role,
-                     "error": str(exc).strip().splitlines()[-1][:500]}]
+            return keep([{"graph": name, "source": origin, "strategy": jobs[0]["strategy"],
+                          "parts": P, "device": device, "role": role,
+                          "error": str(exc).strip().splitlines()[-1][:500]}])
         print(f"{name} P={P} {role}: the group failed, each strategy alone", flush=True)
-        return [r for j in jobs for r in _group(source, name, origin, [j["strategy"]], P,
-                                                device, role, epochs, threads, timeout)]
+        for j in jobs:
+            _group(source, name, origin, [j["strategy"]], P, device, role, epochs, threads,
+                   timeout, keep)
+        return None
     backend = place(device, "auto", 0, P).backend
     rows = [_row(name, origin, j, P, device, backend, role, [r[i] for r in per_rank])
             for i, j in enumerate(jobs)]
     print(f"{name} P={P} {role} ({device}): {len(jobs)} strategies in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return rows
+    return keep(rows)
 
 
 def _prepare_big(edges: int, out: Path) -> str:
@@ -254,24 +257,25 @@ def main(argv=None) -> int:
         (out / "gpu.json").write_text(json.dumps(data, indent=1))
         (out / "gpu.md").write_text("\n".join(render(data)))
 
+    def keep(rows: list[dict]) -> None:
+        data["rows"].extend(rows)
+        save()
+
     graphs = {g: _graph(g, Path(args.data)) for g in args.graphs.split(",")}
     sizes = sorted({int(p) for p in args.parts.split(",")} | ({n_gpu} if n_gpu > 2 else set()))
     for name, (graph, origin) in graphs.items():
         for P in sizes:
             for device, role in ((gpu, "gpu"), ("cpu", "cpu")):
                 threads = args.cpu_threads // P if role == "cpu" else 1
-                data["rows"] += _group(graph, name, origin, strategies, P, device, role,
-                                       args.epochs, max(1, threads), args.timeout)
-                save()
+                _group(graph, name, origin, strategies, P, device, role, args.epochs,
+                       max(1, threads), args.timeout, keep)
     if gpu == "cuda":
         data["pyg"] = _pyg(graphs, args.epochs)
         save()
     if not args.no_big:
         big = _prepare_big(int(args.big_edges), Path(args.prepared or out / "prepared"))
-        data["rows"] += _group(big, f"synthetic {args.big_edges:.0e} edges", "prepared",
-                               ["halo", "minibatch"], 2, gpu, "gpu", args.big_epochs, 1,
-                               args.timeout)
-        save()
+        _group(big, f"synthetic {args.big_edges:.0e} edges", "prepared", ["halo", "minibatch"],
+               2, gpu, "gpu", args.big_epochs, 1, args.timeout, keep)
     print("\n".join(render(data)))
     return 0
 

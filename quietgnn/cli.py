@@ -32,6 +32,7 @@ from .errors import is_consequence
 if TYPE_CHECKING:
     from .config import RunConfig
     from .runtime.plan import RunPlan
+    from .runtime.records import RunSummary
 
 __all__ = ["main"]
 
@@ -69,7 +70,7 @@ def _under_torchrun() -> bool:
         "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ)
 
 
-def print_summary(s: dict[str, Any]) -> None:
+def print_summary(s: RunSummary) -> None:
     from .runtime.metrics import human_bytes
     print(f"quietgnn: {s['strategy']} on {s['dataset']} | {s['parts']} part(s) "
           f"({s['partitioner']}) | {s['model']} {s['layers']}x{s['hidden']}")

@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 from .comm.network import (Tier, curve_work as _work, epoch_curve, project, resolve_tiers,
                            time_to_accuracy)
 from .runtime.metrics import human_bytes as _human_bytes
+from .runtime.records import RunSummary
 
 __all__ = ["load_results", "build_report", "cli_main"]
 
@@ -50,7 +51,7 @@ REFERENCE, BASELINE = "centralized", "halo"
 
 
 # ---------------------------------------------------------------------- loading
-def _from_summary(s: dict[str, Any]) -> dict[str, Any]:
+def _from_summary(s: RunSummary) -> dict[str, Any]:
     return {"id": Path(s.get("run_dir", "run")).name, "dataset": s["dataset"],
             "strategy": s["strategy"], "strategy_name": s["strategy"], "parts": s["parts"],
             "model": s["model"], "seed": s.get("seed", 0), "status": "ok", "summary": s,

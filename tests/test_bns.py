@@ -7,29 +7,20 @@ import pytest
 import torch
 
 from quietgnn.comm import Communicator
-from quietgnn.config import load_config
 from quietgnn.nn.keyed import mix_key
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.spawn import spawn_function
-from quietgnn.runtime.trainer import train_on
 
-from helpers import small_graph
+from helpers import run_cfg, small_graph, train_run
 
 EPOCHS, HIDDEN = 3, 8
 
 
 def _cfg(strategy, parts, **options):
-    return load_config(None, {"strategy": strategy, "options": options,
-                              "partition": {"parts": parts}, "model": {"hidden": HIDDEN},
-                              "train": {"epochs": EPOCHS, "eval_every": 1,
-                                        "eval_mode": "exact"},
-                              "runtime": {"progress": False}})
+    return run_cfg(strategy, parts, EPOCHS, HIDDEN, **options)
 
 
-def _train(comm, part, cfg, run_dir):
-    t = train_on(comm, part, cfg, run_dir, keep_records=True)
-    return ([(r["epoch"], r.get("loss"), r.get("test_acc")) for r in t.records],
-            [q.detach().clone() for q in t.strategy.model.parameters()], t.records)
+_train = train_run
 
 
 def _pair(comm, graph, parts, tmp):

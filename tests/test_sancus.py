@@ -8,29 +8,20 @@ import pytest
 import torch
 
 from quietgnn.comm import Communicator, HaloExchanger
-from quietgnn.config import load_config
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.spawn import spawn_function
-from quietgnn.runtime.trainer import train_on
 from quietgnn.strategies.sancus import SancusOptions, SkipExchange
 
-from helpers import small_graph
+from helpers import assert_same_runs, run_cfg, small_graph, train_run
 
 EPOCHS, HIDDEN = 6, 8
 
 
 def _cfg(strategy, parts, **options):
-    return load_config(None, {"strategy": strategy, "options": options,
-                              "partition": {"parts": parts}, "model": {"hidden": HIDDEN},
-                              "train": {"epochs": EPOCHS, "eval_every": 1,
-                                        "eval_mode": "exact"},
-                              "runtime": {"progress": False}})
+    return run_cfg(strategy, parts, EPOCHS, HIDDEN, **options)
 
 
-def _train(comm, part, cfg, run_dir):
-    t = train_on(comm, part, cfg, run_dir, keep_records=True)
-    return ([(r["epoch"], r.get("loss"), r.get("test_acc")) for r in t.records],
-            [q.detach().clone() for q in t.strategy.model.parameters()], t.records)
+_train = train_run
 
 
 def _runs(comm, graph, parts, tmp):
@@ -53,12 +44,7 @@ def test_bound_0_is_halo_and_an_old_send_is_renewed(P, tmp_path):
     res = [_runs(Communicator(0, 1), graph, parts, tmp_path)] if P == 1 else \
         spawn_function(_runs, P, args=(graph, parts, str(tmp_path)))
     for r in res:
-        (h_run, h_par, h_rec), (z_run, z_par, z_rec) = r["halo"], r["zero"]
-        for a, b in zip(h_run, z_run):
-            assert a[0] == b[0] and a[2] == b[2]
-            assert (a[1] is None and b[1] is None) or a[1] == pytest.approx(b[1], rel=1e-5)
-        assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(h_par, z_par))
-        assert [x["bytes"] for x in h_rec] == [x["bytes"] for x in z_rec]
+        assert_same_runs(r["halo"], r["zero"], rel=1e-5)
         if P == 1:
             continue
         out_rows, in_rows = r["boundary"]

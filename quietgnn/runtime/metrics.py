@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ..comm import OpRecord
+from .records import EpochRecord, SetupRecord
 
 __all__ = ["MetricsWriter", "peak_rss_mb", "summarize_ops", "read_metrics"]
 
@@ -96,9 +97,9 @@ class MetricsWriter:
             self._fd = None
 
 
-def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
+def read_metrics(run_dir: str | Path) -> dict[int, list[SetupRecord | EpochRecord]]:
     """All ranks' records of a run: ``{rank: [record, ...]}`` (torn last lines skipped)."""
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: dict[int, list[SetupRecord | EpochRecord]] = {}
     for f in sorted((Path(run_dir) / "metrics").glob("rank-*.jsonl")):
         rank = int(f.stem.split("-")[1])
         recs = []

@@ -27,6 +27,7 @@ from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
 from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
+from .records import EpochRecord, RunSummary, SetupRecord
 from .rundir import write_json
 
 __all__ = ["Trainer", "train_on"]
@@ -44,7 +45,7 @@ class Trainer:
         #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
         #: first), kept in memory for a study that trains in-process (:func:`train_on`); off
         #: for a worker, whose run may hold thousands of rounds per epoch
-        self.records: list[dict[str, Any]] = []
+        self.records: list[SetupRecord | EpochRecord] = []
         self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
         self.best_work = 0.0    # work_done when the best validation accuracy was found
         self.selected: Any = None   # Strategy.eval_state() of the best, when a local eval chose it
@@ -61,7 +62,7 @@ class Trainer:
                                              comm=self.comm, log=ctx.log)
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> Optional[dict[str, Any]]:
+    def run(self) -> Optional[RunSummary]:
         cfg, s, comm, rank = self.cfg, self.strategy, self.comm, self.ctx.rank
         t_start = time.perf_counter()
         with comm.phase("setup"):
@@ -76,9 +77,9 @@ class Trainer:
             comm.barrier("start")
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
-        rec = {"epoch": -1, "rank": rank, "phase": "setup", "bytes": setup["bytes"],
-               "rounds": setup["rounds"], "peak_rss_mb": peak_rss_mb(),
-               "setup_s": time.perf_counter() - t_start}
+        rec: SetupRecord = {"epoch": -1, "rank": rank, "phase": "setup",
+                            "bytes": setup["bytes"], "rounds": setup["rounds"],
+                            "peak_rss_mb": peak_rss_mb(), "setup_s": time.perf_counter() - t_start}
         self._keep(rec)
         metrics.write(rec)
         epochs = s.max_calls(cfg.train.epochs)   # train.epochs: passes, for every strategy
@@ -107,11 +108,11 @@ class Trainer:
             memledger.write_ledger(self.run_dir, self.ctx.rank, when,
                                    {"strategy": self.strategy, "part": self.ctx.part})
 
-    def _keep(self, rec: dict[str, Any]) -> None:
+    def _keep(self, rec: SetupRecord | EpochRecord) -> None:
         if self.keep_records:
             self.records.append(rec)
 
-    def _epoch(self, epoch: int, last: bool) -> dict[str, Any]:
+    def _epoch(self, epoch: int, last: bool) -> EpochRecord:
         s, comm = self.strategy, self.comm
         comm.epoch = epoch
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
@@ -144,7 +145,7 @@ class Trainer:
             # strategies whose loss never crosses ranks.
             raise FloatingPointError(f"rank {self.ctx.rank}: non-finite training loss "
                                      f"{res.loss} in epoch {epoch}")
-        rec: dict[str, Any] = {
+        rec: EpochRecord = {
             "epoch": epoch, "rank": self.ctx.rank, "loss": res.loss, "steps": res.steps,
             "work": res.work,
             "train_acc": None, "val_acc": None, "test_acc": None,
@@ -302,7 +303,7 @@ class Trainer:
         save_model(self.run_dir, best["spec"], best["state"], info)
 
     # ------------------------------------------------------------------ reporting
-    def _progress(self, rec: dict[str, Any]) -> None:
+    def _progress(self, rec: EpochRecord) -> None:
         if self.ctx.rank != 0 or not self.cfg.runtime.progress:
             return
         epochs = self.cfg.train.epochs
@@ -327,7 +328,7 @@ class Trainer:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
-    def _summary(self, wall: float, epochs_run: int) -> Optional[dict[str, Any]]:
+    def _summary(self, wall: float, epochs_run: int) -> Optional[RunSummary]:
         # what this rank sent, by traffic class: every op of the run but this gather
         mine = {"rank": self.ctx.rank, "history": self.history,
                 "sent_by_class": dict(self.comm.sent_by_class)}
@@ -348,7 +349,7 @@ class Trainer:
         # many passes (tma) compares with the others per unit of work
         work = sum(float(e.get("work", 1.0)) for e in hist[0][:n_ep]) if n_ep else 0.0
         per = work if work > 0 else n_ep
-        summary = {
+        summary: RunSummary = {
             "strategy": cfg.strategy, "dataset": cfg.dataset.name, "parts": self.ctx.world_size,
             "partitioner": cfg.partition_method, "model": cfg.model.arch,
             "layers": cfg.model.layers, "hidden": cfg.model.hidden, "seed": cfg.train.seed,

@@ -22,15 +22,12 @@ rows. Gives up: the exact gradient (a sampled estimate of it) unless ``p = 1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
 
 import torch
 
-from ..comm import HaloExchanger
 from ..nn.keyed import mix_key
-from ..rows import to_device
-from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
-                   partition_adj, register, sync_gradients)
+from .base import EpochResult, register
+from .fullgraph import HaloFamily
 
 
 @dataclass
@@ -47,27 +44,12 @@ class BNSOptions:
 
 
 @register
-class BNS(Strategy):
+class BNS(HaloFamily):
     name = "bns"
     description = "BNS-GCN: halo exchange of a random p of the boundary nodes each epoch"
-    default_partitioner = "metis"
     Options = BNSOptions
-
-    def setup(self) -> None:
-        ctx, p = self.ctx, self.ctx.part
-        dev = ctx.device
-        self.adj = partition_adj(p, dev)
-        self.y, self.train_mask = p.y.to(dev), p.train_mask.to(dev)
-        self.ids = p.owned.to(dev)
-        self.model = ctx.build_model()
-        self.params = list(self.model.parameters())
-        self.opt = ctx.optimizer(self.params)
-        self.exchanger: Optional[HaloExchanger] = None
-        self.x, self.ids_in = to_device(p.x, dev), None
-        if ctx.world_size > 1:
-            self.exchanger = HaloExchanger(ctx.comm, p, kind="bns")
-            self.x = inputs_with_halo(ctx.comm, p, dev, sparse=False)
-            self.ids_in = p.local_ids().to(dev)
+    sparse_inputs = False   # the halo's input rows are scaled by the epoch's sample
+    # the sample is a function of (seed, epoch): the checkpoint needs nothing of it
 
     def _inputs(self, masks: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
         """Layer 0's ``[owned ; halo]`` rows with the epoch's sample applied to the halo."""
@@ -81,34 +63,12 @@ class BNS(Strategy):
         self.opt.zero_grad(set_to_none=True)
         key = mix_key(self.ctx.train_cfg.seed, epoch)
         if self.exchanger is None:
-            logits = self.model(self.x, self.adj, dropout_key=key, ids=self.ids)
-            sent = 0
+            logits, sent = self.forward(key, None), 0
         else:
             ex = self.exchanger
             masks = ex.row_sample(rate, mix_key(key, 0x626E73))   # 'bns': the sample's stream
-            logits = self.model(self._inputs(masks, 1.0 / rate), self.adj,
-                                exchange=lambda h, i: ex.sampled(h, i, masks, 1.0 / rate),
-                                dropout_key=key, ids=self.ids, ids_in=self.ids_in,
-                                inputs_have_halo=True)
+            logits = self.forward(key, lambda h, i: ex.sampled(h, i, masks, 1.0 / rate),
+                                  x=self._inputs(masks, 1.0 / rate))
             sent = int(masks[0].sum())
-        loss = masked_loss(logits, self.y, self.train_mask, self.ctx.part.num_train_global)
-        loss.backward()
-        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
-        self.opt.step()
-        return EpochResult(loss=global_loss, extra={"sampled_boundary_rows": sent})
-
-    def evaluate(self) -> dict[str, float]:
-        # every row, as halo evaluates: the inputs fetched at set-up, whole hidden rows
-        return global_evaluate(self.model, self.ctx.part, self.ctx.comm, lambda: self.model(
-            self.x, self.adj, exchange=self.exchanger, inputs_have_halo=self.ids_in is not None))
-
-    def evaluate_local(self) -> Optional[dict[str, float]]:
-        return self._induced_evaluate()   # as halo: the rank's own subgraph, no traffic
-
-    def state_dict(self) -> dict[str, Any]:
-        # the sample is a function of (seed, epoch): nothing of it to keep
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        return EpochResult(loss=self.finish_step(logits),
+                           extra={"sampled_boundary_rows": sent})

@@ -36,9 +36,8 @@ from torch import Tensor
 from ..comm import HaloExchanger
 from ..comm.traffic import Traffic
 from ..nn.keyed import mix_key
-from ..rows import to_device
-from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
-                   partition_adj, register, sync_gradients)
+from .base import EpochResult, register
+from .fullgraph import HaloFamily
 
 
 @dataclass
@@ -127,65 +126,28 @@ class _StaleFn(torch.autograd.Function):
 
 
 @register
-class PipeGCN(Strategy):
+class PipeGCN(HaloFamily):
     name = "pipegcn"
     description = "PipeGCN: halo exchange one epoch stale, overlapped with the epoch's compute"
-    default_partitioner = "metis"
-    residency_traffic = "sends boundary nodes' raw input features (fetched once at set-up)"
     Options = PipeGCNOptions
 
-    def setup(self) -> None:
-        ctx, p = self.ctx, self.ctx.part
-        dev = ctx.device
-        self.adj = partition_adj(p, dev)
-        self.y, self.train_mask = p.y.to(dev), p.train_mask.to(dev)
-        self.ids = p.owned.to(dev)
-        self.model = ctx.build_model()
-        self.params = list(self.model.parameters())
-        self.opt = ctx.optimizer(self.params)
-        self.exchanger: Optional[HaloExchanger] = None
+    def setup_exchange(self) -> None:
         self.stale: Optional[StaleExchange] = None
-        self.x, self.ids_in = to_device(p.x, dev), None
-        if ctx.world_size > 1:
-            self.exchanger = HaloExchanger(ctx.comm, p, kind="pipegcn")
-            self.x = inputs_with_halo(ctx.comm, p, dev)   # mostly-zero inputs stay sparse
-            self.ids_in = p.local_ids().to(dev)
-            if self.options.stale:
-                self.stale = StaleExchange(self.exchanger, self.options.smoothing)
-
-    def _forward(self, key: Optional[int], exchange: Any) -> Tensor:
-        return self.model(self.x, self.adj, exchange=exchange, dropout_key=key, ids=self.ids,
-                          ids_in=self.ids_in, inputs_have_halo=self.ids_in is not None)
+        if self.exchanger is not None and self.options.stale:
+            self.stale = StaleExchange(self.exchanger, self.options.smoothing)
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        key = mix_key(self.ctx.train_cfg.seed, epoch)
-        logits = self._forward(key, self.stale or self.exchanger)
-        loss = masked_loss(logits, self.y, self.train_mask, self.ctx.part.num_train_global)
-        loss.backward()
+        logits = self.forward(mix_key(self.ctx.train_cfg.seed, epoch),
+                              self.stale or self.exchanger)
+        # every exchange in before the all-reduce: one collective in flight at a time
+        finish = self.stale.finish if self.stale is not None else None
+        return EpochResult(loss=self.finish_step(logits, before_sync=finish))
+
+    def exchange_state(self) -> Optional[dict[str, Any]]:
+        return self.stale.state() if self.stale is not None else None   # the pipeline
+
+    def load_exchange_state(self, state: dict[str, Any]) -> None:
         if self.stale is not None:
-            self.stale.finish()   # before the all-reduce: one collective in flight at a time
-        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
-        self.opt.step()
-        return EpochResult(loss=global_loss)
-
-    def evaluate(self) -> dict[str, float]:
-        # exact, as halo's: this epoch's whole rows, exchanged where they are needed
-        return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
-                               lambda: self._forward(None, self.exchanger))
-
-    def evaluate_local(self) -> Optional[dict[str, float]]:
-        return self._induced_evaluate()
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-        if self.stale is not None:   # the pipeline's contents: a resumed run goes on alike
-            state["stale"] = self.stale.state()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        if self.stale is not None and "stale" in state:
-            self.stale.load(state["stale"], self.ctx.device)
+            self.stale.load(state, self.ctx.device)

@@ -34,9 +34,8 @@ from torch import Tensor
 from ..comm import HaloExchanger
 from ..comm.traffic import Traffic
 from ..nn.keyed import keyed_dropout, mix_key
-from ..rows import to_device
-from .base import (EpochResult, Strategy, global_evaluate, inputs_with_halo, masked_loss,
-                   partition_adj, register, sync_gradients)
+from .base import EpochResult, register
+from .fullgraph import HaloFamily
 
 
 @dataclass
@@ -147,63 +146,28 @@ class _SkipFn(torch.autograd.Function):
 
 
 @register
-class Sancus(Strategy):
+class Sancus(HaloFamily):
     name = "sancus"
     description = "SANCUS: halo exchange skipped while a rank's boundary rows drift little"
-    default_partitioner = "metis"
-    residency_traffic = "sends boundary nodes' raw input features (fetched once at set-up)"
     Options = SancusOptions
 
-    def setup(self) -> None:
-        ctx, p = self.ctx, self.ctx.part
-        dev = ctx.device
-        self.adj = partition_adj(p, dev)
-        self.y, self.train_mask = p.y.to(dev), p.train_mask.to(dev)
-        self.ids = p.owned.to(dev)
-        self.model = ctx.build_model()
-        self.params = list(self.model.parameters())
-        self.opt = ctx.optimizer(self.params)
-        self.exchanger: Optional[HaloExchanger] = None
+    def setup_exchange(self) -> None:
         self.skip: Optional[SkipExchange] = None
-        self.x, self.ids_in = to_device(p.x, dev), None
-        if ctx.world_size > 1:
-            self.exchanger = HaloExchanger(ctx.comm, p, kind="sancus")
-            self.x = inputs_with_halo(ctx.comm, p, dev)   # mostly-zero inputs stay sparse
-            self.ids_in = p.local_ids().to(dev)
+        if self.exchanger is not None:
             self.skip = SkipExchange(self.exchanger, self.ids, self.options)
-
-    def _forward(self, key: Optional[int], exchange: Any) -> Tensor:
-        return self.model(self.x, self.adj, exchange=exchange, dropout_key=key, ids=self.ids,
-                          ids_in=self.ids_in, inputs_have_halo=self.ids_in is not None)
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        skipped = self.skip.skipped if self.skip is not None else 0
-        logits = self._forward(mix_key(self.ctx.train_cfg.seed, epoch), self.skip)
-        loss = masked_loss(logits, self.y, self.train_mask, self.ctx.part.num_train_global)
-        loss.backward()
-        global_loss = sync_gradients(self.ctx.comm, self.params, loss)
-        self.opt.step()
-        now = self.skip.skipped if self.skip is not None else 0
-        return EpochResult(loss=global_loss, extra={"skipped_sends": now - skipped})
+        before = self.skip.skipped if self.skip is not None else 0
+        logits = self.forward(mix_key(self.ctx.train_cfg.seed, epoch), self.skip)
+        loss = self.finish_step(logits)
+        after = self.skip.skipped if self.skip is not None else 0
+        return EpochResult(loss=loss, extra={"skipped_sends": after - before})
 
-    def evaluate(self) -> dict[str, float]:
-        # exact, as halo's: this epoch's whole rows, every one exchanged
-        return global_evaluate(self.model, self.ctx.part, self.ctx.comm,
-                               lambda: self._forward(None, self.exchanger))
+    def exchange_state(self) -> Optional[dict[str, Any]]:
+        return self.skip.state() if self.skip is not None else None   # caches and ages
 
-    def evaluate_local(self) -> Optional[dict[str, float]]:
-        return self._induced_evaluate()
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-        if self.skip is not None:   # the caches and ages: a resumed run skips alike
-            state["skip"] = self.skip.state()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        if self.skip is not None and "skip" in state:
-            self.skip.load(state["skip"], self.ctx.device)
+    def load_exchange_state(self, state: dict[str, Any]) -> None:
+        if self.skip is not None:
+            self.skip.load(state, self.ctx.device)
