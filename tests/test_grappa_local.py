@@ -75,10 +75,10 @@ def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
                     "deg": lg.deg.long(), "some": some, "some_rows": lg.gather(some),
                     "coverage": coverage(lg, 2),
                     "id_dtype": None if loader._halo_sorted is None else loader._halo_sorted.dtype})
-    scratch = loader._scratch.dir if loader._scratch is not None else None
-    out.append({"scratch_files": sorted(os.listdir(scratch)) if scratch else []})
+    scratch = loader._scratch
+    out.append({"scratch_files": scratch.files() if scratch else []})
     loader.close()
-    out.append({"scratch_left": scratch is not None and scratch.exists()})
+    out.append({"scratch_left": scratch is not None and bool(scratch.files())})
     return out
 
 
@@ -112,19 +112,19 @@ def test_two_piece_rows_equal_the_renumbered_csr(world, stored, wide, tmp_path):
                 assert lg["id_dtype"] == (torch.int64 if wide else torch.int32)
         if world == 4:   # a new chunk each super-epoch
             assert [lg["chunk"] for lg in got[:3]] == [(k + 1 + s) % 4 for s in range(3)]
-        # scratch files are unlinked once mapped, and the directory goes with close()
+        # scratch files are unlinked once mapped: none left, before close() or after
         assert got[-2]["scratch_files"] == [] and not got[-1]["scratch_left"]
     if stored:
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("grappa")] == []
 
 
-def test_scratch_is_mapped_unlinked_and_removed(tmp_path, monkeypatch):
+def test_scratch_is_mapped_unlinked_and_leaves_nothing(tmp_path, monkeypatch):
     sc = Scratch(tmp_path)
     t = sc.empty((5, 3), torch.float16)
     t[:] = 2
-    assert list(sc.dir.iterdir()) == []        # unlinked: nothing left if the process dies
+    assert list(tmp_path.iterdir()) == []      # unlinked: nothing left if the process dies
     with open("/proc/self/maps") as f:
-        assert any(str(sc.dir) in line and "(deleted)" in line for line in f)
+        assert any(f"{tmp_path}/{sc.prefix}" in line and "(deleted)" in line for line in f)
     assert float(t.sum()) == 30
     sc.empty((0, 3), torch.int32)
     # a full disk: an error naming it, no file left behind
@@ -133,9 +133,8 @@ def test_scratch_is_mapped_unlinked_and_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(OSError, match="scratch"):
         sc.empty((1 << 20,), torch.int32)
-    assert list(sc.dir.iterdir()) == []
-    d = sc.dir
-    sc.close()
-    assert not d.exists() and list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
+    sc.close()                                 # not even a directory, closed or not
+    assert list(tmp_path.iterdir()) == [] and float(t.sum()) == 30
     with pytest.raises(RuntimeError):
         sc.empty((1,), torch.int32)

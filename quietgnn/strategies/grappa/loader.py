@@ -11,7 +11,6 @@ writes out and drops under pressure, not memory the rank must hold.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -29,36 +28,38 @@ __all__ = ["ChunkLoader", "Scratch"]
 
 
 class Scratch:
-    """Tensors backed by files in a private directory (under ``parent``, or the system's
-    temporary directory), memory-mapped.
+    """Tensors backed by files in ``parent`` (or the system's temporary directory),
+    memory-mapped.
 
     Each file is unlinked as soon as it is mapped: its blocks live exactly as long as the
-    tensor (the mapping), and nothing is left on disk when the process ends, however it ends.
-    :meth:`close` removes the directory. The blocks are reserved up front, so a full disk
-    fails here with an error naming it, not later with a SIGBUS on a page write."""
+    tensor (the mapping), and nothing is left on disk when the process ends, however it ends
+    -- no directory either (a private one outlived every scratch nobody closed: one per
+    strategy a study or a test built and dropped). The files are named ``prefix`` + this
+    process's id, so a reader of ``parent`` can tell them from another process's. The blocks
+    are reserved up front, so a full disk fails here with an error naming it, not later with a
+    SIGBUS on a page write."""
 
     def __init__(self, parent: Optional[Path] = None, prefix: str = "grappa-scratch-") -> None:
-        if parent is not None:
-            Path(parent).mkdir(parents=True, exist_ok=True)
-        self.dir: Optional[Path] = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        self._n = 0
+        self.parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+        self.parent.mkdir(parents=True, exist_ok=True)
+        self.prefix = f"{prefix}{os.getpid()}-"
+        self.closed = False
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        if self.dir is None:
+        if self.closed:
             raise RuntimeError("scratch used after close()")
         n_bytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
         if n_bytes == 0:
             return torch.empty(shape, dtype=dtype)
-        path = self.dir / f"t{self._n}.bin"
-        self._n += 1
+        fd, name = tempfile.mkstemp(prefix=self.prefix, suffix=".bin", dir=self.parent)
+        path = Path(name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.posix_fallocate(fd, 0, n_bytes)
             except OSError as exc:
                 raise OSError(exc.errno, f"no room for {n_bytes} bytes of grappa's scratch in "
-                                         f"{self.dir} ({exc.strerror}); free disk space there "
-                                         f"or set runtime.out_dir to a larger disk") from None
+                                         f"{self.parent} ({exc.strerror}); free disk space "
+                                         f"there or set runtime.out_dir to a larger disk") from None
             finally:
                 os.close(fd)
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
@@ -67,10 +68,12 @@ class Scratch:
             path.unlink(missing_ok=True)
         return torch.from_numpy(arr)
 
+    def files(self) -> list[str]:
+        """This scratch's files still in ``parent`` (none, but for one being mapped)."""
+        return sorted(f for f in os.listdir(self.parent) if f.startswith(self.prefix))
+
     def close(self) -> None:
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        self.closed = True   # the mappings go with their tensors; there is nothing on disk
 
 
 class ChunkLoader:
