@@ -57,12 +57,18 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
 
 from ..serial import load_file, save_bytes
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+#: a run's config, or its plain dictionary (``RunConfig.to_dict()``, as a checkpoint keeps it)
+ConfigLike = Union["RunConfig", Mapping[str, Any]]
 
 __all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "run_identity",
            "identity_differences", "capture_rng", "restore_rng", "committed_checkpoints",
@@ -80,11 +86,11 @@ class CheckpointError(RuntimeError):
 
 
 # ---------------------------------------------------------------------- run identity
-def _as_dict(cfg: Any) -> dict[str, Any]:
+def _as_dict(cfg: ConfigLike) -> dict[str, Any]:
     return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
 
 
-def run_identity(cfg: Any) -> dict[str, Any]:
+def run_identity(cfg: ConfigLike) -> dict[str, Any]:
     """The config fields a checkpoint is only valid for, flattened to ``section.key``.
 
     ``train.*`` is in (a resume with another learning rate, seed or evaluation period would
@@ -248,7 +254,7 @@ def committed_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path, dict[st
     return sorted(out, key=lambda t: -t[0])
 
 
-def check_resume_compatible(cfg: Any, ckpt_dir: str | Path) -> Optional[int]:
+def check_resume_compatible(cfg: ConfigLike, ckpt_dir: str | Path) -> Optional[int]:
     """Pre-flight for the launcher (before any worker starts): raise ``ValueError`` naming the
     differing fields when the newest committed checkpoint in ``ckpt_dir`` belongs to another
     configuration; returns its epoch (None when there is none)."""
@@ -409,7 +415,8 @@ class Checkpointer:
             return False, f"shard {f.name} does not match its checksum (damaged)", meta
         return True, "", meta
 
-    def load_latest(self, cfg: Any, book_id: Optional[str] = None) -> Optional[dict[str, Any]]:
+    def load_latest(self, cfg: Optional[ConfigLike],
+                    book_id: Optional[str] = None) -> Optional[dict[str, Any]]:
         """This rank's shard of the newest checkpoint usable on every rank, or None when there
         is none (a fresh start). Collective. Raises ``ValueError`` when the run configuration
         or partition-book identity differs from the checkpoint's, or when committed

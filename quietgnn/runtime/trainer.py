@@ -21,7 +21,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
@@ -30,11 +30,14 @@ from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
 from .records import EpochRecord, RunSummary, SetupRecord
 from .rundir import write_json
 
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
 __all__ = ["Trainer", "train_on"]
 
 
 class Trainer:
-    def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: Any, run_dir: Path,
+    def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: RunConfig, run_dir: Path,
                  keep_records: bool = False) -> None:
         self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
         self.keep_records = keep_records
@@ -384,7 +387,7 @@ class Trainer:
         return summary
 
 
-def train_on(comm: Any, part: Any, cfg: Any, run_dir: Path, log: Any = None,
+def train_on(comm: Any, part: Any, cfg: RunConfig, run_dir: Path, log: Any = None,
              device: Any = None, keep_records: bool = False) -> Trainer:
     """Train ``cfg``'s strategy on this rank's ``part`` over an open communicator, with the
     loop ``quietgnn train`` runs; returns the finished :class:`Trainer` (``summary`` on rank
