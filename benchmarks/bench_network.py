@@ -63,10 +63,14 @@ def _train_args(ds: str, data_root: Path, strategy: str, epochs: int, run: str,
     """``quietgnn train`` of one run. ``to_target``: the headline's run (every strategy at its
     defaults, exact evaluation every TARGET_EVAL_EVERY epoch-equivalents, so the epoch where
     the target is reached is known); otherwise a few epochs timed, evaluated once."""
+    # "name:key=value+key=value" names a strategy with options (e.g. halo:skip_dropped=false)
+    name, _, opts = strategy.partition(":")
+    options = [a for kv in filter(None, opts.split("+")) for a in
+               (f"--options.{kv.split('=', 1)[0]}", kv.split("=", 1)[1])]
     how = (["--train.eval_every", str(TARGET_EVAL_EVERY), "--train.eval_mode", "exact"]
-           if to_target else ["--train.eval_every", str(epochs), *EXTRA.get(strategy, [])])
+           if to_target else ["--train.eval_every", str(epochs), *EXTRA.get(name, [])])
     return ["-m", "quietgnn", "train", "--dataset", ds, "--root", str(data_root / DATA[ds]),
-            "--strategy", strategy, "--parts", "4", "--model", "gcn", "--hidden", "64",
+            "--strategy", name, *options, "--parts", "4", "--model", "gcn", "--hidden", "64",
             "--layers", "2", "--epochs", str(epochs), *how,
             "--runtime.progress", "false", "--runtime.timeout_s", "600",
             "--runtime.overwrite", "true", "--out", str(OUT / "runs"), "--run-name", run]
@@ -83,7 +87,8 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
             hosts: int = 4, central: Optional[float] = None) -> dict:
     """One run on ``hosts`` emulated hosts. ``central``: ``centralized``'s test accuracy,
     given for a run to target (measured and projected seconds to 90/95/98 % of it)."""
-    run = f"{ds}-{strategy}-{rate or 'uncapped'}" + ("-target" if central else "")
+    label = "".join(c if c.isalnum() or c in "._-" else "-" for c in strategy)
+    run = f"{ds}-{label}-{rate or 'uncapped'}" + ("-target" if central else "")
     logs = OUT / "logs" / run
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -321,7 +326,9 @@ def _render_targets(records: list[dict]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="computers,cs")
-    ap.add_argument("--strategies", default="halo,adaqp,grappa,tma,retexo,minibatch")
+    ap.add_argument("--strategies", default="halo,adaqp,grappa,tma,retexo,minibatch",
+                    help="comma-separated; name:key=value+key=value for options "
+                    "(halo:skip_dropped=false)")
     ap.add_argument("--rates", default="1gbit,100mbit,10mbit")
     ap.add_argument("--epochs", type=int, default=8, help="epochs per run (the first is "
                     "warm-up and left out)")
