@@ -69,22 +69,24 @@ class StaleExchange:
         self.ex, self.gamma = ex, float(smoothing)
         self.rows: dict[int, Tensor] = {}       # layer -> [n_halo, d] for the next forward
         self.grads: dict[int, Tensor] = {}      # layer -> [len(send_all), d] for the next backward
-        self._flying: list[tuple[str, int, Any]] = []
+        self._flying: list[tuple[str, int, Any, Tensor]] = []   # way, layer, pending, out
 
     def __call__(self, h: Tensor, layer: int) -> Tensor:
         ex = self.ex
         ex.comm.declare(Traffic.EMBEDDINGS, "halo exchange", f"{ex.kind}_fwd")
         send = torch.split(h.detach().index_select(0, ex.send_all), ex.send_counts)
-        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_fwd", ex.recv_counts,
+        # received straight into the buffer kept for the next epoch (no concatenation after)
+        got = h.new_empty((ex.n_halo,) + tuple(h.shape[1:]))
+        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_fwd", ex.recv_counts, out=got,
                                            carries=Traffic.EMBEDDINGS)
         if layer not in self.rows:   # the first epoch: nothing stale yet, wait as halo does
-            self._keep("fwd", layer, pending.wait())
+            pending.wait()
+            self._keep("fwd", layer, got)
         else:
-            self._flying.append(("fwd", layer, pending))
+            self._flying.append(("fwd", layer, pending, got))
         return _StaleFn.apply(h, self, layer)
 
-    def _keep(self, way: str, layer: int, blocks: list[Tensor]) -> None:
-        got = torch.cat(blocks)
+    def _keep(self, way: str, layer: int, got: Tensor) -> None:
         store = self.rows if way == "fwd" else self.grads
         old = store.get(layer)
         store[layer] = got if old is None or self.gamma == 0.0 else \
@@ -93,8 +95,9 @@ class StaleExchange:
     def finish(self) -> None:
         """Wait for every exchange this epoch started; keep what came for the next one."""
         flying, self._flying = self._flying, []
-        for way, layer, pending in flying:
-            self._keep(way, layer, pending.wait())
+        for way, layer, pending, got in flying:
+            pending.wait()
+            self._keep(way, layer, got)
 
     def state(self) -> dict[str, Any]:
         return {"rows": dict(self.rows), "grads": dict(self.grads)}
@@ -115,9 +118,10 @@ class _StaleFn(torch.autograd.Function):
         se, ex = ctx.se, ctx.se.ex
         halo = grad[ex.n_own:]
         send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
-        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts,
+        got = grad.new_empty((ex.send_all.numel(),) + tuple(grad.shape[1:]))
+        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts, out=got,
                                            carries=Traffic.ACTIVATION_GRADS)
-        se._flying.append(("bwd", ctx.layer, pending))
+        se._flying.append(("bwd", ctx.layer, pending, got))
         g = grad[: ex.n_own]
         stale = se.grads.get(ctx.layer)
         if stale is not None:   # what the peers sent last epoch for the rows this rank owns

@@ -79,9 +79,11 @@ class SkipExchange:
         last = self.sent.get(layer)
         if self.bound == 0.0:   # every epoch: nothing to decide, no decision sent
             return [True] * P
-        fresh = last is None or self.age[layer] + 1 >= self.max_stale or \
-            float(torch.linalg.vector_norm(rows - last)) >= \
-            self.bound * float(torch.linalg.vector_norm(last))
+        fresh = last is None or self.age[layer] + 1 >= self.max_stale
+        if not fresh:   # one read of both norms (on a GPU each read is a sync)
+            drift, size = torch.stack([torch.linalg.vector_norm(rows - last),
+                                       torch.linalg.vector_norm(last)]).cpu().tolist()
+            fresh = drift >= self.bound * size
         flag = torch.tensor([[int(fresh)]], dtype=torch.uint8, device=rows.device)
         got = ex.comm.all_to_all([flag] * P, "sancus_skip", [1] * P, carries=Traffic.CONTROL)
         return [bool(g.reshape(-1)[0]) if j != ex.comm.rank else fresh for j, g in enumerate(got)]
@@ -137,11 +139,12 @@ class _SkipFn(torch.autograd.Function):
         halo = torch.split(grad[ex.n_own:], ex.recv_counts)
         send = [g if fresh[j] else g[:0] for j, g in enumerate(halo)]
         counts = [c if fresh[me] else 0 for c in ex.send_counts]
-        got = ex.comm.all_to_all(send, f"{ex.kind}_bwd", counts,
-                                 carries=Traffic.ACTIVATION_GRADS)
+        back = grad.new_empty((sum(counts),) + tuple(grad.shape[1:]))   # received in place
+        ex.comm.all_to_all(send, f"{ex.kind}_bwd", counts, out=back,
+                           carries=Traffic.ACTIVATION_GRADS)
         g = grad[: ex.n_own]
         if fresh[me] and ex.send_all.numel():
-            g = g.index_add(0, ex.send_all, torch.cat(got))
+            g = g.index_add(0, ex.send_all, back)
         return g, None, None, None
 
 
