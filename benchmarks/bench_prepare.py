@@ -39,7 +39,8 @@ def du(path: Path) -> int:
 def run_one(edges: float, args: argparse.Namespace, work: Path) -> dict:
     out = work / f"syn-{edges:.0e}".replace("+", "")
     cmd = [sys.executable, "-m", "quietgnn", "prepare", "synthetic", "--edges", f"{edges:.0f}",
-           "--parts", str(args.parts), "--synthetic.avg_degree", str(args.degree),
+           "--parts", str(args.parts), "--synthetic.preset", "easy",   # as recorded
+           "--synthetic.avg_degree", str(args.degree),
            "--synthetic.feature_dim", str(args.features), "--x-dtype", "float16",
            "--memory-budget", args.budget, "--partitioner", args.partitioner, "--out", str(out)]
     print(" ".join(cmd[1:]), file=sys.stderr, flush=True)

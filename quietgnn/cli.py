@@ -57,12 +57,13 @@ def _split_overrides(tokens: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _config(args: argparse.Namespace, rest: list[str]) -> RunConfig:
+def _config(args: argparse.Namespace, rest: list[str],
+            defaults: dict | None = None) -> RunConfig:
     from .config import load_config, parse_overrides
     pairs = _split_overrides(rest)
     if args.strategy:
         pairs.insert(0, ("strategy", args.strategy))
-    return load_config(args.config, parse_overrides(pairs))
+    return load_config(args.config, parse_overrides(pairs), defaults=defaults)
 
 
 def _under_torchrun() -> bool:
@@ -146,7 +147,11 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     """Write a prepared directory (partition book, one memory-mappable part per rank):
     :mod:`quietgnn.prepare.command`."""
     from .prepare.command import run_prepare
-    return run_prepare(args, _config(args, rest), rest, under_torchrun=_under_torchrun())
+    # the streamed generator's graphs are the large ones the strategies are compared on: its
+    # default is the preset where they can be told apart (a recipe or --synthetic.* wins)
+    defaults = {"synthetic": {"preset": "hard"}} if args.source == "synthetic" else None
+    return run_prepare(args, _config(args, rest, defaults), rest,
+                       under_torchrun=_under_torchrun())
 
 
 def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:

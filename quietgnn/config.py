@@ -123,7 +123,16 @@ class RuntimeConfig:
 
 
 def _synthetic_spec(values: dict[str, Any]) -> Any:
-    from .datasets.synthetic import SyntheticSpec
+    """The spec from section ``synthetic``: its ``preset`` (a name in
+    :data:`~quietgnn.datasets.synthetic.PRESETS`) first, the keys set beside it over it."""
+    from .datasets.synthetic import PRESETS, SyntheticSpec
+    if isinstance(values, dict) and "preset" in values:
+        values = dict(values)
+        name = values.pop("preset")
+        if name not in PRESETS:
+            raise ValueError(f"synthetic.preset = {name!r}; expected one of {sorted(PRESETS)} "
+                             f"(or leave it out and set the synthetic.* keys one by one)")
+        values = {**PRESETS[name], **values}
     return _build(SyntheticSpec, values, "synthetic")
 
 
@@ -266,8 +275,10 @@ def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults <- YAML recipe <- overrides, validated section by section."""
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
+                defaults: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults <- ``defaults`` (a command's own, e.g. ``prepare synthetic``'s preset) <- YAML
+    recipe <- overrides, validated section by section."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -281,7 +292,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ValueError(f"config file {str(p)!r} must hold a mapping of sections, got "
                              f"{type(loaded).__name__}")
         raw = loaded
-    raw = _merge(raw, overrides or {})
+    raw = _merge(_merge(defaults or {}, raw), overrides or {})
     valid = {"strategy", "synthetic", "options"} | set(SECTIONS)
     unknown = sorted(set(raw) - valid)
     if unknown:

@@ -63,3 +63,22 @@ def test_bad_recipe_files(tmp_path):
     sec.write_text("model: 3\n")
     with pytest.raises(ValueError, match="section 'model' must be a mapping"):
         load_config(sec)
+
+
+def test_synthetic_presets():
+    """a preset gives its keys, keys set beside it win, an unknown name is named; a command's
+    own defaults (prepare synthetic's preset) sit under the recipe and the overrides"""
+    from quietgnn.datasets.synthetic import PRESETS
+    hard = load_config(None, {"synthetic": {"preset": "hard"}}).synthetic
+    assert all(getattr(hard, k) == v for k, v in PRESETS["hard"].items())
+    mixed = load_config(None, {"synthetic": {"preset": "hard", "homophily": 0.9}}).synthetic
+    assert mixed.homophily == 0.9 and mixed.feature_noise == PRESETS["hard"]["feature_noise"]
+    under = load_config(None, {"synthetic": {"homophily": 0.7}},
+                        defaults={"synthetic": {"preset": "hard"}}).synthetic
+    assert under.homophily == 0.7 and under.avg_degree == PRESETS["hard"]["avg_degree"]
+    assert load_config(None, {"synthetic": {"preset": "easy"}},
+                       defaults={"synthetic": {"preset": "hard"}}).synthetic == \
+        load_config(None).synthetic
+    with pytest.raises(ValueError, match=r"synthetic.preset = 'harder'; expected one of "
+                                         r"\['easy', 'hard'\]"):
+        load_config(None, {"synthetic": {"preset": "harder"}})

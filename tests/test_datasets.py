@@ -126,13 +126,35 @@ def test_synthetic_features_carry_class_signal():
     assert torch.unique(noiseless.x, dim=0).shape[0] == noiseless.num_classes
 
 
+def test_class_imbalance_and_signal_fraction():
+    """class sizes follow (c + 1)^-imbalance; the class means live in the first
+    signal_fraction of the columns, at the same norm - in memory and streamed alike"""
+    spec = SyntheticSpec(nodes=20000, classes=4, class_imbalance=1.0, feature_dim=16,
+                         signal_fraction=0.25, feature_noise=0.0)
+    want = torch.tensor([1, 1 / 2, 1 / 3, 1 / 4]) / (1 + 1 / 2 + 1 / 3 + 1 / 4)
+    g = make_synthetic(spec)
+    assert torch.allclose(torch.bincount(g.y) / g.num_nodes, want, atol=0.01)
+    assert (g.x[:, 4:] == 0).all() and (g.x[:, :4] != 0).any(1).all()
+    assert torch.allclose(g.x.norm(dim=1), torch.full((g.num_nodes,), 2.0))
+    from quietgnn.prepare.synthetic import SyntheticNodes, _labels
+    y = torch.from_numpy(_labels(spec).astype("int64"))
+    assert torch.allclose(torch.bincount(y) / spec.nodes, want, atol=0.01)
+    x = next(iter(SyntheticNodes(spec).blocks(None))).x
+    assert (x[:, 4:] == 0).all() and abs(float((x ** 2).sum(1).mean()) - 4.0) < 1e-4
+    # balanced and full-width stay the stream they were before the knobs existed
+    old = make_synthetic(SyntheticSpec(**SMALL))
+    assert torch.equal(old.y, make_synthetic(SyntheticSpec(**SMALL, class_imbalance=0.0,
+                                                           signal_fraction=1.0)).y)
+
+
 @pytest.mark.parametrize("field,value,allowed", [
     ("nodes", 10, r">= 2 \* classes = 16"), ("classes", 1, ">= 2"),
     ("avg_degree", 0, r"in \(0, nodes = 20000\)"), ("avg_degree", 30000.0, r"in \(0, nodes"),
     ("homophily", 1.5, r"in \[0, 1\]"), ("homophily", -0.1, r"in \[0, 1\]"),
     ("degree_skew", 1.5, "power-law exponent > 2"), ("degree_skew", 2.0, "or 0 for no skew"),
     ("feature_dim", 0, ">= 1"), ("feature_noise", -1.0, ">= 0"), ("nodes", 100.5, "an int"),
-    ("classes", True, ">= 2"), ("homophily", float("nan"), r"\[0, 1\]")])
+    ("classes", True, ">= 2"), ("homophily", float("nan"), r"\[0, 1\]"),
+    ("signal_fraction", 0.0, r"in \(0, 1\]"), ("class_imbalance", -1.0, r"in \[0, 4\]")])
 def test_synthetic_spec_validation(field, value, allowed):
     with pytest.raises(ValueError, match=re.escape(f"synthetic.{field} = {value!r}; expected")
                        + ".*" + allowed):

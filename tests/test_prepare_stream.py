@@ -266,6 +266,11 @@ def test_cli_prepare_synthetic_then_train(tmp_path):
             "feature_dim", "8", "--memory-budget", "1GiB", "--out", str(tmp_path / "d"))
     assert r.returncode == 0, r.stderr
     assert "prepared" in r.stdout and "2 parts (ldg)" in r.stdout and "peak memory" in r.stdout
+    # the streamed generator's default is the hard preset, the key set beside it kept
+    from quietgnn.datasets.synthetic import PRESETS
+    from quietgnn.partition.book import PartitionBook
+    made = PartitionBook.open(tmp_path / "d").graph["synthetic"]
+    assert made["feature_dim"] == 8 and all(made[k] == v for k, v in PRESETS["hard"].items())
     r = cli("train", "--data", str(tmp_path / "d"), "--epochs", "2", "--hidden", "8",
             "--runtime.progress", "false", "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import torch
 
-from ..datasets.synthetic import _MEAN_NORM, SyntheticSpec
+from ..datasets.synthetic import SyntheticSpec, class_means, class_weights
 from ..partition.book import PartitionBook
 from .tables import TEST, TRAIN, VAL, NodeBlock, write_prepared
 
@@ -45,7 +46,9 @@ def _labels(spec: SyntheticSpec) -> np.ndarray:
     y = np.empty(n, dtype=dt)
     for b, lo in enumerate(range(0, n, _BLOCK)):
         hi = min(lo + _BLOCK, n)
-        y[lo:hi] = _rng(spec.seed, _Y, b).integers(0, spec.classes, hi - lo)
+        rng = _rng(spec.seed, _Y, b)
+        y[lo:hi] = (rng.choice(spec.classes, hi - lo, p=class_weights(spec))
+                    if spec.class_imbalance else rng.integers(0, spec.classes, hi - lo))
     y[: 2 * spec.classes] = np.arange(2 * spec.classes) % spec.classes   # every class present
     return y
 
@@ -134,9 +137,8 @@ class SyntheticNodes:
     def blocks(self, con: Any) -> Iterator[NodeBlock]:
         s = self.spec
         y_all = _labels(s)
-        means = _rng(s.seed, _MEANS, 0).standard_normal((s.classes, s.feature_dim))
-        means = (means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
-                 * _MEAN_NORM).astype(np.float32)
+        raw = _rng(s.seed, _MEANS, 0).standard_normal((s.classes, s.feature_dim))
+        means = class_means(torch.from_numpy(raw), s).numpy().astype(np.float32)
         for b, lo in enumerate(range(0, s.nodes, _BLOCK)):
             hi = min(lo + _BLOCK, s.nodes)
             y = y_all[lo:hi].astype(np.int64)
