@@ -54,8 +54,9 @@ def write_report(md: Path, lines: list[str], json_path: Path | None = None,
                  payload: Any = None) -> None:
     """A study's outputs: ``payload`` as JSON (when given) and its markdown table, which is
     also printed."""
-    if json_path is not None:
-        json_path.write_text(json.dumps(payload, indent=1))
     md.parent.mkdir(parents=True, exist_ok=True)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(payload, indent=1))
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
