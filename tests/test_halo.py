@@ -311,3 +311,16 @@ def test_lean_halo_refuses_other_archs(graph):
                         model_cfg=ModelConfig(arch="sage", hidden=8), train_cfg=TrainConfig())
     with pytest.raises(ValueError, match="options.lean = true needs model.arch"):
         Halo(ctx, HaloOptions(lean=True)).setup()
+
+
+def test_row_keep_mask_is_the_splitmix_formula_in_any_slicing():
+    """the in-place, sliced hash gives the bits of the formula written out on whole tensors
+    (masks recorded by earlier runs, and every rank's copy of a row's mask, stay the same)"""
+    from quietgnn.nn import keyed
+    ids = torch.randperm(300000, generator=torch.Generator().manual_seed(0))[:70000]
+    for width, p, key in ((64, 0.5, 12345), (7, 0.3, -99), (300, 0.1, mix_key(3, 4, 5))):
+        counters = ids.unsqueeze(1) * width + torch.arange(width)
+        want = (keyed._mix(counters ^ key) & ((1 << 24) - 1)) >= int(round(p * (1 << 24)))
+        assert torch.equal(keyed.row_keep_mask(ids, width, p, key), want)
+        assert torch.equal(keyed.keep_mask(counters, p, key), want)
+        assert torch.equal(keyed.row_keep_mask(ids, width, p, key, cols=(2, 5)), want[:, 2:5])
