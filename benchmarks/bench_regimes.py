@@ -83,11 +83,12 @@ def _train(data: str, strategy: str, run: str, args: argparse.Namespace) -> dict
     return rec
 
 
-def _reach(curve: dict, tier: Tier, target: float) -> Optional[dict]:
-    """Projected seconds to ``target`` on ``tier``, a core per host (see the module doc)."""
-    setup = tier.seconds(curve["setup"]["hops"], curve["setup"]["crit_bytes"])
-    cum = setup
-    for p in project(curve, tier):
+def _reach(curve: dict, tier: Tier, target: float, cores: Optional[int] = None,
+           setup: bool = True) -> Optional[dict]:
+    """Projected seconds to ``target`` on ``tier`` (see the module doc): a core per host, or
+    ``cores`` shared by the hosts; ``setup``: the set-up's communication counted."""
+    cum = tier.seconds(curve["setup"]["hops"], curve["setup"]["crit_bytes"]) if setup else 0.0
+    for p in project(curve, tier, cores):
         cum += p["compute_s"] + p["comm_s"]
         if p["test_acc"] is not None and p["test_acc"] >= target:
             return {"seconds": cum + p["eval_s"], "epoch": p["epoch"]}
@@ -160,15 +161,10 @@ def measure(args: argparse.Namespace, saved: dict) -> dict:
             for f in FRACTIONS:
                 pct = round(100 * f)
                 rec[f"measured_seconds_to_{pct}"] = _measured_to(curve, f * c_acc)
-                shared = Tier("shared", tier.bandwidth, 0.0)   # the emulated link: no latency
-                hit = None
-                cum = 0.0
-                for p in project(curve, shared, cores):
-                    cum += p["compute_s"] + p["comm_s"]
-                    if p["test_acc"] is not None and p["test_acc"] >= f * c_acc:
-                        hit = cum + p["eval_s"]
-                        break
-                rec[f"projected_shared_seconds_to_{pct}"] = hit
+                # the emulated link has no latency; the hosts share this machine's cores
+                hit = _reach(curve, Tier("shared", tier.bandwidth, 0.0), f * c_acc, cores,
+                             setup=False)
+                rec[f"projected_shared_seconds_to_{pct}"] = hit["seconds"] if hit else None
             rec.update(measured_exit_codes=codes, measured_epochs=len(curve["epochs"]),
                        measured_cores=cores)
             JSON.write_text(json.dumps(saved, indent=1))
