@@ -133,7 +133,9 @@ def measure(args: argparse.Namespace, saved: dict) -> dict:
     """``--measure LINK``: the ``--strategies`` on the ``--graph`` on 4 emulated hosts
     (``benchmarks/netcluster.py``, as root) whose egress is capped at LINK; the measured
     seconds to 90/95/98 % go into the cell's record of that link, beside the projection for
-    hosts sharing this machine's cores as they did (the check of the projection)."""
+    hosts sharing this machine's cores as they did (the check of the projection). A later
+    projected run of the same cell replaces the record, check and all: the check was of
+    the code that ran then."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from netcluster import Cluster, available
     why = available()
