@@ -129,7 +129,7 @@ def _synthetic_spec(values: dict[str, Any]) -> Any:
     if isinstance(values, dict) and "preset" in values:
         values = dict(values)
         name = values.pop("preset")
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"synthetic.preset = {name!r}; expected one of {sorted(PRESETS)} "
                              f"(or leave it out and set the synthetic.* keys one by one)")
         values = {**PRESETS[name], **values}

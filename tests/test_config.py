@@ -82,3 +82,5 @@ def test_synthetic_presets():
     with pytest.raises(ValueError, match=r"synthetic.preset = 'harder'; expected one of "
                                          r"\['easy', 'hard'\]"):
         load_config(None, {"synthetic": {"preset": "harder"}})
+    with pytest.raises(ValueError, match=r"synthetic.preset = \['hard'\]; expected one of"):
+        load_config(None, {"synthetic": {"preset": ["hard"]}})    # a YAML list, not a name
