@@ -60,7 +60,16 @@ def _train_args(data: str, strategy: str, run: str, args: argparse.Namespace) ->
             "--epochs", str(args.epochs), "--train.eval_every", str(args.eval_every),
             "--train.eval_mode", "exact", "--runtime.progress", "false",
             "--runtime.timeout_s", "1200", "--runtime.overwrite", "true", "--out", str(RUNS),
-            "--run-name", run]
+            "--run-name", run, *[a for kv in args.option for a in _option_args(kv)]]
+
+
+def _option_args(kv: str) -> list[str]:
+    """``KEY=VALUE`` (``--option``) -> the trainer's ``--options.KEY VALUE``."""
+    key, sep, value = kv.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"bench_regimes: --option {kv!r}; expected KEY=VALUE, e.g. "
+                         f"repart_every=10")
+    return [f"--options.{key}", value]
 
 
 def _train(data: str, strategy: str, run: str, args: argparse.Namespace) -> dict:
@@ -148,9 +157,10 @@ def measure(args: argparse.Namespace, saved: dict) -> dict:
         edges, _, part = label.partition(":")
         for s in args.strategies.split(","):
             rec = next(r for r in saved["runs"] if (r["strategy"], r["edges"], r["partition"],
-                       r["layers"], r["link"]) == (s, float(edges), part, args.layers,
-                                                   args.measure))
-            name = f"{edges}-{part}-L{args.layers}-{s}-{rate}"
+                       r["layers"], r["link"], r.get("variant")) == (
+                           s, float(edges), part, args.layers, args.measure, args.variant))
+            name = "-".join([edges, part, f"L{args.layers}", s, *([args.variant] if
+                                                                 args.variant else []), rate])
             print(f"{name} on emulated hosts ...", file=sys.stderr, flush=True)
             logs = RUNS.parent / "logs" / name
             logs.mkdir(parents=True, exist_ok=True)
@@ -191,20 +201,25 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
         label, _, data = spec.partition("=")
         edges, _, part = label.partition(":")
         for s in args.strategies.split(","):
-            name = f"{edges}-{part}-L{args.layers}-{s}"
+            name = f"{edges}-{part}-L{args.layers}-{s}" + (f"-{args.variant}" if args.variant
+                                                           else "")
             print(f"{name} ...", file=sys.stderr, flush=True)
             r = _train(data, s, name, args)
             base = {"strategy": s, "edges": float(edges), "partition": part,
                     "layers": args.layers, "parts": 4, "status": r["status"],
                     "elapsed_s": r["elapsed_s"], "budget_s": args.budget_s,
                     "epochs_asked": args.epochs}
+            if args.variant:   # a changed option: beside the default, not in the map
+                base.update(variant=args.variant, options=dict(
+                    kv.partition("=")[::2] for kv in args.option))
             try:
                 new = _records(base, epoch_curve(read_metrics(RUNS / name)), c_acc)
             except (ValueError, FileNotFoundError) as exc:   # nothing recorded
                 new = [dict(base, link=k, error=str(exc)[:300] + r.get("error", ""))
                        for k in LINKS]
             records[:] = [x for x in records if (x["strategy"], x["edges"], x["partition"],
-                          x["layers"]) != (s, float(edges), part, args.layers)] + new
+                          x["layers"], x.get("variant")) != (s, float(edges), part,
+                                                             args.layers, args.variant)] + new
             JSON.write_text(json.dumps(saved, indent=1))
             print(f"  {r['status']} {r['elapsed_s']} s best "
                   f"{new[0].get('best_test_acc')}", file=sys.stderr, flush=True)
@@ -216,7 +231,7 @@ def _fmt(x: Optional[float]) -> str:
 
 
 def render(saved: dict) -> list[str]:
-    runs = [r for r in saved.get("runs", []) if "error" not in r]
+    runs = [r for r in saved.get("runs", []) if "error" not in r and "variant" not in r]
     cmds = saved.get("commands", [])
     lines = ["# Where communication dominates: the map (#47)", "",
              "Commands: " + "; ".join(f"`{c}`" for c in cmds), "",
@@ -279,7 +294,8 @@ def render(saved: dict) -> list[str]:
                 lines.append(f"| {k} | {pct} % | {s} | {_fmt(t)} | {_fmt(halo)} | "
                              f"{'—' if not halo else f'{halo / t:.3g}x'} |")
         lines.append("")
-    checked = [r for r in runs if "measured_exit_codes" in r]
+    lines += _variants(saved)
+    checked = [r for r in saved.get("runs", []) if "measured_exit_codes" in r]
     if checked:
         lines += ["## Measured on emulated hosts", "",
                   "The same runs on 4 emulated hosts (`--measure LINK`: network namespaces, "
@@ -302,12 +318,41 @@ def render(saved: dict) -> list[str]:
     return lines
 
 
+def _variants(saved: dict) -> list[str]:
+    """Each changed option (``--variant``) beside its strategy's defaults in the same cell."""
+    runs = [r for r in saved.get("runs", []) if "error" not in r]
+    var = [r for r in runs if "variant" in r and r["link"] == "10mbit"]
+    if not var:
+        return []
+    lines = ["## Options changed (item 3)", "",
+             "A strategy with one option changed (`--variant NAME --option KEY=VALUE`), beside "
+             "its defaults in the same cell; projected seconds to 98 % per link.", "",
+             "| cell | strategy | options | best acc | epoch to 98 % | bytes/epoch | setup bytes | "
+             + " | ".join(f"to 98 % @ {k}" for k in LINKS) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(LINKS)]
+    keys = dict.fromkeys((v["strategy"], v["edges"], v["partition"], v["layers"]) for v in var)
+    for key in keys:
+        _, edges, part, layers = key
+        for r in [x for x in runs if x["link"] == "10mbit" and (x["strategy"], x["edges"],
+                  x["partition"], x["layers"]) == key]:   # the defaults first, as recorded
+            t = [next((x.get("projected_seconds_to_98") for x in runs if x.get("variant") ==
+                       r.get("variant") and x["link"] == k and (x["strategy"], x["edges"],
+                       x["partition"], x["layers"]) == key), None) for k in LINKS]
+            opts = ", ".join(f"{a}={b}" for a, b in r.get("options", {}).items()) or "defaults"
+            lines.append(f"| {edges:.0e} {part} L{layers} | {r['strategy']} "
+                         f"| {opts} | {r['best_test_acc']:.4f} | {r.get('epoch_to_98')} | "
+                         f"{r['bytes_per_epoch'] / 1e6:.3g} MB | {r['setup_bytes'] / 1e6:.3g} MB"
+                         " | " + " | ".join(_fmt(x) if x is not None else "not reached"
+                                            for x in t) + " |")
+    return lines + [""]
+
+
 def plot(saved: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    runs = [r for r in saved.get("runs", []) if r.get("projected_seconds_to_98") is not None
-            or "error" not in r]
+    runs = [r for r in saved.get("runs", []) if "variant" not in r
+            and (r.get("projected_seconds_to_98") is not None or "error" not in r)]
     cells = sorted({(r["edges"], r["partition"], r["layers"]) for r in runs})
     fig, axes = plt.subplots(1, max(len(cells), 1), figsize=(6 * max(len(cells), 1), 4),
                              squeeze=False)
@@ -346,8 +391,14 @@ def main() -> int:
     ap.add_argument("--measure", choices=list(LINKS),
                     help="measure the --strategies on the --graph on emulated hosts at this "
                     "link (as root; after the projected run of the same cell)")
+    ap.add_argument("--variant", help="a name for a run with changed options (--option): "
+                    "recorded beside the strategy's defaults, not in the map")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a strategy option for this run (repeatable; needs --variant)")
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args()
+    if bool(args.variant) != bool(args.option):
+        ap.error("--variant and --option go together: name the run whose options changed")
     saved = json.loads(JSON.read_text()) if JSON.is_file() else {}
     if args.measure:
         cmd = "python benchmarks/bench_regimes.py " + " ".join(sys.argv[1:])

@@ -143,6 +143,13 @@ def test_incompatible_config_names_the_fields(tmp_path):
     fewer["partition"]["parts"] = 4
     with pytest.raises(ValueError, match=r"parts: checkpoint 2, this run 4"):
         check_resume_compatible(fewer, tmp_path)
+    # a knob added since the checkpoint was written: compatible at its default only
+    newer = json.loads(json.dumps(CFG))
+    newer["synthetic"]["signal_fraction"] = 1.0
+    assert identity_differences(run_identity(CFG), run_identity(newer)) == []
+    newer["synthetic"]["signal_fraction"] = 0.5
+    assert identity_differences(run_identity(CFG), run_identity(newer)) == [
+        "synthetic.signal_fraction: checkpoint '<unset>', this run 0.5"]
     # same run with more epochs resumes
     longer = json.loads(json.dumps(CFG))
     longer["train"]["epochs"] = 99

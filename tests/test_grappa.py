@@ -432,6 +432,37 @@ def _eval_both(comm, graph, parts, mode):
             "local": s.evaluate_local(), "has_exact": hasattr(s, "eval_forward")}
 
 
+def _exact_eval(comm, graph, parts):
+    """Grappa's exact evaluation (its input rows taken from the first chunk load) against a
+    halo forward that fetches its own, for a run that reloads and one that never does."""
+    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    out = {}
+    for repart in (1, 0):
+        s = _strategy(comm, part, {"mode": "full", "repart_every": repart})
+        s.train_epoch(0)
+        comm.take_records()
+        got = s.evaluate()
+        fresh = global_evaluate(s.model, part, comm, halo_forward(s.model, part, comm,
+                                                                   partition_adj(part)))
+        out[repart] = {"got": got, "fresh": fresh, "setup": s.setup_records,
+                       "kept": s.loader.halo_rows() is not None}
+        s.close()
+        comm.take_records()   # the reference forward's fetch: not the next setup's
+    return out
+
+
+def test_exact_evaluation_reuses_the_loaded_halo_rows(graph, parts):
+    for res in spawn_function(_exact_eval, P, args=(graph, parts)):
+        for repart, r in res.items():
+            for split in ("train", "val", "test"):
+                assert r["got"][split] == r["fresh"][split]
+            # the halo's rows crossed once, for the chunk load: no static-rows fetch
+            kinds = [k for _, k in r["setup"]]
+            assert "data" not in kinds and "chunk_features" in kinds
+            assert r["kept"] == (repart == 1)   # a run that never reloads drops them
+
+
 @pytest.mark.parametrize("mode", ["minibatch", "full"])
 def test_sampled_evaluation_with_full_fanouts_is_exact(graph, parts, mode):
     for res in spawn_function(_eval_both, P, args=(graph, parts, mode)):

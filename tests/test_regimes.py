@@ -50,3 +50,22 @@ def test_records_carry_the_interface_per_link():
         hit = br._reach(_curve(), br.LINKS[r["link"]], 0.98 * 0.8)
         assert r["projected_seconds_to_98"] == hit["seconds"] and r["epoch_to_98"] == 2
     assert recs[-1]["projected_seconds_to_98"] > recs[0]["projected_seconds_to_98"]
+
+
+def test_a_changed_option_sits_beside_the_defaults_not_in_the_map():
+    base = {"strategy": "grappa", "edges": 1e6, "partition": "hash", "layers": 2,
+            "status": "ok"}
+    plain = br._records(dict(base), _curve(), central=0.8)
+    slow = _curve()
+    for row in slow["epochs"]:
+        row["compute_s"] = 3.0       # the variant: three times the compute per epoch
+    var = br._records(dict(base, variant="v", options={"repart_every": "10"}), slow, 0.8)
+    lines = br.render({"runs": plain + var})
+    table = lines[lines.index("## Options changed (item 3)"):]
+    rows = [x for x in table if x.startswith("| 1e+06 hash L2 | grappa")]
+    assert len(rows) == 2 and "defaults" in rows[0] and "repart_every=10" in rows[1]
+    # the map's own tables hold the default run only
+    at_glance = lines[:lines.index("## Options changed (item 3)")]
+    assert sum(x.startswith("| grappa |") for x in at_glance) == 1
+    assert br._fmt(var[0]["projected_seconds_to_98"]) in rows[1]
+    assert br._fmt(plain[0]["projected_seconds_to_98"]) in rows[0]

@@ -131,11 +131,28 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
     return json.loads(json.dumps(ident, default=str))   # plain JSON values (tuples -> lists)
 
 
+def _default_identity(strategy: Any) -> dict[str, Any]:
+    """The identity of a run of ``strategy`` left at every default ({} for an unknown one)."""
+    try:
+        from ..config import RunConfig
+        return run_identity(RunConfig(strategy=strategy))
+    except (ValueError, TypeError):
+        return {}
+
+
 def identity_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``["model.hidden: checkpoint 16, this run 32", ...]`` (empty when compatible)."""
+    """``["model.hidden: checkpoint 16, this run 32", ...]`` (empty when compatible). A key
+    the checkpoint lacks because it predates that setting (a knob added since) is compatible
+    when this run leaves it at its default: the checkpoint's run behaved as that default."""
     out = []
+    defaults: Optional[dict[str, Any]] = None
     for k in sorted(set(saved) | set(now)):
         a, b = saved.get(k, "<unset>"), now.get(k, "<unset>")
+        if k not in saved and k in now:
+            if defaults is None:
+                defaults = _default_identity(now.get("strategy"))
+            if k in defaults and defaults[k] == b:
+                continue
         if a != b:
             out.append(f"{k}: checkpoint {a!r}, this run {b!r}")
     return out

@@ -491,24 +491,33 @@ def induced_forward(model: GNN, part: LocalPartition,
 
 
 def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: SparseAdj,
-                 kind: str = "halo", cache_inputs: bool = True) -> Callable[[], Tensor]:
+                 kind: str = "halo", cache_inputs: bool = True,
+                 halo_rows: Optional[Tensor] = None) -> Callable[[], Tensor]:
     """A closure running the full-neighbourhood forward pass with halo exchange (for
     :func:`global_evaluate`). ``cache_inputs``: the halo's input rows are fetched here, once
-    (collective: call on every rank), and layer 0 exchanges nothing at each evaluation."""
+    (collective: call on every rank), and layer 0 exchanges nothing at each evaluation;
+    ``halo_rows``: those rows, already fetched by the caller (then nothing is fetched)."""
     ex = HaloExchanger(comm, part, kind=kind)
     x = part.x.to(adj.device)
     if cache_inputs and comm.world_size > 1:
-        x_in = inputs_with_halo(comm, part, adj.device)
+        x_in = inputs_with_halo(comm, part, adj.device, halo_rows=halo_rows)
         return lambda: model(x_in, adj, exchange=ex, inputs_have_halo=True)
     return lambda: model(x, adj, exchange=ex)
 
 
 def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.device,
-                     sparse: bool = True) -> Tensor | SparseFeatures:
+                     sparse: bool = True,
+                     halo_rows: Optional[Tensor] = None) -> Tensor | SparseFeatures:
     """``[owned ; halo]`` input rows in the part's dtype, the halo's fetched once (collective;
-    kind ``data``), sparse when mostly zero (and ``sparse``): layer 0 then needs no
-    exchange."""
-    halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
-                               carries=Traffic.FEATURES).to(device)
+    kind ``data``) unless the caller holds them (``halo_rows``, in ``part.halo``'s order),
+    sparse when mostly zero (and ``sparse``): layer 0 then needs no exchange."""
+    if halo_rows is not None:
+        if tuple(halo_rows.shape) != (part.n_halo, part.num_features):
+            raise ValueError(f"halo_rows has shape {tuple(halo_rows.shape)}; expected "
+                             f"({part.n_halo}, {part.num_features}): one row per halo node")
+        halo_x = halo_rows.to(device)
+    else:
+        halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
+                                   carries=Traffic.FEATURES).to(device)
     x = torch.cat([to_device(part.x, device), halo_x.to(part.x.dtype)])
     return maybe_sparse(x) if sparse else x

@@ -41,7 +41,8 @@ What crosses the network, exactly (``nt`` = parameter count, fp32):
 * per super-epoch (phase ``data``): the chunk reload (``chunk_structure``, ``chunk_request``,
   ``chunk_features``);
 * evaluation (phase ``eval``): exact full-neighbour inference with the halo exchange over the
-  original partition (``halo_fwd``) + ``eval_metrics``; with ``eval_nodes`` = k > 0 a fixed
+  original partition (``halo_fwd``; its input rows are the halo rows the first chunk load
+  fetched, so none are fetched for it) + ``eval_metrics``; with ``eval_nodes`` = k > 0 a fixed
   sample of ~k nodes per split through the distributed sampler (its CSR rows and input
   features fetched from their owners, setup: owned ids, the rank's rows and degrees).
 
@@ -184,7 +185,10 @@ class Grappa(Strategy):
         once = o.repart_every == 0 or ctx.train_cfg.epochs <= o.repart_every
         # the rotating chunk's scratch files go in the run's directory (the disk the run
         # writes to anyway), removed by close()
-        self.loader = ChunkLoader(ctx.comm, p, keep_halo=not once, scratch_dir=ctx.run_dir)
+        # the exact evaluation's input rows are the first load's halo rows: kept through it
+        exact = not o.eval_nodes
+        self.loader = ChunkLoader(ctx.comm, p, keep_halo=exact or not once,
+                                  scratch_dir=ctx.run_dir)
         self.seed_local = torch.nonzero(p.train_mask).flatten()   # own chunk rows come first
         self.y_seed = p.y[self.seed_local]
         # equal step counts without communication: every rank splits its seeds into S batches
@@ -196,12 +200,18 @@ class Grappa(Strategy):
                 ctx.comm, p, [-1 if f is None else f for f in self.fanouts], o.eval_nodes,
                 o.batch_size, ctx.seed)
         else:
-            # exact global evaluation: halo's forward, its static input rows fetched once here
             self.sampled_eval = None
-            self.eval_forward = halo_forward(self.model, p, ctx.comm, partition_adj(p, ctx.device))
         self.lg: Optional[LocalGraph] = None
         self._eval_blocks: Optional[tuple] = None    # (local graph, input rows, blocks)
         self._reload(0)
+        if exact:
+            # halo's forward on the original partition; its static input rows are the ones the
+            # first load fetched for the leaves (the same rows: not fetched twice)
+            adj = partition_adj(p, ctx.device)
+            self.eval_forward = halo_forward(self.model, p, ctx.comm, adj,
+                                             halo_rows=self.loader.halo_rows())
+            if once:
+                self.loader.drop_halo()
 
     def super_epoch(self, epoch: int) -> int:
         return epoch // self.options.repart_every if self.options.repart_every > 0 else 0

@@ -111,6 +111,17 @@ class ChunkLoader:
         self._halo_sorted: Optional[Tensor] = None
         self._halo_order: Optional[Tensor] = None
 
+    def halo_rows(self) -> Optional[Tensor]:
+        """The own halo's feature rows in ``part.halo``'s order, as the first load fetched them
+        (None before it, after :meth:`drop_halo`, or with one rank: no halo). Exact evaluation
+        reads them too, instead of fetching the same rows a second time."""
+        return self._halo_x
+
+    def drop_halo(self) -> None:
+        """Forget the cached halo rows (a run that never reloads, once its evaluation took
+        them)."""
+        self._halo_x = self._halo_sorted = self._halo_order = None
+
     def scratch(self) -> Scratch:
         if self._scratch is None:
             self._scratch = Scratch(self.scratch_dir)
@@ -118,7 +129,7 @@ class ChunkLoader:
 
     def close(self) -> None:
         """Drop the cached halo rows and remove the scratch directory."""
-        self._halo_x = self._halo_sorted = self._halo_order = None
+        self.drop_halo()
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None
@@ -283,7 +294,7 @@ class ChunkLoader:
             x_rest[h] = self._halo_x[self._halo_order[
                 torch.searchsorted(self._halo_sorted, need[h])].long()]
         if not self.keep_halo:
-            self._halo_x = self._halo_sorted = self._halo_order = None
+            self.drop_halo()
         return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
 
     def _in_halo(self, ids: Tensor) -> Tensor:
