@@ -64,7 +64,8 @@ def _tables(tmp_path, g, fmt="parquet", split=True, x_list=True, dup=True):
                                                       (4, "parquet", True, True, "hash"),
                                                       (3, "csv", False, False, "hash"),
                                                       (2, "parquet", True, True, "ldg"),
-                                                      (4, "csv", True, False, "ldg")])
+                                                      (4, "csv", True, False, "ldg"),
+                                                      (3, "parquet", True, True, "metis")])
 def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list, method):
     g0 = small_graph(n=200, seed=2)
     e, n, ei = _tables(tmp_path, g0, fmt, split, x_list)
@@ -176,12 +177,26 @@ def test_directed_tables(tmp_path):
     g = Graph.from_edge_index(ei, g0.x, g0.y, num_classes=g0.num_classes, undirected=False,
                               name="edges", train_mask=g0.train_mask, val_mask=g0.val_mask,
                               test_mask=g0.test_mask)
-    book = prepare_tables(e, n, tmp_path / "out", parts=2, directed=True,
-                          memory_budget=TINY_BUDGET, method="hash")
-    ref = make_book(tmp_path / "ref", g, "hash", 2)
-    assert book.graph["fingerprint"] == g.fingerprint()
-    for k in range(2):
-        _same_part(book.load_part(k, 2), ref.load_part(k, 2))
+    for method in ("hash", "metis"):   # metis: on the symmetrised graph, as in memory
+        book = prepare_tables(e, n, tmp_path / method, parts=2, directed=True,
+                              memory_budget=TINY_BUDGET, method=method)
+        ref = make_book(tmp_path / f"ref-{method}", g, method, 2)
+        assert book.graph["fingerprint"] == g.fingerprint()
+        assert (book.assignment() == ref.assignment()).all()
+        for k in range(2):
+            _same_part(book.load_part(k, 2), ref.load_part(k, 2))
+
+
+def test_metis_over_its_budget_names_the_size(tmp_path, monkeypatch):
+    import quietgnn.prepare.edges as edges
+    g0 = small_graph(n=120, seed=3)
+    e, n, _ = _tables(tmp_path, g0)
+    monkeypatch.setattr(edges, "METIS_BYTES_PER_EDGE", 1 << 22)   # as if the graph were huge
+    with pytest.raises(ValueError, match=r"--partitioner metis holds the graph's adjacency "
+                                         r"in memory: about \d+ MiB .* --partitioner ldg"):
+        prepare_tables(e, n, tmp_path / "out", parts=2, memory_budget=TINY_BUDGET,
+                       method="metis")
+    assert not (tmp_path / "out").exists()
 
 
 def _bad_nodes(tmp_path):
@@ -275,8 +290,9 @@ def test_cli_prepare_synthetic_then_train(tmp_path):
             "--runtime.progress", "false", "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     r = cli("prepare", "synthetic", "--edges", "3000", "--parts", "2", "--partitioner",
-            "metis", "--out", str(tmp_path / "d2"))
+            "random", "--out", str(tmp_path / "d2"))
     assert r.returncode == 2 and "out of core, quietgnn partitions with ldg" in r.stderr
+    assert "random and supernode need the whole graph in memory" in r.stderr
 
 
 def test_out_that_is_not_a_prepared_directory_is_left_alone(tmp_path):

@@ -9,8 +9,9 @@ Three sources, one format (:mod:`quietgnn.partition.shards`):
   never whole in memory.
 
 Out of core the graph is partitioned while streaming: ``ldg`` (the default; restreamed Linear
-Deterministic Greedy), ``hash`` or ``given`` (``--partition.file``, one part id per node); each
-gives the parts the in-memory path gives with the same partitioner. A graph that arrives split
+Deterministic Greedy), ``hash`` or ``given`` (``--partition.file``, one part id per node), or
+``metis`` on the adjacency read into memory (the one not streamed; refused over the memory
+budget); each gives the parts the in-memory path gives with the same partitioner. A graph that arrives split
 across hosts is prepared by one process per host under torchrun (:mod:`.dist`). Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
 prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..partition.partitioners import LDG, LDG_PASSES
 from .arrays import BATCH_ROWS
 
-__all__ = ["tagged_batches"]
+__all__ = ["tagged_batches", "METIS_BYTES_PER_EDGE"]
 
 
 def _tagged_schema():
@@ -54,6 +54,47 @@ def _stream_ldg(con, n: int, P: int, progress: Callable[[str], None]) -> np.ndar
             ldg.place(lo, hi, D[:cut], S[:cut])
             D, S, lo = D[cut:], S[cut:], hi
     return ldg.parts
+
+
+#: bytes a METIS partition is budgeted per stored (directed) edge: the CSR's int64 column
+#: ids here (8), pymetis' copy of them and METIS' coarsened graphs (taken as twice that again)
+METIS_BYTES_PER_EDGE = 24
+
+
+def _stream_metis(con, n: int, P: int, seed: int, undirected: bool, budget: int,
+                  progress: Callable[[str], None]) -> np.ndarray:
+    """METIS (:func:`~quietgnn.partition.partitioners.metis_parts`' call) on the sorted edge
+    table ``e0``, read into an in-memory CSR: the same assignment as in memory, for a graph
+    whose adjacency fits ``budget`` bytes (METIS has no streaming form; ``ldg`` has)."""
+    from ..partition.partitioners import _fill_empty
+    rows = int(con.sql("SELECT count(*) FROM e0").fetchall()[0][0])
+    need = METIS_BYTES_PER_EDGE * rows * (1 if undirected else 2) + 16 * n
+    if need > budget:
+        raise ValueError(f"--partitioner metis holds the graph's adjacency in memory: about "
+                         f"{need >> 20} MiB for {rows} stored edges, over the --memory-budget "
+                         f"of {budget >> 20} MiB; pass --memory-budget {(need >> 20) + 512}MiB "
+                         f"or more, or use --partitioner ldg (streamed)")
+    progress(f"metis partitioning: {rows} edges into memory")
+    dst, src = np.empty(rows, np.int64), np.empty(rows, np.int64)
+    k = 0
+    for d, s_ in _unique_edges(con, "e0"):
+        dst[k:k + d.size], src[k:k + d.size] = d, s_
+        k += d.size
+    dst, src = dst[:k], src[:k]
+    if not undirected:   # METIS needs both directions: each pair once, sorted by (dst, src)
+        key = np.unique(np.concatenate([dst * n + src, src * n + dst]))
+        dst, src = key // n, key % n
+        del key
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    del dst
+    if P == 1:
+        return np.zeros(n, np.int16)
+    import pymetis
+    _, membership = pymetis.part_graph(
+        P, adjacency=pymetis.CSRAdjacency(adj_starts=indptr, adjacent=src),
+        options=pymetis.Options(seed=seed))
+    return _fill_empty(np.asarray(membership, dtype=np.int64), P).astype(np.int16)
 
 
 def _unique_edges(con, table: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -36,7 +36,7 @@ from ..partition.partitioners import hash_part_of
 from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
 from .edges import (_add_counts, _add_parts, _check_sorted, _duck_memory, _stream_ldg,
-                    tagged_batches)
+                    _stream_metis, tagged_batches)
 
 __all__ = ["NodeSource", "NodeBlock", "write_prepared", "BATCH_ROWS"]
 
@@ -102,7 +102,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
     ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``method`` partitioner
     (``ldg``: streamed LDG, some passes over the sorted edges; ``hash``: from the id alone;
-    ``given``: ``assignment``, one part id per node, checked).
+    ``given``: ``assignment``, one part id per node, checked; ``metis``: METIS on the
+    adjacency read into memory, DuckDB held at its floor meanwhile).
     ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads),
     holding ``hook_held`` bytes of its own meanwhile (DuckDB's share is smaller while it runs);
     the tables in ``drop`` are dropped once the edges are sorted."""
@@ -120,11 +121,12 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     if out.exists() and not (out / "book.json").is_file():
         raise ValueError(f"--out {str(out)!r} exists and is not a prepared directory; choose "
                          f"another --out or remove it (a prepared one is replaced)")
-    if method not in ("ldg", "hash", "given"):
+    if method not in ("ldg", "hash", "given", "metis"):
         raise ValueError(f"--partitioner {method}: out of core, quietgnn partitions with ldg "
-                         f"(streamed, min edge cut; the default), hash or given (with "
-                         f"--partition.file); metis, random and supernode need the graph in "
-                         f"memory (`quietgnn prepare --dataset`)")
+                         f"(streamed, min edge cut; the default), hash, given (with "
+                         f"--partition.file) or metis (the adjacency in memory); random and "
+                         f"supernode need the whole graph in memory (`quietgnn prepare "
+                         f"--dataset`)")
     if method == "given":
         from ..partition.partitioners import check_assignment
         if assignment is None:
@@ -165,9 +167,16 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
             if con_hook is not None:
                 con_hook(con)
             share(early)
+
+            def metis_room() -> int:
+                # METIS' adjacency is this process's own: DuckDB at its floor meanwhile
+                share(int((128 << 20) / _DUCK_SHARE))
+                return memory_budget - _PYTHON_BASE - (128 << 20) \
+                    - _held_early(n, method, getattr(nodes, "held_bytes", 0))
             book = _prepare(con, tmp, out, edges_sql, nodes, P, method, seed, undirected,
                             x_dtype, name, identity or {}, progress, drop, assignment,
-                            late=lambda: share(duck))
+                            late=lambda: share(duck), metis_room=metis_room,
+                            early=lambda: share(early))
         except duckdb.OutOfMemoryException as e:
             first = str(e).splitlines()[0]
             if "offload" in first or "temp" in first:    # the spill directory is full
@@ -214,7 +223,9 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
              method: str, seed: int, undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
              progress: Callable[[str], None], drop: tuple[str, ...],
              given: Optional[np.ndarray] = None,
-             late: Callable[[], None] = lambda: None) -> dict[str, Any]:
+             late: Callable[[], None] = lambda: None,
+             metis_room: Callable[[], int] = lambda: 0,
+             early: Callable[[], None] = lambda: None) -> dict[str, Any]:
     n = nodes.num_nodes
     lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
                               f"FROM ({edges_sql})").fetchall()[0]
@@ -236,7 +247,11 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
         def part_of(ids: np.ndarray) -> np.ndarray:
             return hash_part_of(ids, P, seed)
     else:
-        assignment = given if method == "given" else _stream_ldg(con, n, P, progress)
+        if method == "metis":
+            assignment = _stream_metis(con, n, P, seed, undirected, metis_room(), progress)
+            early()     # the adjacency freed: DuckDB's share back for the tagging
+        else:
+            assignment = given if method == "given" else _stream_ldg(con, n, P, progress)
 
         def part_of(ids: np.ndarray) -> np.ndarray:
             return assignment[ids].astype(np.int64)
