@@ -32,7 +32,7 @@ from helpers import small_graph  # noqa: E402
 P = 2
 
 
-def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False):
+def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False, names=False):
     """A graph's tables split over ``P`` ranks: node ``i`` in rank ``asg[i]``'s node table,
     each edge in a random rank's edge table (a fifth of them in both, a self-loop in one),
     plus the whole tables and the assignment for the single-process reference."""
@@ -47,6 +47,9 @@ def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False):
         s, d = np.append(s, other), np.append(d, np.full(other.size, 7))
     where = rng.integers(0, P, s.size)
     nodes = {"id": np.arange(n), "y": g.y.numpy(), "x": list(g.x.numpy())}
+    if names:   # labels as names; class 0's nodes all on rank 0, so rank 1 lacks that name
+        nodes["y"] = np.array([f"class-{c}" for c in g.y.numpy()])
+        asg[g.y.numpy() == 0] = 0
     if split:
         nodes["split"] = np.where(g.train_mask.numpy(), "train", np.where(
             g.val_mask.numpy(), "val", np.where(g.test_mask.numpy(), "test", "none")))
@@ -163,6 +166,30 @@ def test_two_ranks_write_what_one_process_writes_then_train(tmp_path):
     run = quietgnn.train(str(tmp_path / "dist"), strategy="halo", epochs=1, hidden=8,
                          out=str(tmp_path / "runs"), **{"runtime.progress": False})
     assert run.summary["parts"] == P and 0 <= run.summary["test_acc"] <= 1
+
+
+def test_label_names_map_alike_on_every_host(tmp_path):
+    """Labels given as names, one of them on one host only: every host maps them by the
+    sorted names of all hosts, as one process does (the same book, names kept)."""
+    _slices(tmp_path, n=90, seed=6, names=True)
+    ref = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
+                         tmp_path / "ref", parts=P, method="given",
+                         partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
+                         name="edges")
+
+    def rank():
+        comm = Communicator.init(int(os.environ["RANK"]), P, timeout_s=60)
+        prepare_distributed("edges-{rank}.parquet", "nodes-{rank}.parquet", "dist", comm,
+                            memory_budget=700 << 20)
+        comm.close()
+
+    for rc, o, e in _fork(rank, tmp_path):
+        assert rc == 0, e
+    _same_books(tmp_path / "dist", ref.path)
+    book = json.loads((tmp_path / "dist" / "book.json").read_text())["graph"]
+    assert book["label_names"] == ref.graph["label_names"] == sorted(set(
+        pq.read_table(tmp_path / "nodes.parquet").column("y").to_pylist()))
+    assert "class-0" not in pq.read_table(tmp_path / "nodes-1.parquet").column("y").to_pylist()
 
 
 def test_small_rounds_and_directed_edges(tmp_path):

@@ -115,11 +115,7 @@ class TableNodes:
         #: label names (a text label column): class k is the k-th name in sorted order
         self.label_names: Optional[list[str]] = None
         if types[self.y_col].startswith("VARCHAR"):
-            if not whole:
-                raise ValueError(f"node table {str(path)!r}: labels {self.y_col} are names; "
-                                 f"the per-host prepare needs class ids (every host must map "
-                                 f"names alike): map them to 0 .. C-1 first, or prepare in one "
-                                 f"process")
+            # a slice's own names (the per-host prepare replaces them with every host's)
             self.label_names = sorted(str(r[0]) for r in con.sql(
                 f"SELECT DISTINCT {y} FROM {self.reader} WHERE {y} IS NOT NULL").fetchall())
         for col in ("id",) + (() if self.label_names is not None else (self.y_col,)):

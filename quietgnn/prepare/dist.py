@@ -215,7 +215,8 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
             "ymax": int(src_nodes.ymax), "features": src_nodes.num_features,
             "columns": list(src_nodes.x_cols) if not src_nodes.x_list else ["x (list)"],
             "split": src_nodes.split_col is not None, "directed": directed, "x_dtype": x_dtype,
-            "split_seed": split_seed, "world": P}
+            "split_seed": split_seed, "world": P,
+            "names": src_nodes.label_names is not None, "label_names": src_nodes.label_names}
     every = comm.all_gather_object(mine, "prepare_control", carries=Traffic.CONTROL)
     n = sum(e["count"] for e in every)
     problem = None
@@ -223,7 +224,8 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
                       ("features", "the number of features"),
                       ("columns", "the feature columns"), ("split", "a split column"),
                       ("directed", "--directed"), ("x_dtype", "--x-dtype"),
-                      ("split_seed", "--dataset.split_seed")):
+                      ("split_seed", "--dataset.split_seed"),
+                      ("names", "labels given as names (text) rather than class ids")):
         if any(e[key] != every[0][key] for e in every):
             problem = (f"the ranks disagree on {what}: " + ", ".join(
                 f"rank {j} has {e[key]!r}" for j, e in enumerate(every)) +
@@ -236,6 +238,10 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     _agree(comm, problem)
     src_nodes.num_nodes = n
     src_nodes.num_classes = max(e["ymax"] for e in every) + 1
+    if src_nodes.label_names is not None:
+        # every host maps names alike: class k is the k-th of all hosts' names, sorted
+        src_nodes.label_names = sorted(set().union(*(e["label_names"] for e in every)))
+        src_nodes.num_classes = len(src_nodes.label_names)
     F = src_nodes.num_features
 
     # 2. ownership
@@ -370,6 +376,8 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     ident = {"name": name, "num_nodes": n, "num_edges": m, "num_features": F,
              "num_classes": src_nodes.num_classes, "fingerprint": fingerprint,
              "features_digest": whole.hexdigest(), "source": source, "split_seed": split_seed}
+    if src_nodes.label_names:
+        ident["label_names"] = list(src_nodes.label_names)     # class k is label_names[k]
     return {"book_id": book_id, "num_parts": P, "method": "given", "seed": 0,
             "options": {"streamed": True, "distributed": True}, "graph": ident,
             "stats": stats}
