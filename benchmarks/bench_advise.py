@@ -11,7 +11,8 @@ training time to accuracy of the finished 200-epoch runs, plus the run's set-up 
 The probe's compute is brought to the measured runs' machine by the ratio of the two
 ``centralized`` runs on the graph (``--render`` also lists the unscaled result). The advisor
 sees none of those runs' curves for the dataset it is judged on: its prior is rebuilt with
-that dataset held out (leave-one-dataset-out), and its per-epoch costs come from its own
+that dataset held out (leave-one-dataset-out; the regime study's groups borrowed, as by the
+shipped prior, see ``bench_advise_regimes.py``), and its per-epoch costs come from its own
 probe (a few epochs per strategy, run through the trainer into
 ``benchmarks/results/advise/probes/``; resumable).
 
@@ -151,12 +152,25 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
     return out
 
 
+def with_regimes(results: list[dict], updates: dict[str, dict[str, int]],
+                 exclude: tuple[str, ...] = ()) -> tuple[list[dict], dict[str, dict[str, int]]]:
+    """``results`` and ``updates`` joined by the regime study's groups (their run directories,
+    where this machine has them; ``exclude``: groups left out)."""
+    from bench_advise_regimes import REGIMES, regime_results, regime_updates
+    saved = json.loads(REGIMES.read_text()) if REGIMES.is_file() else {}
+    return (results + regime_results(saved, exclude),
+            {**updates, **{k: v for k, v in regime_updates(saved).items() if k not in exclude}})
+
+
 def write_prior(data_root: Path) -> None:
-    results = current_results()
-    prior = build_prior(results, updates=updates_by_dataset(data_root, results))
+    headline = current_results()
+    results, updates = with_regimes(headline, updates_by_dataset(data_root, headline))
+    prior = build_prior(results, updates=updates)
     prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,"
                        "minibatch-cache,headline-grappa}: every strategy at P = 4, GCN and SAGE "
-                       "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS")
+                       "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS; and "
+                       "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
+                       "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs)")
     path = ROOT / "quietgnn/_advise_prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
@@ -168,7 +182,8 @@ def write_prior(data_root: Path) -> None:
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
     results = training_only(current_results())
     report = build_report(results, dict(TIERS))
-    updates = updates_by_dataset(data_root, results)
+    # the prior borrows the regime study's groups too (as the shipped one does)
+    borrowed, updates = with_regimes(results, updates_by_dataset(data_root, results))
     records = []
     for g in report["groups"]:
         ds, model = g["dataset"], g["model"]
@@ -183,7 +198,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
         m = probe(ds, **kw)
         m0 = unextended(m)
-        prior = build_prior(results, exclude=[ds], updates=updates)
+        prior = build_prior(borrowed, exclude=[ds], updates=updates)
         # the probe and the measured runs ran at different machine loads: the probe's
         # compute is brought to the measured runs' machine by the ratio of its centralized
         # run to theirs on this graph (one factor for every strategy; unscaled kept beside)
