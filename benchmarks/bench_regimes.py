@@ -51,7 +51,7 @@ JSON = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"   # run directories: not kept in git
 LINKS = {"1gbit": TIERS["lan"], "100mbit": TIERS["wan"], "10mbit": TIERS["edge"]}
 FRACTIONS = (0.90, 0.95, 0.98)
-STRATEGIES = "halo,adaqp,grappa,tma,retexo,minibatch,bns,pipegcn,sancus"
+STRATEGIES = "halo,adaqp,grappa,tma,retexo,minibatch,bns,pipegcn,sancus,llcg"
 
 
 def _train_args(data: str, strategy: str, run: str, args: argparse.Namespace) -> list[str]:
