@@ -41,6 +41,7 @@ from quietgnn.advisor import (_PERIODIC, CANDIDATES, _graph_and_partitions, rank
 from quietgnn.comm.network import epoch_curve  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 from quietgnn.strategies import get_strategy  # noqa: E402
+from bench_advise import _s  # noqa: E402
 
 REGIMES = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"
@@ -192,7 +193,7 @@ def render(records: list[dict[str, Any]]) -> list[str]:
              f"- first choice = measured winner: {hit}/{n} cells ({100 * hit / max(n, 1):.0f}%)",
              f"- measured winner in the top two: {top2}/{n} ({100 * top2 / max(n, 1):.0f}%)", "",
              "| group | link | measured winner | advised (first three) | hit | its predicted / "
-             "measured s | winner's predicted / measured s |", "|---|---|---|---|---|---|---|"]
+             "measured | winner's predicted / measured |", "|---|---|---|---|---|---|---|"]
     for r in records:
         a, w = r["advised"][0], r["measured_winner"]
         lines.append(f"| {r['group']} | {r['link']} | {w} | {', '.join(r['advised'][:3])} | "
@@ -200,10 +201,6 @@ def render(records: list[dict[str, Any]]) -> list[str]:
                      f"{_s(r['predicted_s'].get(a))} / {_s(r['measured_s'].get(a))} | "
                      f"{_s(r['predicted_s'].get(w))} / {_s(r['measured_s'][w])} |")
     return lines
-
-
-def _s(x: Optional[float]) -> str:
-    return "never" if x is None else f"{x:.3g}"
 
 
 def main() -> int:
