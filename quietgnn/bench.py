@@ -35,7 +35,7 @@ directory and one compute thread per worker (``runtime.threads 1``). Output unde
     results/<id>.json   one per run: spec, command, status (ok | failed), summary, error tail,
                         and the per-epoch curve used by ``quietgnn report`` (see
                         :func:`quietgnn.comm.network.epoch_curve`)
-    results.jsonl       all result files of the matrix, in matrix order (rewritten each time)
+    results.jsonl       every result of the study: earlier runs kept, this run's in place
     runs/<id>/          the run directory (metrics/rank-k.jsonl, summary.json, logs/)
     logs/<id>.log       stdout + stderr of the run
 
@@ -301,10 +301,28 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
         tmp.write_text(json.dumps(res, indent=1, default=str))
         tmp.replace(path)  # atomic: a result file is either whole or absent
         results.append(res)
-    with open(out / "results.jsonl", "w") as f:
-        for r in results:
-            f.write(json.dumps(r, separators=(",", ":"), default=str) + "\n")
+    _write_jsonl(out / "results.jsonl", results)
     return results
+
+
+def _write_jsonl(path: Path, results: list[dict[str, Any]]) -> None:
+    """``results.jsonl``: what it held before, each of ``results`` in its run's place (new
+    runs after), so that a run of part of a matrix (``--strategies``, ``--datasets``) adds to
+    the study instead of replacing it; written whole to a temporary file, then moved."""
+    lines: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rid = json.loads(line).get("id")
+            except (json.JSONDecodeError, AttributeError):
+                continue        # a torn or foreign line: the result files are the record
+            if rid:
+                lines[rid] = line
+    for r in results:
+        lines[r["id"]] = json.dumps(r, separators=(",", ":"), default=str)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines.values()))
+    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------- command line

@@ -171,3 +171,13 @@ def test_summary_tables_across_groups():
     # bytes: 4 MB per 200 passes vs 4 MB per epoch; d2 never reaches 98% of 80%
     assert "| tma | 1/200 / " in md and md.rstrip().count("never") >= 1
     assert "| halo | 1.00 / 1.00 | 1.00 / 1.00 |" in md
+
+
+def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
+    path = tmp_path / "results.jsonl"
+    bench._write_jsonl(path, [{"id": k, "status": "ok", "v": 1} for k in ("a", "b", "c")])
+    # a later run of part of the matrix: b rerun, d new (as `--strategies d` would add)
+    bench._write_jsonl(path, [{"id": "b", "status": "ok", "v": 2}, {"id": "d", "v": 1}])
+    got = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["id"], r["v"]) for r in got] == [("a", 1), ("b", 2), ("c", 1), ("d", 1)]
+    assert not path.with_suffix(".tmp").exists()
