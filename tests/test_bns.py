@@ -3,6 +3,8 @@ boundary rows cross, both ways, as both ends' keyed sample says."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -74,3 +76,26 @@ def test_only_the_sampled_rows_cross(tmp_path):
 def test_bad_rate_is_named():
     with pytest.raises(ValueError, match=r"options.p = 0.*fraction in \(0, 1\]"):
         _cfg("bns", 2, p=0)
+
+
+def _sparse_and_dense(comm, graph, parts, tmp):
+    from quietgnn.strategies.bns import BNS
+    torch.set_num_threads(1)
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    cfg = _cfg("bns", comm.world_size, p=0.5)
+    sparse = _train(comm, part, cfg, f"{tmp}/s")
+    BNS.sparse_inputs = False            # the same run with the input rows kept dense
+    try:
+        dense = _train(comm, part, cfg, f"{tmp}/d")
+    finally:
+        BNS.sparse_inputs = True
+    return sparse[1], dense[1]
+
+
+def test_sparse_inputs_are_sampled_as_the_dense_ones(tmp_path):
+    graph = small_graph(n=200)
+    keep = torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(0)) < 0.05
+    graph = dataclasses.replace(graph, x=graph.x * keep)      # mostly zero: kept sparse
+    parts = partition_nodes(graph, "metis", 2, seed=0)
+    for s_par, d_par in spawn_function(_sparse_and_dense, 2, args=(graph, parts, str(tmp_path))):
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(s_par, d_par))

@@ -111,3 +111,20 @@ def test_centralized_keeps_sparse_features_and_halo_refuses_them():
     assert s.train_epoch(0).loss > 0 and 0 <= s.evaluate()["test"] <= 1
     with pytest.raises(TypeError, match="sparse input features need the whole graph"):
         s.model(s.x, s.adj, exchange=lambda h, i: h)
+
+
+def test_scaled_rows_are_the_dense_rows_scaled_and_keep_their_own_dropout():
+    _, x = _sparse_graph()
+    s = SparseFeatures.from_dense(x)
+    f = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(1))
+    scaled = s.scale_rows(f)
+    assert torch.allclose(scaled.to_dense(), x * f.unsqueeze(1))
+    w = torch.randn(7, x.shape[1], requires_grad=True)
+    (scaled.linear(w) ** 2).sum().backward()        # the weight gradient reads the transpose
+    ref = w.detach().clone().requires_grad_(True)
+    ((x * f.unsqueeze(1)) @ ref.t()).pow(2).sum().backward()
+    assert torch.allclose(w.grad, ref.grad, atol=1e-5)
+    # the copy's dropout does not leave its values in the original's cache, nor see its own
+    before = {k for k in s._structure() if not isinstance(k, str)}
+    scaled.dropout(0.5, key=3, ids=torch.arange(x.shape[0]))
+    assert {k for k in s._structure() if not isinstance(k, str)} == before

@@ -126,6 +126,19 @@ class SparseFeatures:
         return SparseFeatures(self.indptr[: n + 1], self.indices[:end], self.values[:end],
                               self.num_cols)   # another structure: its own transpose
 
+    def scale_rows(self, factor: Tensor) -> "SparseFeatures":
+        """``diag(factor) x``: every row's non-zeros times its factor, as a new matrix that
+        shares this one's structure (its transpose) but not the per-values caches of
+        :meth:`dropout` (keyed by the values' storage, which a per-epoch copy would recycle)."""
+        t = self._structure()
+        if "rows" not in t:   # the row of every non-zero, row order (once per structure)
+            t["rows"] = t["indices"].new_empty(self.nnz)
+            t["rows"][t["perm"]] = t["indices"]
+        shared = {k: v for k, v in t.items() if isinstance(k, str)}
+        return SparseFeatures(self.indptr, self.indices,
+                              self.values * factor.to(self.values)[t["rows"]], self.num_cols,
+                              _transpose=shared)
+
     def rows(self, idx: Tensor) -> "SparseFeatures":
         """The rows ``idx`` in that order (a mini-batch's input rows), as a new matrix:
         its own structure, so its transpose is built on demand, at a cost of its non-zeros."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..nn import SparseFeatures
 from ..nn.keyed import mix_key
 from .base import EpochResult, register
 from .fullgraph import HaloFamily
@@ -48,12 +49,16 @@ class BNS(HaloFamily):
     name = "bns"
     description = "BNS-GCN: halo exchange of a random p of the boundary nodes each epoch"
     Options = BNSOptions
-    sparse_inputs = False   # the halo's input rows are scaled by the epoch's sample
     # the sample is a function of (seed, epoch): the checkpoint needs nothing of it
 
-    def _inputs(self, masks: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
-        """Layer 0's ``[owned ; halo]`` rows with the epoch's sample applied to the halo."""
+    def _inputs(self, masks: tuple[torch.Tensor, torch.Tensor], scale: float):
+        """Layer 0's ``[owned ; halo]`` rows with the epoch's sample applied to the halo (a
+        mostly-zero input stays sparse: only its non-zeros are scaled)."""
         n_own = self.ctx.part.n_own
+        if isinstance(self.x, SparseFeatures):
+            factor = torch.ones(self.x.shape[0], dtype=self.x.dtype, device=self.x.device)
+            factor[n_own:] = masks[1].to(factor) * scale
+            return self.x.scale_rows(factor)
         halo = self.x[n_own:] * (masks[1].to(self.x.dtype) * scale).unsqueeze(1)
         return torch.cat([self.x[:n_own], halo])
 
