@@ -74,3 +74,20 @@ def test_only_averages_and_corrections_cross(tmp_path):
 def test_bad_options_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         run_cfg("llcg", 2, 2, HIDDEN, **bad)
+
+
+def test_a_diverged_trainer_stops_the_average_with_a_clear_error():
+    from quietgnn.partition import build_partitions as build
+    from quietgnn.strategies.base import NonFiniteError, WorkerContext
+    from quietgnn.strategies.llcg import LLCG
+    cfg = run_cfg("llcg", 1, 2, HIDDEN)
+    graph = small_graph(n=60)
+    comm = Communicator(0, 1)
+    part = build(graph, partition_nodes(graph, "metis", 1, seed=0), ranks=[0])[0]
+    s = LLCG(WorkerContext(rank=0, world_size=1, comm=comm, part=part, model_cfg=cfg.model,
+                           train_cfg=cfg.train), cfg.options)
+    s.setup()
+    with torch.no_grad():
+        next(s.local.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"non-finite model parameters .*options\.local_lr"):
+        s._average("llcg_avg")

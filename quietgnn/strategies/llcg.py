@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..comm.traffic import Traffic
 from ..nn.keyed import mix_key
-from .base import EpochResult, induced_forward, register
+from .base import EpochResult, NonFiniteError, induced_forward, register
 from .fullgraph import HaloFamily
 
 
@@ -93,6 +93,12 @@ class LLCG(HaloFamily):
         if P > 1:
             self.ctx.comm.all_reduce(flat, kind, carries=Traffic.PARAMETERS)
             flat /= P
+        # the mean is the same on every rank: all stop here together, none averages a NaN on
+        if not bool(torch.isfinite(flat).all()):
+            raise NonFiniteError(f"non-finite model parameters in the average of epoch "
+                                 f"{self.ctx.comm.epoch} (a local trainer diverged); all ranks "
+                                 f"stopped (lower options.local_lr or train.lr, or resume from "
+                                 f"the last checkpoint)")
         at = 0
         with torch.no_grad():
             for q in self.model.parameters():
