@@ -136,10 +136,18 @@ def _fetch(comm, x, parts):
     from quietgnn.graph import Graph
     g = Graph.from_edge_index(EDGES, x, torch.zeros(x.shape[0], dtype=torch.int64),
                               num_classes=2, undirected=True)
+    from quietgnn.nn import SparseFeatures
+    from quietgnn.strategies.base import inputs_with_halo
     part = build_partitions(g, parts, ranks=[comm.rank])[0]
     rows = fetch_static_rows(comm, part, part.x)
     sent = [r.bytes_sent for r in comm.take_records()]
-    return {"rows": rows, "want": x[part.halo], "sent": sent}
+    # the same rows from a sparse matrix, and returned sparse: the same bytes cross
+    sparse = fetch_static_rows(comm, part, SparseFeatures.from_dense(part.x), sparse_out=True)
+    sent_sparse = [r.bytes_sent for r in comm.take_records()]
+    inputs = inputs_with_halo(comm, part, torch.device("cpu"))
+    comm.take_records()
+    return {"rows": rows, "want": x[part.halo], "sent": sent, "sparse": sparse,
+            "sent_sparse": sent_sparse, "inputs": inputs, "own": part.x}
 
 
 EDGES = torch.stack([torch.arange(60), (torch.arange(60) * 7 + 3) % 60])
@@ -154,6 +162,12 @@ def test_static_rows_arrive_exactly_sparse_when_smaller(density):
     for r in res:
         assert r["want"].shape[0] > 0
         assert torch.equal(r["rows"], r["want"])      # bit-exact, whatever the encoding
+        assert torch.equal(r["sparse"].to_dense(), r["want"]) and r["sent_sparse"] == r["sent"]
+        # [owned ; halo], sparse (never dense) when mostly zero
+        from quietgnn.nn import SparseFeatures
+        assert isinstance(r["inputs"], SparseFeatures) == (density < 0.5)
+        got = r["inputs"].to_dense() if density < 0.5 else r["inputs"]
+        assert torch.equal(got, torch.cat([r["own"], r["want"]]))
     sent = sum(r["sent"][1] for r in res)
     dense = sum(4 * r["want"].numel() for r in res)
     if density < 0.5:

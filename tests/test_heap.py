@@ -30,3 +30,22 @@ def test_trim_returns_freed_heap_pages():
     after = _rss_anon_kib()
     assert before - after > 100 << 10, (before, after)
     assert len(keep) == 64 << 10
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """A worker started by a process that once held a lot of memory (the launcher after
+    loading a graph) reports its own peak: ``ru_maxrss`` would report the parent's, since
+    Linux carries it across fork and exec."""
+    import subprocess
+    child = ("import sys, subprocess\n"
+             "big = bytearray(1 << 30)\n"
+             "big[::4096] = b'x' * len(big[::4096])\n"
+             "del big\n"
+             "code = 'from quietgnn.heap import peak_rss_mb; print(peak_rss_mb())'\n"
+             "print(subprocess.run([sys.executable, '-c', code], capture_output=True,"
+             " text=True, check=True).stdout)\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True).stdout
+    grandchild_peak = float(out)
+    assert 0 < grandchild_peak < 512, grandchild_peak   # the parent's peak was above 1 GiB

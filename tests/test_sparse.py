@@ -28,6 +28,23 @@ def test_maybe_sparse_by_density():
     assert torch.equal(s.head(10).to_dense(), x[:10])
 
 
+def test_from_dense_in_blocks_and_cat(monkeypatch):
+    """Built a few rows at a time (the blocks bound its temporaries) it is the matrix torch's
+    own CSR conversion makes; ``cat`` stacks matrices row-wise."""
+    from quietgnn.nn import sparse
+    _, x = _sparse_graph(seed=2)
+    monkeypatch.setattr(sparse, "_block_rows", lambda width: 7)   # 160 rows: 23 blocks
+    s = SparseFeatures.from_dense(x)
+    ref = x.to_sparse_csr()
+    assert torch.equal(s.indptr, ref.crow_indices()) and torch.equal(s.indices, ref.col_indices())
+    assert torch.equal(s.values, ref.values()) and sparse.count_nonzero(x) == s.nnz
+    assert SparseFeatures.from_dense(x[:0]).shape == (0, x.shape[1])
+    both = SparseFeatures.cat([s.head(50), SparseFeatures.from_dense(x[50:])])
+    assert torch.equal(both.to_dense(), x) and torch.equal(both.indptr, s.indptr)
+    with pytest.raises(ValueError, match="widths"):
+        SparseFeatures.cat([s, SparseFeatures.from_dense(x[:, :3])])
+
+
 def test_rows_gathers_rows_in_order():
     _, x = _sparse_graph(seed=1)
     s = SparseFeatures.from_dense(x)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -262,6 +263,22 @@ def test_assemble_graph_rebuilds_the_whole_graph(graph):
         assert sorted(full["indices"][a:b].tolist()) == sorted(graph.indices[a:b].tolist())
     assert torch.equal(full["x"], graph.x) and torch.equal(full["y"], graph.y)
     assert torch.equal(full["test"], graph.test_mask)
+
+
+def test_assemble_graph_keeps_sparse_features_sparse(graph):
+    """Mostly-zero features are gathered as CSR and rebuilt sparse on rank 0, row for row the
+    dense matrix; a mix of sparse and dense parts is rebuilt dense."""
+    from quietgnn.nn import SparseFeatures
+    from quietgnn.strategies.tma import _part_pieces
+    x = graph.x * (torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(0)) < 0.1)
+    g = replace(graph, x=x)
+    lps = build_partitions(g, partition_nodes(g, "random", 3, seed=0))
+    pieces = [_part_pieces(p) for p in lps]
+    assert all(isinstance(p["x"], dict) for p in pieces)
+    full = assemble_graph(pieces, g.num_nodes)
+    assert isinstance(full["x"], SparseFeatures) and torch.equal(full["x"].to_dense(), x)
+    pieces[1]["x"] = lps[1].x                      # one part sent dense
+    assert torch.equal(assemble_graph(pieces, g.num_nodes)["x"], x)
 
 
 def test_sampler_blocks_are_consistent(graph):

@@ -13,14 +13,14 @@ width) and everything after is dense. :func:`maybe_sparse` decides from the dens
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..rows import to_device
 
-__all__ = ["SparseFeatures", "maybe_sparse", "SPARSE_MAX_DENSITY"]
+__all__ = ["SparseFeatures", "maybe_sparse", "count_nonzero", "SPARSE_MAX_DENSITY"]
 
 #: Above this fraction of non-zeros the dense path is faster. Measured on random matrices, no
 #: dataset involved (``benchmarks/calibrate_sparse.py``: 10^4 x 10^3, hidden 64, dropout 0.5,
@@ -46,10 +46,36 @@ class SparseFeatures:
 
     @classmethod
     def from_dense(cls, x: Tensor) -> "SparseFeatures":
-        nz = x != 0
+        # a block of rows at a time: a whole matrix's mask, and its row sums (summing bools
+        # widens them to int64), would be temporaries of three times the matrix
+        step = _block_rows(x.shape[1])
+        counts, cols, values = [], [], []
+        for i in range(0, x.shape[0], step):
+            blk = x[i:i + step]
+            nz = blk != 0
+            counts.append(torch.count_nonzero(nz, dim=1))
+            cols.append(nz.nonzero()[:, 1])
+            values.append(blk[nz])
         indptr = torch.zeros(x.shape[0] + 1, dtype=torch.int64, device=x.device)
-        torch.cumsum(nz.sum(1), 0, out=indptr[1:])
-        return cls(indptr, nz.nonzero()[:, 1].contiguous(), x[nz], x.shape[1])
+        if counts:
+            torch.cumsum(torch.cat(counts), 0, out=indptr[1:])
+        return cls(indptr, _cat(cols, torch.int64, x.device), _cat(values, x.dtype, x.device),
+                   x.shape[1])
+
+    @classmethod
+    def cat(cls, parts: "Sequence[SparseFeatures]") -> "SparseFeatures":
+        """The rows of ``parts`` one after the other (``[owned ; halo]``), as one matrix."""
+        if not parts:
+            raise ValueError("SparseFeatures.cat needs at least one matrix")
+        widths = {p.num_cols for p in parts}
+        if len(widths) != 1:
+            raise ValueError(f"SparseFeatures.cat: matrices of widths {sorted(widths)}; "
+                             f"expected one width")
+        ends = torch.tensor([0] + [p.nnz for p in parts[:-1]]).cumsum(0)
+        indptr = torch.cat([parts[0].indptr[:1]] +
+                           [p.indptr[1:] + int(e) for p, e in zip(parts, ends)])
+        return cls(indptr, torch.cat([p.indices for p in parts]),
+                   torch.cat([p.values for p in parts]), parts[0].num_cols)
 
     @property
     def shape(self) -> torch.Size:
@@ -210,9 +236,21 @@ def maybe_sparse(x: Tensor, max_density: float = SPARSE_MAX_DENSITY) -> Tensor |
     """``x`` as :class:`SparseFeatures` when at most ``max_density`` of it is non-zero."""
     if x.dim() != 2 or x.numel() == 0 or x.is_sparse or x.layout != torch.strided:
         return x
-    # counted a slice of rows at a time: (x != 0) of a whole feature matrix, summed, makes a
-    # bool and an int64 temporary of all of it (gigabytes for a large local graph)
-    step = max(1, (1 << 24) // max(1, x.shape[1]))
-    nnz = sum(int(torch.count_nonzero(x[i:i + step])) for i in range(0, x.shape[0], step))
-    density = nnz / x.numel()
-    return SparseFeatures.from_dense(x) if density <= max_density else x
+    return SparseFeatures.from_dense(x) if count_nonzero(x) / x.numel() <= max_density else x
+
+
+def count_nonzero(x: Tensor) -> int:
+    """The non-zeros of a dense matrix, counted a block of rows at a time: ``(x != 0)`` of a
+    whole feature matrix, summed, makes a bool and an int64 temporary of all of it
+    (gigabytes for a large local graph)."""
+    step = _block_rows(x.shape[1])
+    return sum(int(torch.count_nonzero(x[i:i + step])) for i in range(0, x.shape[0], step))
+
+
+def _block_rows(width: int) -> int:
+    """Rows per block of the blockwise passes over a dense matrix: about 4M values."""
+    return max(1, (1 << 22) // max(1, int(width)))
+
+
+def _cat(pieces: list[Tensor], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype, device=device)

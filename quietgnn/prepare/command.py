@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..heap import peak_rss_mb, rss_mb
+
 __all__ = ["run_prepare"]
 
 
@@ -81,7 +83,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
     print(f"  {book.num_parts} parts ({book.method}), nodes per part {st['nodes']}, edge cut "
           f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
     print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
-          f"memory {_peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
+          f"memory {peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
     return 0
 
 
@@ -184,14 +186,7 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
 def _memory_now() -> str:
     """The process's resident memory now and its peak so far, for each progress line: the
     budget is checked against the peak, and this says which stage reached it."""
-    try:
-        with open("/proc/self/statm") as f:
-            now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-    except OSError:                     # not Linux: the peak alone
-        return f"(peak {_peak_rss_mb():.0f} MiB)"
-    return f"(resident {now:.0f} MiB, peak {_peak_rss_mb():.0f} MiB)"
-
-
-def _peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    now = rss_mb()
+    if now != now:                      # not Linux: the peak alone
+        return f"(peak {peak_rss_mb():.0f} MiB)"
+    return f"(resident {now:.0f} MiB, peak {peak_rss_mb():.0f} MiB)"

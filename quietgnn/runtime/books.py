@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import heap
+from ..heap import peak_rss_mb, rss_mb
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -95,7 +96,7 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
     release_free_memory()
     log(f"partitioned {name} ({nodes} nodes, {edges} edges) with {cfg.partition_method} into "
         f"{cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path} (peak memory "
-        f"{_peak_rss_mb():.0f} MiB, {_rss_mb():.0f} MiB after)")
+        f"{peak_rss_mb():.0f} MiB, {rss_mb():.0f} MiB after)")
     return path, key
 
 
@@ -220,19 +221,6 @@ def release_free_memory() -> None:
     import gc
     gc.collect()
     heap.trim()
-
-
-def _peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _rss_mb() -> float:
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") \
-            / 2 ** 20
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def _check_book_files(book: Any) -> None:

@@ -13,7 +13,7 @@ Record fields (all ranks; accuracies only on evaluated epochs)::
     messages      training messages sent
     rounds        [[round, kind, phase, sent, recv, hops, seconds], ...] every collective, for
                   the network-tier projection (rounds line up across ranks)
-    peak_rss_mb   peak resident memory of the process so far
+    peak_rss_mb   peak resident memory of this rank's process so far (its own VmHWM)
     extra         whatever the strategy reported (bit widths, averaging rounds, ...)
 
 Lines are flushed as written, so a crash loses at most the epoch in progress.
@@ -24,20 +24,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ..comm import OpRecord
+from ..heap import peak_rss_mb
 from .records import EpochRecord, SetupRecord
 
 __all__ = ["MetricsWriter", "peak_rss_mb", "summarize_ops", "read_metrics"]
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def summarize_ops(records: Iterable[OpRecord]) -> dict[str, Any]:

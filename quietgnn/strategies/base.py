@@ -35,6 +35,7 @@ from ..comm.lowrank import LowRankReducer
 from ..comm.qreduce import quantized_all_reduce
 from ..comm.traffic import LEVELS, Traffic
 from ..nn import GNN, ModelConfig, SparseAdj, SparseFeatures, build_model, maybe_sparse
+from ..nn.sparse import SPARSE_MAX_DENSITY
 from ..nn.lean import LEAN_ARCHS
 from ..partition import LocalPartition
 from ..rows import to_device
@@ -510,14 +511,25 @@ def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.dev
                      halo_rows: Optional[Tensor] = None) -> Tensor | SparseFeatures:
     """``[owned ; halo]`` input rows in the part's dtype, the halo's fetched once (collective;
     kind ``data``) unless the caller holds them (``halo_rows``, in ``part.halo``'s order),
-    sparse when mostly zero (and ``sparse``): layer 0 then needs no exchange."""
+    sparse when mostly zero (and ``sparse``): layer 0 then needs no exchange. Mostly-zero
+    rows are made sparse before they are fetched, so ``[owned ; halo]`` never exists dense."""
+    if halo_rows is not None and tuple(halo_rows.shape) != (part.n_halo, part.num_features):
+        raise ValueError(f"halo_rows has shape {tuple(halo_rows.shape)}; expected "
+                         f"({part.n_halo}, {part.num_features}): one row per halo node")
+    own = to_device(part.x, device)
+    if sparse and part.x.dtype == torch.float32 and own.numel():
+        own = maybe_sparse(own)
+    if isinstance(own, SparseFeatures):
+        halo = SparseFeatures.from_dense(halo_rows.to(device)) if halo_rows is not None else \
+            fetch_static_rows(comm, part, own, kind="data", carries=Traffic.FEATURES,
+                              sparse_out=True)
+        x = SparseFeatures.cat([own, halo])
+        # the density of the whole, as the dense path decides it
+        return x if x.nnz <= SPARSE_MAX_DENSITY * x.shape[0] * x.shape[1] else x.to_dense()
     if halo_rows is not None:
-        if tuple(halo_rows.shape) != (part.n_halo, part.num_features):
-            raise ValueError(f"halo_rows has shape {tuple(halo_rows.shape)}; expected "
-                             f"({part.n_halo}, {part.num_features}): one row per halo node")
         halo_x = halo_rows.to(device)
     else:
         halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
                                    carries=Traffic.FEATURES).to(device)
-    x = torch.cat([to_device(part.x, device), halo_x.to(part.x.dtype)])
+    x = torch.cat([own, halo_x.to(part.x.dtype)])
     return maybe_sparse(x) if sparse else x

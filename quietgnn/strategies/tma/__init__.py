@@ -335,7 +335,8 @@ class TMA(Strategy):
             deg = self.full["indptr"][1:] - self.full["indptr"][:-1]
             self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
                                       p.num_nodes_global, deg, deg).to(ctx.device)
-            self.full["x"] = ctx.put(maybe_sparse(self.full["x"]))
+            x = self.full["x"]
+            self.full["x"] = ctx.put(x if isinstance(x, SparseFeatures) else maybe_sparse(x))
 
     # ------------------------------------------------------------------ training
     def _step(self) -> float:

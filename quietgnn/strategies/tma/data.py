@@ -11,14 +11,40 @@ from torch import Tensor
 
 from ...comm.communicator import CommError
 from ...comm.traffic import Traffic
+from ...nn import SparseFeatures, maybe_sparse
 
 
 # ---------------------------------------------------------------------- whole graph on rank 0
-def _part_pieces(part: Any) -> dict[str, Tensor]:
-    """What rank 0 needs of one partition to rebuild the whole graph (global ids)."""
+def _part_pieces(part: Any) -> dict[str, Any]:
+    """What rank 0 needs of one partition to rebuild the whole graph (global ids). Mostly-zero
+    features go as their CSR arrays (gathered, and rebuilt on rank 0, without ever being
+    dense)."""
+    x = maybe_sparse(part.x) if part.x.dtype == torch.float32 else part.x
+    if isinstance(x, SparseFeatures):
+        x = {"indptr": x.indptr, "indices": x.indices, "values": x.values,
+             "num_cols": x.num_cols}
     return {"owned": part.owned, "indptr": part.indptr,
-            "src": part.local_ids()[part.indices], "x": part.x, "y": part.y,
+            "src": part.local_ids()[part.indices], "x": x, "y": part.y,
             "train": part.train_mask, "val": part.val_mask, "test": part.test_mask}
+
+
+def _features(pieces: list[dict[str, Any]], owned: Tensor) -> Tensor | SparseFeatures:
+    """The whole graph's feature rows in global order, from every part's rows (``owned`` is
+    the parts' ids one after the other): sparse when every part sent them sparse."""
+    if all(isinstance(p["x"], dict) for p in pieces):
+        rows = SparseFeatures.cat([SparseFeatures(p["x"]["indptr"], p["x"]["indices"],
+                                                  p["x"]["values"], p["x"]["num_cols"])
+                                   for p in pieces])
+        at = torch.empty_like(owned)          # global id -> its row in the concatenation
+        at[owned] = torch.arange(owned.numel())
+        return rows.rows(at)
+    xs = [SparseFeatures(p["x"]["indptr"], p["x"]["indices"], p["x"]["values"],
+                         p["x"]["num_cols"]).to_dense() if isinstance(p["x"], dict) else p["x"]
+          for p in pieces]
+    x = xs[0].new_empty((owned.numel(),) + tuple(xs[0].shape[1:]))
+    for p, xp in zip(pieces, xs):
+        x[p["owned"]] = xp.to(x.dtype)
+    return x
 
 
 def assemble_graph(pieces: list[dict[str, Tensor]], num_nodes: int) -> dict[str, Any]:
@@ -35,12 +61,10 @@ def assemble_graph(pieces: list[dict[str, Tensor]], num_nodes: int) -> dict[str,
     order = torch.argsort(dst, stable=True)
     indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
     indptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
-    x0 = pieces[0]["x"]
-    x = x0.new_empty((num_nodes,) + tuple(x0.shape[1:]))
+    x = _features(pieces, owned)
     y = pieces[0]["y"].new_empty((num_nodes,) + tuple(pieces[0]["y"].shape[1:]))
     masks = {k: torch.zeros(num_nodes, dtype=torch.bool) for k in ("train", "val", "test")}
     for p in pieces:
-        x[p["owned"]] = p["x"]
         y[p["owned"]] = p["y"]
         for k in masks:
             masks[k][p["owned"]] = p[k]
