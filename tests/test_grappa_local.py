@@ -5,6 +5,7 @@ same edge order, the same features and degrees; and its scratch files."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 
@@ -55,6 +56,16 @@ def _coverage(indptr, src, deg, layers):
     return torch.stack(levels).mean(0).float()
 
 
+def _one_hot(graph, seed=0):
+    """The graph with one non-zero feature per node (a one-hot column, a random value)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.zeros_like(graph.x)
+    x[torch.arange(graph.num_nodes), torch.randint(0, x.shape[1], (graph.num_nodes,),
+                                                   generator=gen)] = \
+        torch.rand(graph.num_nodes, generator=gen) + 0.5
+    return dataclasses.replace(graph, x=x)
+
+
 def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     if stored_dir is not None:    # the part as a prepared run reads it: int32, float16, mapped
@@ -74,7 +85,10 @@ def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
                     "indptr": indptr, "src": src, "x": lg.rows(nodes).float(),
                     "deg": lg.deg.long(), "some": some, "some_rows": lg.gather(some),
                     "coverage": coverage(lg, 2),
-                    "id_dtype": None if loader._halo_sorted is None else loader._halo_sorted.dtype})
+                    "id_dtype": None if loader._halo_sorted is None else loader._halo_sorted.dtype,
+                    "sparse": loader.x_sparse is not None,
+                    "features": [(r.bytes_sent, r.bytes_recv) for r in comm.take_records()
+                                 if r.kind == "chunk_features"]})
     scratch = loader._scratch
     out.append({"scratch_files": scratch.files() if scratch else []})
     loader.close()
@@ -82,11 +96,15 @@ def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
     return out
 
 
-@pytest.mark.parametrize("world,stored,wide", [(1, False, False), (2, False, False),
-                                               (2, True, False), (4, False, False),
-                                               (4, True, True)])
-def test_two_piece_rows_equal_the_renumbered_csr(world, stored, wide, tmp_path):
+@pytest.mark.parametrize("world,stored,wide,sparse", [
+    (1, False, False, False), (2, False, False, False), (2, True, False, False),
+    (4, False, False, False), (4, True, True, False), (2, True, False, True),
+    (4, False, False, True)])
+def test_two_piece_rows_equal_the_renumbered_csr(world, stored, wide, sparse, tmp_path):
+    """The local graph's rows, features, degrees and coverage are the renumbered whole
+    graph's; mostly-zero features (sparse) are loaded, kept and handed over sparse."""
     graph = small_graph(n=150, avg_deg=5, seed=3)
+    graph = _one_hot(graph) if sparse else graph
     parts = partition_nodes(graph, "random", world, seed=1)
     super_epochs = [0, 1, 2] if world == 4 else [0]
     res = spawn_function(_load, world, args=(graph, parts, super_epochs,
@@ -110,6 +128,7 @@ def test_two_piece_rows_equal_the_renumbered_csr(world, stored, wide, tmp_path):
             # the load carries ids as narrow as the graph allows (its halo-long arrays)
             if world > 1:
                 assert lg["id_dtype"] == (torch.int64 if wide else torch.int32)
+            assert lg["sparse"] == sparse
         if world == 4:   # a new chunk each super-epoch
             assert [lg["chunk"] for lg in got[:3]] == [(k + 1 + s) % 4 for s in range(3)]
         # scratch files are unlinked once mapped: none left, before close() or after
@@ -138,3 +157,36 @@ def test_scratch_is_mapped_unlinked_and_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == [] and float(t.sum()) == 30
     with pytest.raises(RuntimeError):
         sc.empty((1,), torch.int32)
+
+
+def _feature_bytes(comm, graph, parts):
+    out = {}
+    for name, g in (("dense", graph), ("one_hot", _one_hot(graph))):
+        part = build_partitions(g, parts, ranks=[comm.rank])[0]
+        loader = ChunkLoader(comm, part)
+        loader.load(0)
+        out[name] = [(r.bytes_sent, r.bytes_recv) for r in comm.take_records()
+                     if r.kind == "chunk_features"]
+        loader.close()
+    return out
+
+
+def test_one_hot_rows_cross_sparse_and_dense_rows_dense():
+    """``chunk_features`` per fetch: the blocks' non-zero counts (8 bytes a peer), then the
+    rows: dense features as 4 F bytes a row; one-hot ones sparse, 4 + 8 bytes a row (its count,
+    its column, its value). The same rows are fetched either way (same structure)."""
+    graph = small_graph(n=150, avg_deg=5, seed=3)
+    F, P = graph.num_features, 4
+    for res in spawn_function(_feature_bytes, P, args=(graph, partition_nodes(graph, "random",
+                                                                               P, seed=1))):
+        dense, one_hot = res["dense"], res["one_hot"]
+        # two fetches (the halo's rows, then the rest), each: counts, then rows
+        assert len(dense) == len(one_hot) == 4
+        for counts in (dense[0], dense[2], one_hot[0], one_hot[2]):
+            assert counts == (8 * (P - 1), 8 * (P - 1))
+        for d, o in ((dense[1], one_hot[1]), (dense[3], one_hot[3])):
+            rows_sent, rows_recv = d[0] // (4 * F), d[1] // (4 * F)
+            assert d == (4 * F * rows_sent, 4 * F * rows_recv)
+            assert o == (12 * rows_sent, 12 * rows_recv)
+        assert dense[1][1] > 0
+

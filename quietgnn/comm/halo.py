@@ -28,9 +28,10 @@ import torch
 from torch import Tensor
 
 from ..nn.keyed import keep_mask, row_keep_mask
-from ..nn.sparse import SparseFeatures, count_nonzero
+from ..nn.sparse import SparseFeatures
 from ..partition.local import LocalPartition
 from .communicator import Communicator
+from .rowwire import block_nnz, decode_rows, encode_rows, sparse_is_smaller, wire_words
 from .traffic import Traffic
 
 __all__ = ["HaloExchanger", "fetch_static_rows", "sparse_is_smaller"]
@@ -239,21 +240,14 @@ class HaloExchanger:
 
 
 # ---------------------------------------------------------------------- static rows, once
-def sparse_is_smaller(rows: int, nnz: int, width: int) -> bool:
-    """Whether a block of ``rows`` x ``width`` fp32 values with ``nnz`` non-zeros is smaller as
-    (int32 non-zeros per row, int32 column, fp32 value) than dense: ``4 rows + 8 nnz <
-    4 rows width``. Sender and receiver decide alike from the exchanged ``nnz``."""
-    return 4 * rows + 8 * nnz < 4 * rows * width
-
-
 def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor | SparseFeatures,
                       kind: str = "data", carries: Traffic = Traffic.FEATURES,
                       sparse_out: bool = False) -> Tensor | SparseFeatures:
     """This rank's halo rows of a static matrix ``x [n_own, F]`` (fp32; input features), in
     halo order, fetched once: one all-to-all of the non-zero counts (8 bytes per peer), then
-    one of the rows, each peer's block sent sparse when :func:`sparse_is_smaller` says so.
-    Bytes sent to peer j: ``8 + min(4 r F, 4 r + 8 nnz)`` (r rows, nnz non-zeros, F columns).
-    Both ops carry ``carries`` (the counts are of the rows' non-zeros).
+    one of the rows, each peer's block sent sparse when smaller (:mod:`.rowwire`). Bytes sent
+    to peer j: ``8 + min(4 r F, 4 r + 8 nnz)`` (r rows, nnz non-zeros, F columns). Both ops
+    carry ``carries`` (the counts are of the rows' non-zeros).
 
     ``x`` may be :class:`~quietgnn.nn.SparseFeatures`, and ``sparse_out`` returns the rows as
     one: a mostly-zero matrix then never exists dense on either side (the same bytes cross)."""
@@ -263,54 +257,23 @@ def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor | Spar
         raise TypeError(f"fetch_static_rows: expected float32 rows, got {x.dtype}")
     if isinstance(x, SparseFeatures):
         blocks: list = [x.rows(idx) for idx in part.send_idx]
-        nnz_of = [b.nnz for b in blocks]
     else:
         blocks = [x.index_select(0, idx.to(x.device)) for idx in part.send_idx]
-        nnz_of = [count_nonzero(b) if j != me else 0 for j, b in enumerate(blocks)]
+    nnz_of = [block_nnz(b) if j != me else 0 for j, b in enumerate(blocks)]
     nnz = [torch.tensor([nnz_of[j]], dtype=torch.int64) if j != me else
            torch.zeros(0, dtype=torch.int64) for j in range(P)]
     got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)], carries=carries)
     peer_nnz = [int(g[0]) if g.numel() else 0 for g in got]
     recv_rows = [int(c) for c in part.recv_counts]
-    send = []
-    for j, b in enumerate(blocks):
-        r, z = int(b.shape[0]), nnz_of[j] if j != me else 0
-        if j != me and r and sparse_is_smaller(r, z, width):
-            sb = b if isinstance(b, SparseFeatures) else SparseFeatures.from_dense(b)
-            counts = (sb.indptr[1:] - sb.indptr[:-1]).to(torch.int32)
-            send.append(torch.cat([counts, sb.indices.to(torch.int32),
-                                   sb.values.contiguous().view(torch.int32)]))
-        else:
-            dense = b.to_dense() if isinstance(b, SparseFeatures) else b
-            send.append(dense.reshape(-1).view(torch.int32))
-    sizes = [(r + 2 * z) if r and sparse_is_smaller(r, z, width) else r * width
-             for r, z in zip(recv_rows, peer_nnz)]
-    flat = comm.all_to_all(send, kind, sizes, carries=carries)
-    pieces: list[SparseFeatures] = []
-    out = None if sparse_out else torch.zeros((sum(recv_rows), width), dtype=x.dtype,
-                                              device=x.device)
-    at = 0
-    for r, z, blk in zip(recv_rows, peer_nnz, flat):
-        if r and sparse_is_smaller(r, z, width):
-            counts, cols = blk[:r].to(torch.int64), blk[r:r + z].to(torch.int64)
-            vals = blk[r + z:].view(torch.float32)
-            if sparse_out:
-                indptr = torch.zeros(r + 1, dtype=torch.int64)
-                torch.cumsum(counts, 0, out=indptr[1:])
-                pieces.append(SparseFeatures(indptr, cols, vals, width).to(x.device))
-            else:
-                rows = torch.repeat_interleave(torch.arange(r), counts) + at
-                out[rows, cols] = vals
-        elif r:
-            dense = blk.view(torch.float32).reshape(r, width)
-            if sparse_out:
-                pieces.append(SparseFeatures.from_dense(dense.to(x.device)))
-            else:
-                out[at:at + r] = dense
-        at += r
-    if not sparse_out:
-        return out
-    if not pieces:
-        return SparseFeatures(torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
-                              torch.zeros(0, dtype=x.dtype), width).to(x.device)
-    return SparseFeatures.cat(pieces)
+    send = [encode_rows(b, nnz_of[j]) if j != me else torch.zeros(0, dtype=torch.int32)
+            for j, b in enumerate(blocks)]
+    del blocks
+    flat = comm.all_to_all(send, kind, [wire_words(r, z, width)
+                                        for r, z in zip(recv_rows, peer_nnz)], carries=carries)
+    pieces = [decode_rows(blk, r, z, width, sparse_out)
+              for r, z, blk in zip(recv_rows, peer_nnz, flat) if r]
+    if sparse_out:
+        return SparseFeatures.cat([p.to(x.device) for p in pieces]) if pieces else \
+            SparseFeatures.from_dense(torch.zeros((0, width), dtype=x.dtype, device=x.device))
+    return torch.cat(pieces).to(x.device) if pieces else \
+        torch.zeros((0, width), dtype=x.dtype, device=x.device)

@@ -508,7 +508,8 @@ def halo_forward(model: GNN, part: LocalPartition, comm: Communicator, adj: Spar
 
 def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.device,
                      sparse: bool = True,
-                     halo_rows: Optional[Tensor] = None) -> Tensor | SparseFeatures:
+                     halo_rows: Optional[Tensor | SparseFeatures] = None
+                     ) -> Tensor | SparseFeatures:
     """``[owned ; halo]`` input rows in the part's dtype, the halo's fetched once (collective;
     kind ``data``) unless the caller holds them (``halo_rows``, in ``part.halo``'s order),
     sparse when mostly zero (and ``sparse``): layer 0 then needs no exchange. Mostly-zero
@@ -520,7 +521,8 @@ def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.dev
     if sparse and part.x.dtype == torch.float32 and own.numel():
         own = maybe_sparse(own)
     if isinstance(own, SparseFeatures):
-        halo = SparseFeatures.from_dense(halo_rows.to(device)) if halo_rows is not None else \
+        halo = (halo_rows if isinstance(halo_rows, SparseFeatures) else
+                SparseFeatures.from_dense(halo_rows)).to(device) if halo_rows is not None else \
             fetch_static_rows(comm, part, own, kind="data", carries=Traffic.FEATURES,
                               sparse_out=True)
         x = SparseFeatures.cat([own, halo])
@@ -528,6 +530,7 @@ def inputs_with_halo(comm: Communicator, part: LocalPartition, device: torch.dev
         return x if x.nnz <= SPARSE_MAX_DENSITY * x.shape[0] * x.shape[1] else x.to_dense()
     if halo_rows is not None:
         halo_x = halo_rows.to(device)
+        halo_x = halo_x.to_dense() if isinstance(halo_x, SparseFeatures) else halo_x
     else:
         halo_x = fetch_static_rows(comm, part, part.x.float(), kind="data",
                                    carries=Traffic.FEATURES).to(device)

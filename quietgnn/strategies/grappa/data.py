@@ -84,8 +84,8 @@ class LocalGraph:
 
     own: Rows
     rot: Optional[Rows]
-    x_own: Tensor
-    x_rest: Tensor
+    x_own: Tensor | SparseFeatures     # the loader's choice: sparse when mostly zero
+    x_rest: Tensor | SparseFeatures
     deg: Tensor
     n_own: int
     n_int: int
@@ -156,13 +156,16 @@ class LocalGraph:
         """Read-around off (``random``) or back on for the local graph's mapped arrays: off
         while steps sample scattered rows, on while the coverage or a reload scans them
         (:func:`quietgnn.partition.shards.advise_access`)."""
-        arrays = [self.x_own, self.x_rest]
+        arrays = [x for x in (self.x_own, self.x_rest) if isinstance(x, Tensor)]
         for r in self.pieces():
             arrays += [r.indptr, r.cols, r.table]
         advise_access(arrays, random)
 
     def rows(self, nodes: Tensor) -> Tensor:
-        """Feature rows of local nodes ``nodes`` (the stored dtype)."""
+        """Feature rows of local nodes ``nodes`` (the stored dtype), dense."""
+        sp = self.features(1.0) if isinstance(self.x_own, SparseFeatures) else None
+        if sp is not None:
+            return sp.rows(nodes).to_dense()
         out = torch.empty(nodes.numel(), self.x_own.shape[1], dtype=self.x_own.dtype)
         own = nodes < self.n_own
         out[own] = self.x_own[nodes[own]]
@@ -173,6 +176,8 @@ class LocalGraph:
         """All local rows as :class:`SparseFeatures` when at most ``max_density`` of them is
         non-zero (built a piece at a time), else None: read dense rows with :meth:`rows`."""
         pieces = [self.x_own, self.x_rest]
+        if all(isinstance(x, SparseFeatures) for x in pieces):   # the loader kept them sparse
+            return SparseFeatures.cat(pieces)
         numel = sum(int(x.numel()) for x in pieces)
         if numel == 0:
             return None

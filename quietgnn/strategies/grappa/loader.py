@@ -20,11 +20,23 @@ import torch
 from torch import Tensor
 
 from ...comm import Communicator
+from ...comm.rowwire import decode_rows, encode_rows, wire_words
 from ...comm.traffic import Traffic
+from ...nn.sparse import SPARSE_MAX_DENSITY, SparseFeatures, count_nonzero
 from ...partition import LocalPartition
 from .data import LocalGraph, Rows, rotating_chunk
 
 __all__ = ["ChunkLoader", "Scratch"]
+
+
+def _sparse_rows(x: Tensor) -> Optional[SparseFeatures]:
+    """``x`` as float32 :class:`SparseFeatures` when at most ``SPARSE_MAX_DENSITY`` of it is
+    non-zero (a float16 part read as stored: its few non-zeros widened), else None."""
+    if not x.is_floating_point() or x.numel() == 0 or \
+            count_nonzero(x) > SPARSE_MAX_DENSITY * x.numel():
+        return None
+    sp = SparseFeatures.from_dense(x)
+    return SparseFeatures(sp.indptr, sp.indices, sp.values.float(), sp.num_cols)
 
 
 class Scratch:
@@ -106,6 +118,9 @@ class ChunkLoader:
         # int64 fields: only the requests travel narrower)
         self.idt = torch.int32 if part.num_nodes_global < 2 ** 31 else torch.int64
         self.odt = torch.int16 if part.num_parts < 2 ** 15 else torch.int32
+        #: the part's rows as :class:`SparseFeatures` (float32) when mostly zero, else None:
+        #: the loads then fetch, keep and hand over sparse rows (none of it ever dense)
+        self.x_sparse = _sparse_rows(part.x)
         # the own halo's features and their lookup (filled by the first load)
         self._halo_x: Optional[Tensor] = None
         self._halo_sorted: Optional[Tensor] = None
@@ -135,12 +150,15 @@ class ChunkLoader:
             self._scratch = None
 
     # ------------------------------------------------------------------ collectives
-    def _fetch_features(self, gids: Tensor, owners: Tensor, into: Tensor,
-                        at: Optional[Tensor] = None) -> None:
-        """Rows of ``x`` for global ids ``gids`` owned by ``owners`` (two all-to-alls),
-        written to ``into[at]`` (``at``: all of ``into`` by default) a peer's block at a time."""
+    def _fetch_features(self, gids: Tensor, owners: Tensor, into: Optional[Tensor],
+                        at: Optional[Tensor] = None) -> Optional[SparseFeatures]:
+        """Rows of ``x`` for global ids ``gids`` owned by ``owners``: a request all-to-all,
+        one of the blocks' non-zero counts, then the rows, each block sparse on the wire when
+        smaller (:mod:`quietgnn.comm.rowwire`). Dense (``into`` given): written to
+        ``into[at]`` (``at``: all of ``into`` by default) a peer's block at a time. Sparse
+        (``into`` None, the features are mostly zero): returned in ``gids``' order."""
         P, me = self.comm.world_size, self.comm.rank
-        sc, F, owned = self.scratch(), self.part.num_features, self.part.owned
+        F, owned = self.part.num_features, self.part.owned
         # each peer's positions found one peer at a time, kept as int32: an argsort over all
         # of ``owners`` would hold int64 positions as long as the halo through the exchange
         where = [torch.nonzero(owners == j).flatten().to(torch.int32) for j in range(P)]
@@ -148,9 +166,51 @@ class ChunkLoader:
         req = [gids[w] for w in where]
         asked = self.comm.all_to_all(req, "chunk_request", carries=Traffic.STRUCTURE)
         del req
-        # the rows asked of this rank and the rows it gets, float32 on the wire, both as
-        # large as the local graph's halo: in scratch, sent and received in place (one
-        # buffer each, no joined copy)
+        # non-zeros per block: only a rank whose own rows are mostly zero counts them (-1:
+        # "dense", which every block of a dense-featured graph is, with no counting pass)
+        xs = self.x_sparse
+        local = [torch.searchsorted(owned, a.to(owned.dtype)) if xs is not None and j != me
+                 else None for j, a in enumerate(asked)]
+        sent_nnz = [int((xs.indptr[ix + 1] - xs.indptr[ix]).sum()) if ix is not None else -1
+                    for ix in local]
+        got = self.comm.all_to_all([torch.tensor([z], dtype=torch.int64) for z in sent_nnz],
+                                   "chunk_features", [1] * P, carries=Traffic.FEATURES)
+        recv_nnz = [int(g[0]) for g in got]
+        recv_nnz[me] = sent_nnz[me] = -1
+        if into is not None and all(z < 0 for z in sent_nnz + recv_nnz):
+            self._fetch_dense(asked, where, counts, into, at)
+            return None
+        send = []
+        for j, a in enumerate(asked):
+            if j == me:
+                send.append(torch.zeros(0, dtype=torch.int32))
+            elif xs is not None:
+                send.append(encode_rows(xs.rows(local[j]), sent_nnz[j]))
+            else:   # a dense-featured rank's rows to a sparse one: dense, but as words
+                ix = torch.searchsorted(owned, a.to(owned.dtype))
+                send.append(encode_rows(self.part.x[ix].to(torch.float32), -1))
+        del asked, local
+        words = [0 if j == me else wire_words(counts[j], recv_nnz[j], F) for j in range(P)]
+        flat = self.comm.all_to_all(send, "chunk_features", words, carries=Traffic.FEATURES)
+        del send
+        pieces = [decode_rows(flat[j], counts[j], recv_nnz[j], F, into is None)
+                  for j in range(P)]
+        if into is not None:
+            for w_j, rows_j in zip(where, pieces):
+                into[w_j if at is None else at[w_j]] = rows_j.to(into.dtype)
+            return None
+        # the blocks' rows, back in the order of ``gids``
+        pos = torch.empty(gids.numel(), dtype=torch.int64)
+        pos[torch.cat(where).long()] = torch.arange(gids.numel())
+        return SparseFeatures.cat(pieces).rows(pos)
+
+    def _fetch_dense(self, asked: list[Tensor], where: list[Tensor], counts: list[int],
+                     into: Tensor, at: Optional[Tensor]) -> None:
+        """The rows of a dense-featured graph, float32 on the wire: the rows asked of this
+        rank and the rows it gets, both as large as the local graph's halo, in scratch, sent
+        and received in place (one buffer each, no joined copy)."""
+        me, sc, F = self.comm.rank, self.scratch(), self.part.num_features
+        owned = self.part.owned
         n_asked = [0 if j == me else int(a.numel()) for j, a in enumerate(asked)]
         send = sc.empty((sum(n_asked), F), self.dtype)
         blocks = list(torch.split(send, n_asked))
@@ -224,8 +284,11 @@ class ChunkLoader:
         # the own chunk's rows as the part stores them: its columns [owned | halo] are local
         # ids for the owned ones (gid[:n_own] = part.owned); only the halo's need a table
         own_rows = lambda table: Rows(p.indptr, p.indices, p.n_own, 0, table)   # noqa: E731
+        xs = self.x_sparse
         if chunk is None:  # one rank: the whole graph, no halo, no leaves
-            return LocalGraph(own_rows(torch.zeros(0, dtype=torch.int32)), None, p.x, p.x[:0],
+            x_own = p.x if xs is None else xs
+            return LocalGraph(own_rows(torch.zeros(0, dtype=torch.int32)), None, x_own,
+                              x_own.head(0) if xs is not None else p.x[:0],
                               p.in_degree[: p.n_own], p.n_own, p.n_own, None, super_epoch)
         sc, idt, odt = self.scratch(), self.idt, self.odt
         # the part's id tables (int64 as stored, mapped) narrowed for this load
@@ -234,8 +297,11 @@ class ChunkLoader:
             self._halo_sorted, order = torch.sort(halo)
             self._halo_order = order.to(torch.int32)
             del order
-            self._halo_x = sc.empty((p.n_halo, p.num_features), p.x.dtype)
-            self._fetch_features(halo, halo_owner, self._halo_x)
+            if xs is None:
+                self._halo_x = sc.empty((p.n_halo, p.num_features), p.x.dtype)
+                self._fetch_features(halo, halo_owner, self._halo_x)
+            else:
+                self._halo_x = self._fetch_features(halo, halo_owner, None)
         buf = self._exchange_structure(chunk, super_epoch)
         n_o, n_h, e = (int(v) for v in buf[:3])
         o = 3
@@ -281,12 +347,17 @@ class ChunkLoader:
         need_owner = torch.cat([torch.full((n_o,), chunk, dtype=odt), leaf_owner])
         del j_owned, leaf, leaf_owner
         cached = self._in_halo(need)
-        x_rest = sc.empty((need.numel(), p.num_features), p.x.dtype)
         fetch = torch.nonzero(~cached).flatten().to(torch.int32)
-        self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
-        del fetch, need_owner
         hit = torch.nonzero(cached).flatten().to(torch.int32)
         del cached
+        if xs is not None:
+            x_rest = self._sparse_rest(need, need_owner, fetch, hit)
+            if not self.keep_halo:
+                self.drop_halo()
+            return LocalGraph(own, rot, xs, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
+        x_rest = sc.empty((need.numel(), p.num_features), p.x.dtype)
+        self._fetch_features(need[fetch], need_owner[fetch], x_rest, fetch)
+        del fetch, need_owner
         # the hits searched a second time, a slice at a time: keeping the first search's
         # positions would hold an int64 array the size of ``need`` through the fetch
         for lo in range(0, hit.numel(), _ROWS):    # bounded temporaries of the halo's rows
@@ -296,6 +367,17 @@ class ChunkLoader:
         if not self.keep_halo:
             self.drop_halo()
         return LocalGraph(own, rot, p.x, x_rest, deg, p.n_own, n_int, chunk, super_epoch)
+
+    def _sparse_rest(self, need: Tensor, owner: Tensor, fetch: Tensor,
+                     hit: Tensor) -> SparseFeatures:
+        """The rows of ``need`` (mostly-zero features): ``fetch``'s from their owners, ``hit``'s
+        from the cached halo rows, joined in ``need``'s order."""
+        got = self._fetch_features(need[fetch], owner[fetch], None)
+        at = self._halo_order[torch.searchsorted(self._halo_sorted, need[hit])].long()
+        both = SparseFeatures.cat([got, self._halo_x.rows(at)])
+        pos = torch.empty(need.numel(), dtype=torch.int64)
+        pos[torch.cat([fetch, hit]).long()] = torch.arange(need.numel())
+        return both.rows(pos)
 
     def _in_halo(self, ids: Tensor) -> Tensor:
         """Which of ``ids`` are in the own halo: a search in its sorted copy, a slice at a
