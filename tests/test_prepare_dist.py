@@ -32,7 +32,8 @@ from helpers import small_graph  # noqa: E402
 P = 2
 
 
-def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False, names=False):
+def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False, names=False,
+            sparse=False):
     """A graph's tables split over ``P`` ranks: node ``i`` in rank ``asg[i]``'s node table,
     each edge in a random rank's edge table (a fifth of them in both, a self-loop in one),
     plus the whole tables and the assignment for the single-process reference."""
@@ -47,6 +48,10 @@ def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False, name
         s, d = np.append(s, other), np.append(d, np.full(other.size, 7))
     where = rng.integers(0, P, s.size)
     nodes = {"id": np.arange(n), "y": g.y.numpy(), "x": list(g.x.numpy())}
+    if sparse:   # multi-hot ids; the widest id only on a node of rank 0's table
+        ids = [np.flatnonzero(rng.random(g.num_features - 1) < 0.2) for _ in range(n)]
+        ids[int(np.flatnonzero(asg == 0)[0])] = np.array([g.num_features - 1])
+        nodes = {"id": nodes["id"], "y": nodes["y"], "x_indices": ids}
     if names:   # labels as names; class 0's nodes all on rank 0, so rank 1 lacks that name
         nodes["y"] = np.array([f"class-{c}" for c in g.y.numpy()])
         asg[g.y.numpy() == 0] = 0
@@ -55,7 +60,8 @@ def _slices(tmp_path, n=150, seed=3, directed=False, split=True, hub=False, name
             g.val_mask.numpy(), "val", np.where(g.test_mask.numpy(), "test", "none")))
     for r in range(P):
         mine = np.flatnonzero(asg == r)[::-1]                   # any row order
-        pq.write_table(pa.table({k: [v[i] for i in mine] if k == "x" else np.asarray(v)[mine]
+        pq.write_table(pa.table({k: [v[i] for i in mine] if k.startswith("x") else
+                                 np.asarray(v)[mine]
                                  for k, v in nodes.items()}), tmp_path / f"nodes-{r}.parquet")
         e = (where == r) | (np.arange(s.size) % 5 == 0)       # some edges on both ranks
         es, ed = s[e], d[e]
@@ -190,6 +196,29 @@ def test_label_names_map_alike_on_every_host(tmp_path):
     assert book["label_names"] == ref.graph["label_names"] == sorted(set(
         pq.read_table(tmp_path / "nodes.parquet").column("y").to_pylist()))
     assert "class-0" not in pq.read_table(tmp_path / "nodes-1.parquet").column("y").to_pylist()
+
+
+def test_sparse_features_take_the_widest_host(tmp_path):
+    """Features as x_indices lists, the largest id on one host only: every host writes rows
+    of the same width, the one process's (the same book)."""
+    _slices(tmp_path, n=90, seed=4, sparse=True)
+    ref = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
+                         tmp_path / "ref", parts=P, method="given",
+                         partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
+                         name="edges")
+
+    def rank():
+        comm = Communicator.init(int(os.environ["RANK"]), P, timeout_s=60)
+        prepare_distributed("edges-{rank}.parquet", "nodes-{rank}.parquet", "dist", comm,
+                            memory_budget=700 << 20)
+        comm.close()
+
+    for rc, o, e in _fork(rank, tmp_path):
+        assert rc == 0, e
+    _same_books(tmp_path / "dist", ref.path)
+    widest = max(max(r, default=-1) for r in pq.read_table(tmp_path / "nodes-1.parquet")
+                 .column("x_indices").to_pylist())
+    assert ref.graph["num_features"] == small_graph(n=90, seed=4).num_features > widest + 1
 
 
 def test_small_rounds_and_directed_edges(tmp_path):

@@ -5,6 +5,7 @@ bad tables are refused with the value, what was expected and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -41,14 +42,19 @@ def _tables(tmp_path, g, fmt="parquet", split=True, x_list=True, dup=True):
     if split:
         cols["split"] = np.where(g.train_mask.numpy(), "train", np.where(
             g.val_mask.numpy(), "val", np.where(g.test_mask.numpy(), "test", "none")))
-    if x_list:
+    if x_list in ("sparse", "indices"):     # x_indices [+ x_values]: the non-zeros only
+        xn = g.x.numpy()
+        cols["x_indices"] = [np.flatnonzero(r).astype(np.int32) for r in xn]
+        if x_list == "sparse":
+            cols["x_values"] = [r[r != 0] for r in xn]
+    elif x_list:
         cols["x"] = list(g.x.numpy())
     else:
         cols.update({f"f{i}": g.x[:, i].numpy() for i in range(g.num_features)})
     e, n = tmp_path / f"edges.{fmt}", tmp_path / f"nodes.{fmt}"
     order = np.random.default_rng(0).permutation(g.num_nodes)       # any row order
-    nodes = pa.table({k: (np.asarray(v)[order] if k != "x" else [v[i] for i in order])
-                      for k, v in cols.items()})
+    nodes = pa.table({k: (np.asarray(v)[order] if not k.startswith("x") else
+                          [v[i] for i in order]) for k, v in cols.items()})
     edges = pa.table({"src": s, "dst": d})
     if fmt == "parquet":
         pq.write_table(edges, e)
@@ -65,9 +71,16 @@ def _tables(tmp_path, g, fmt="parquet", split=True, x_list=True, dup=True):
                                                       (3, "csv", False, False, "hash"),
                                                       (2, "parquet", True, True, "ldg"),
                                                       (4, "csv", True, False, "ldg"),
-                                                      (3, "parquet", True, True, "metis")])
+                                                      (3, "parquet", True, True, "metis"),
+                                                      (2, "parquet", True, "sparse", "hash"),
+                                                      (3, "parquet", False, "indices", "ldg")])
 def test_tables_equal_the_in_memory_path(tmp_path, P, fmt, split, x_list, method):
     g0 = small_graph(n=200, seed=2)
+    if x_list in ("sparse", "indices"):   # mostly zero (multi-hot without values)
+        keep = torch.rand(g0.x.shape, generator=torch.Generator().manual_seed(1)) < 0.1
+        x = keep.float() if x_list == "indices" else torch.where(keep, g0.x, 0.0)
+        x[:, -1] = torch.where(torch.arange(g0.num_nodes) == 7, 1.0, 0.0)   # the width's id
+        g0 = dataclasses.replace(g0, x=x)
     e, n, ei = _tables(tmp_path, g0, fmt, split, x_list)
     masks = dict(train_mask=g0.train_mask, val_mask=g0.val_mask, test_mask=g0.test_mask) \
         if split else {}
@@ -216,7 +229,22 @@ def _no_label(tmp_path):
     pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
 
 
+def _sparse_nodes(**cols):
+    def make(tmp_path):
+        pq.write_table(pa.table({"id": [0, 1, 2], "y": [0, 1, 0], **cols}),
+                       tmp_path / "n.parquet")
+        pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+    return make
+
+
 @pytest.mark.parametrize("make, message", [
+    (_sparse_nodes(x_indices=[[0], [2, 1], [-1]]), "x_indices holds feature id -1"),
+    (_sparse_nodes(x_indices=[[0.5], [1.0], []]), "column x_indices has type DOUBLE[]"),
+    (_sparse_nodes(x_indices=[[0], [2, 1], []], x_values=[[1.0], [2.0], []]),
+     "node 1 has 2 x_indices but 1 x_values"),
+    (_sparse_nodes(x_indices=[[0], None, []]), "x_indices is null on 1 row(s)"),
+    (_sparse_nodes(x_indices=pa.array([[], [], []], pa.list_(pa.int32()))),
+     "x_indices lists no feature id on any row"),
     (_bad_nodes, "has 3 rows with ids 0 .. 3; expected ids 0 .. N-1, one row each"),
     (_bad_edges, "holds node id 7, outside [0, 3)"),
     (_no_label, "it needs a label column y (or label)"),

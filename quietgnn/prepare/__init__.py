@@ -20,7 +20,11 @@ Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns),
 dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``: class ids, or
 names, which become classes in sorted order, kept in the book as ``label_names``) and optionally
 ``split`` (``train`` / ``val`` / ``test``, anything else: none; without it a seeded random
-60/20/20 split); features are a list column ``x`` or every other numeric column, in order.
+60/20/20 split); features are a list column ``x``, every other numeric column in order, or
+sparse: a list column ``x_indices`` of each node's non-zero feature ids (from 0), with a list
+column ``x_values`` of their values (the same lengths; without it every value is 1, as in
+one-hot and multi-hot features; a repeated id adds up). The width is the largest id + 1 (over
+every host's table in a per-host prepare). The prepared parts hold the rows dense.
 """
 
 from __future__ import annotations
@@ -100,16 +104,21 @@ class TableNodes:
                              f"column y (or label)")
         self.split_col = "split" if "split" in names else None
         rest = [(c, t) for c, t in cols if c not in ("id", self.y_col, "split")]
+        #: the features' form: "list" (a list column x), "sparse" (x_indices [+ x_values]) or
+        #: "columns" (one numeric column each)
+        self.x_form = "columns"
         if [c for c, _ in rest] == ["x"] and "[" in rest[0][1]:     # FLOAT[] or FLOAT[128]
-            self.x_list = True
-            self.x_cols = ["x"]
+            self.x_form, self.x_cols = "list", ["x"]
+        elif sorted(c for c, _ in rest) in (["x_indices"], ["x_indices", "x_values"]):
+            self.x_form, self.x_cols = "sparse", sorted(c for c, _ in rest)
+            _check_sparse_columns(con, self.reader, path, dict(rest))
         else:
             bad = [c for c, t in rest if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|FLOAT|"
                                                        r"DOUBLE|DECIMAL|HUGEINT|U)", t)]
             if bad:
                 raise ValueError(f"node table {str(path)!r}: column(s) {bad} are neither id, "
                                  f"y, split nor numeric features")
-            self.x_list, self.x_cols = False, [c for c, _ in rest]
+            self.x_cols = [c for c, _ in rest]
         types = dict(cols)
         y = sql_name(self.y_col)
         #: label names (a text label column): class k is the k-th name in sorted order
@@ -140,7 +149,10 @@ class TableNodes:
                              f"{'nulls' if nully else f'{ymin}'}; expected class ids >= 0 on "
                              f"every row")
         self.num_nodes, self.num_classes = int(n), int(ymax) + 1
-        if self.x_list:
+        if self.x_form == "sparse":
+            top = con.sql(f"SELECT max(list_max(x_indices)) FROM {self.reader}").fetchall()[0][0]
+            self.num_features = 0 if top is None else int(top) + 1
+        elif self.x_form == "list":
             fmin, fmax = con.sql(f"SELECT min(len(x)), max(len(x)) FROM {self.reader}"
                                  ).fetchall()[0]
             if fmin != fmax:
@@ -149,8 +161,11 @@ class TableNodes:
             self.num_features = int(fmin or 0)
         else:
             self.num_features = len(self.x_cols)
-        if self.num_features < 1:
-            raise ValueError(f"node table {str(path)!r} has no feature columns")
+        # a host's slice of a sparse table may list no id: the hosts' largest decides
+        if self.num_features < 1 and (whole or self.x_form != "sparse"):
+            raise ValueError(f"node table {str(path)!r} has no feature columns" +
+                             (" (x_indices lists no feature id on any row)"
+                              if self.x_form == "sparse" else ""))
         self.split_seed = split_seed
         # a random split is drawn whole (the in-memory loaders' rule): randperm + codes
         self.held_bytes = 0 if self.split_col else 11 * self.num_nodes
@@ -161,7 +176,7 @@ class TableNodes:
         if self.split_col is None:     # the in-memory loaders' rule: seeded random 60/20/20
             tr, va, te = random_split(self.num_nodes, seed=self.split_seed)
             codes = (tr.numpy() * TRAIN + va.numpy() * VAL + te.numpy() * TEST).astype(np.uint8)
-        xs = "x" if self.x_list else ", ".join(sql_name(c) for c in self.x_cols)
+        xs = ", ".join(sql_name(c) for c in self.x_cols)
         split = ", split" if self.split_col else ""
         reader = con.sql(f"SELECT id, {sql_name(self.y_col)} AS y{split}, {xs} FROM "
                          f"{self.reader} ORDER BY id").to_arrow_reader(1 << 16)
@@ -173,7 +188,9 @@ class TableNodes:
                 y = np.searchsorted(np.array(self.label_names),
                                     np.array(batch.column("y").to_pylist(), dtype=str))
                 y = y.astype(np.int64)
-            if self.x_list:
+            if self.x_form == "sparse":
+                x = _sparse_block(batch, ids.size, self.num_features)
+            elif self.x_form == "list":
                 flat = batch.column("x").flatten().to_numpy(zero_copy_only=False)
                 x = np.asarray(flat, dtype=np.float32).reshape(ids.size, self.num_features)
             else:
@@ -186,6 +203,46 @@ class TableNodes:
             else:
                 sp = codes[ids]
             yield NodeBlock(ids=ids, x=x, y=y, split=sp)
+
+
+def _check_sparse_columns(con: Any, reader: str, path: Path, types: dict[str, str]) -> None:
+    """x_indices: a list of integers >= 0 on every row; x_values (if any): a list of numbers
+    as long as the row's x_indices."""
+    where = f"node table {str(path)!r}"
+    if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|U\w*INT)\S*\[", types["x_indices"]):
+        raise ValueError(f"{where}: column x_indices has type {types['x_indices']}; expected a "
+                         f"list of integer feature ids (e.g. INTEGER[])")
+    lo = con.sql(f"SELECT min(list_min(x_indices)) FROM {reader}").fetchall()[0][0]
+    if lo is not None and lo < 0:
+        raise ValueError(f"{where}: x_indices holds feature id {lo}; expected ids >= 0")
+    if "x_values" in types:
+        if not re.match(r"(TINYINT|SMALLINT|INTEGER|BIGINT|FLOAT|DOUBLE|DECIMAL|U)\S*\[",
+                        types["x_values"]):
+            raise ValueError(f"{where}: column x_values has type {types['x_values']}; expected "
+                             f"a list of numbers (e.g. FLOAT[])")
+        bad = con.sql(f"SELECT id, len(x_indices), len(x_values) FROM {reader} WHERE "
+                      f"len(x_indices) != len(x_values) LIMIT 1").fetchall()
+        if bad:
+            i, a, b = bad[0]
+            raise ValueError(f"{where}: node {i} has {a} x_indices but {b} x_values; expected "
+                             f"one value per feature id")
+    nulls = con.sql(f"SELECT count(*) FROM {reader} WHERE x_indices IS NULL").fetchall()[0][0]
+    if nulls:
+        raise ValueError(f"{where}: x_indices is null on {nulls} row(s); write an empty list "
+                         f"for a node without features")
+
+
+def _sparse_block(batch: Any, rows: int, width: int) -> np.ndarray:
+    """The dense float32 rows of a record batch's x_indices [+ x_values] (a repeated id adds
+    up, as scipy's CSR conversion does)."""
+    col = batch.column("x_indices")
+    lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    cols = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = batch.column("x_values").flatten().to_numpy(zero_copy_only=False).astype(
+        np.float32) if "x_values" in batch.schema.names else np.ones(cols.size, np.float32)
+    x = np.zeros((rows, width), dtype=np.float32)
+    np.add.at(x, (np.repeat(np.arange(rows), lengths), cols), vals)
+    return x
 
 
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,

@@ -213,15 +213,17 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     _agree(comm, problem or eproblem)
     mine = {"count": src_nodes.count, "lo": int(src_nodes.lo), "hi": int(src_nodes.hi),
             "ymax": int(src_nodes.ymax), "features": src_nodes.num_features,
-            "columns": list(src_nodes.x_cols) if not src_nodes.x_list else ["x (list)"],
+            "columns": ["x (list)"] if src_nodes.x_form == "list" else list(src_nodes.x_cols),
             "split": src_nodes.split_col is not None, "directed": directed, "x_dtype": x_dtype,
             "split_seed": split_seed, "world": P,
             "names": src_nodes.label_names is not None, "label_names": src_nodes.label_names}
     every = comm.all_gather_object(mine, "prepare_control", carries=Traffic.CONTROL)
     n = sum(e["count"] for e in every)
     problem = None
+    sparse = src_nodes.x_form == "sparse"   # its width: the largest id on any host, + 1
     for key, what in (("world", "the number of parts (world size)"),
-                      ("features", "the number of features"),
+                      ("features", "the number of features") if not sparse else
+                      ("world", ""),
                       ("columns", "the feature columns"), ("split", "a split column"),
                       ("directed", "--directed"), ("x_dtype", "--x-dtype"),
                       ("split_seed", "--dataset.split_seed"),
@@ -242,6 +244,11 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
         # every host maps names alike: class k is the k-th of all hosts' names, sorted
         src_nodes.label_names = sorted(set().union(*(e["label_names"] for e in every)))
         src_nodes.num_classes = len(src_nodes.label_names)
+    if sparse:
+        src_nodes.num_features = max(e["features"] for e in every)
+        if src_nodes.num_features < 1:
+            raise ValueError(f"node table {str(nodes)!r}: x_indices lists no feature id on "
+                             f"any rank's rows; there are no features")
     F = src_nodes.num_features
 
     # 2. ownership
