@@ -46,16 +46,17 @@ class SparseFeatures:
 
     @classmethod
     def from_dense(cls, x: Tensor) -> "SparseFeatures":
-        # a block of rows at a time: a whole matrix's mask, and its row sums (summing bools
-        # widens them to int64), would be temporaries of three times the matrix
+        # a block of rows at a time: a whole matrix's mask would be a temporary as large as
+        # the matrix; and the rows' counts come from the non-zeros' row ids, since counting
+        # or summing a mask along its rows widens all of it to int64 first
         step = _block_rows(x.shape[1])
         counts, cols, values = [], [], []
         for i in range(0, x.shape[0], step):
             blk = x[i:i + step]
-            nz = blk != 0
-            counts.append(torch.count_nonzero(nz, dim=1))
-            cols.append(nz.nonzero()[:, 1])
-            values.append(blk[nz])
+            at = (blk != 0).nonzero()
+            counts.append(torch.bincount(at[:, 0], minlength=blk.shape[0]))
+            cols.append(at[:, 1])
+            values.append(blk[at[:, 0], at[:, 1]])
         indptr = torch.zeros(x.shape[0] + 1, dtype=torch.int64, device=x.device)
         if counts:
             torch.cumsum(torch.cat(counts), 0, out=indptr[1:])
