@@ -34,12 +34,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.advisor import (CANDIDATES, _graph_and_partitions, build_prior, probe,  # noqa: E402
-                              rank, updates_per_pass)
+from quietgnn.advisor import (BASELINES, CANDIDATES, _graph_and_partitions,  # noqa: E402
+                              build_prior, probe, rank, updates_per_pass)
 from quietgnn.comm.network import TIERS  # noqa: E402
 from quietgnn.report import build_report  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
+#: the candidates judged: the advisor's default, or with ``--with-baselines`` the seeds'
+#: baselines too (``quietgnn advise --strategies all``)
+_CANDS: tuple[str, ...] = CANDIDATES
 ROOTS = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon",
          "cs": "coauthor"}
 
@@ -133,7 +136,7 @@ def measured(report: dict, results: list[dict], ds: str, model: str,
     out = {}
     for row in g["rows"]:
         t = (row.get("tta") or {}).get(tier)
-        if row["strategy"] in CANDIDATES and row["parts"] == 4 and t and t["seconds"]:
+        if row["strategy"] in _CANDS and row["parts"] == 4 and t and t["seconds"]:
             su = setup.get((row["strategy"], 4), {})
             out[row["strategy"]] = t["seconds"] + TIERS[tier].seconds(
                 float(su.get("hops", 0)), float(su.get("crit_bytes", 0)))
@@ -147,8 +150,9 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
     updates (:mod:`quietgnn._advise_fit`)."""
     out = {}
     for ds in sorted({r["dataset"] for r in results}):
-        _, parts = _graph_and_partitions(ds, str(data_root / ROOTS[ds]), None, 4, CANDIDATES, {})
-        out[ds] = {s: updates_per_pass(s, parts) for s in CANDIDATES}
+        everyone = CANDIDATES + BASELINES   # the shipped table covers what --strategies asks
+        _, parts = _graph_and_partitions(ds, str(data_root / ROOTS[ds]), None, 4, everyone, {})
+        out[ds] = {s: updates_per_pass(s, parts) for s in everyone}
     return out
 
 
@@ -189,7 +193,7 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
         ds, model = g["dataset"], g["model"]
         if datasets and ds not in datasets:
             continue
-        strategies = [s for s in CANDIDATES if any(
+        strategies = [s for s in _CANDS if any(
             r["strategy"] == s and r["parts"] == 4 for r in g["rows"])]
         kw = dict(root=str(data_root / ROOTS[ds]), parts=4, model=model,
                   strategies=strategies, set_={"model.hidden": 64, "model.layers": 2},
@@ -269,7 +273,7 @@ def unextended(m: dict) -> dict:
     return out
 
 
-def render(records: list[dict]) -> list[str]:
+def render(records: list[dict], command: str = "python benchmarks/bench_advise.py") -> list[str]:
     n = len(records)
     hit = sum(r["hit"] for r in records)
     top2 = sum(r["top2"] for r in records)
@@ -284,7 +288,8 @@ def render(records: list[dict]) -> list[str]:
     ext = [f"{c} {s} {k} ({'never' if at is None else f'at {at:g}'})"
            for c, e in cells.items() for s, (k, at) in sorted(e.items())]
     lines = ["# quietgnn advise: validation against the headline study", "",
-             "Command: `python benchmarks/bench_advise.py` (leave-one-dataset-out prior, "
+             f"Command: `{command}` (candidates: {', '.join(_CANDS)}; "
+             "leave-one-dataset-out prior, "
              "per-epoch costs from the advisor's own probe; measured: training time to 98 % of "
              "`centralized` plus set-up traffic, today's code, see `current_results`).", "",
              f"- first choice = measured winner: {hit}/{n} cells ({100 * hit / max(n, 1):.0f}%)",
@@ -330,19 +335,25 @@ def main() -> int:
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--datasets", default="", help="comma-separated subset")
+    ap.add_argument("--with-baselines", action="store_true",
+                    help="judge `advise --strategies all` (into advise-baselines.*)")
     args = ap.parse_args()
+    global _CANDS
+    name, command = "advise", "python benchmarks/bench_advise.py"
+    if args.with_baselines:
+        _CANDS = CANDIDATES + BASELINES
+        name, command = "advise-baselines", command + " --with-baselines"
     if args.write_prior:
         write_prior(Path(args.data_root))
         return 0
-    jpath = ROOT / "benchmarks/results/advise.json"
+    jpath = ROOT / f"benchmarks/results/{name}.json"
     from _study import write_report
     if args.render:
         records = json.loads(jpath.read_text())["cells"]
     else:
         records = validate(Path(args.data_root), [d for d in args.datasets.split(",") if d])
-    write_report(ROOT / "benchmarks/results/advise/advise.md", render(records),
-                 None if args.render else jpath,
-                 {"command": "python benchmarks/bench_advise.py", "cells": records})
+    write_report(ROOT / f"benchmarks/results/advise/{name}.md", render(records, command),
+                 None if args.render else jpath, {"command": command, "cells": records})
     return 0
 
 

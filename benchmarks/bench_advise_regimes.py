@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from quietgnn._advise_fit import TARGET_FRAC, _work_to_target, build_prior  # noqa: E402
 from quietgnn._advise_phases import PHASED, phase_costs  # noqa: E402
 from quietgnn._advise_probe import _per_work  # noqa: E402
-from quietgnn.advisor import (_PERIODIC, CANDIDATES, _graph_and_partitions, rank,  # noqa: E402
-                              updates_per_pass)
+from quietgnn.advisor import (_PERIOD_OFFSET, _PERIODIC, CANDIDATES,  # noqa: E402
+                              _graph_and_partitions, rank, updates_per_pass)
 from quietgnn.comm.network import epoch_curve  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 from quietgnn.strategies import get_strategy  # noqa: E402
@@ -124,10 +124,11 @@ def group_probe(g: dict[str, Any]) -> dict[str, Any]:
             continue
         rows = res["curve"]["epochs"]
         opts = res["summary"].get("options") or {}
-        period = int(opts.get(_PERIODIC[s], 0)) if s in _PERIODIC else 0
+        period = int(opts.get(_PERIODIC[s], getattr(get_strategy(s).Options(), _PERIODIC[s]))) \
+            if s in _PERIODIC else 0
         if period and len(rows) > period + 1:
-            # through the first reload and one steady epoch after it (the last row: steady)
-            m = _per_work({"epochs": rows[:period + 2]}, period)
+            # through the first repetition and one steady epoch after it (the last row)
+            m = _per_work({"epochs": rows[:period + 2]}, period, _PERIOD_OFFSET.get(s, 0))
             m["periodic"]["every"] = period
         else:
             m = _per_work({"epochs": rows[:_PROBE_ROWS.get(s, 3)]})

@@ -25,10 +25,12 @@ from typing import Any, Optional
 __all__ = ["plan_extension"]
 
 
-def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, float]]:
+def _per_work(curve: dict[str, Any], period: int = 0,
+              offset: int = 0) -> Optional[dict[str, float]]:
     """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
     once and (with ``period``: the probe's period of a periodic strategy) what is
-    paid at every period boundary (epochs ``period``, ``2 period``, ...). The last epoch is
+    paid at every period boundary (epochs ``period - offset``, ``2 period - offset``, ...:
+    offset 1 for work done at the end of a period's last epoch). The last epoch is
     the steady state (``retexo``'s first rounds of a layer carry that layer's one boundary
     exchange; ``halo``'s first epoch nothing extra): traffic above it in earlier epochs is
     charged once (or per period), not per epoch. Compute is the mean over the epochs after
@@ -43,7 +45,8 @@ def _per_work(curve: dict[str, Any], period: int = 0) -> Optional[dict[str, floa
     steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
 
     def boundary(r: dict[str, Any]) -> bool:
-        return period > 0 and int(r.get("epoch", 0)) > 0 and int(r["epoch"]) % period == 0
+        return period > 0 and int(r.get("epoch", 0)) > 0 and \
+            (int(r["epoch"]) + offset) % period == 0
 
     def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
         out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}

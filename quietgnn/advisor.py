@@ -45,26 +45,33 @@ from ._advise_probe import _per_work, plan_extension
 from ._advise_phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from .comm.network import TIERS, Tier, parse_tier
 
-__all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "cli_main"]
+__all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "BASELINES", "cli_main"]
 
-#: strategies the advisor compares (``centralized`` is the single-machine reference)
+#: strategies the advisor compares by default (``centralized`` is the single-machine
+#: reference): the seed methods and ``halo``
 CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
+#: the seeds' baselines, compared too with ``--strategies all``: the borrowed table has them,
+#: but their measured runs evaluate every 5 epochs (the seeds' every epoch), which the
+#: validation cannot yet judge like for like (docs/guide/advise.md)
+BASELINES = ("bns", "pipegcn", "sancus", "llcg")
 
 # Per strategy, how one probe epoch is made comparable with the headline runs the prior
 # comes from: tma averages every 25 local passes, so it runs 50 (two averages, each
 # evaluated); grappa runs 4 so that one repartitioning (below) falls between two plain
-# epochs; the others run 3 epochs and the first (warm-up: lazy setup, allocator) is left
-# out of the per-epoch figures.
-_PROBE_EPOCHS = {"tma": 50, "grappa": 4}
+# epochs, llcg 5 so that two averages (below) do; the others run 3 epochs and the first
+# (warm-up: lazy setup, allocator) is left out of the per-epoch figures.
+_PROBE_EPOCHS = {"tma": 50, "grappa": 4, "llcg": 5}
 _PROBE_EVAL_EVERY = {"tma": 25}
 _DEFAULT_PROBE_EPOCHS = 3
 #: work a strategy repeats every few epochs, by the option that sets the period in epochs
-#: (grappa reloads a chunk every ``repart_every`` epochs). A few probe epochs at the real
-#: period (50 by default) never see it, and charging it once would undercount a run that
-#: needs several periods: the probe runs the option at ``_PROBE_PERIOD`` instead, so epoch
-#: ``_PROBE_PERIOD`` holds one repetition, and :func:`rank` charges it once per period of the
-#: real run.
-_PERIODIC = {"grappa": "repart_every"}
+#: (grappa reloads a chunk every ``repart_every`` epochs, llcg averages and corrects every
+#: ``period``). A few probe epochs at the real period (50, 15 by default) never see it, and
+#: charging it once would undercount a run that needs several periods: the probe runs the
+#: option at ``_PROBE_PERIOD`` instead, so epoch ``_PROBE_PERIOD`` (grappa's reload, at an
+#: epoch's start) or ``_PROBE_PERIOD - 1`` (llcg's average, at its end: offset 1) holds one
+#: repetition, and :func:`rank` charges it once per period of the real run.
+_PERIODIC = {"grappa": "repart_every", "llcg": "period"}
+_PERIOD_OFFSET = {"llcg": 1}
 _PROBE_PERIOD = 2
 #: epochs of ``centralized`` the probe runs to see how fast this graph is learned
 REFERENCE_EPOCHS = 200
@@ -257,7 +264,8 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
             measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
             continue
         period = _PROBE_PERIOD if spec.strategy in _PERIODIC else 0
-        m = _per_work(res["curve"], period) or {"error": "no complete epoch"}
+        m = _per_work(res["curve"], period, _PERIOD_OFFSET.get(spec.strategy, 0)) or \
+            {"error": "no complete epoch"}
         if "periodic" in m:
             m["periodic"]["every"] = _real_period(spec.strategy, _PERIODIC[spec.strategy])
         setup = res["curve"].get("setup") or {}
@@ -474,7 +482,8 @@ def cli_main(argv: Sequence[str]) -> int:
     ap.add_argument("--tier", default="wan", help=f"one of {', '.join(TIERS)} or "
                     f"NAME:BANDWIDTH:LATENCY, e.g. site:200M:15ms (default wan)")
     ap.add_argument("--strategies", default=",".join(CANDIDATES),
-                    help="comma-separated candidates (default: all but centralized)")
+                    help=f"comma-separated candidates, or 'all' to add the seeds' baselines "
+                         f"({', '.join(BASELINES)}) (default: {','.join(CANDIDATES)})")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config key for every probe run, e.g. model.hidden=128 (repeatable)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -489,7 +498,8 @@ def cli_main(argv: Sequence[str]) -> int:
         extra = _kv(args.set, "--set")
         res = advise(args.dataset, root=args.root, prepared=args.data, parts=args.parts,
                      model=args.model, tier=args.tier,
-                     strategies=[s for s in args.strategies.split(",") if s], set_=extra,
+                     strategies=list(CANDIDATES + BASELINES) if args.strategies == "all"
+                     else [s for s in args.strategies.split(",") if s], set_=extra,
                      extend=not args.no_extend,
                      log=None if args.json else
                      (lambda m: print(m, file=sys.stderr, flush=True)))

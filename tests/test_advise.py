@@ -166,6 +166,7 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
     def row(ep, compute, nbytes, hops):
         return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
                 "crit_bytes": nbytes / 4, "train_bytes": nbytes, "data_bytes": 0}
+    row_ = row
     # grappa-like probe at period 2: epoch 2 reloads a chunk (bytes, hops, compute)
     m = _per_work({"epochs": [row(0, 0.5, 1e3, 2), row(1, 0.1, 1e3, 2), row(2, 0.4, 9e6, 11),
                               row(3, 0.1, 1e3, 2)]}, period=2)
@@ -194,6 +195,13 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
                          "strategies": {"grappa": s}})["ranking"][0]
     assert row["periodic_bytes"] == pytest.approx(9e6 - 1e3) and row["period_epochs"] == 10
     assert "every 10 epochs" in row["reason"]
+    # llcg-like, offset 1: the average ends epochs 1 and 3 of the probe at period 2
+    m = _per_work({"epochs": [row_(0, 0.5, 0, 0), row_(1, 0.3, 8e5, 6), row_(2, 0.1, 0, 0),
+                              row_(3, 0.3, 8e5, 6), row_(4, 0.1, 0, 0)]}, period=2, offset=1)
+    assert m["bytes"] == 0.0 and m["once"]["bytes"] == 0.0 and m["compute_s"] == \
+        pytest.approx(0.1)
+    assert m["periodic"]["bytes"] == pytest.approx(8e5) and \
+        m["periodic"]["compute_s"] == pytest.approx(0.2)
 
 
 def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
