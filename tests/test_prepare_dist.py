@@ -174,10 +174,9 @@ def test_two_ranks_write_what_one_process_writes_then_train(tmp_path):
     assert run.summary["parts"] == P and 0 <= run.summary["test_acc"] <= 1
 
 
-def test_label_names_map_alike_on_every_host(tmp_path):
-    """Labels given as names, one of them on one host only: every host maps them by the
-    sorted names of all hosts, as one process does (the same book, names kept)."""
-    _slices(tmp_path, n=90, seed=6, names=True)
+def _one_process_and_two_hosts(tmp_path):
+    """The tables of :func:`_slices` prepared by one process (the reference, returned) and
+    by two hosts through the API; the two books must be the same."""
     ref = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
                          tmp_path / "ref", parts=P, method="given",
                          partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
@@ -192,6 +191,14 @@ def test_label_names_map_alike_on_every_host(tmp_path):
     for rc, o, e in _fork(rank, tmp_path):
         assert rc == 0, e
     _same_books(tmp_path / "dist", ref.path)
+    return ref
+
+
+def test_label_names_map_alike_on_every_host(tmp_path):
+    """Labels given as names, one of them on one host only: every host maps them by the
+    sorted names of all hosts, as one process does (the same book, names kept)."""
+    _slices(tmp_path, n=90, seed=6, names=True)
+    ref = _one_process_and_two_hosts(tmp_path)
     book = json.loads((tmp_path / "dist" / "book.json").read_text())["graph"]
     assert book["label_names"] == ref.graph["label_names"] == sorted(set(
         pq.read_table(tmp_path / "nodes.parquet").column("y").to_pylist()))
@@ -202,20 +209,7 @@ def test_sparse_features_take_the_widest_host(tmp_path):
     """Features as x_indices lists, the largest id on one host only: every host writes rows
     of the same width, the one process's (the same book)."""
     _slices(tmp_path, n=90, seed=4, sparse=True)
-    ref = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
-                         tmp_path / "ref", parts=P, method="given",
-                         partition_file=tmp_path / "asg.npy", memory_budget=700 << 20,
-                         name="edges")
-
-    def rank():
-        comm = Communicator.init(int(os.environ["RANK"]), P, timeout_s=60)
-        prepare_distributed("edges-{rank}.parquet", "nodes-{rank}.parquet", "dist", comm,
-                            memory_budget=700 << 20)
-        comm.close()
-
-    for rc, o, e in _fork(rank, tmp_path):
-        assert rc == 0, e
-    _same_books(tmp_path / "dist", ref.path)
+    ref = _one_process_and_two_hosts(tmp_path)
     widest = max(max(r, default=-1) for r in pq.read_table(tmp_path / "nodes-1.parquet")
                  .column("x_indices").to_pylist())
     assert ref.graph["num_features"] == small_graph(n=90, seed=4).num_features > widest + 1
