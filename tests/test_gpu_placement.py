@@ -5,6 +5,8 @@ accuracies, and every communicator record, byte for byte."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -104,18 +106,25 @@ def test_each_variant_trains_on_the_device_as_on_the_cpu(strategy, options, stor
 P2 = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4}, "grappa": {"grad_rank": 2},
       "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8}, "minibatch": {"grad_bits": 8},
       "bns": {"p": 0.5}, "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1},
-      "pipegcn": {"smoothing": 0.5}, "sancus": {"bound": 0.05, "max_stale": 2}}
+      "pipegcn": {"smoothing": 0.5}, "sancus": {"bound": 0.05, "max_stale": 2},
+      # mostly-zero features: fetched, joined and kept sparse (halo's inputs, grappa's
+      # chunks, tma's evaluation graph)
+      "halo-sparse": {}, "grappa-sparse": {}, "tma-sparse": {"period_epochs": 1.0}}
 
 
 def _both(comm, graph, parts, tmp):
     """Every strategy at P = 2 on the CPU, then on one stand-in GPU shared by both ranks (gloo:
     collectives staged through host memory), in one process group."""
     torch.set_num_threads(1)
-    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    keep = torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(3)) < 0.1
+    sparse = dataclasses.replace(graph, x=torch.where(keep, graph.x, 0.0))
+    part_of = {g is sparse: build_partitions(g, parts, ranks=[comm.rank])[0]
+               for g in (graph, sparse)}
     out = {}
     for strategy, options in P2.items():
         if strategy == "centralized":
             continue
+        part = part_of[strategy.endswith("-sparse")]
         cfg = _cfg(strategy.split("-")[0], 2, **options)
         cpu = _run(comm, part, cfg, f"{tmp}/{strategy}-cpu", torch.device("cpu"))
         with fake_cuda(devices=1):

@@ -265,7 +265,8 @@ def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor | Spar
     got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)], carries=carries)
     peer_nnz = [int(g[0]) if g.numel() else 0 for g in got]
     recv_rows = [int(c) for c in part.recv_counts]
-    send = [encode_rows(b, nnz_of[j]) if j != me else torch.zeros(0, dtype=torch.int32)
+    send = [encode_rows(b, nnz_of[j]) if j != me else
+            torch.zeros(0, dtype=torch.int32, device=x.device)
             for j, b in enumerate(blocks)]
     del blocks
     flat = comm.all_to_all(send, kind, [wire_words(r, z, width)
