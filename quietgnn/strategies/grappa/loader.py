@@ -95,7 +95,8 @@ class ChunkLoader:
     Per load, in the ``data`` phase: ``chunk_structure`` (one all-to-all: the chunk's
     ids, global degrees, halo table and row lengths as int64, its column ids as int32),
     ``chunk_request`` (ids asked of each owner: int32 where the graph's ids fit) and
-    ``chunk_features`` (the rows). The
+    ``chunk_features`` (each block's non-zero count, 8 bytes a peer, then the rows: a block
+    of mostly-zero rows as (column, value) pairs when that is smaller). The
     features of the rank's own halo are fetched once (first load) and kept, since those
     leaves never change; ``keep_halo=False`` (a run that never reaches a second super-epoch)
     drops them after the first load instead: a copy of the halo's rows the local graph
