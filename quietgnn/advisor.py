@@ -50,9 +50,9 @@ __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "BASELINES", 
 #: strategies the advisor compares by default (``centralized`` is the single-machine
 #: reference): the seed methods and ``halo``
 CANDIDATES = ("halo", "adaqp", "grappa", "tma", "retexo", "minibatch")
-#: the seeds' baselines, compared too with ``--strategies all``: the borrowed table has them,
-#: but their measured runs evaluate every 5 epochs (the seeds' every epoch), which the
-#: validation cannot yet judge like for like (docs/guide/advise.md)
+#: the seeds' baselines, compared too with ``--strategies all``: the borrowed table has them
+#: and predicts them well, but ten candidates are often closer to each other than the
+#: prediction's error, so the first choice is right less often (docs/guide/advise.md)
 BASELINES = ("bns", "pipegcn", "sancus", "llcg")
 
 # Per strategy, how one probe epoch is made comparable with the headline runs the prior
