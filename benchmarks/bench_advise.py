@@ -96,8 +96,8 @@ def current_results() -> list[dict]:
             add(scaled(r, pace(ref) / pace(here)))
     # the baselines on Cora and CiteSeer evaluated every epoch, as the seeds' runs were (the
     # headline's own evaluate every 5), brought to the headline's machine load the same way
-    again = [json.loads(x) for x in (RESULTS / "headline-baselines" / "results.jsonl")
-             .read_text().splitlines()] if (RESULTS / "headline-baselines").is_dir() else []
+    path = RESULTS / "headline-baselines" / "results.jsonl"
+    again = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
     again = {(r["dataset"], r["model"], r["strategy"]): r for r in again
              if r.get("status") == "ok" and r.get("curve")}
     for (ds, model, s), r in again.items():

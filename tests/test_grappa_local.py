@@ -86,9 +86,7 @@ def _load(comm, graph, parts, super_epochs, stored_dir, wide=False):
                     "deg": lg.deg.long(), "some": some, "some_rows": lg.gather(some),
                     "coverage": coverage(lg, 2),
                     "id_dtype": None if loader._halo_sorted is None else loader._halo_sorted.dtype,
-                    "sparse": loader.x_sparse is not None,
-                    "features": [(r.bytes_sent, r.bytes_recv) for r in comm.take_records()
-                                 if r.kind == "chunk_features"]})
+                    "sparse": loader.x_sparse is not None})
     scratch = loader._scratch
     out.append({"scratch_files": scratch.files() if scratch else []})
     loader.close()

@@ -260,8 +260,8 @@ def fetch_static_rows(comm: Communicator, part: LocalPartition, x: Tensor | Spar
     else:
         blocks = [x.index_select(0, idx.to(x.device)) for idx in part.send_idx]
     nnz_of = [block_nnz(b) if j != me else 0 for j, b in enumerate(blocks)]
-    nnz = [torch.tensor([nnz_of[j]], dtype=torch.int64) if j != me else
-           torch.zeros(0, dtype=torch.int64) for j in range(P)]
+    nnz = [torch.tensor([nnz_of[j]] if j != me else [], dtype=torch.int64, device=x.device)
+           for j in range(P)]
     got = comm.all_to_all(nnz, kind, [0 if j == me else 1 for j in range(P)], carries=carries)
     peer_nnz = [int(g[0]) if g.numel() else 0 for g in got]
     recv_rows = [int(c) for c in part.recv_counts]

@@ -13,6 +13,7 @@ width) and everything after is dense. :func:`maybe_sparse` decides from the dens
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence
 
 import torch
@@ -72,9 +73,9 @@ class SparseFeatures:
         if len(widths) != 1:
             raise ValueError(f"SparseFeatures.cat: matrices of widths {sorted(widths)}; "
                              f"expected one width")
-        ends = torch.tensor([0] + [p.nnz for p in parts[:-1]]).cumsum(0)
+        starts = list(itertools.accumulate((p.nnz for p in parts[:-1]), initial=0))
         indptr = torch.cat([parts[0].indptr[:1]] +
-                           [p.indptr[1:] + int(e) for p, e in zip(parts, ends)])
+                           [p.indptr[1:] + s for p, s in zip(parts, starts)])
         return cls(indptr, torch.cat([p.indices for p in parts]),
                    torch.cat([p.values for p in parts]), parts[0].num_cols)
 

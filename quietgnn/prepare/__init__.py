@@ -240,9 +240,10 @@ def _sparse_block(batch: Any, rows: int, width: int) -> np.ndarray:
     cols = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
     vals = batch.column("x_values").flatten().to_numpy(zero_copy_only=False).astype(
         np.float32) if "x_values" in batch.schema.names else np.ones(cols.size, np.float32)
-    x = np.zeros((rows, width), dtype=np.float32)
-    np.add.at(x, (np.repeat(np.arange(rows), lengths), cols), vals)
-    return x
+    import scipy.sparse as sp
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return sp.csr_matrix((vals, cols, indptr), shape=(rows, width)).toarray()
 
 
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,

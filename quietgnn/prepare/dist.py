@@ -222,13 +222,12 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     problem = None
     sparse = src_nodes.x_form == "sparse"   # its width: the largest id on any host, + 1
     for key, what in (("world", "the number of parts (world size)"),
-                      ("features", "the number of features") if not sparse else
-                      ("world", ""),
+                      ("features", "the number of features"),
                       ("columns", "the feature columns"), ("split", "a split column"),
                       ("directed", "--directed"), ("x_dtype", "--x-dtype"),
                       ("split_seed", "--dataset.split_seed"),
                       ("names", "labels given as names (text) rather than class ids")):
-        if any(e[key] != every[0][key] for e in every):
+        if any(e[key] != every[0][key] for e in every) and not (sparse and key == "features"):
             problem = (f"the ranks disagree on {what}: " + ", ".join(
                 f"rank {j} has {e[key]!r}" for j, e in enumerate(every)) +
                 "; start every rank with the same options and the same table columns")

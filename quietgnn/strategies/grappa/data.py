@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ...nn import SparseAdj, SparseFeatures
+from ...nn.sparse import count_nonzero
 from ...partition.local import gather_rows
 from ...partition.shards import advise_access
 from ...rows import chunk_bounds
@@ -181,16 +182,10 @@ class LocalGraph:
         numel = sum(int(x.numel()) for x in pieces)
         if numel == 0:
             return None
-        nnz = 0
-        for x in pieces:
-            step = max(1, (1 << 24) // max(1, x.shape[1]))
-            nnz += sum(int(torch.count_nonzero(x[i:i + step])) for i in range(0, x.shape[0], step))
-        if nnz / numel > max_density:
+        if sum(count_nonzero(x) for x in pieces) / numel > max_density:
             return None
-        sp = [SparseFeatures.from_dense(x.to(self.x_own.dtype)) for x in pieces]
-        indptr = torch.cat([sp[0].indptr, sp[1].indptr[1:] + sp[0].indptr[-1]])
-        return SparseFeatures(indptr, torch.cat([s.indices for s in sp]),
-                              torch.cat([s.values for s in sp]), self.x_own.shape[1])
+        return SparseFeatures.cat([SparseFeatures.from_dense(x.to(self.x_own.dtype))
+                                   for x in pieces])
 
 
 #: edges read per slice in :func:`coverage` (bounds its per-edge temporaries)
