@@ -23,7 +23,7 @@ Per run, from the communicator's records (training phase, sent bytes summed over
   all-reduce, which adaqp leaves alone);
 * test accuracy at the best validation epoch (evaluated every ``--eval-every`` epochs and at
   the last, fp32 messages), mean over seeds;
-* projected LAN epoch time (1 Gbit/s, 0.5 ms; :mod:`quietgnn.comm.network`): per round hops x
+* projected LAN epoch time (1 Gbit/s, 0.5 ms; :mod:`quietgnn.analysis.projection`): per round hops x
   latency + slowest rank's bytes / bandwidth, plus the slowest rank's measured CPU compute
   (thread time outside communication; adaqp: codec, split blocks and the solver included).
   ``no overlap`` charges every exchange in full; ``overlap`` subtracts, per exchange, the
@@ -134,7 +134,8 @@ def _lan_exchange(per_rank: list[list[dict]], e: int, tier) -> float:
 
 
 def summarize(per_rank: list[list[dict]]) -> dict:
-    from quietgnn.comm.network import TIERS, epoch_curve, project
+    from quietgnn.analysis.projection import epoch_curve, project
+    from quietgnn.comm.network import TIERS
     lan = TIERS["lan"]
     for rk in per_rank:      # rank 0's solver runs while the others wait: critical path
         for row in rk:

@@ -1,6 +1,6 @@
 """Validation of ``quietgnn advise`` against the headline study's measured winners.
 
-    python benchmarks/bench_advise.py --write-prior   # quietgnn/_advise_prior.py from headline
+    python benchmarks/bench_advise.py --write-prior   # quietgnn/analysis/advise/prior.py from headline
     python benchmarks/bench_advise.py                 # probe, rank, compare (~40 min; resumable)
     python benchmarks/bench_advise.py --render        # tables from advise.json only
 
@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.advisor import (BASELINES, CANDIDATES, _graph_and_partitions,  # noqa: E402
+from quietgnn.analysis.advise import (BASELINES, CANDIDATES, _graph_and_partitions,  # noqa: E402
                               build_prior, probe, rank, updates_per_pass)
 from quietgnn.comm.network import TIERS  # noqa: E402
-from quietgnn.report import build_report  # noqa: E402
+from quietgnn.analysis.report import build_report  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
 #: the candidates judged: the advisor's default, or with ``--with-baselines`` the seeds'
@@ -158,7 +158,7 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
     """Optimizer updates per epoch-equivalent of every candidate on each dataset of
     ``results`` at P = 4 with default options (what the measured runs used), from the graph's
     training nodes per part of each strategy's partitioner: the prior counts work in
-    updates (:mod:`quietgnn._advise_fit`)."""
+    updates (:mod:`quietgnn.analysis.advise.fit`)."""
     out = {}
     for ds in sorted({r["dataset"] for r in results}):
         everyone = CANDIDATES + BASELINES   # the shipped table covers what --strategies asks
@@ -186,7 +186,7 @@ def write_prior(data_root: Path) -> None:
                        "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS; and "
                        "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
                        "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs)")
-    path = ROOT / "quietgnn/_advise_prior.py"
+    path = ROOT / "quietgnn/analysis/advise/prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
                     'edit by hand)."""\n\nPRIOR = ' + pprint.pformat(prior, width=96,

@@ -5,7 +5,7 @@
 For every cell of ``benchmarks/results/regimes.json`` (graph x partition x layers, at each
 link) the measured winner is the advisor's candidate with the fewest projected seconds to
 98 % of ``centralized`` in the map. The advisor is judged leave-one-group-out: its prior
-(:func:`quietgnn.advisor.build_prior`) is the headline study's runs plus the regime study's
+(:func:`quietgnn.analysis.advise.build_prior`) is the headline study's runs plus the regime study's
 *other* groups (graph x partition x layers: the three links of a group share its runs, so a
 group is held out whole), and its per-epoch costs come from the held-out group's own runs
 read as its probe would measure them — each strategy's first epochs (``grappa``: through its
@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from quietgnn._advise_fit import TARGET_FRAC, _work_to_target, build_prior  # noqa: E402
-from quietgnn._advise_phases import PHASED, phase_costs  # noqa: E402
-from quietgnn._advise_probe import _per_work  # noqa: E402
-from quietgnn.advisor import (_PERIOD_OFFSET, _PERIODIC, CANDIDATES,  # noqa: E402
+from quietgnn.analysis.advise.fit import TARGET_FRAC, _work_to_target, build_prior  # noqa: E402
+from quietgnn.analysis.advise.phases import PHASED, phase_costs  # noqa: E402
+from quietgnn.analysis.advise.probe import _per_work  # noqa: E402
+from quietgnn.analysis.advise import (_PERIOD_OFFSET, _PERIODIC, CANDIDATES,  # noqa: E402
                               _graph_and_partitions, rank, updates_per_pass)
-from quietgnn.comm.network import epoch_curve  # noqa: E402
+from quietgnn.analysis.projection import epoch_curve  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 from quietgnn.strategies import get_strategy  # noqa: E402
 from bench_advise import _s  # noqa: E402

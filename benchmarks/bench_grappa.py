@@ -7,7 +7,7 @@
 Runs through the Python API (``spawn_function``: P real gloo processes on 127.0.0.1, one per
 rank, one compute thread each) with the same phase labelling as ``quietgnn train``; every
 epoch's communicator records are kept so the network projection of
-:mod:`quietgnn.comm.network` (``epoch_curve`` / ``time_to_accuracy``) replays them on the LAN
+:mod:`quietgnn.analysis.projection` (``epoch_curve`` / ``time_to_accuracy``) replays them on the LAN
 and WAN tiers. One spawn per (dataset, P) runs all of its cells one after another, to
 amortise process start-up on the small shared machine. Datasets come from
 ``quietgnn.datasets.load_dataset`` (``synthetic``: 5,000-node DC-CSBM, 8 classes, 64
@@ -68,7 +68,8 @@ def _run_jobs(comm, graph, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarise(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    from quietgnn.comm.network import TIERS, epoch_curve
+    from quietgnn.analysis.projection import epoch_curve
+    from quietgnn.comm.network import TIERS
     metrics = {r["rank"]: r["records"] for r in per_rank}
     curve = epoch_curve(metrics)
     rows = curve["epochs"]
@@ -98,7 +99,8 @@ def summarise(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, 
 
 
 def tta(run: dict[str, Any], tier: str, target: float) -> float | None:
-    from quietgnn.comm.network import TIERS, time_to_accuracy
+    from quietgnn.analysis.projection import time_to_accuracy
+    from quietgnn.comm.network import TIERS
     got = time_to_accuracy({"epochs": run["curve"]}, TIERS[tier], target)
     return None if got is None else got["seconds"]
 

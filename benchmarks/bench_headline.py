@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     # paths (and the dataset roots in the YAML) are relative to the repository root, so the
     # commands recorded in the report are the ones a user types there
     os.chdir(ROOT)
-    from quietgnn import bench, report
+    from quietgnn.analysis import bench, report
     from quietgnn.strategies import available_strategies
     strategies = args.strategies or ",".join(available_strategies())
     cmd = ["--matrix", args.matrix, "--strategies", strategies, "--out", args.out]

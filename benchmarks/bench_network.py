@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from netcluster import Cluster, _rate_bps, available  # noqa: E402
-from quietgnn.comm.network import TIERS, Tier, epoch_curve, project, time_to_accuracy  # noqa: E402,E501
+from quietgnn.analysis.projection import epoch_curve, project, time_to_accuracy  # noqa: E402,E501
+from quietgnn.comm.network import TIERS, Tier  # noqa: E402,E501
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/network"
@@ -242,7 +243,7 @@ def render(records: list[dict]) -> list[str]:
              "acknowledgements pass first, torchrun + c10d over the bridge), GCN 2x64. "
              "Seconds per epoch-equivalent, training only (compute and communication, no "
              "evaluation, on both sides), warm-up epoch left out. *projected* is the model "
-             "of `comm/network.py` for hosts sharing this machine's cores, as they did "
+             "of `analysis/projection.py` for hosts sharing this machine's cores, as they did "
              "(a compute phase takes at least the ranks' total CPU seconds over the cores); "
              "*a core per host* is the same model for hosts with their own cores, what "
              "`quietgnn report` shows. "

@@ -14,7 +14,7 @@ fingerprint). Each strategy trains once on this machine (``quietgnn train --data
 a core per rank's thread budget) for ``--epochs`` epoch-equivalents or ``--budget-s`` wall
 seconds, whichever ends first, with an exact evaluation every ``--eval-every``; its records
 (per-epoch compute seconds and the communicator's rounds) are then projected onto each link
-with :mod:`quietgnn.comm.network` for hosts with a core each.
+with :mod:`quietgnn.analysis.projection` for hosts with a core each.
 
 Seconds to a target = the one-off set-up communication (e.g. ``halo``'s static inputs) + the
 training epochs (compute + communication) through the first evaluation that reached it + that
@@ -43,7 +43,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quietgnn.comm.network import TIERS, Tier, epoch_curve, project  # noqa: E402
+from quietgnn.analysis.projection import epoch_curve, project  # noqa: E402
+from quietgnn.comm.network import TIERS, Tier  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/regimes"

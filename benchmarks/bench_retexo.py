@@ -16,7 +16,7 @@ Two kinds of runs, one compute thread per process:
 * **traffic / time** (P ranks, ``spawn_function``: real gloo processes on 127.0.0.1, seed 0):
   ``retexo`` and ``halo`` trained for the *same number of rounds* (epochs), METIS partitions,
   evaluated every ``--eval-every`` epochs. Bytes do not depend on the seed (fixed message
-  sizes). Every communicator record is kept, so :mod:`quietgnn.comm.network` replays the run on
+  sizes). Every communicator record is kept, so :mod:`quietgnn.analysis.projection` replays the run on
   the LAN / WAN / edge tiers (alpha-beta model + slowest rank's compute per epoch).
 
 Training bytes = phase ``train``, sent, summed over ranks and epochs (evaluation excluded for
@@ -65,7 +65,7 @@ def _run_group(comm, graph, parts, jobs: list[dict[str, Any]]) -> list[list[dict
 
 
 def summarise(job: dict[str, Any], metrics: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
-    from quietgnn.comm.network import epoch_curve
+    from quietgnn.analysis.projection import epoch_curve
     curve = epoch_curve(metrics)
     rows = curve["epochs"]
     evald = [r for r in rows if r["val_acc"] is not None]
@@ -178,7 +178,8 @@ def _bytes(b):
 
 
 def _tta(run, tier: str, target: float):
-    from quietgnn.comm.network import TIERS, time_to_accuracy
+    from quietgnn.analysis.projection import time_to_accuracy
+    from quietgnn.comm.network import TIERS
     got = time_to_accuracy({"epochs": run["curve"]}, TIERS[tier], target)
     return None if got is None else got["seconds"]
 

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/eval-cost"))
     out = Path(ap.parse_args(argv).out)
     sys.path.insert(0, str(ROOT))
-    from quietgnn.report import load_results
+    from quietgnn.analysis.report import load_results
     runs = {(r["dataset"], r["model"], r["strategy"]): r for r in load_results([out])
             if r.get("status") == "ok"}
     rows = []

@@ -2,11 +2,11 @@
 
 The Python API (:mod:`quietgnn.api`): ``load_dataset`` -> :class:`Graph`, ``train`` -> ``Run``
 (summary, metrics, the best-validation model), ``load_model`` (a run's model, PyG inputs),
-``advise`` (:mod:`quietgnn.advisor`: which strategy for a graph, model and network).
+``advise`` (:mod:`quietgnn.analysis.advise`: which strategy for a graph, model and network).
 Import cost is kept low: torch_geometric / ogb are imported lazily by the loaders that need them.
 """
 
-from .advisor import advise
+from .analysis.advise import advise
 from .api import Run, TrainedModel, load_dataset, load_model, train
 from .graph import Graph
 

@@ -247,8 +247,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 #: commands with their own argument parsers, imported only when run (the report pulls in
 #: plotting, the advisor the strategies' probes); an import error is a broken install and is
 #: raised, not hidden behind "invalid choice"
-EXTRA_COMMANDS = {"bench": "quietgnn.bench", "report": "quietgnn.report",
-                  "advise": "quietgnn.advisor"}
+EXTRA_COMMANDS = {"bench": "quietgnn.analysis.bench", "report": "quietgnn.analysis.report",
+                  "advise": "quietgnn.analysis.advise"}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from quietgnn.advisor import build_prior, rank
+from quietgnn.analysis.advise import build_prior, rank
 from quietgnn.comm.network import TIERS
 
 SYN = ["--set", "synthetic.nodes=300", "--set", "synthetic.feature_dim=8",
@@ -127,7 +127,7 @@ def test_advise_on_a_prepared_graph(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recommendation: grappa" in r.stdout and "| 1 | grappa |" in r.stdout
     # the parts' training nodes are read from the book: a mini-batch pass's updates follow
-    from quietgnn.advisor import _graph_and_partitions, updates_per_pass
+    from quietgnn.analysis.advise import _graph_and_partitions, updates_per_pass
     from quietgnn.partition import PartitionBook
     _, parts = _graph_and_partitions("synthetic", None, str(d), 2, ["minibatch"], {})
     (st,) = parts.values()
@@ -145,7 +145,7 @@ def test_bad_arguments_say_what_is_expected():
 
 
 def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
-    from quietgnn.advisor import _per_work
+    from quietgnn.analysis.advise import _per_work
 
     def row(compute, nbytes, hops):
         return {"work": 1.0, "compute_s": compute, "hops": hops, "crit_bytes": nbytes / 4,
@@ -161,7 +161,7 @@ def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():
 
 
 def test_periodic_work_is_charged_once_per_period_of_the_real_run():
-    from quietgnn.advisor import _per_work
+    from quietgnn.analysis.advise import _per_work
 
     def row(ep, compute, nbytes, hops):
         return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
@@ -205,7 +205,7 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
 
 
 def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
-    from quietgnn.advisor import _choose_fit, _work_needed
+    from quietgnn.analysis.advise import _choose_fit, _work_needed
     # a few averaging periods whatever the graph's pace (tma-like), with noise: a power law
     # fitted on paces 5..40 would extrapolate; the held-out graphs say constant
     flat = [("a", 5.0, 60.0), ("b", 10.0, 50.0), ("c", 20.0, 75.0), ("d", 40.0, 50.0)]
@@ -223,7 +223,7 @@ def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
 def test_updates_per_pass_is_the_steps_the_minibatch_loader_takes():
     import torch
 
-    from quietgnn.advisor import updates_per_pass
+    from quietgnn.analysis.advise import updates_per_pass
     from quietgnn.sampling.loader import plan_epoch
     from quietgnn.strategies import get_strategy
     mb, halo = get_strategy("minibatch"), get_strategy("halo")
@@ -292,8 +292,8 @@ def test_a_probe_that_reached_the_target_bounds_the_work_it_needs():
 
 
 def test_a_phased_strategy_is_charged_each_layers_cost_for_the_epochs_it_spends_there():
-    from quietgnn._advise_phases import phase_costs, phased_seconds
-    from quietgnn.advisor import _per_work
+    from quietgnn.analysis.advise.phases import phase_costs, phased_seconds
+    from quietgnn.analysis.advise import _per_work
 
     def row(ep, compute, hops, crit):
         return {"epoch": ep, "work": 1.0, "compute_s": compute, "hops": hops,
@@ -336,7 +336,7 @@ def test_a_phased_strategy_is_charged_each_layers_cost_for_the_epochs_it_spends_
 
 
 def test_the_extension_runs_on_what_centralized_needed_within_its_cost():
-    from quietgnn._advise_probe import plan_extension
+    from quietgnn.analysis.advise.probe import plan_extension
     # compute_s per epoch-equivalent, one rank; the budget counts all 4 ranks
     m = {"cheap": {"compute_s": 0.01, "updates_per_epoch": 1},      # 40 epochs: 1.6 s
          "batches": {"compute_s": 0.01, "updates_per_epoch": 5},    # 40 updates: 8 epochs
@@ -363,8 +363,8 @@ def test_the_extension_runs_on_what_centralized_needed_within_its_cost():
 @pytest.mark.slow   # probes every strategy end to end: the slow tier (pytest -m slow)
 def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_path,
                                                                            monkeypatch):
-    from quietgnn import advisor
-    from quietgnn._advise_fit import TARGET_FRAC, _work_to_target
+    from quietgnn.analysis import advise as advisor
+    from quietgnn.analysis.advise.fit import TARGET_FRAC, _work_to_target
     seen = {}
 
     def plan(measured, ref_work, ref_cost, parts, probe_epochs, skip):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from quietgnn import bench, report
-from quietgnn.bench import build_matrix
+from quietgnn.analysis import bench, report
+from quietgnn.analysis.bench import build_matrix
 
 
 def test_matrix_expansion():

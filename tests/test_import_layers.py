@@ -11,16 +11,14 @@ PKG = Path(__file__).resolve().parents[1] / "quietgnn"
 
 #: lowest first; a unit (sub-package or top-level module) may import its own layer and below
 LAYERS = [
-    {"serial", "errors", "graph", "seeds", "rows", "confdoc", "heap", "_advise_fit",
-     "_advise_phases", "_advise_prior", "_advise_probe"},
+    {"serial", "errors", "graph", "seeds", "rows", "confdoc", "heap"},
     {"datasets", "partition", "nn"},
     {"comm"},
     {"sampling"},
     {"strategies"},
     {"config"},
     {"runtime"},
-    {"prepare", "bench", "report_plots"},
-    {"report", "advisor"},
+    {"prepare", "analysis"},
     {"api"},
     {"cli", "__main__", "__init__"},
 ]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from quietgnn.comm import Traffic
-from quietgnn.comm.network import (TIERS, Tier, epoch_curve, parse_tier, project,
-                                   resolve_tiers, time_to_accuracy)
+from quietgnn.analysis.projection import epoch_curve, project, time_to_accuracy
+from quietgnn.comm.network import TIERS, Tier, parse_tier, resolve_tiers
 from quietgnn.runtime.metrics import read_metrics
 from quietgnn.strategies.base import EpochResult, Strategy
 

@@ -5,7 +5,7 @@ call: operation, traffic kind (``halo_fwd``, ``grad_allreduce``, ...), phase (``
 ``eval``, ``setup``, ``data``, ``control``), bytes sent and received by this rank, messages, the number
 of sequential latency steps ("hops"), wall and CPU seconds, and the round number. Because all
 ranks issue the same collectives in the same order, round ``r`` on one rank is round ``r`` on
-every rank: the network model (``quietgnn.comm.network``) lines rounds up across ranks and
+every rank: the projection (``quietgnn.analysis.projection``) lines rounds up across ranks and
 charges each round with its slowest rank.
 
 Byte accounting (payload only; what a real network would carry at minimum):

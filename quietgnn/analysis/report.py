@@ -10,11 +10,11 @@ or ``summary.json`` files of single ``quietgnn train`` runs. Per-epoch data come
 result's stored curve, or from the run directory's ``metrics/`` (the summary's ``run_dir``).
 
 Output in ``--out``: ``report.md`` (one table per dataset x model), ``report.json`` (the same
-numbers), and per dataset x model three PNGs (:mod:`quietgnn.report_plots`): accuracy vs
+numbers), and per dataset x model three PNGs (:mod:`quietgnn.analysis.plots`): accuracy vs
 cumulative training bytes, accuracy vs projected training time on every tier, per-epoch time
 breakdown.
 
-Definitions (see :mod:`quietgnn.comm.network` for the projection):
+Definitions (see :mod:`quietgnn.analysis.projection` for the projection):
 
 * test acc: at the best validation epoch, mean +- std over seeds; delta in points vs
   ``centralized`` on the same dataset and model.
@@ -40,10 +40,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .comm.network import (Tier, curve_work as _work, epoch_curve, project, resolve_tiers,
+from ..comm.network import Tier, resolve_tiers
+from .projection import (curve_work as _work, epoch_curve, project,
                            time_to_accuracy)
-from .runtime.metrics import human_bytes as _human_bytes
-from .runtime.records import RunSummary
+from ..runtime.metrics import human_bytes as _human_bytes
+from ..runtime.records import RunSummary
 
 __all__ = ["load_results", "build_report", "cli_main"]
 
@@ -100,7 +101,7 @@ def _curve(res: dict[str, Any]) -> Optional[dict[str, Any]]:
         return res["curve"]
     run_dir = res.get("run_dir") or (res.get("summary") or {}).get("run_dir")
     if run_dir and (Path(run_dir) / "metrics").is_dir():
-        from .runtime.metrics import read_metrics
+        from ..runtime.metrics import read_metrics
         try:
             res["curve"] = epoch_curve(read_metrics(run_dir))
             return res["curve"]
@@ -390,7 +391,7 @@ def cli_main(argv: Sequence[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}
     if not args.no_plots:
-        from .report_plots import plot_group
+        from .plots import plot_group
         for r in results:     # the plots read each run's curve (loaded from its run directory)
             _curve(r)
         for g in rep["groups"]:

@@ -1,5 +1,5 @@
 """The three PNGs per dataset x model of ``quietgnn report`` (split out of
-:mod:`quietgnn.report`, which builds the numbers): accuracy vs cumulative training bytes,
+:mod:`quietgnn.analysis.report`, which builds the numbers): accuracy vs cumulative training bytes,
 accuracy vs projected time per tier, per-epoch time breakdown."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .comm.network import Tier, curve_work as _work, project
-from .runtime.metrics import human_bytes
+from ..comm.network import Tier
+from .projection import curve_work as _work, project
+from ..runtime.metrics import human_bytes
 
 __all__ = ["plot_group"]
 

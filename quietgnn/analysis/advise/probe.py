@@ -1,4 +1,4 @@
-"""What :func:`quietgnn.advisor.probe` reads from its runs (step 1 of :mod:`quietgnn.advisor`):
+"""What :func:`quietgnn.analysis.advise.probe` reads from its runs (step 1 of :mod:`quietgnn.analysis.advise`):
 a probe's per-epoch costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
 
 The extension: on a graph where ``centralized`` ran (so the target and the work it took are

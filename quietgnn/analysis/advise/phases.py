@@ -1,5 +1,5 @@
 """Strategies whose epochs cost differently in successive phases of a run, for
-``quietgnn advise`` (:mod:`quietgnn.advisor`).
+``quietgnn advise`` (:mod:`quietgnn.analysis.advise`).
 
 ``retexo`` trains one layer at a time, each on the previous layer's frozen output: its first
 layer's rounds read the raw features, the later ones a hidden-width embedding, and a layer's

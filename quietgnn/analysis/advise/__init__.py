@@ -12,8 +12,8 @@ can reuse them:
    strategy trained to the end on real graphs) into what a few epochs cannot show: how many
    optimizer updates a strategy needs as a function of what ``centralized`` needs on the
    same graph (a ratio, a constant or a power law: whichever predicts a left-out graph
-   best), how often it got there at all, and its accuracy gap (:mod:`quietgnn._advise_fit`).
-   The shipped table is :mod:`quietgnn._advise_prior` (``bench_advise.py --write-prior``).
+   best), how often it got there at all, and its accuracy gap (:mod:`quietgnn.analysis.advise.fit`).
+   The shipped table is :mod:`quietgnn.analysis.advise.prior` (``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
    slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
    it needs given ``centralized``'s here (the updates it needs over its updates per epoch on
@@ -39,11 +39,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ._advise_fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
+from .fit import (TARGET_FRAC, _choose_fit, _fit, _work_needed,  # noqa: F401
                           _work_to_target, build_prior)
-from ._advise_probe import _per_work, plan_extension
-from ._advise_phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
-from .comm.network import TIERS, Tier, parse_tier
+from .probe import _per_work, plan_extension
+from .phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
+from ...comm.network import TIERS, Tier, parse_tier
 
 __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "BASELINES", "cli_main"]
 
@@ -98,9 +98,9 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
     import numpy as np
     import torch
 
-    from .strategies import get_strategy
+    from ...strategies import get_strategy
     if prepared:
-        from .partition import PartitionBook
+        from ...partition import PartitionBook
         book = PartitionBook.open(prepared)
         g = book.graph
         info = {"name": g.get("name"), "nodes": g.get("num_nodes"), "edges": g.get("num_edges"),
@@ -113,9 +113,9 @@ def _graph_and_partitions(dataset: str, root: Optional[str], prepared: Optional[
         except (ValueError, OSError):
             pass   # an older book: the updates per pass are then taken as 1
         return info, {book.method: st}
-    from .datasets import load_dataset
-    from .partition.local import partition_stats
-    from .partition.partitioners import partition_nodes
+    from ...datasets import load_dataset
+    from ...partition.local import partition_stats
+    from ...partition.partitioners import partition_nodes
     graph = load_dataset(dataset, root, synthetic={k.split(".", 1)[1]: v for k, v in set_.items()
                                                    if k.startswith("synthetic.")})
     out: dict[str, Any] = {}
@@ -138,7 +138,7 @@ def updates_per_pass(strategy: str, partitions: dict[str, Any]) -> int:
     """Optimizer updates in one epoch-equivalent of ``strategy`` with its default options on
     its default partitioner's parts (``partitions``: :func:`probe`'s); 1 where the training
     nodes per part are unknown (see :meth:`Strategy.updates_per_pass`)."""
-    from .strategies import get_strategy
+    from ...strategies import get_strategy
     cls = get_strategy(strategy)
     counts = (partitions.get(cls.default_partitioner) or {}).get("train_per_part")
     if not counts and len(partitions) == 1:   # a prepared graph: its one partition
@@ -147,7 +147,7 @@ def updates_per_pass(strategy: str, partitions: dict[str, Any]) -> int:
 
 
 def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optional[int]:
-    from .nn.model import ModelConfig, build_model
+    from ...nn.model import ModelConfig, build_model
     keys = {k.split(".", 1)[1]: v for k, v in set_.items() if k.startswith("model.")}
     if not info.get("features") or not info.get("classes"):
         return None
@@ -157,21 +157,21 @@ def _parameters(model: str, info: dict[str, Any], set_: dict[str, Any]) -> Optio
 
 
 def _layers(model: str, set_: dict[str, Any]) -> int:
-    from .nn.model import ModelConfig
+    from ...nn.model import ModelConfig
     keys = {k.split(".", 1)[1]: v for k, v in set_.items() if k.startswith("model.")}
     return int(ModelConfig(arch=model, **keys).layers)
 
 
 def _exact() -> set[str]:
     """Strategies that claim equality with ``centralized`` (they need what it needed)."""
-    from .strategies import available_strategies, get_strategy
+    from ...strategies import available_strategies, get_strategy
     return {s for s in available_strategies() if get_strategy(s).exact}
 
 
 def _real_period(strategy: str, option: str) -> int:
     """The period in epochs the user's run would have: the strategy's default (``advise``
     passes no strategy options)."""
-    from .strategies import get_strategy
+    from ...strategies import get_strategy
     return int(getattr(get_strategy(strategy).Options(), option))
 
 
@@ -185,12 +185,12 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     ``centralized`` needs on this graph (``reference_epochs`` of it, one process; skipped for
     a prepared graph, which may not fit one process, and with 0); ``run_epochs``: the
     ``train.epochs`` of the run being planned (default: ``set_``'s, else the trainer's
-    default), which sets a phased strategy's schedule (:mod:`quietgnn._advise_phases`);
-    ``extend``: run the extension where ``centralized`` ran (:mod:`quietgnn._advise_probe`);
+    default), which sets a phased strategy's schedule (:mod:`quietgnn.analysis.advise.phases`);
+    ``extend``: run the extension where ``centralized`` ran (:mod:`quietgnn.analysis.advise.probe`);
     returns ``{"graph",
     "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
-    from .bench import RunSpec, run_matrix
-    from .strategies import available_strategies
+    from ..bench import RunSpec, run_matrix
+    from ...strategies import available_strategies
     known = set(available_strategies())
     bad = [s for s in strategies if s not in known or s == "centralized"]
     if bad:
@@ -207,7 +207,7 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         dataset, parts = str(info["name"]), int(info["parts"])
     layers = _layers(model, common)
     if run_epochs is None:
-        from .strategies.base import TrainConfig
+        from ...strategies.base import TrainConfig
         run_epochs = int(common.get("train.epochs", TrainConfig().epochs))
     specs = []
     for s in strategies:
@@ -241,9 +241,9 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
 
 def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers, run_epochs,
              out, timeout_s, log, extend) -> dict[str, Any]:
-    """The probe's figures from its runs, extended (:mod:`quietgnn._advise_probe`) where
+    """The probe's figures from its runs, extended (:mod:`quietgnn.analysis.advise.probe`) where
     ``centralized`` ran."""
-    from .bench import run_matrix
+    from ..bench import run_matrix
     measured: dict[str, Any] = {}
     ref_work = ref_compute = target = ref_cost = None
     curves = {}
@@ -274,7 +274,7 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
         m["partitioner"] = res["summary"].get("partitioner")
         m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
         if spec.strategy in PHASED:
-            from .strategies import get_strategy
+            from ...strategies import get_strategy
             sched = get_strategy(spec.strategy).Options().schedule(layers, run_epochs)
             m["phases"] = phase_costs(res["curve"], layers, sched)
         measured[spec.strategy] = m
@@ -308,7 +308,7 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
 
 
 # ---------------------------------------------------------------------- 2. the prior
-# build_prior, _work_to_target, _choose_fit, _work_needed: quietgnn/_advise_fit.py
+# build_prior, _work_to_target, _choose_fit, _work_needed: quietgnn/analysis/advise/fit.py
 
 
 def _periods(work: float, per: Optional[dict[str, Any]]) -> int:
@@ -320,7 +320,7 @@ def _periods(work: float, per: Optional[dict[str, Any]]) -> int:
 
 
 def default_prior() -> dict[str, Any]:
-    from ._advise_prior import PRIOR
+    from .prior import PRIOR
     return PRIOR
 
 
@@ -494,7 +494,7 @@ def cli_main(argv: Sequence[str]) -> int:
                          "their work)")
     args = ap.parse_args(list(argv))
     try:
-        from .bench import _kv
+        from ..bench import _kv
         extra = _kv(args.set, "--set")
         res = advise(args.dataset, root=args.root, prepared=args.data, parts=args.parts,
                      model=args.model, tier=args.tier,

@@ -1,4 +1,4 @@
-"""The prior of ``quietgnn advise`` (step 2 of :mod:`quietgnn.advisor`): from finished
+"""The prior of ``quietgnn advise`` (step 2 of :mod:`quietgnn.analysis.advise`): from finished
 ``quietgnn bench`` runs, how many optimizer updates each strategy needs relative to
 ``centralized`` on the same graph, how often it got there, and its accuracy gap.
 
@@ -36,7 +36,7 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
     ``quietgnn bench`` results (one seed or more per dataset x model; datasets in
     ``exclude`` left out: the validation holds each dataset out of its own prior).
     ``updates[dataset][strategy]``: optimizer updates per epoch-equivalent of that strategy's
-    runs on that dataset (:func:`quietgnn.advisor.updates_per_pass`); 1 where not given."""
+    runs on that dataset (:func:`quietgnn.analysis.advise.updates_per_pass`); 1 where not given."""
     updates = updates or {}
     groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
     for r in results:

@@ -34,7 +34,7 @@ directory and one compute thread per worker (``runtime.threads 1``). Output unde
 
     results/<id>.json   one per run: spec, command, status (ok | failed), summary, error tail,
                         and the per-epoch curve used by ``quietgnn report`` (see
-                        :func:`quietgnn.comm.network.epoch_curve`)
+                        :func:`quietgnn.analysis.projection.epoch_curve`)
     results.jsonl       every result of the study: earlier runs kept, this run's in place
     runs/<id>/          the run directory (metrics/rank-k.jsonl, summary.json, logs/)
     logs/<id>.log       stdout + stderr of the run
@@ -151,7 +151,7 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
 def _fixed_parts(strategy: str) -> Optional[int]:
     """The strategy's ``fixed_parts`` if it is registered (unknown names run and fail)."""
     try:
-        from .strategies import get_strategy
+        from ..strategies import get_strategy
         return get_strategy(strategy).fixed_parts
     except Exception:  # noqa: BLE001 - unknown or broken strategy: its run fails and is recorded
         return None
@@ -264,8 +264,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
         res["summary"] = json.loads(summary_copy.read_text())
         summary_copy.unlink()
         try:
-            from .comm.network import epoch_curve
-            from .runtime.metrics import read_metrics
+            from .projection import epoch_curve
+            from ..runtime.metrics import read_metrics
             res["curve"] = epoch_curve(read_metrics(run_dir))
         except (ValueError, OSError, KeyError) as exc:
             res["curve_error"] = f"{type(exc).__name__}: {exc}"
