@@ -141,7 +141,7 @@ def summarize(per_rank: list[list[dict]]) -> dict:
         for row in rk:
             row["compute_s"] += (row.get("extra") or {}).get("solve_s", 0.0)
     curve = epoch_curve({k: recs for k, recs in enumerate(per_rank)})
-    proj = project(curve, lan)
+    proj = [p.to_json() for p in project(curve, lan)]
     r0 = per_rank[0]
     E = len(r0)
     evals = [r for r in r0 if "test_acc" in r]

@@ -196,7 +196,7 @@ def write_prior(data_root: Path) -> None:
 
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
     results = training_only(current_results())
-    report = build_report(results, dict(TIERS))
+    report = build_report(results, dict(TIERS)).to_json()
     # the prior borrows the regime study's groups too (as the shipped one does)
     borrowed, updates = with_regimes(results, updates_by_dataset(data_root, results))
     records = []

@@ -91,7 +91,7 @@ def _result(run: Path, best: Optional[float]) -> dict[str, Any]:
                    "test_acc": best, "options": config.get("options") or {},
                    "partitioner": config["partition"]["method"]}
     return {"strategy": summary["strategy"], "model": summary["model"], "status": "ok",
-            "summary": summary, "config": config, "curve": epoch_curve(read_metrics(run))}
+            "summary": summary, "config": config, "curve": epoch_curve(read_metrics(run)).to_json()}
 
 
 def regime_results(saved: dict, exclude: tuple[str, ...] = ()) -> list[dict[str, Any]]:

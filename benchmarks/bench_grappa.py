@@ -71,7 +71,7 @@ def summarise(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, 
     from quietgnn.analysis.projection import epoch_curve
     from quietgnn.comm.network import TIERS
     metrics = {r["rank"]: r["records"] for r in per_rank}
-    curve = epoch_curve(metrics)
+    curve = epoch_curve(metrics).to_json()
     rows = curve["epochs"]
     best = max((r for r in rows if r["val_acc"] is not None), key=lambda r: r["val_acc"])
     n = len(rows)
@@ -102,7 +102,7 @@ def tta(run: dict[str, Any], tier: str, target: float) -> float | None:
     from quietgnn.analysis.projection import time_to_accuracy
     from quietgnn.comm.network import TIERS
     got = time_to_accuracy({"epochs": run["curve"]}, TIERS[tier], target)
-    return None if got is None else got["seconds"]
+    return None if got is None else got.cum_s
 
 
 # ---------------------------------------------------------------------- the matrix

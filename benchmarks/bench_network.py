@@ -104,7 +104,7 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
     if codes != [0] * hosts:
         tail = (logs / "host-0.log").read_text(errors="replace")[-1500:]
         return {**rec, "status": "failed", "exit_codes": codes, "error": tail}
-    return _project(rec, epoch_curve(read_metrics(OUT / "runs" / run)), central)
+    return _project(rec, epoch_curve(read_metrics(OUT / "runs" / run)).to_json(), central)
 
 
 def probe(rate: str, hosts: int = 4) -> dict:
@@ -154,7 +154,7 @@ def _reproject(rec: dict, central_acc: dict) -> dict:
     if rec["status"] != "ok" or not (run / "metrics").is_dir():
         return rec
     central = central_acc.get(rec["dataset"]) if rec.get("kind") == "to_target" else None
-    return _project(rec, epoch_curve(read_metrics(run)), central)
+    return _project(rec, epoch_curve(read_metrics(run)).to_json(), central)
 
 
 def _run_name(rec: dict) -> str:
@@ -182,7 +182,7 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
         for key, c in (("projected", cores), ("projected_dedicated", None)):
             # training only, as measured: compute and communication, no evaluation
             proj = project({"epochs": rows}, link, c)
-            rec[f"{key}_epoch_s"] = sum(p["compute_s"] + p["comm_s"] for p in proj) / work
+            rec[f"{key}_epoch_s"] = sum(p.compute_s + p.comm_s for p in proj) / work
         comm = sum(link.seconds(r["hops"], r["crit_bytes"]) for r in rows)  # cores aside
         rec.update(tier=TIER_OF.get(rate, rate), projected_comm_epoch_s=comm / work,
                    latency_term_epoch_s=(sum(r["hops"] for r in rows) * named.latency / work
@@ -192,7 +192,7 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
         free = Tier("uncapped", 1e15, 0.0)
         for key, c in (("projected", cores), ("projected_dedicated", None)):
             proj = project({"epochs": rows}, free, c)
-            rec[f"{key}_epoch_s"] = sum(p["compute_s"] for p in proj) / work
+            rec[f"{key}_epoch_s"] = sum(p.compute_s for p in proj) / work
     rec.update(measured_seconds_to_98=None, projected_seconds_to_98=None)
     if central and rate:
         rec.update(centralized_test_acc=central, **_to_target(curve, link, central, cores))
@@ -216,7 +216,7 @@ def _to_target(curve: dict, link: Tier, central: float, cores: int) -> dict:
         out[f"measured_seconds_to_{pct}"] = measured
         for key, c in (("projected", cores), ("projected_dedicated", None)):
             proj = time_to_accuracy(curve, link, target, c)
-            out[f"{key}_seconds_to_{pct}"] = proj["seconds"] if proj else None
+            out[f"{key}_seconds_to_{pct}"] = proj.cum_s if proj else None
     return out
 
 

@@ -99,9 +99,9 @@ def _reach(curve: dict, tier: Tier, target: float, cores: Optional[int] = None,
     ``cores`` shared by the hosts; ``setup``: the set-up's communication counted."""
     cum = tier.seconds(curve["setup"]["hops"], curve["setup"]["crit_bytes"]) if setup else 0.0
     for p in project(curve, tier, cores):
-        cum += p["compute_s"] + p["comm_s"]
-        if p["test_acc"] is not None and p["test_acc"] >= target:
-            return {"seconds": cum + p["eval_s"], "epoch": p["epoch"]}
+        cum += p.compute_s + p.comm_s
+        if p.test_acc is not None and p.test_acc >= target:
+            return {"seconds": cum + p.eval_s, "epoch": p.epoch}
     return None
 
 
@@ -168,7 +168,7 @@ def measure(args: argparse.Namespace, saved: dict) -> dict:
             with Cluster(4, rate=rate) as c:
                 codes = c.wait(c.torchrun(_train_args(str(ROOT / data), s, name, args),
                                           run_id=name, log_dir=logs), timeout=args.budget_s)
-            curve = epoch_curve(read_metrics(RUNS / name))
+            curve = epoch_curve(read_metrics(RUNS / name)).to_json()
             c_acc = rec["centralized_test_acc"]
             tier = LINKS[args.measure]
             for f in FRACTIONS:
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
                 base.update(variant=args.variant, options=dict(
                     kv.partition("=")[::2] for kv in args.option))
             try:
-                new = _records(base, epoch_curve(read_metrics(RUNS / name)), c_acc)
+                new = _records(base, epoch_curve(read_metrics(RUNS / name)).to_json(), c_acc)
             except (ValueError, FileNotFoundError) as exc:   # nothing recorded
                 new = [dict(base, link=k, error=str(exc)[:300] + r.get("error", ""))
                        for k in LINKS]

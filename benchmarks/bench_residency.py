@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "partition.file": str(f),
                                                    "runtime.residency": level,
                                                    "train.epochs": 200}))
-    results = run_matrix(specs, OUT, timeout_s=1800)
+    results = [r.to_json() for r in run_matrix(specs, OUT, timeout_s=1800)]
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in results:
         if r.get("status") != "ok":

@@ -66,7 +66,7 @@ def _run_group(comm, graph, parts, jobs: list[dict[str, Any]]) -> list[list[dict
 
 def summarise(job: dict[str, Any], metrics: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     from quietgnn.analysis.projection import epoch_curve
-    curve = epoch_curve(metrics)
+    curve = epoch_curve(metrics).to_json()
     rows = curve["epochs"]
     evald = [r for r in rows if r["val_acc"] is not None]
     best = max(evald, key=lambda r: r["val_acc"])
@@ -181,7 +181,7 @@ def _tta(run, tier: str, target: float):
     from quietgnn.analysis.projection import time_to_accuracy
     from quietgnn.comm.network import TIERS
     got = time_to_accuracy({"epochs": run["curve"]}, TIERS[tier], target)
-    return None if got is None else got["seconds"]
+    return None if got is None else got.cum_s
 
 
 def _s(x):

@@ -264,8 +264,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                              f"{avail / 1024:.1f} GiB available", "run": spec.id}
         else:
             with Watchdog(spec.id, args.floor_mb) as dog:
-                res = run_matrix([spec], out,
-                                 timeout_s=float(matrix.get("run_timeout_s", 3600)))[0]
+                (res,) = run_matrix([spec], out,
+                                    timeout_s=float(matrix.get("run_timeout_s", 3600)))
+                res = res.to_json()
             rec = record(spec, res, facts, prep, previous)
             if dog.fired:   # the measured limit, not an estimate
                 rec.update(status="stopped", peak_rss_rank_mb=None,

@@ -34,8 +34,7 @@ def main(argv=None) -> int:
     out = Path(ap.parse_args(argv).out)
     sys.path.insert(0, str(ROOT))
     from quietgnn.analysis.report import load_results
-    runs = {(r["dataset"], r["model"], r["strategy"]): r for r in load_results([out])
-            if r.get("status") == "ok"}
+    runs = {(r.dataset, r.model, r.strategy): r.to_json() for r in load_results([out]) if r.ok}
     rows = []
     for (ds, model, label), res in runs.items():
         if label.endswith("-old"):

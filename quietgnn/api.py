@@ -3,7 +3,7 @@
     import quietgnn
     graph = quietgnn.load_dataset("cora", root="../shared/data/planetoid")
     run = quietgnn.train(graph, strategy="halo", parts=4, epochs=100, model={"hidden": 128})
-    run.summary["test_acc"], run.metrics[-1], run.run_dir
+    run.summary.test_acc, run.metrics[-1].loss, run.run_dir
     proba = run.model.predict_proba(graph.x, graph.edge_index())
 
 This module is thin on purpose: :func:`train` builds the same :class:`~quietgnn.config.RunConfig`
@@ -27,24 +27,27 @@ import torch
 from .datasets import load_dataset
 from .graph import Graph
 from .nn.export import TrainedModel, load_model
+from .runtime.records import EpochRecord, RunSummary
 
 __all__ = ["load_dataset", "train", "load_model", "Run", "TrainedModel", "predict_to_file"]
 
 
 @dataclass
 class Run:
-    """A finished run: ``summary`` (what ``summary.json`` holds), ``run_dir``, and lazily
-    ``metrics`` (rank 0's per-epoch records; every rank's: ``read_metrics(run_dir)``) and
-    ``model`` (the best-validation model, a :class:`~quietgnn.nn.export.TrainedModel`)."""
+    """A finished run: ``summary`` (what ``summary.json`` holds, a
+    :class:`~quietgnn.runtime.records.RunSummary`), ``run_dir``, and lazily ``metrics`` (rank
+    0's per-epoch :class:`~quietgnn.runtime.records.EpochRecord` s; every rank's:
+    :func:`~quietgnn.runtime.metrics.read_records`) and ``model`` (the best-validation model,
+    a :class:`~quietgnn.nn.export.TrainedModel`)."""
 
     run_dir: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     _model: Optional[TrainedModel] = field(default=None, repr=False)
 
     @property
-    def metrics(self) -> list[dict[str, Any]]:
-        from .runtime.metrics import read_metrics
-        return [r for r in read_metrics(self.run_dir).get(0, []) if r.get("epoch", -1) >= 0]
+    def metrics(self) -> list[EpochRecord]:
+        from .runtime.metrics import read_records
+        return read_records(self.run_dir).get(0, ([], None))[0]
 
     @property
     def model(self) -> TrainedModel:
@@ -144,7 +147,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     if cfg.runtime.summary_json:
         from .runtime.rundir import write_json
         write_json(Path(cfg.runtime.summary_json), summary)
-    return Run(Path(run_dir), summary)
+    return Run(Path(run_dir), RunSummary.from_json(summary))
 
 
 def _with(nested: dict[str, Any], **dataset: Any) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from .errors import is_consequence
 if TYPE_CHECKING:
     from .config import RunConfig
     from .runtime.plan import RunPlan
-    from .runtime.records import RunSummary
 
 __all__ = ["main"]
 
@@ -71,38 +70,39 @@ def _under_torchrun() -> bool:
         "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ)
 
 
-def print_summary(s: RunSummary) -> None:
+def print_summary(summary: dict[str, Any]) -> None:
     from .runtime.metrics import human_bytes
-    print(f"quietgnn: {s['strategy']} on {s['dataset']} | {s['parts']} part(s) "
-          f"({s['partitioner']}) | {s['model']} {s['layers']}x{s['hidden']}")
-    eq = s.get("epoch_equivalents", s["epochs"])
-    work = "" if abs(eq - s["epochs"]) < 1e-9 else f", {eq:g} epoch-equivalents of work"
-    print(f"  test accuracy   {s['test_acc']:.4f}  (best val {s['val_acc']:.4f} at epoch "
-          f"{s['best_epoch']} of 0-{s['epochs'] - 1}{work})")
+    from .runtime.records import RunSummary
+    s = RunSummary.from_json(summary)
+    print(f"quietgnn: {s.strategy} on {s.dataset} | {s.parts} part(s) "
+          f"({s.partitioner}) | {s.model} {s.layers}x{s.hidden}")
+    eq = s.epochs if s.epoch_equivalents is None else s.epoch_equivalents
+    work = "" if abs(eq - s.epochs) < 1e-9 else f", {eq:g} epoch-equivalents of work"
+    print(f"  test accuracy   {s.test_acc:.4f}  (best val {s.val_acc:.4f} at epoch "
+          f"{s.best_epoch} of 0-{s.epochs - 1}{work})")
     per = f"/epoch{'-equivalent' if work else ''}"
     # the progress line's basis first (rank 0, sent), then what all ranks sent
-    rank0 = s.get("rank0_train_bytes_per_epoch")
+    rank0 = s.rank0_train_bytes_per_epoch
     print("  training bytes  " + (f"rank 0 sent {human_bytes(rank0)}{per}; " if rank0 is not
                                    None else "") +
-          f"all ranks sent {human_bytes(s['train_bytes_per_epoch'])}{per}, "
-          f"{human_bytes(s['train_bytes'])} in all")
+          f"all ranks sent {human_bytes(s.train_bytes_per_epoch)}{per}, "
+          f"{human_bytes(s.train_bytes)} in all")
     how = {"local": "selected on each rank's graph, then 1 exact", "exact": "exact"}.get(
-        s.get("selected_by", ""), "")
-    if s.get("eval_sample_nodes"):
-        how = f"on a fixed sample of ~{s['eval_sample_nodes']} nodes per split"
-    ratio = f", {100 * s['eval_bytes'] / s['train_bytes']:.1f}% of training" \
-        if s["train_bytes"] else ""
-    print(f"  eval bytes      {human_bytes(s['eval_bytes'])} "
-          f"({s.get('evaluations', '?')} evaluations, {how}{ratio})")
-    print(f"  time            {s['wall_seconds']:.1f} s wall, {s['compute_seconds']:.1f} s "
-          f"compute (slowest rank per epoch), peak memory {s['peak_rss_mb']:.0f} MiB/rank")
-    if s.get("attempts", 1) > 1:
-        print(f"  attempts        {s['attempts']} ({s['wall_seconds_total']:.1f} s since the "
+        s.selected_by or "", "")
+    if s.eval_sample_nodes:
+        how = f"on a fixed sample of ~{s.eval_sample_nodes} nodes per split"
+    ratio = f", {100 * s.eval_bytes / s.train_bytes:.1f}% of training" if s.train_bytes else ""
+    print(f"  eval bytes      {human_bytes(s.eval_bytes)} "
+          f"({'?' if s.evaluations is None else s.evaluations} evaluations, {how}{ratio})")
+    print(f"  time            {s.wall_seconds:.1f} s wall, {s.compute_seconds:.1f} s "
+          f"compute (slowest rank per epoch), peak memory {s.peak_rss_mb:.0f} MiB/rank")
+    if (s.attempts or 1) > 1:
+        print(f"  attempts        {s.attempts} ({s.wall_seconds_total:.1f} s since the "
               f"first started; the time above is the last attempt's)")
-    print(f"  run directory   {s['run_dir']}")
-    if (Path(s["run_dir"]) / "model.pt").is_file():
+    print(f"  run directory   {s.run_dir}")
+    if (Path(s.run_dir) / "model.pt").is_file():
         print(f"  model           model.json + model.pt there (best validation epoch); "
-              f"quietgnn predict --run {s['run_dir']} --dataset ...")
+              f"quietgnn predict --run {s.run_dir} --dataset ...")
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:

@@ -28,7 +28,7 @@ def test_the_readme_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(_readme_example(), "README.md", "exec"), scope)
     run = scope["run"]
-    assert run.run_dir.is_dir() and run.summary["parts"] == 2 and len(run.metrics) == 10
+    assert run.run_dir.is_dir() and run.summary.parts == 2 and len(run.metrics) == 10
     assert (run.run_dir / "model.pt").is_file() and scope["proba"].shape == (300, 8)
 
 
@@ -93,16 +93,16 @@ def test_trained_model_predicts_on_a_graph_it_never_saw(tmp_path):
     seen = small_graph(n=300, features=8, classes=3, seed=0)
     run = quietgnn.train(seen.to_pyg(), strategy="halo", parts=2, epochs=30, model="sage",
                          out=str(tmp_path), **{"runtime.progress": False})
-    assert [r["epoch"] for r in run.metrics] == list(range(30))
+    assert [r.epoch for r in run.metrics] == list(range(30))
     info = json.loads((run.run_dir / "model.json").read_text())
-    assert info["epoch"] == run.summary["best_epoch"] and info["test_acc"] == \
-        run.summary["test_acc"]
+    assert info["epoch"] == run.summary.best_epoch and info["test_acc"] == \
+        run.summary.test_acc
     model = quietgnn.load_model(run.run_dir)
     assert isinstance(model, torch.nn.Module) and not model.training
     # on the graph it was trained on, the saved weights score what the run reported
     pred = model(seen.x, seen.edge_index()).argmax(-1)
     m = seen.test_mask
-    assert abs(float((pred[m] == seen.y[m]).float().mean()) - run.summary["test_acc"]) <= \
+    assert abs(float((pred[m] == seen.y[m]).float().mean()) - run.summary.test_acc) <= \
         1.0 / int(m.sum()) + 1e-9
     unseen = small_graph(n=200, features=8, classes=3, seed=1)
     proba = model.predict_proba(unseen.x, unseen.edge_index())
@@ -123,7 +123,7 @@ def test_train_from_a_prepared_directory(tmp_path):
     make_book(tmp_path / "prep", g, "metis", 2)
     run = quietgnn.train(str(tmp_path / "prep"), epochs=3, out=str(tmp_path / "runs"),
                          **{"runtime.progress": False})
-    assert run.summary["parts"] == 2 and run.summary["partitioner"] == "metis"
+    assert run.summary.parts == 2 and run.summary.partitioner == "metis"
     assert run.model(g.x, g.edge_index()).shape == (120, 3)
     with pytest.raises(ValueError, match="prepared with 2 parts"):
         quietgnn.train(str(tmp_path / "prep"), parts=3, out=str(tmp_path / "runs"))

@@ -140,15 +140,18 @@ def test_report_divides_per_epoch_figures_by_the_work_done():
     lan = Tier(name="lan", bandwidth=1e9, latency=5e-4)
     rep = report.build_report([_fake("centralized", 1.0, 6, 0.8), _fake("halo", 1.0, 6, 0.8),
                                _fake("tma", 10.0, 3, 0.8)], {"lan": lan})
-    rows = {r["strategy"]: r for r in rep["groups"][0]["rows"]}
-    assert rows["halo"]["compute_s_per_epoch"] == pytest.approx(0.5)
-    assert rows["tma"]["compute_s_per_epoch"] == pytest.approx(0.05)
+    rows = {r.strategy: r for r in rep.groups[0].rows}
+    assert rows["halo"].compute_s_per_epoch == pytest.approx(0.5)
+    assert rows["tma"].compute_s_per_epoch == pytest.approx(0.05)
     per_epoch = 0.5 + 2 * 5e-4 + 1e6 * 8 / 1e9            # compute + hops x latency + bytes/bw
-    assert rows["halo"]["epoch_s"]["lan"] == pytest.approx(per_epoch)
-    assert rows["tma"]["epoch_s"]["lan"] == pytest.approx(per_epoch / 10)
-    assert rows["tma"]["bytes_ratio"] == pytest.approx(0.1)
+    assert rows["halo"].epoch_s["lan"] == pytest.approx(per_epoch)
+    assert rows["tma"].epoch_s["lan"] == pytest.approx(per_epoch / 10)
+    assert rows["tma"].bytes_ratio == pytest.approx(0.1)
     # time to accuracy is cumulative wall of the curve, not divided: first epoch reaches it
-    assert rows["tma"]["tta"]["lan"]["seconds"] == pytest.approx(per_epoch)
+    assert rows["tma"].tta["lan"].seconds == pytest.approx(per_epoch)
+    # report.json: the same numbers under the same keys
+    assert rep.to_json()["groups"][0]["rows"][1]["tta"]["lan"]["seconds"] == \
+        pytest.approx(per_epoch)
 
 
 def test_summary_tables_across_groups():
@@ -175,9 +178,10 @@ def test_summary_tables_across_groups():
 
 def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
     path = tmp_path / "results.jsonl"
-    bench._write_jsonl(path, [{"id": k, "status": "ok", "v": 1} for k in ("a", "b", "c")])
+    bench._write_jsonl(path, [(k, {"id": k, "status": "ok", "v": 1}) for k in ("a", "b", "c")])
     # a later run of part of the matrix: b rerun, d new (as `--strategies d` would add)
-    bench._write_jsonl(path, [{"id": "b", "status": "ok", "v": 2}, {"id": "d", "v": 1}])
+    bench._write_jsonl(path, [("b", {"id": "b", "status": "ok", "v": 2}),
+                              ("d", {"id": "d", "v": 1})])
     got = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["id"], r["v"]) for r in got] == [("a", 1), ("b", 2), ("c", 1), ("d", 1)]
     assert not path.with_suffix(".tmp").exists()

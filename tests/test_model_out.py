@@ -151,7 +151,7 @@ def test_the_saved_model_is_the_one_the_run_scored(tmp_path, strategy, extra):
     acc = float((pred[m] == g.y[m]).float().mean())
     assert abs(acc - info["test_acc"]) <= 1.0 / int(m.sum()) + 1e-9
     if strategy == "tma":   # every epoch evaluates the whole model: the summary's best is it
-        assert info["epoch"] == run.summary["best_epoch"]
-        assert info["test_acc"] == run.summary["test_acc"]
+        assert info["epoch"] == run.summary.best_epoch
+        assert info["test_acc"] == run.summary.test_acc
     else:                   # retexo: from the last layer's rounds on (epochs 4..7)
         assert 4 <= info["epoch"] <= 7

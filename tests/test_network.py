@@ -4,6 +4,7 @@ hand-written metrics directory and on a real tiny ``halo`` run."""
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 import subprocess
 import sys
@@ -80,34 +81,34 @@ def test_builtin_tiers_and_parsing():
 
 def test_projection_matches_hand_computed(tmp_path):
     curve = epoch_curve(read_metrics(write_fake_run(tmp_path / "run")))
-    e0, e1 = curve["epochs"]
-    assert (e0["hops"], e0["crit_bytes"], e0["compute_s"], e0["rounds"]) == (3, 3500, 1.5, 2)
-    assert (e1["hops"], e1["crit_bytes"], e1["compute_s"]) == (2, 102000, 0.8)
-    assert (e0["train_bytes"], e1["data_bytes"], e0["eval_bytes"]) == (5000, 100000, 9)
-    assert curve["setup"] == {"hops": 1, "crit_bytes": 64, "rounds": 1, "bytes": 128}
+    e0, e1 = curve.epochs
+    assert (e0.hops, e0.crit_bytes, e0.compute_s, e0.rounds) == (3, 3500, 1.5, 2)
+    assert (e1.hops, e1.crit_bytes, e1.compute_s) == (2, 102000, 0.8)
+    assert (e0.train_bytes, e1.data_bytes, e0.eval_bytes) == (5000, 100000, 9)
+    assert curve.setup.to_json() == {"hops": 1, "crit_bytes": 64, "rounds": 1, "bytes": 128}
     # LAN: 3 hops x 0.5 ms + 3500 B x 8 / 1e9; WAN: 3 x 20 ms + 3500 x 8 / 1e8
     # the evaluation epoch 0 did is charged too: slowest eval compute 0.3 s + its round
     # (1 hop, 9 B); epoch 1 did none
-    assert (e0["eval_hops"], e0["eval_crit_bytes"], e0["eval_compute_s"]) == (1, 9, 0.3)
-    assert (e1["eval_hops"], e1["eval_crit_bytes"], e1["eval_compute_s"]) == (0, 0, 0.0)
+    assert (e0.eval_hops, e0.eval_crit_bytes, e0.eval_compute_s) == (1, 9, 0.3)
+    assert (e1.eval_hops, e1.eval_crit_bytes, e1.eval_compute_s) == (0, 0, 0.0)
     lan = project(curve, LAN)
     ev0 = 0.3 + 0.5e-3 + 72 / 1e9
-    assert lan[0]["comm_s"] == pytest.approx(1.5e-3 + 2.8e-5)
-    assert lan[0]["eval_s"] == pytest.approx(ev0) and lan[1]["eval_s"] == 0
-    assert lan[0]["time_s"] == pytest.approx(1.501528 + ev0)
-    assert lan[1]["time_s"] == pytest.approx(0.8 + 1e-3 + 8.16e-4)
-    assert lan[1]["cum_s"] == pytest.approx(1.501528 + ev0 + 0.801816)
+    assert lan[0].comm_s == pytest.approx(1.5e-3 + 2.8e-5)
+    assert lan[0].eval_s == pytest.approx(ev0) and lan[1].eval_s == 0
+    assert lan[0].time_s == pytest.approx(1.501528 + ev0)
+    assert lan[1].time_s == pytest.approx(0.8 + 1e-3 + 8.16e-4)
+    assert lan[1].cum_s == pytest.approx(1.501528 + ev0 + 0.801816)
     wan = project(curve, WAN)
-    assert wan[0]["time_s"] == pytest.approx(1.5 + 0.06 + 2.8e-4 + 0.3 + 0.02 + 72 / 1e8)
-    assert wan[1]["comm_s"] == pytest.approx(0.04 + 102000 * 8 / 1e8)
+    assert wan[0].time_s == pytest.approx(1.5 + 0.06 + 2.8e-4 + 0.3 + 0.02 + 72 / 1e8)
+    assert wan[1].comm_s == pytest.approx(0.04 + 102000 * 8 / 1e8)
     # time to accuracy: first epoch whose test accuracy reaches the target, cumulative time
-    assert time_to_accuracy(curve, LAN, 0.5) == {"seconds": pytest.approx(1.501528 + ev0),
-                                                 "epoch": 0}
-    assert time_to_accuracy(curve, LAN, 0.8)["seconds"] == pytest.approx(2.303344 + ev0)
+    hit = time_to_accuracy(curve, LAN, 0.5)
+    assert (hit.cum_s, hit.epoch) == (pytest.approx(1.501528 + ev0), 0)
+    assert time_to_accuracy(curve, LAN, 0.8).cum_s == pytest.approx(2.303344 + ev0)
     assert time_to_accuracy(curve, LAN, 0.95) is None
     # only the train phase when asked: epoch 1 loses its data round
     only_train = epoch_curve(read_metrics(tmp_path / "run"), phases=("train",))
-    assert only_train["epochs"][1]["crit_bytes"] == 2000
+    assert only_train.epochs[1].crit_bytes == 2000
 
 
 def test_torn_epoch_is_dropped(tmp_path):
@@ -116,7 +117,7 @@ def test_torn_epoch_is_dropped(tmp_path):
     lines = f.read_text().splitlines()
     f.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])   # rank 1 crashed in epoch 1
     curve = epoch_curve(read_metrics(run))
-    assert [e["epoch"] for e in curve["epochs"]] == [0]
+    assert [e.epoch for e in curve.epochs] == [0]
     with pytest.raises(ValueError, match="no metrics"):
         epoch_curve({})
 
@@ -131,44 +132,44 @@ def test_projection_of_a_real_halo_run(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     metrics = read_metrics(out / "r")
     curve = epoch_curve(metrics)
-    assert len(curve["epochs"]) == 3
-    for row in curve["epochs"]:
-        ep = row["epoch"]
+    assert len(curve.epochs) == 3
+    for row in curve.epochs:
+        ep = row.epoch
         recs = [metrics[r][ep + 1] for r in (0, 1)]
         assert recs[0]["epoch"] == ep
         train = [[x for x in rec["rounds"] if x[2] == "train"] for rec in recs]
         # layer 0's inputs were fetched once at setup: one hidden-layer exchange each way
         assert sorted(x[1] for x in train[0]) == ["grad_allreduce", "halo_bwd", "halo_fwd"]
-        assert row["hops"] == 2 * 1 + 2 and row["rounds"] == 3
+        assert row.hops == 2 * 1 + 2 and row.rounds == 3
         # slowest rank per round, summed
         want = sum(max(a[3], a[4], b[3], b[4]) for a, b in zip(*train))
-        assert row["crit_bytes"] == want > 0
-        assert row["compute_s"] == max(rec["compute_s"] for rec in recs)
-        assert row["compute_sum_s"] == pytest.approx(sum(rec["compute_s"] for rec in recs))
+        assert row.crit_bytes == want > 0
+        assert row.compute_s == max(rec["compute_s"] for rec in recs)
+        assert row.compute_sum_s == pytest.approx(sum(rec["compute_s"] for rec in recs))
         # every thread's CPU of the epoch's training, per rank: at least its compute
         assert all(rec["cpu_s"] >= rec["compute_s"] for rec in recs)
-        assert row["cpu_sum_s"] == pytest.approx(sum(rec["cpu_s"] for rec in recs))
+        assert row.cpu_sum_s == pytest.approx(sum(rec["cpu_s"] for rec in recs))
         # ranks sharing one core: a phase takes their total CPU seconds (all threads); with a
         # core each (or more cores than ranks) the slowest rank's compute
         one = project({"epochs": [row]}, Tier("free", 1e30, 0.0), cores=1)[0]
-        assert one["compute_s"] == pytest.approx(row["cpu_sum_s"])
+        assert one.compute_s == pytest.approx(row.cpu_sum_s)
         for cores in (None, 2, 8):
             p = project({"epochs": [row]}, Tier("free", 1e30, 0.0), cores=cores)[0]
-            assert p["compute_s"] == pytest.approx(
-                max(row["compute_s"], row["cpu_sum_s"] / (cores or 1e9)))
+            assert p.compute_s == pytest.approx(
+                max(row.compute_s, row.cpu_sum_s / (cores or 1e9)))
         # records written before cpu_s was kept: the compute alone
-        old = {k: v for k, v in row.items() if k != "cpu_sum_s"}
-        assert project({"epochs": [old]}, Tier("free", 1e30, 0.0), cores=1)[0][
-            "compute_s"] == pytest.approx(row["compute_sum_s"])
+        old = dataclasses.replace(row, cpu_sum_s=None)
+        assert project([old], Tier("free", 1e30, 0.0), cores=1)[0].compute_s == \
+            pytest.approx(row.compute_sum_s)
         # a tier with 1 byte/s and no latency projects exactly crit_bytes seconds of comm
         p = project({"epochs": [row]}, Tier("unit", 8.0, 0.0))[0]
-        assert p["comm_s"] == pytest.approx(want)
+        assert p.comm_s == pytest.approx(want)
         # evaluated epochs (the last here) add their evaluation's compute and rounds
-        ev = row["eval_compute_s"] + LAN.seconds(row["eval_hops"], row["eval_crit_bytes"])
+        ev = row.eval_compute_s + LAN.seconds(row.eval_hops, row.eval_crit_bytes)
         assert (ev > 0) == (ep == 2)
-        assert project({"epochs": [row]}, LAN)[0]["time_s"] == pytest.approx(
-            row["compute_s"] + 4 * 0.5e-3 + 8 * want / 1e9 + ev)
-    assert math.isfinite(curve["epochs"][-1]["test_acc"])
+        assert project({"epochs": [row]}, LAN)[0].time_s == pytest.approx(
+            row.compute_s + 4 * 0.5e-3 + 8 * want / 1e9 + ev)
+    assert math.isfinite(curve.epochs[-1].test_acc)
 
 
 # ---------------------------------------------------------------------- the first epoch's clock

@@ -171,7 +171,7 @@ def test_two_ranks_write_what_one_process_writes_then_train(tmp_path):
     # the result trains
     run = quietgnn.train(str(tmp_path / "dist"), strategy="halo", epochs=1, hidden=8,
                          out=str(tmp_path / "runs"), **{"runtime.progress": False})
-    assert run.summary["parts"] == P and 0 <= run.summary["test_acc"] <= 1
+    assert run.summary.parts == P and 0 <= run.summary.test_acc <= 1
 
 
 def _one_process_and_two_hosts(tmp_path):

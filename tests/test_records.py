@@ -3,13 +3,13 @@ the documented keys, with values of the documented types, in memory and in the f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 import typing
 
 import pytest
 
-from quietgnn.comm import Communicator
 from quietgnn.config import load_config
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.records import EpochRecord, RunSummary, SetupRecord
@@ -19,8 +19,9 @@ from quietgnn.runtime.trainer import train_on
 from helpers import small_graph
 
 
-def _keys(td) -> tuple[set[str], set[str]]:
-    return set(td.__required_keys__), set(td.__optional_keys__)
+def _keys(rec) -> tuple[set[str], set[str]]:
+    every = {f.name for f in dataclasses.fields(rec)}
+    return rec.required(), every - rec.required()
 
 
 def _conforms(value, hint) -> bool:
@@ -85,3 +86,36 @@ def test_what_the_trainer_writes_is_the_contract(strategy, tmp_path):
         if summary is not None:
             _check(summary, RunSummary)
             assert json.loads(json.dumps(summary)) == summary_file
+
+
+def test_records_read_back_what_they_wrote_and_older_files_too():
+    rec = EpochRecord.from_json({"epoch": 3, "rank": 1, "loss": 0.5, "work": 2.0,
+                                 "bytes": {"train": {"sent": 7, "recv": 9}},
+                                 "test_acc": 0.8, "a_key_from_elsewhere": 1})
+    # fields the line lacks (written before they were kept) read None; unknown keys dropped
+    assert (rec.epoch, rec.test_acc, rec.cpu_s, rec.selected) == (3, 0.8, None, None)
+    assert rec.sent("train") == 7 and rec.sent("eval") == 0 and rec.passes == 2.0
+    assert "a_key_from_elsewhere" not in rec.to_json()
+    # an optional field is absent from the file when unset, present when set
+    assert "selected" not in rec.to_json()
+    again = dataclasses.replace(rec, selected={"epoch": 1, "test": 0.7})
+    assert EpochRecord.from_json(again.to_json()) == again
+    with pytest.raises(TypeError):     # a misspelt field fails where the record is built
+        SetupRecord(epoch=-1, rank=0, phase="setup", bytes={}, rounds=[], peak_rss_mb=1.0,
+                    setup_seconds=2.0)
+
+
+def test_a_bench_result_reads_its_summary_and_curve_as_records():
+    from quietgnn.analysis.bench import Result
+    from quietgnn.analysis.projection import Curve, Point
+    row = {"id": "x", "dataset": "d", "strategy": "halo", "parts": 2, "model": "gcn",
+           "seed": 0, "status": "ok", "run_dir": None,
+           "summary": {"test_acc": 0.9, "epochs": 2},
+           "curve": {"setup": {"hops": 1, "crit_bytes": 2, "rounds": 1, "bytes": 3},
+                     "epochs": [{"epoch": 0, "work": 1.0, "test_acc": 0.5}]}}
+    res = Result.from_json(row)
+    assert isinstance(res.summary, RunSummary) and res.summary.test_acc == 0.9
+    assert isinstance(res.curve, Curve) and isinstance(res.curve.epochs[0], Point)
+    assert res.curve.setup.bytes == 3 and res.curve.epochs[0].test_acc == 0.5
+    assert res.ok and res.name == "halo"
+    assert Result.from_json(res.to_json()) == res

@@ -20,6 +20,7 @@ import pytest
 from test_failures import TINY, _alive, _assert_no_orphans, _cli, _start_training, _survivors
 
 from quietgnn.runtime.metrics import MetricsWriter
+from quietgnn.runtime.records import SetupRecord
 from quietgnn.runtime.spawn import spawn_function
 
 
@@ -103,9 +104,14 @@ def test_unwritable_outputs_are_refused_before_training(tmp_path, flag, value, m
 
 
 # ---------------------------------------------------------------------- full disk
+def _rec(epoch: int, pad: str = "") -> SetupRecord:
+    return SetupRecord(epoch=epoch, rank=0, phase="setup", bytes={}, rounds=[[pad]],
+                       peak_rss_mb=0.0, setup_s=0.0)
+
+
 def test_metrics_record_is_whole_or_absent(tmp_path, monkeypatch):
     w = MetricsWriter(tmp_path, 0)
-    w.write({"epoch": 0, "loss": 1.0})
+    w.write(_rec(0))
     real_write = os.write
 
     def half_then_full(fd, data):
@@ -114,10 +120,10 @@ def test_metrics_record_is_whole_or_absent(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(OSError) as info:
-        w.write({"epoch": 1, "loss": 0.5, "pad": "x" * 200})
+        w.write(_rec(1, "x" * 200))
     monkeypatch.setattr(os, "write", real_write)
     assert info.value.errno == errno.ENOSPC and str(w.path) in str(info.value)
-    w.write({"epoch": 2, "loss": 0.25})
+    w.write(_rec(2))
     w.close()
     lines = w.path.read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [0, 2]

@@ -78,9 +78,9 @@ def test_it_trains_what_quietgnn_train_trains(tmp_path, halo_twice):
                          out=str(tmp_path / "runs"), runtime={"progress": False})
     theirs = run.metrics
     ours = halo_twice[0][0]["records"][1:]
-    assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in theirs], rel=1e-6)
-    assert [r["bytes"]["train"] for r in ours] == [r["bytes"]["train"] for r in theirs]
-    assert [r["test_acc"] for r in ours] == [r["test_acc"] for r in theirs]
+    assert [r["loss"] for r in ours] == pytest.approx([r.loss for r in theirs], rel=1e-6)
+    assert [r["bytes"]["train"] for r in ours] == [r.bytes["train"] for r in theirs]
+    assert [r["test_acc"] for r in ours] == [r.test_acc for r in theirs]
 
 
 def test_a_failed_set_up_reports_its_own_error(tmp_path):

@@ -60,7 +60,47 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-__all__ = ["RunSpec", "build_matrix", "load_matrix", "run_matrix", "cli_main"]
+from ..runtime.records import Record, RunSummary, optional
+from .projection import Curve
+
+__all__ = ["RunSpec", "Result", "build_matrix", "load_matrix", "run_matrix", "cli_main"]
+
+
+@dataclass(frozen=True)
+class Result(Record):
+    """One run of a study: ``results/<id>.json`` and a line of ``results.jsonl``. A result
+    read from a run's ``summary.json`` alone (``quietgnn report`` on a run directory) has the
+    summary's names and ``status`` ok; the matrix's fields are then None."""
+
+    id: str
+    dataset: str                       #: the dataset's label in tables
+    strategy: str                      #: the strategy's label in tables
+    parts: int
+    model: str
+    seed: int
+    status: str                        #: ok or failed
+    run_dir: Optional[str]
+    dataset_name: Optional[str] = None  #: what ``--dataset`` was
+    strategy_name: Optional[str] = None  #: the registered strategy the label runs
+    root: Optional[str] = None
+    options: Optional[dict[str, Any]] = None
+    overrides: Optional[dict[str, Any]] = None
+    error: Optional[str] = None        #: a failed run's reason and the tail of its output
+    command: Optional[list[str]] = None
+    elapsed_s: Optional[float] = None
+    finished_at: Optional[str] = None
+    summary: Optional[RunSummary] = None
+    curve: Optional[Curve] = None      #: its epochs merged (:func:`.projection.epoch_curve`)
+    curve_error: Optional[str] = optional()
+
+    @property
+    def name(self) -> str:
+        """The registered strategy (its label where the result does not say)."""
+        return self.strategy_name or self.strategy
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.summary is not None
 
 
 @dataclass
@@ -221,6 +261,7 @@ def _tail(text: str, lines: int = 30) -> str:
 
 
 def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, Any]:
+    """The run's result, as its file will hold it."""
     run_dir = out / "runs" / spec.id
     summary_path = run_dir / "summary.json"
     if run_dir.exists():
@@ -266,7 +307,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
         try:
             from .projection import epoch_curve
             from ..runtime.metrics import read_metrics
-            res["curve"] = epoch_curve(read_metrics(run_dir))
+            res["curve"] = epoch_curve(read_metrics(run_dir)).to_json()
         except (ValueError, OSError, KeyError) as exc:
             res["curve_error"] = f"{type(exc).__name__}: {exc}"
     elif summary_path.is_file():
@@ -277,9 +318,9 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
 
 
 def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 3600.0,
-               retry_failed: bool = False, log: Any = print) -> list[dict[str, Any]]:
+               retry_failed: bool = False, log: Any = print) -> list[Result]:
     """Run every spec not already done; returns all results (old and new) in matrix order and
-    writes ``results.jsonl``."""
+    writes ``results.jsonl``. A result kept from before is written back as it was read."""
     out = Path(out)
     for sub in ("results", "runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -291,21 +332,22 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
                 old = json.loads(path.read_text())
             except json.JSONDecodeError:
                 old = None  # torn by a crash while writing: rerun
-            if old is not None and (old.get("status") == "ok" or not retry_failed):
-                log(f"[{i + 1}/{len(specs)}] {spec.id}: done before ({old.get('status')}), skipped")
-                results.append(old)
+            status = Result.from_json(old).status if isinstance(old, dict) else None
+            if status is not None and (status == "ok" or not retry_failed):
+                log(f"[{i + 1}/{len(specs)}] {spec.id}: done before ({status}), skipped")
+                results.append((spec.id, old))
                 continue
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
         res = _run_one(spec, out, timeout_s, log)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1, default=str))
         tmp.replace(path)  # atomic: a result file is either whole or absent
-        results.append(res)
+        results.append((spec.id, res))
     _write_jsonl(out / "results.jsonl", results)
-    return results
+    return [Result.from_json(r) for _, r in results]
 
 
-def _write_jsonl(path: Path, results: list[dict[str, Any]]) -> None:
+def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
     """``results.jsonl``: what it held before, each of ``results`` in its run's place (new
     runs after), so that a run of part of a matrix (``--strategies``, ``--datasets``) adds to
     the study instead of replacing it; written whole to a temporary file, then moved."""
@@ -313,13 +355,13 @@ def _write_jsonl(path: Path, results: list[dict[str, Any]]) -> None:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                rid = json.loads(line).get("id")
-            except (json.JSONDecodeError, AttributeError):
+                rid = Result.from_json(json.loads(line)).id
+            except (json.JSONDecodeError, TypeError, AttributeError):
                 continue        # a torn or foreign line: the result files are the record
             if rid:
                 lines[rid] = line
-    for r in results:
-        lines[r["id"]] = json.dumps(r, separators=(",", ":"), default=str)
+    for rid, r in results:
+        lines[rid] = json.dumps(r, separators=(",", ":"), default=str)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in lines.values()))
     tmp.replace(path)
@@ -425,10 +467,11 @@ def _main(args: argparse.Namespace) -> int:
     print(f"quietgnn bench: {len(specs)} run(s) -> {out}", file=sys.stderr)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     results = run_matrix(specs, out, timeout_s=timeout, retry_failed=args.retry_failed, log=log)
-    failed = [r for r in results if r.get("status") != "ok"]
+    failed = [r for r in results if r.status != "ok"]
     print(f"quietgnn bench: {len(results) - len(failed)} ok, {len(failed)} failed; results in "
           f"{out / 'results.jsonl'} (next: quietgnn report {out / 'results.jsonl'} --out "
           f"{out / 'report'})", file=sys.stderr)
     for r in failed:
-        print(f"  failed: {r['id']}: {(r.get('error') or '').splitlines()[0]}", file=sys.stderr)
+        print(f"  failed: {r.id}: {(r.error or 'unknown error').splitlines()[0]}",
+              file=sys.stderr)
     return 0 if not failed else 1

@@ -9,19 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from ..comm.network import Tier
-from .projection import curve_work as _work, project
 from ..runtime.metrics import human_bytes
+from .bench import Result
+from .projection import Curve, curve_work as _work, project
+from .report import Group
 
 __all__ = ["plot_group"]
 
 
-def _mean_curve(curves: list[dict[str, Any]], key: Any) -> tuple[list[float], list[float]]:
+def _mean_curve(curves: list[Curve], key: Any) -> tuple[list[float], list[float]]:
     """Mean over seeds of (x = key(epoch rows up to e), test acc) on evaluated epochs."""
-    n = min(len(c["epochs"]) for c in curves)
+    n = min(len(c.epochs) for c in curves)
     xs, ys = [], []
     xcols = [key(c) for c in curves]
     for e in range(n):
-        accs = [c["epochs"][e]["test_acc"] for c in curves]
+        accs = [c.epochs[e].test_acc for c in curves]
         if any(a is None for a in accs):
             continue
         xs.append(sum(x[e] for x in xcols) / len(xcols))
@@ -48,19 +50,18 @@ def _log_x(ax: Any, fmt: Any = None) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str, Tier],
+def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
                out: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {(r["strategy"], int(r["parts"])): [] for r in g["rows"]}
+    runs: dict[tuple[str, int], list[Curve]] = {(r.strategy, int(r.parts)): [] for r in g.rows}
     for r in results:
-        key = (r["strategy"], int(r["parts"]))
-        if r.get("status") == "ok" and r["dataset"] == g["dataset"] and \
-                r["model"] == g["model"] and key in runs and r.get("curve"):
-            runs[key].append(r["curve"])
-    stem = f"{g['dataset']}-{g['model']}".replace("/", "_")
+        key = (r.strategy, int(r.parts))
+        if r.ok and r.dataset == g.dataset and r.model == g.model and key in runs and r.curve:
+            runs[key].append(r.curve)
+    stem = f"{g.dataset}-{g.model}".replace("/", "_")
     label = lambda k: f"{k[0]} (P={k[1]})"  # noqa: E731
     color = {k: f"C{i % 10}" for i, k in enumerate(runs)}   # one colour per row, every plot
     files = []
@@ -73,16 +74,16 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
         files.append(str(path))
 
     def target_lines(ax: Any) -> None:
-        if g["target_acc"] is not None:
-            ax.axhline(g["target_acc"], color="grey", ls=":", lw=1, label="target")
+        if g.target_acc is not None:
+            ax.axhline(g.target_acc, color="grey", ls=":", lw=1, label="target")
 
     # accuracy vs cumulative training bytes
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, curves in runs.items():
         if not curves:
             continue
-        xs, ys = _mean_curve(curves, lambda c: _cum([e["train_bytes"] + e["data_bytes"]
-                                                     for e in c["epochs"]]))
+        xs, ys = _mean_curve(curves, lambda c: _cum([e.train_bytes + (e.data_bytes or 0)
+                                                     for e in c.epochs]))
         if xs and max(xs) > 0:
             # a curve of a few evaluations (tma: one per averaging period) needs markers
             ax.plot([max(x, 1.0) for x in xs], ys, label=label(k), lw=1.5, color=color[k],
@@ -94,7 +95,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     _log_x(ax, lambda v: human_bytes(v, digits=2).replace(".00 ", " "))
     ax.set_xlabel("cumulative training bytes (all ranks, sent)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{g['dataset']} / {g['model']}: accuracy vs traffic")
+    ax.set_title(f"{g.dataset} / {g.model}: accuracy vs traffic")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     finish(fig, "acc_vs_bytes")
@@ -107,7 +108,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     for ax, (tname, tier) in zip(axes.flat, tiers.items()):
         for k, curves in runs.items():
             if curves:
-                xs, ys = _mean_curve(curves, lambda c: [p["cum_s"] for p in project(c, tier)])
+                xs, ys = _mean_curve(curves, lambda c: [p.cum_s for p in project(c, tier)])
                 ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k],
                         marker="o" if len(xs) <= 5 else None)
         target_lines(ax)
@@ -119,7 +120,7 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{g['dataset']} / {g['model']}: accuracy vs projected time")
+    fig.suptitle(f"{g.dataset} / {g.model}: accuracy vs projected time")
     finish(fig, "acc_vs_time")
 
     # per-epoch time breakdown: measured (left), projected on each tier (right)
@@ -127,12 +128,12 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.6 * len(keys) + 2.2))
     parts = {"compute": [], "comm": [], "eval": [], "other": []}
     for k in keys:
-        eps = [e for c in runs[k] for e in c["epochs"]]
+        eps = [e for c in runs[k] for e in c.epochs]
         w = _work(eps)
-        comp = sum(e["compute_s"] for e in eps) / w
-        comm = sum(e["comm_s"] for e in eps) / w
-        ev = sum(e["eval_s"] for e in eps) / w
-        wall = sum(e["wall_s"] for e in eps) / w
+        comp = sum(e.compute_s for e in eps) / w
+        comm = sum(e.comm_s for e in eps) / w
+        ev = sum(e.eval_s for e in eps) / w
+        wall = sum(e.wall_s for e in eps) / w
         for name, v in zip(parts, (comp, comm, ev, max(0.0, wall - comp - comm - ev))):
             parts[name].append(v)
     left = [0.0] * len(keys)
@@ -145,21 +146,21 @@ def plot_group(g: dict[str, Any], results: list[dict[str, Any]], tiers: dict[str
     a1.legend(fontsize=8)
     width = 0.8 / max(1, len(keys))
     for i, k in enumerate(keys):
-        w = _work([e for c in runs[k] for e in c["epochs"]])
-        comp = sum(e["compute_s"] for c in runs[k] for e in c["epochs"]) / w
-        comms = [sum(p["comm_s"] for c in runs[k] for p in project(c, t)) / w
+        w = _work([e for c in runs[k] for e in c.epochs])
+        comp = sum(e.compute_s for c in runs[k] for e in c.epochs) / w
+        comms = [sum(p.comm_s for c in runs[k] for p in project(c, t)) / w
                  for t in tiers.values()]
         xs = [j + i * width for j in range(len(tiers))]
         a2.bar(xs, [comp] * len(xs), width, color=color[k], alpha=0.45)
         a2.bar(xs, comms, width, bottom=[comp] * len(xs), color=color[k], label=label(k))
     a2.set_xticks([j + 0.4 - width / 2 for j in range(len(tiers))], list(tiers))
     a2.set_yscale("log")
-    comps = [e["compute_s"] for k in keys for c in runs[k] for e in c["epochs"]]
+    comps = [e.compute_s for k in keys for c in runs[k] for e in c.epochs]
     if comps and min(comps) > 0:
         a2.set_ylim(bottom=0.5 * min(comps))
     a2.set_ylabel("projected s/epoch (light: compute, dark: comm)")
     a2.set_title("projected per tier")
     a2.legend(fontsize=7)
-    fig.suptitle(f"{g['dataset']} / {g['model']}: per-epoch time")
+    fig.suptitle(f"{g.dataset} / {g.model}: per-epoch time")
     finish(fig, "time_breakdown")
     return files

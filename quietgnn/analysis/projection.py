@@ -38,24 +38,92 @@ charged to the epoch's time too; ``setup`` is one-off (reported separately as
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..comm.network import Tier
+from ..runtime.records import EpochRecord, Record, SetupRecord, metrics_line
 
-__all__ = ["epoch_curve", "curve_work", "project", "time_to_accuracy", "TRAIN_PHASES"]
+__all__ = ["Curve", "Point", "SetupCost", "Projected", "epoch_curve", "curve_work", "project",
+           "time_to_accuracy", "TRAIN_PHASES"]
 
 #: phases whose rounds are charged to training time
 TRAIN_PHASES = ("train", "data")
 
 
-# ---------------------------------------------------------------------- per-epoch summary
-def _merge_rounds(records: Iterable[Mapping[str, Any]],
+# ---------------------------------------------------------------------- the curve
+@dataclasses.dataclass(frozen=True)
+class Point(Record):
+    """One epoch of a run, every rank's record merged: what projection, reports, plots and
+    the advisor read. Fields a curve stored before they were kept read ``None``."""
+
+    epoch: int
+    work: float                        #: epoch-equivalents (``EpochRecord.work``)
+    compute_s: float                   #: the slowest rank's
+    compute_sum_s: float               #: summed over ranks (what ranks sharing cores need)
+    cpu_sum_s: Optional[float]         #: every thread's CPU, summed over ranks
+    hops: float                        #: training rounds' latency steps
+    crit_bytes: float                  #: training rounds' slowest-rank bytes, summed
+    rounds: int                        #: training rounds counted
+    eval_hops: float                   #: the same of the epoch's evaluation, if any
+    eval_crit_bytes: float
+    eval_compute_s: float
+    eval_compute_sum_s: float
+    eval_cpu_sum_s: Optional[float]
+    train_bytes: int                   #: sent, summed over ranks
+    data_bytes: int
+    eval_bytes: int
+    wall_s: float                      #: measured, the slowest rank's
+    comm_s: float
+    eval_s: float
+    test_acc: Optional[float]          #: None on epochs without evaluation
+    val_acc: Optional[float]
+    train_acc: Optional[float]
+    peak_rss_mb: float                 #: the largest of any rank
+
+    @property
+    def passes(self) -> float:
+        """``work``, 1 for a curve stored before it was kept."""
+        return 1.0 if self.work is None else float(self.work)
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupCost(Record):
+    """The set-up's rounds, once per run."""
+
+    hops: float
+    crit_bytes: float
+    rounds: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve(Record):
+    """A run's epochs as :func:`epoch_curve` merges them (``curve`` in a bench result)."""
+
+    setup: Optional[SetupCost]
+    ranks: Optional[int]
+    phases: Optional[list[str]]
+    epochs: list[Point]
+
+    @classmethod
+    def of(cls, curve: Curve | Mapping[str, Any] | Sequence[Any]) -> Curve:
+        """A curve, its JSON form, or a list of its points."""
+        if isinstance(curve, Curve):
+            return curve
+        if not isinstance(curve, Mapping):
+            return cls(setup=None, ranks=None, phases=None,
+                       epochs=[Point.from_json(p) for p in curve])
+        return cls.from_json(curve)
+
+
+def _merge_rounds(records: Iterable[SetupRecord | EpochRecord],
                   phases: Sequence[str]) -> tuple[float, float, int]:
     """(sum of hops, sum of slowest-rank bytes, rounds) over the rounds of one epoch of all
     ranks. ``records``: that epoch's record of each rank."""
     per_round: dict[int, list[float]] = {}   # round -> [hops, max bytes]
     for rec in records:
-        for rnd, _kind, phase, sent, recv, hops, *_ in rec.get("rounds") or []:
+        for rnd, _kind, phase, sent, recv, hops, *_ in rec.rounds or []:
             if phase not in phases:
                 continue
             cur = per_round.setdefault(int(rnd), [0.0, 0.0])
@@ -66,87 +134,70 @@ def _merge_rounds(records: Iterable[Mapping[str, Any]],
     return hops, crit, len(per_round)
 
 
-def _phase_bytes(rec: Mapping[str, Any], phase: str) -> int:
-    return int((rec.get("bytes") or {}).get(phase, {}).get("sent", 0))
-
-
-def epoch_curve(metrics: Mapping[int, Sequence[Mapping[str, Any]]],
-                phases: Sequence[str] = TRAIN_PHASES) -> dict[str, Any]:
-    """Summarise a run's per-rank metrics (``read_metrics(run_dir)``) for projection.
-
-    Returns ``{"setup": {...}, "epochs": [row, ...]}`` with one row per epoch that every rank
-    recorded::
-
-        epoch, work (epoch-equivalents, ``EpochResult.work``), compute_s (max over ranks),
-        compute_sum_s / eval_compute_sum_s (summed over ranks: what ranks sharing cores need),
-        cpu_sum_s / eval_cpu_sum_s (every thread's CPU, summed over ranks; None if not kept),
-        hops, crit_bytes, rounds (counted rounds), eval_hops / eval_crit_bytes / eval_compute_s
-        (the epoch's evaluation, if any),
-        train_bytes / data_bytes / eval_bytes (sent, summed over ranks),
-        wall_s / comm_s / eval_s (max over ranks, measured), test_acc / val_acc / train_acc
-        (None on epochs without evaluation), peak_rss_mb (max over ranks)
-    """
+def epoch_curve(metrics: Mapping[int, Sequence[Any]],
+                phases: Sequence[str] = TRAIN_PHASES) -> Curve:
+    """Merge a run's per-rank metrics (``read_metrics(run_dir)``: each rank's lines, as JSON
+    or as records) into one :class:`Point` per epoch that every rank recorded."""
     if not metrics:
         raise ValueError("no metrics to project: the run directory has no metrics/rank-*.jsonl "
                          "files (did the run start?)")
-    by_epoch: dict[int, dict[int, Mapping[str, Any]]] = {}
-    for rank, recs in metrics.items():
-        for rec in recs:
-            # a resumed run appends: the last record of an epoch wins
-            by_epoch.setdefault(int(rec["epoch"]), {})[int(rank)] = rec
+    by_epoch: dict[int, dict[int, EpochRecord]] = {}
+    setup: dict[int, SetupRecord] = {}
+    for rank, lines in metrics.items():
+        for line in lines:
+            rec = metrics_line(line)
+            if isinstance(rec, SetupRecord):
+                setup[int(rank)] = rec
+            else:   # a resumed run appends: the last record of an epoch wins
+                by_epoch.setdefault(int(rec.epoch), {})[int(rank)] = rec
     ranks = set(metrics)
-    setup = by_epoch.pop(-1, {})
     s_hops, s_bytes, s_rounds = _merge_rounds(setup.values(), ("setup",))
-    rows = []
+    points = []
     for ep in sorted(by_epoch):
         recs = by_epoch[ep]
         if set(recs) != ranks:
             continue  # torn: not every rank finished this epoch
-        hops, crit, n = _merge_rounds(recs.values(), phases)
-        e_hops, e_crit, _ = _merge_rounds(recs.values(), ("eval",))
+        rs = list(recs.values())
+        hops, crit, n = _merge_rounds(rs, phases)
+        e_hops, e_crit, _ = _merge_rounds(rs, ("eval",))
         r0 = recs[min(recs)]
-        rows.append({
-            "epoch": ep, "work": float(r0.get("work", 1.0)),
-            "compute_s": max(float(r.get("compute_s") or 0.0) for r in recs.values()),
-            "compute_sum_s": sum(float(r.get("compute_s") or 0.0) for r in recs.values()),
+        points.append(Point(
+            epoch=ep, work=r0.passes,
+            compute_s=max(r.compute_s or 0.0 for r in rs),
+            compute_sum_s=sum(r.compute_s or 0.0 for r in rs),
             # every thread's CPU (communication's copies and framing included): what ranks
             # sharing cores take from each other; None for records written before it was kept
-            "cpu_sum_s": _total(recs.values(), "cpu_s"),
-            "hops": hops, "crit_bytes": crit, "rounds": n,
-            "eval_hops": e_hops, "eval_crit_bytes": e_crit,
-            "eval_compute_s": max(float(r.get("eval_compute_s") or 0.0) for r in recs.values()),
-            "eval_compute_sum_s": sum(float(r.get("eval_compute_s") or 0.0)
-                                      for r in recs.values()),
-            "eval_cpu_sum_s": _total(recs.values(), "eval_cpu_s"),
-            "train_bytes": sum(_phase_bytes(r, "train") for r in recs.values()),
-            "data_bytes": sum(_phase_bytes(r, "data") for r in recs.values()),
-            "eval_bytes": sum(_phase_bytes(r, "eval") for r in recs.values()),
-            "wall_s": max(float(r.get("wall_s") or 0.0) for r in recs.values()),
-            "comm_s": max(float(r.get("comm_s") or 0.0) for r in recs.values()),
-            "eval_s": max(float(r.get("eval_s") or 0.0) for r in recs.values()),
-            "test_acc": r0.get("test_acc"), "val_acc": r0.get("val_acc"),
-            "train_acc": r0.get("train_acc"),
-            "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in recs.values()),
-        })
-    return {"setup": {"hops": s_hops, "crit_bytes": s_bytes, "rounds": s_rounds,
-                      "bytes": sum(_phase_bytes(r, "setup") for r in setup.values())},
-            "ranks": len(ranks), "phases": list(phases), "epochs": rows}
+            cpu_sum_s=_total(r.cpu_s for r in rs),
+            hops=hops, crit_bytes=crit, rounds=n, eval_hops=e_hops, eval_crit_bytes=e_crit,
+            eval_compute_s=max(r.eval_compute_s or 0.0 for r in rs),
+            eval_compute_sum_s=sum(r.eval_compute_s or 0.0 for r in rs),
+            eval_cpu_sum_s=_total(r.eval_cpu_s for r in rs),
+            train_bytes=sum(r.sent("train") for r in rs),
+            data_bytes=sum(r.sent("data") for r in rs),
+            eval_bytes=sum(r.sent("eval") for r in rs),
+            wall_s=max(r.wall_s or 0.0 for r in rs), comm_s=max(r.comm_s or 0.0 for r in rs),
+            eval_s=max(r.eval_s or 0.0 for r in rs),
+            test_acc=r0.test_acc, val_acc=r0.val_acc, train_acc=r0.train_acc,
+            peak_rss_mb=max(r.peak_rss_mb or 0.0 for r in rs)))
+    return Curve(setup=SetupCost(hops=s_hops, crit_bytes=s_bytes, rounds=s_rounds,
+                                 bytes=sum(r.sent("setup") for r in setup.values())),
+                 ranks=len(ranks), phases=list(phases), epochs=points)
 
 
-def curve_work(epochs: Sequence[Mapping[str, Any]]) -> float:
+def curve_work(epochs: Sequence[Point]) -> float:
     """Epoch-equivalents of work in a curve's epochs (``EpochResult.work``; 1 per epoch for
     results written before it was recorded): the divisor of every per-epoch figure."""
-    w = sum(float(e.get("work", 1.0)) for e in epochs)
+    w = sum(p.passes for p in epochs)
     return w if w > 0 else float(len(epochs))
 
 
-def _total(recs: Iterable[Mapping[str, Any]], key: str) -> Optional[float]:
-    vals = [r.get(key) for r in recs]
+def _total(vals: Iterable[Optional[float]]) -> Optional[float]:
+    vals = list(vals)
     return None if any(v is None for v in vals) else sum(float(v) for v in vals)
 
 
-def _first(row: Mapping[str, Any], *keys: str) -> Optional[float]:
-    return next((row[k] for k in keys if row.get(k) is not None), None)
+def _first(*vals: Optional[float]) -> Optional[float]:
+    return next((v for v in vals if v is not None), None)
 
 
 def _shared(slowest: float, total: Optional[float], cores: Optional[int]) -> float:
@@ -160,33 +211,43 @@ def _shared(slowest: float, total: Optional[float], cores: Optional[int]) -> flo
     return max(slowest, total / cores)
 
 
-def project(curve: Mapping[str, Any], tier: Tier,
-            cores: Optional[int] = None) -> list[dict[str, float]]:
-    """Per epoch on ``tier``: ``{"epoch", "compute_s", "comm_s", "eval_s", "time_s", "cum_s",
-    "test_acc"}``: ``comm_s`` of training, ``eval_s`` the evaluation's compute and
-    communication, ``time_s`` all three; ``cum_s`` is the cumulative projected time.
-    ``cores``: the ranks share that many cores (e.g. emulated hosts on one machine) instead
-    of having one each."""
+@dataclasses.dataclass(frozen=True)
+class Projected(Record):
+    """One epoch on a tier: ``comm_s`` of training, ``eval_s`` the evaluation's compute and
+    communication, ``time_s`` all three; ``cum_s`` the time through the end of the epoch."""
+
+    epoch: int
+    compute_s: float
+    comm_s: float
+    eval_s: float
+    time_s: float
+    cum_s: float
+    test_acc: Optional[float]
+
+
+def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
+            cores: Optional[int] = None) -> list[Projected]:
+    """Per epoch of ``curve`` on ``tier``. ``cores``: the ranks share that many cores (e.g.
+    emulated hosts on one machine) instead of having one each."""
     out, cum = [], 0.0
-    for row in curve["epochs"]:
-        comm = tier.seconds(row["hops"], row["crit_bytes"])
-        compute = _shared(row["compute_s"], _first(row, "cpu_sum_s", "compute_sum_s"), cores)
-        ev = _shared(float(row.get("eval_compute_s") or 0.0),
-                     _first(row, "eval_cpu_sum_s", "eval_compute_sum_s"), cores)
-        ev += tier.seconds(row.get("eval_hops", 0), row.get("eval_crit_bytes", 0))
+    for p in Curve.of(curve).epochs:
+        comm = tier.seconds(p.hops, p.crit_bytes)
+        compute = _shared(p.compute_s, _first(p.cpu_sum_s, p.compute_sum_s), cores)
+        ev = _shared(p.eval_compute_s or 0.0, _first(p.eval_cpu_sum_s, p.eval_compute_sum_s),
+                     cores)
+        ev += tier.seconds(p.eval_hops or 0, p.eval_crit_bytes or 0)
         t = compute + comm + ev
         cum += t
-        out.append({"epoch": row["epoch"], "compute_s": compute, "comm_s": comm,
-                    "eval_s": ev, "time_s": t, "cum_s": cum, "test_acc": row.get("test_acc")})
+        out.append(Projected(epoch=p.epoch, compute_s=compute, comm_s=comm, eval_s=ev,
+                             time_s=t, cum_s=cum, test_acc=p.test_acc))
     return out
 
 
-def time_to_accuracy(curve: Mapping[str, Any], tier: Tier, target: float,
-                     cores: Optional[int] = None) -> Optional[dict[str, float]]:
-    """Projected seconds until test accuracy first reaches ``target`` (cumulative time through
-    the end of that epoch), or ``None`` if it never does."""
+def time_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
+                     target: float, cores: Optional[int] = None) -> Optional[Projected]:
+    """The projected epoch at which test accuracy first reaches ``target`` (``cum_s``: the
+    time through the end of that epoch), or ``None`` if it never does."""
     for p in project(curve, tier, cores):
-        acc = p["test_acc"]
-        if acc is not None and acc >= target:
-            return {"seconds": p["cum_s"], "epoch": p["epoch"]}
+        if p.test_acc is not None and p.test_acc >= target:
+            return p
     return None

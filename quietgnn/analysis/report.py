@@ -32,6 +32,7 @@ Definitions (see :mod:`quietgnn.analysis.projection` for the projection):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -41,33 +42,38 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
-from .projection import (curve_work as _work, epoch_curve, project,
-                           time_to_accuracy)
 from ..runtime.metrics import human_bytes as _human_bytes
 from ..runtime.records import RunSummary
+from .bench import Result
+from .projection import curve_work as _work, epoch_curve, project, time_to_accuracy
 
-__all__ = ["load_results", "build_report", "cli_main"]
+__all__ = ["load_results", "build_report", "Report", "Group", "Row", "cli_main"]
 
 REFERENCE, BASELINE = "centralized", "halo"
 
 
 # ---------------------------------------------------------------------- loading
-def _from_summary(s: RunSummary) -> dict[str, Any]:
-    return {"id": Path(s.get("run_dir", "run")).name, "dataset": s["dataset"],
-            "strategy": s["strategy"], "strategy_name": s["strategy"], "parts": s["parts"],
-            "model": s["model"], "seed": s.get("seed", 0), "status": "ok", "summary": s,
-            "run_dir": s.get("run_dir")}
+def _from_summary(s: RunSummary) -> Result:
+    return Result(id=Path(s.run_dir or "run").name, dataset=s.dataset, strategy=s.strategy,
+                  strategy_name=s.strategy, parts=s.parts, model=s.model, seed=s.seed or 0,
+                  status="ok", summary=s, run_dir=s.run_dir)
 
 
-def _load_file(p: Path) -> list[dict[str, Any]]:
+def _load_file(p: Path) -> list[Result]:
     rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] \
         if p.suffix == ".jsonl" else [json.loads(p.read_text())]
-    return [r if "status" in r else _from_summary(r) for r in rows]
+    out = []
+    for row in rows:
+        res = Result.from_json(row)
+        # a bench result names its status; a run's summary.json does not
+        out.append(res if res.status else _from_summary(RunSummary.from_json(row)))
+    return out
 
 
-def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Results from files and bench folders; the last result of an id wins."""
-    by_id: dict[str, dict[str, Any]] = {}
+def load_results(paths: Sequence[str | Path]) -> list[Result]:
+    """Results from files and bench folders; the last result of an id wins; a result whose
+    curve was not stored reads it from its run directory's metrics where they are."""
+    by_id: dict[str, Result] = {}
     for raw in paths:
         p = Path(raw)
         run_dir = p if p.is_dir() and (p / "summary.json").is_file() else None
@@ -88,125 +94,177 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             try:
                 for r in _load_file(f):
                     if run_dir:    # where the run is now (its summary names where it ran)
-                        r["run_dir"] = str(run_dir)
-                    by_id[r.get("id") or f"{f}:{len(by_id)}"] = r
-            except (json.JSONDecodeError, KeyError) as exc:
+                        r = dataclasses.replace(r, run_dir=str(run_dir))
+                    by_id[r.id or f"{f}:{len(by_id)}"] = _with_curve(r)
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
                                  f"{exc}") from exc
     return list(by_id.values())
 
 
-def _curve(res: dict[str, Any]) -> Optional[dict[str, Any]]:
-    if res.get("curve"):
-        return res["curve"]
-    run_dir = res.get("run_dir") or (res.get("summary") or {}).get("run_dir")
+def _with_curve(res: Result) -> Result:
+    if res.curve is not None or not res.ok:
+        return res
+    run_dir = res.run_dir or res.summary.run_dir
     if run_dir and (Path(run_dir) / "metrics").is_dir():
         from ..runtime.metrics import read_metrics
         try:
-            res["curve"] = epoch_curve(read_metrics(run_dir))
-            return res["curve"]
+            return dataclasses.replace(res, curve=epoch_curve(read_metrics(run_dir)))
         except ValueError:
-            return None
-    return None
+            return res
+    return res
 
 
 # ---------------------------------------------------------------------- numbers
-def _mean(xs: Sequence[float]) -> Optional[float]:
+@dataclasses.dataclass
+class Reach:
+    """Projected time to the target on one tier, over a row's seeds."""
+
+    seconds: Optional[float]           #: mean over the seeds that reached it
+    reached: int
+    of: int
+    epoch: Optional[float]             #: the mean epoch it was reached at
+
+
+@dataclasses.dataclass
+class Row:
+    """One strategy label x P of a group: the mean over its seeds (``report.json``)."""
+
+    strategy: str
+    strategy_name: str
+    parts: int
+    run_ids: list[str]
+    seeds: int
+    test_acc: Optional[float]
+    test_acc_std: float
+    train_bytes_per_epoch: Optional[float]
+    data_bytes_per_epoch: float
+    eval_bytes_per_epoch: float
+    eval_train_ratio: Optional[float]
+    compute_s_per_epoch: Optional[float]
+    peak_rss_mb: float
+    epochs: Optional[float]
+    epoch_s: dict[str, Optional[float]]            #: projected seconds per epoch, by tier
+    tta: dict[str, Optional[Reach]]                #: time to the target, by tier
+    delta_acc: Optional[float] = None              #: test accuracy less centralized's
+    bytes_ratio: Optional[float] = None            #: training bytes per epoch over halo's
+    tta_ratio: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+
+    def tta_s(self, tier: str) -> Optional[float]:
+        t = self.tta.get(tier)
+        return t.seconds if t else None
+
+
+@dataclasses.dataclass
+class Group:
+    """One dataset x model: its rows, centralized's accuracy and the target."""
+
+    dataset: str
+    model: str
+    reference_acc: Optional[float]
+    target_acc: Optional[float]
+    rows: list[Row]
+
+
+@dataclasses.dataclass
+class Report:
+    """What ``report.json`` holds."""
+
+    groups: list[Group]
+    tiers: dict[str, dict[str, Any]]
+    target_frac: float
+    target_acc: Optional[float]
+    failed: list[dict[str, str]]
+    plots: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return sum(xs) / len(xs) if xs else None
 
 
-
-
-def _row_stats(runs: list[dict[str, Any]], tiers: dict[str, Tier],
-               target: Optional[float]) -> dict[str, Any]:
-    accs = [r["summary"]["test_acc"] for r in runs]
-    curves = [_curve(r) for r in runs]
-    per_epoch = [c["epochs"] for c in curves if c and c["epochs"]]
-    row: dict[str, Any] = {
-        "seeds": len(runs), "test_acc": _mean(accs),
-        "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-        "train_bytes_per_epoch": _mean([r["summary"]["train_bytes_per_epoch"] for r in runs]),
-        "data_bytes_per_epoch": _mean([sum(e["data_bytes"] for e in ep) / _work(ep)
-                                       for ep in per_epoch]) or 0.0,
-        "eval_bytes_per_epoch": _mean([sum(e["eval_bytes"] for e in ep) / _work(ep)
-                                       for ep in per_epoch]) or 0.0,
-        "eval_train_ratio": _mean([_ratio(sum(e["eval_bytes"] for e in ep),
-                                          sum(e["train_bytes"] for e in ep)) for ep in per_epoch]),
-        "compute_s_per_epoch": _mean([sum(e["compute_s"] for e in ep) / _work(ep)
-                                      for ep in per_epoch]),
-        "peak_rss_mb": max(r["summary"].get("peak_rss_mb", 0.0) for r in runs),
-        "epochs": _mean([r["summary"]["epochs"] for r in runs]),
-        "epoch_s": {}, "tta": {},
-    }
+def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
+         target: Optional[float]) -> Row:
+    accs = [r.summary.test_acc for r in runs]
+    curves = [r.curve for r in runs if r.curve is not None and r.curve.epochs]
+    per_epoch = [c.epochs for c in curves]
+    row = Row(
+        strategy=label, strategy_name=runs[0].name, parts=parts, run_ids=[r.id for r in runs],
+        seeds=len(runs), test_acc=_mean(accs),
+        test_acc_std=statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        train_bytes_per_epoch=_mean([r.summary.train_bytes_per_epoch for r in runs]),
+        data_bytes_per_epoch=_mean([sum(e.data_bytes or 0 for e in ep) / _work(ep)
+                                    for ep in per_epoch]) or 0.0,
+        eval_bytes_per_epoch=_mean([sum(e.eval_bytes or 0 for e in ep) / _work(ep)
+                                    for ep in per_epoch]) or 0.0,
+        eval_train_ratio=_mean([_ratio(sum(e.eval_bytes or 0 for e in ep),
+                                       sum(e.train_bytes for e in ep)) for ep in per_epoch]),
+        compute_s_per_epoch=_mean([sum(e.compute_s for e in ep) / _work(ep)
+                                   for ep in per_epoch]),
+        peak_rss_mb=max(r.summary.peak_rss_mb or 0.0 for r in runs),
+        epochs=_mean([r.summary.epochs for r in runs]), epoch_s={}, tta={})
     for name, tier in tiers.items():
-        proj = [(project(c, tier), c["epochs"]) for c in curves if c and c["epochs"]]
-        row["epoch_s"][name] = _mean([sum(p["time_s"] for p in pr) / _work(ep)
-                                      for pr, ep in proj])
-        if target is None or not proj:
-            row["tta"][name] = None
+        row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier)) / _work(c.epochs)
+                                   for c in curves])
+        if target is None or not curves:
+            row.tta[name] = None
             continue
-        hits = [time_to_accuracy(c, tier, target) for c in curves if c and c["epochs"]]
-        got = [h["seconds"] for h in hits if h]
-        row["tta"][name] = {"seconds": _mean(got), "reached": len(got), "of": len(hits),
-                            "epoch": _mean([h["epoch"] for h in hits if h])}
+        hits = [time_to_accuracy(c, tier, target) for c in curves]
+        got = [h for h in hits if h]
+        row.tta[name] = Reach(seconds=_mean([h.cum_s for h in got]), reached=len(got),
+                              of=len(hits), epoch=_mean([h.epoch for h in got]))
     return row
 
 
-def build_report(results: list[dict[str, Any]], tiers: dict[str, Tier], *,
+def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Tier], *,
                  target_frac: float = 0.98, target_acc: Optional[float] = None,
-                 reference: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                 reference: Sequence[Result | dict[str, Any]] = ()) -> Report:
     """Group ok results by dataset x model, rows by strategy label x parts, with
     reference-relative numbers."""
-    ok = [r for r in results if r.get("status") == "ok" and r.get("summary")]
-    failed = [r for r in results if r.get("status") != "ok"]
-    groups: dict[tuple[str, str], dict[tuple[str, int], list]] = \
+    results = [Result.from_json(r) for r in results]
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    groups: dict[tuple[str, str], dict[tuple[str, int], list[Result]]] = \
         defaultdict(lambda: defaultdict(list))
     for r in ok:
-        groups[(r["dataset"], r["model"])][(r["strategy"], int(r["parts"]))].append(r)
+        groups[(r.dataset, r.model)][(r.strategy, int(r.parts))].append(r)
     refs: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in list(reference) + ok:
-        if r.get("status") == "ok" and r.get("strategy_name", r.get("strategy")) == REFERENCE:
-            refs[(r["dataset"], r["model"])].append(r["summary"]["test_acc"])
+    for r in [Result.from_json(x) for x in reference] + ok:
+        if r.ok and r.name == REFERENCE:
+            refs[(r.dataset, r.model)].append(r.summary.test_acc)
     out_groups = []
-    for (ds, model), rows in groups.items():     # in the order of the results (the matrix's)
+    for (ds, model), by_label in groups.items():   # in the results' order (the matrix's)
         ref_acc = _mean(refs.get((ds, model), []))
         target = target_acc if target_acc is not None else \
             (target_frac * ref_acc if ref_acc is not None else None)
-        stats = {}
-        for (label, parts), runs in rows.items():
-            st = _row_stats(runs, tiers, target)
-            st.update(strategy=label, strategy_name=runs[0].get("strategy_name", label),
-                      parts=parts, run_ids=[r.get("id") for r in runs])
-            stats[(label, parts)] = st
+        rows = {key: _row(key[0], key[1], runs, tiers, target)
+                for key, runs in by_label.items()}
         # the baseline is the run labelled `halo`; a variant of it (e.g. `halo-vanilla`) only
         # where no plain one ran at that P
-        halos: dict[int, dict] = {}
-        for (lbl, p), s in stats.items():
-            if s["strategy_name"] == BASELINE and (p not in halos or lbl == BASELINE):
+        halos: dict[int, Row] = {}
+        for (lbl, p), s in rows.items():
+            if s.strategy_name == BASELINE and (p not in halos or lbl == BASELINE):
                 halos[p] = s
-        for (label, parts), st in stats.items():
+        for (label, parts), st in rows.items():
             base = halos.get(parts) or (next(iter(halos.values())) if len(halos) == 1 else None)
-            st["delta_acc"] = None if ref_acc is None or st["test_acc"] is None else \
-                st["test_acc"] - ref_acc
-            st["bytes_ratio"] = _ratio(st["train_bytes_per_epoch"],
-                                       base and base["train_bytes_per_epoch"])
-            st["tta_ratio"] = {t: _ratio(_tta_s(st, t), base and _tta_s(base, t)) for t in tiers}
-        order = sorted(stats.values(), key=lambda s: (s["strategy_name"] != REFERENCE,
-                                                      s["strategy_name"] != BASELINE,
-                                                      s["strategy"], s["parts"]))
-        out_groups.append({"dataset": ds, "model": model, "reference_acc": ref_acc,
-                           "target_acc": target, "rows": order})
-    return {"groups": out_groups, "tiers": {n: vars(t) for n, t in tiers.items()},
-            "target_frac": target_frac, "target_acc": target_acc,
-            "failed": [{"id": r.get("id"), "error": (r.get("error") or "unknown error")
-                        .strip().splitlines()[0][:400], "tail": (r.get("error") or "")[-2000:]}
-                       for r in failed]}
-
-
-def _tta_s(st: dict[str, Any], tier: str) -> Optional[float]:
-    t = st["tta"].get(tier)
-    return t["seconds"] if t else None
+            st.delta_acc = None if ref_acc is None or st.test_acc is None else \
+                st.test_acc - ref_acc
+            st.bytes_ratio = _ratio(st.train_bytes_per_epoch,
+                                    base and base.train_bytes_per_epoch)
+            st.tta_ratio = {t: _ratio(st.tta_s(t), base and base.tta_s(t)) for t in tiers}
+        order = sorted(rows.values(), key=lambda s: (s.strategy_name != REFERENCE,
+                                                     s.strategy_name != BASELINE,
+                                                     s.strategy, s.parts))
+        out_groups.append(Group(dataset=ds, model=model, reference_acc=ref_acc,
+                                target_acc=target, rows=order))
+    return Report(groups=out_groups, tiers={n: vars(t) for n, t in tiers.items()},
+                  target_frac=target_frac, target_acc=target_acc,
+                  failed=[{"id": r.id, "error": (r.error or "unknown error")
+                           .strip().splitlines()[0][:400], "tail": (r.error or "")[-2000:]}
+                          for r in failed])
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -241,46 +299,46 @@ def _fmt_pct(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
-def _fmt_tta(t: Optional[dict[str, Any]]) -> str:
+def _fmt_tta(t: Optional[Reach]) -> str:
     if not t:
         return "—"
-    if not t["reached"]:
+    if not t.reached:
         return "not reached"
-    s = human_time(t["seconds"])
-    return s if t["reached"] == t["of"] else f"{s} ({t['reached']}/{t['of']})"
+    s = human_time(t.seconds)
+    return s if t.reached == t.of else f"{s} ({t.reached}/{t.of})"
 
 
-def summary_tables(rep: dict[str, Any], tier: str = "wan") -> list[str]:
+def summary_tables(rep: Report, tier: str = "wan") -> list[str]:
     """Two compact tables across all dataset x model groups, one row per strategy label:
     test accuracy (difference to ``centralized``), and training bytes per epoch / projected
     time to the target accuracy on ``tier``, both relative to ``halo``."""
-    groups = rep["groups"]
-    labels = list(dict.fromkeys(r["strategy"] for g in groups for r in g["rows"]))
-    cols = [f"{g['dataset']} {g['model']}" for g in groups]
+    groups = rep.groups
+    labels = list(dict.fromkeys(r.strategy for g in groups for r in g.rows))
+    cols = [f"{g.dataset} {g.model}" for g in groups]
 
-    def row_of(g: dict[str, Any], label: str) -> Optional[dict[str, Any]]:
-        return next((r for r in g["rows"] if r["strategy"] == label), None)
+    def row_of(g: Group, label: str) -> Optional[Row]:
+        return next((r for r in g.rows if r.strategy == label), None)
 
-    def acc(r: dict[str, Any]) -> str:
-        if r["test_acc"] is None:
+    def acc(r: Row) -> str:
+        if r.test_acc is None:
             return "—"
-        d = "" if r["strategy_name"] == REFERENCE or r["delta_acc"] is None else \
-            f" ({100 * r['delta_acc']:+.1f})"
-        return f"{100 * r['test_acc']:.1f}{d}"
+        d = "" if r.strategy_name == REFERENCE or r.delta_acc is None else \
+            f" ({100 * r.delta_acc:+.1f})"
+        return f"{100 * r.test_acc:.1f}{d}"
 
     def rel(x: Optional[float]) -> str:
         return "—" if x is None else (f"1/{1 / x:.0f}" if 0 < x < 0.1 else f"{x:.2f}")
 
-    def traffic(r: dict[str, Any]) -> str:
-        t = r["tta"].get(tier) or {}
-        tta = "never" if t and not t.get("reached") else rel(r["tta_ratio"].get(tier))
-        return f"{rel(r['bytes_ratio'])} / {tta}"
+    def traffic(r: Row) -> str:
+        t = r.tta.get(tier)
+        tta = "never" if t and not t.reached else rel(r.tta_ratio.get(tier))
+        return f"{rel(r.bytes_ratio)} / {tta}"
 
     def table(fmt: Any, skip: Sequence[str] = ()) -> list[str]:
         out = ["| strategy | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for label in labels:
             cells = [row_of(g, label) for g in groups]
-            if any(c is not None and c["strategy_name"] in skip for c in cells):
+            if any(c is not None and c.strategy_name in skip for c in cells):
                 continue
             out.append(f"| {label} | " + " | ".join("—" if c is None else fmt(c)
                                                      for c in cells) + " |")
@@ -294,20 +352,20 @@ def summary_tables(rep: dict[str, Any], tier: str = "wan") -> list[str]:
             f"never: the run did not reach the target):", "", *table(traffic, (REFERENCE,)), ""]
 
 
-def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, list[str]]) -> str:
-    tiers = rep["tiers"]
+def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]]) -> str:
+    tiers = rep.tiers
     lines = ["# quietgnn benchmark report", "",
              "Projected times: per epoch, slowest rank's compute (CPU seconds, 1 thread) + "
              "sum over training rounds of (hops x latency + slowest rank's bytes / bandwidth). "
              "Tiers: " + "; ".join(Tier(**t).describe() for t in tiers.values()) + ".", ""]
-    if len(rep["groups"]) > 1 and "wan" in tiers:
+    if len(rep.groups) > 1 and "wan" in tiers:
         lines += summary_tables(rep, "wan")
-    for g in rep["groups"]:
-        has_data = any(r["data_bytes_per_epoch"] for r in g["rows"])
-        tgt = "no target (no centralized run)" if g["target_acc"] is None else \
-            f"target test acc {g['target_acc']:.4f}"
-        ref = "" if g["reference_acc"] is None else f" (centralized {g['reference_acc']:.4f})"
-        lines += [f"## {g['dataset']} / {g['model']}", "", f"{tgt}{ref}", ""]
+    for g in rep.groups:
+        has_data = any(r.data_bytes_per_epoch for r in g.rows)
+        tgt = "no target (no centralized run)" if g.target_acc is None else \
+            f"target test acc {g.target_acc:.4f}"
+        ref = "" if g.reference_acc is None else f" (centralized {g.reference_acc:.4f})"
+        lines += [f"## {g.dataset} / {g.model}", "", f"{tgt}{ref}", ""]
         head = ["strategy", "P", "test acc", "Δ vs centralized", "train bytes/epoch",
                 "bytes vs halo", "eval bytes/epoch", "eval/train"]
         if has_data:
@@ -315,34 +373,34 @@ def markdown(rep: dict[str, Any], table_tiers: Sequence[str], plots: dict[str, l
         for t in table_tiers:
             head += [f"time to acc ({t})", f"vs halo ({t})"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in g["rows"]:
-            acc = "—" if r["test_acc"] is None else f"{r['test_acc']:.4f}"
-            if r["seeds"] > 1:
-                acc += f" ± {r['test_acc_std']:.4f} (n={r['seeds']})"
-            delta = "—" if r["delta_acc"] is None else f"{100 * r['delta_acc']:+.2f} pp"
-            cells = [r["strategy"], str(r["parts"]), acc, delta,
-                     human_bytes(r["train_bytes_per_epoch"]), _fmt_ratio(r["bytes_ratio"]),
-                     human_bytes(r["eval_bytes_per_epoch"]), _fmt_pct(r["eval_train_ratio"])]
+        for r in g.rows:
+            acc = "—" if r.test_acc is None else f"{r.test_acc:.4f}"
+            if r.seeds > 1:
+                acc += f" ± {r.test_acc_std:.4f} (n={r.seeds})"
+            delta = "—" if r.delta_acc is None else f"{100 * r.delta_acc:+.2f} pp"
+            cells = [r.strategy, str(r.parts), acc, delta,
+                     human_bytes(r.train_bytes_per_epoch), _fmt_ratio(r.bytes_ratio),
+                     human_bytes(r.eval_bytes_per_epoch), _fmt_pct(r.eval_train_ratio)]
             if has_data:
-                cells.insert(5, human_bytes(r["data_bytes_per_epoch"]))
+                cells.insert(5, human_bytes(r.data_bytes_per_epoch))
             for t in table_tiers:
-                cells += [_fmt_tta(r["tta"].get(t)), _fmt_ratio(r["tta_ratio"].get(t))]
+                cells += [_fmt_tta(r.tta.get(t)), _fmt_ratio(r.tta_ratio.get(t))]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Projected seconds per epoch (compute + communication):", "",
                   "| strategy | P | compute | " + " | ".join(tiers) + " | peak RSS/rank |",
                   "|" + "---|" * (len(tiers) + 4)]
-        for r in g["rows"]:
-            lines.append(f"| {r['strategy']} | {r['parts']} | "
-                         f"{human_time(r['compute_s_per_epoch'])} | " +
-                         " | ".join(human_time(r["epoch_s"].get(t)) for t in tiers) +
-                         f" | {r['peak_rss_mb']:.0f} MiB |")
+        for r in g.rows:
+            lines.append(f"| {r.strategy} | {r.parts} | "
+                         f"{human_time(r.compute_s_per_epoch)} | " +
+                         " | ".join(human_time(r.epoch_s.get(t)) for t in tiers) +
+                         f" | {r.peak_rss_mb:.0f} MiB |")
         lines.append("")
-        for p in plots.get(f"{g['dataset']}/{g['model']}", []):
+        for p in plots.get(f"{g.dataset}/{g.model}", []):
             lines.append(f"![{Path(p).stem}]({Path(p).name})")
         lines.append("")
-    if rep["failed"]:
+    if rep.failed:
         lines += ["## Failed runs", ""]
-        for f in rep["failed"]:
+        for f in rep.failed:
             lines.append(f"- `{f['id']}`: {f['error']}")
         lines.append("")
     return "\n".join(lines)
@@ -392,14 +450,12 @@ def cli_main(argv: Sequence[str]) -> int:
     plots: dict[str, list[str]] = {}
     if not args.no_plots:
         from .plots import plot_group
-        for r in results:     # the plots read each run's curve (loaded from its run directory)
-            _curve(r)
-        for g in rep["groups"]:
-            plots[f"{g['dataset']}/{g['model']}"] = plot_group(g, results, tiers, out)
+        for g in rep.groups:
+            plots[f"{g.dataset}/{g.model}"] = plot_group(g, results, tiers, out)
     md = markdown(rep, table_tiers, plots)
     (out / "report.md").write_text(md)
-    rep["plots"] = plots
-    (out / "report.json").write_text(json.dumps(rep, indent=1, default=str))
+    rep.plots = plots
+    (out / "report.json").write_text(json.dumps(rep.to_json(), indent=1, default=str))
     print(md)
     print(f"quietgnn report: {out / 'report.md'}, {out / 'report.json'}, "
           f"{sum(len(v) for v in plots.values())} plot(s)", file=sys.stderr)

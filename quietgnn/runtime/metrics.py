@@ -30,9 +30,9 @@ from typing import Any, Iterable, Optional
 
 from ..comm import OpRecord
 from ..heap import peak_rss_mb
-from .records import EpochRecord, SetupRecord
+from .records import EpochRecord, SetupRecord, metrics_line
 
-__all__ = ["MetricsWriter", "peak_rss_mb", "summarize_ops", "read_metrics"]
+__all__ = ["MetricsWriter", "peak_rss_mb", "summarize_ops", "read_metrics", "read_records"]
 
 
 def summarize_ops(records: Iterable[OpRecord]) -> dict[str, Any]:
@@ -68,10 +68,10 @@ class MetricsWriter:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: SetupRecord | EpochRecord) -> None:
         if self._fd is None:
             raise RuntimeError(f"metrics writer of {str(self.path)!r} used after close()")
-        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        data = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
         size = os.fstat(self._fd).st_size
         try:
             n = os.write(self._fd, data)
@@ -83,7 +83,7 @@ class MetricsWriter:
             except OSError:
                 pass
             raise OSError(exc.errno, f"cannot write the metrics record of epoch "
-                                     f"{record.get('epoch')} ({exc.strerror})",
+                                     f"{record.epoch} ({exc.strerror})",
                           str(self.path)) from exc
 
     def close(self) -> None:
@@ -92,9 +92,31 @@ class MetricsWriter:
             self._fd = None
 
 
-def read_metrics(run_dir: str | Path) -> dict[int, list[SetupRecord | EpochRecord]]:
-    """All ranks' records of a run: ``{rank: [record, ...]}`` (torn last lines skipped)."""
-    out: dict[int, list[SetupRecord | EpochRecord]] = {}
+def read_records(run_dir: str | Path) -> dict[int, tuple[list[EpochRecord],
+                                                         Optional[SetupRecord]]]:
+    """All ranks' records of a run, typed: ``{rank: ([epoch record, ...], set-up record)}``
+    (the epochs in the file's order: a resumed run appends, so an epoch may recur; the set-up
+    the last one written, None if there is none)."""
+    return {rank: to_records(recs) for rank, recs in read_metrics(run_dir).items()}
+
+
+def to_records(lines: Iterable[Any]) -> tuple[list[EpochRecord], Optional[SetupRecord]]:
+    """One rank's metrics lines (JSON objects or records) as (epoch records, set-up record):
+    a line of epoch -1 is the set-up."""
+    epochs, setup = [], None
+    for line in lines:
+        rec = metrics_line(line)
+        if isinstance(rec, SetupRecord):
+            setup = rec
+        else:
+            epochs.append(rec)
+    return epochs, setup
+
+
+def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """All ranks' metrics lines as JSON objects: ``{rank: [line, ...]}`` (torn last lines
+    skipped); :func:`read_records` reads them as records."""
+    out: dict[int, list[dict[str, Any]]] = {}
     for f in sorted((Path(run_dir) / "metrics").glob("rank-*.jsonl")):
         rank = int(f.stem.split("-")[1])
         recs = []

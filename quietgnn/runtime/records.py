@@ -1,12 +1,13 @@
 """The record contract: what a run writes, field by field, for everything that reads it.
 
 The trainer builds these; ``quietgnn report``, ``quietgnn bench``, the advisor, the
-benchmarks and the tests read them. They are ``TypedDict``s, not classes: the files
-(``metrics/rank-<r>.jsonl``, one :class:`SetupRecord` then one :class:`EpochRecord` per line;
-``summary.json``, one :class:`RunSummary`) are plain JSON whose keys these types name, so a
-reader of an old run directory reads the same dictionaries, and a type checker sees a key that
-is not here. ``tests/test_records.py`` checks that what the trainer writes has exactly these
-keys, so a new field is documented here or the suite fails.
+benchmarks and the tests read them. The files (``metrics/rank-<r>.jsonl``, one
+:class:`SetupRecord` then one :class:`EpochRecord` per line; ``summary.json``, one
+:class:`RunSummary`) are plain JSON whose keys are these classes' fields: a record is built
+with its fields named (a misspelt one is a ``TypeError``), written with :meth:`Record.to_json`
+and read back with :meth:`Record.from_json`, and code reads fields as attributes, never by a
+string. ``tests/test_records.py`` checks that what the trainer writes has exactly these fields,
+so a new one is documented here or the suite fails.
 
 Bytes are the communicator's exact counts of payload (and the header bytes it counts for
 framed messages), never estimates; seconds are wall-clock unless named ``cpu`` or
@@ -14,11 +15,87 @@ framed messages), never estimates; seconds are wall-clock unless named ``cpu`` o
 unit in which strategies whose trainer epoch is several passes (``tma``) compare with the rest.
 """
 
-# no ``from __future__ import annotations`` here: TypedDict reads NotRequired off evaluated
-# annotations (as strings, every key would count as required)
-from typing import Any, NotRequired, Optional, TypedDict
+import dataclasses
+import typing
+from typing import Any, Mapping, Optional, TypedDict, TypeVar
 
-__all__ = ["PhaseBytes", "SetupRecord", "EpochRecord", "RunSummary"]
+__all__ = ["Record", "PhaseBytes", "SetupRecord", "EpochRecord", "RunSummary", "optional",
+           "metrics_line"]
+
+R = TypeVar("R", bound="Record")
+
+
+def optional(**kw: Any) -> Any:
+    """A field a record may leave out: ``None`` by default, and then absent from the file."""
+    return dataclasses.field(default=None, metadata={"optional": True}, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A record's fields and their JSON form. Reading is lenient with age: a file written
+    before a field existed reads ``None`` (or the field's default) for it, and keys this
+    version does not know are left out; a field whose type is a record (or a list of them)
+    is read as one."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.metadata.get("optional"):
+                continue
+            out[f.name] = _to_json(v)
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
+        if isinstance(data, cls):
+            return data
+        hints = _hints(cls)
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                kw[f.name] = _from_json(data[f.name], hints[f.name])
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kw[f.name] = None
+        return cls(**kw)
+
+    @classmethod
+    def required(cls) -> set[str]:
+        """The fields every record of this kind holds in its file."""
+        return {f.name for f in dataclasses.fields(cls) if not f.metadata.get("optional")}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _to_json(v: Any) -> Any:
+    if isinstance(v, Record):
+        return v.to_json()
+    if isinstance(v, (list, tuple)):
+        return [_to_json(x) for x in v]
+    return v
+
+
+def _record_type(hint: Any) -> Optional[type]:
+    for h in (hint, *typing.get_args(hint)):      # X, Optional[X]
+        if isinstance(h, type) and issubclass(h, Record):
+            return h
+    return None
+
+
+def _from_json(v: Any, hint: Any) -> Any:
+    if v is None:
+        return None
+    rec = _record_type(hint)
+    if rec is not None and isinstance(v, Mapping):
+        return rec.from_json(v)
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        rec = _record_type(item)
+        if rec is not None:
+            return [rec.from_json(x) for x in v]
+    return v
 
 
 class PhaseBytes(TypedDict):
@@ -28,7 +105,8 @@ class PhaseBytes(TypedDict):
     recv: int
 
 
-class SetupRecord(TypedDict):
+@dataclasses.dataclass(frozen=True)
+class SetupRecord(Record):
     """The first line of a rank's metrics: the set-up (loading, partition plans, fetches)."""
 
     epoch: int                          #: always -1
@@ -39,8 +117,13 @@ class SetupRecord(TypedDict):
     peak_rss_mb: float                  #: this process's peak resident memory so far
     setup_s: float                      #: wall seconds from the start to the first epoch
 
+    def sent(self, phase: str) -> int:
+        """Bytes this rank sent in ``phase``."""
+        return _sent(self.bytes, phase)
 
-class EpochRecord(TypedDict):
+
+@dataclasses.dataclass(frozen=True)
+class EpochRecord(Record):
     """One line per trainer epoch and rank."""
 
     epoch: int                          #: 0, 1, ... (a trainer epoch: one ``train_epoch``)
@@ -66,10 +149,24 @@ class EpochRecord(TypedDict):
     peak_rss_mb: float                  #: this process's peak resident memory so far
     extra: dict[str, Any]               #: the strategy's own per-epoch figures
     #: the exact evaluation of the selected state, on the run's last epoch
-    selected: NotRequired[dict[str, Any]]
+    selected: Optional[dict[str, Any]] = optional()
+
+    def sent(self, phase: str) -> int:
+        """Bytes this rank sent in ``phase`` (0 where it sent nothing)."""
+        return _sent(self.bytes, phase)
+
+    @property
+    def passes(self) -> float:
+        """``work``, 1 for a record written before it was kept."""
+        return 1.0 if self.work is None else float(self.work)
 
 
-class RunSummary(TypedDict):
+def _sent(by_phase: Optional[Mapping[str, PhaseBytes]], phase: str) -> int:
+    return int(((by_phase or {}).get(phase) or {}).get("sent", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary(Record):
     """``summary.json``: rank 0's account of the whole run (every rank's records gathered)."""
 
     strategy: str
@@ -107,4 +204,12 @@ class RunSummary(TypedDict):
     bytes_sent_by_class: dict[str, int]            #: all ranks, by traffic class
     bytes_sent_by_class_per_rank: dict[str, dict[str, int]]
     #: the strategy's own account (``Strategy.run_report``), where it gives one
-    strategy_report: NotRequired[dict[str, Any]]
+    strategy_report: Optional[dict[str, Any]] = optional()
+
+
+def metrics_line(line: Mapping[str, Any] | SetupRecord | EpochRecord
+                 ) -> SetupRecord | EpochRecord:
+    """One line of a metrics file as its record: the set-up's (epoch -1) or an epoch's."""
+    if isinstance(line, (SetupRecord, EpochRecord)):
+        return line
+    return (SetupRecord if line.get("epoch") == -1 else EpochRecord).from_json(line)

@@ -73,15 +73,16 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
     if rt.resume:
         summary = run_dir / "summary.json"
         if summary.is_file():
+            from .records import RunSummary
             try:
-                s = json.loads(summary.read_text())
-            except (OSError, ValueError):
-                s = {}
-            done = s.get("epochs") if isinstance(s, dict) else None
+                s = RunSummary.from_json(json.loads(summary.read_text()))
+            except (OSError, ValueError, TypeError, AttributeError):   # unreadable: resume
+                s = None
+            done = s.epochs if s is not None else None
             if isinstance(done, int) and done >= cfg.train.epochs:
                 raise ValueError(
                     f"--resume: the run in {str(run_dir)!r} already finished {done} of "
-                    f"{cfg.train.epochs} epoch(s) (test accuracy {s.get('test_acc')}); there is "
+                    f"{cfg.train.epochs} epoch(s) (test accuracy {s.test_acc}); there is "
                     f"nothing to resume. Raise --epochs to train it further, or start a new run "
                     f"with another --run-name")
         check_resume_compatible(cfg, run_dir / "checkpoints")

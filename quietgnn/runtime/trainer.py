@@ -48,7 +48,7 @@ class Trainer:
         #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
         #: first), kept in memory for a study that trains in-process (:func:`train_on`); off
         #: for a worker, whose run may hold thousands of rounds per epoch
-        self.records: list[SetupRecord | EpochRecord] = []
+        self.records: list[dict[str, Any]] = []
         self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
         self.best_work = 0.0    # work_done when the best validation accuracy was found
         self.selected: Any = None   # Strategy.eval_state() of the best, when a local eval chose it
@@ -56,7 +56,8 @@ class Trainer:
         self.checkpointer: Any = None
         #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
         self.model_best: Optional[dict[str, Any]] = None
-        self.summary: Optional[dict[str, Any]] = None   # rank 0, once run() returned
+        #: rank 0, once run() returned: the :class:`RunSummary` as ``summary.json`` holds it
+        self.summary: Optional[dict[str, Any]] = None
         rt = cfg.runtime
         if rt.checkpoint_every or rt.resume:
             from .checkpoint import Checkpointer
@@ -80,9 +81,9 @@ class Trainer:
             comm.barrier("start")
         metrics = MetricsWriter(self.run_dir, rank, append=start_epoch > 0)
         setup = summarize_ops(comm.take_records())
-        rec: SetupRecord = {"epoch": -1, "rank": rank, "phase": "setup",
-                            "bytes": setup["bytes"], "rounds": setup["rounds"],
-                            "peak_rss_mb": peak_rss_mb(), "setup_s": time.perf_counter() - t_start}
+        rec = SetupRecord(epoch=-1, rank=rank, phase="setup", bytes=setup["bytes"],
+                          rounds=setup["rounds"], peak_rss_mb=peak_rss_mb(),
+                          setup_s=time.perf_counter() - t_start)
         self._keep(rec)
         metrics.write(rec)
         epochs = s.max_calls(cfg.train.epochs)   # train.epochs: passes, for every strategy
@@ -113,7 +114,7 @@ class Trainer:
 
     def _keep(self, rec: SetupRecord | EpochRecord) -> None:
         if self.keep_records:
-            self.records.append(rec)
+            self.records.append(rec.to_json())
 
     def _epoch(self, epoch: int, last: bool) -> EpochRecord:
         s, comm = self.strategy, self.comm
@@ -148,27 +149,20 @@ class Trainer:
             # strategies whose loss never crosses ranks.
             raise FloatingPointError(f"rank {self.ctx.rank}: non-finite training loss "
                                      f"{res.loss} in epoch {epoch}")
-        rec: EpochRecord = {
-            "epoch": epoch, "rank": self.ctx.rank, "loss": res.loss, "steps": res.steps,
-            "work": res.work,
-            "train_acc": None, "val_acc": None, "test_acc": None,
-            "wall_s": t_train + t_eval, "compute_s": max(0.0, c_train - ops["comm_cpu_s"]),
-            "comm_s": ops["comm_s"], "eval_s": t_eval, "eval_compute_s": c_eval,
-            "cpu_s": p_train, "eval_cpu_s": p_eval,
-            "eval_mode": how, "bytes": ops["bytes"],
-            "bytes_by_kind": ops["bytes_by_kind"], "messages": ops["messages"],
-            "rounds": ops["rounds"], "peak_rss_mb": peak_rss_mb(), "extra": res.extra,
-        }
-        if accs is not None:
-            rec.update(train_acc=accs["train"], val_acc=accs["val"], test_acc=accs["test"])
-        if final is not None:
-            rec["selected"] = final     # the exact evaluation of the selected state
-        self.history.append({"epoch": epoch, "compute_s": rec["compute_s"], "work": res.work,
-                             "evaluated": how,
-                             "wall_s": rec["wall_s"], "loss": res.loss,
-                             "train_sent": rec["bytes"].get("train", {}).get("sent", 0),
-                             "eval_sent": rec["bytes"].get("eval", {}).get("sent", 0),
-                             "peak_rss_mb": rec["peak_rss_mb"]})
+        accs = accs or {}
+        rec = EpochRecord(
+            epoch=epoch, rank=self.ctx.rank, loss=res.loss, steps=res.steps, work=res.work,
+            train_acc=accs.get("train"), val_acc=accs.get("val"), test_acc=accs.get("test"),
+            wall_s=t_train + t_eval, compute_s=max(0.0, c_train - ops["comm_cpu_s"]),
+            comm_s=ops["comm_s"], eval_s=t_eval, eval_compute_s=c_eval,
+            cpu_s=p_train, eval_cpu_s=p_eval, eval_mode=how, bytes=ops["bytes"],
+            bytes_by_kind=ops["bytes_by_kind"], messages=ops["messages"],
+            rounds=ops["rounds"], peak_rss_mb=peak_rss_mb(), extra=res.extra,
+            selected=final)     # the exact evaluation of the selected state, if made
+        self.history.append({"epoch": epoch, "compute_s": rec.compute_s, "work": res.work,
+                             "evaluated": how, "wall_s": rec.wall_s, "loss": res.loss,
+                             "train_sent": rec.sent("train"), "eval_sent": rec.sent("eval"),
+                             "peak_rss_mb": rec.peak_rss_mb})
         return rec
 
     # ------------------------------------------------------------------ evaluation
@@ -310,28 +304,28 @@ class Trainer:
         if self.ctx.rank != 0 or not self.cfg.runtime.progress:
             return
         epochs = self.cfg.train.epochs
-        e = rec["epoch"] + 1        # epochs done; the epoch itself is numbered from 0 as in
+        e = rec.epoch + 1           # epochs done; the epoch itself is numbered from 0 as in
         tty = sys.stderr.isatty()   # metrics.jsonl, the summary's best_epoch and the report
         if not tty and e % max(1, epochs // 10) and e != epochs:
             return
-        acc = "" if rec["val_acc"] is None else \
-            f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}" + \
-            (" (local)" if rec.get("eval_mode") == "local" else "")
-        if rec.get("selected"):
-            sel = rec["selected"]
+        acc = "" if rec.val_acc is None else \
+            f" val {rec.val_acc:.4f} test {rec.test_acc:.4f}" + \
+            (" (local)" if rec.eval_mode == "local" else "")
+        if rec.selected:
+            sel = rec.selected
             acc += f" | selected epoch {sel['epoch']}: exact test {sel['test']:.4f}"
         # the basis of the summary's "rank 0 sent" figure: per epoch-equivalent
-        sent = human_bytes(rec["bytes"].get("train", {}).get("sent", 0) / (rec.get("work") or 1.0))
+        sent = human_bytes(rec.sent("train") / (rec.work or 1.0))
         filled = int(24 * e / epochs)
         bar = "#" * filled + "." * (24 - filled)
-        line = (f"[{bar}] epoch {rec['epoch']} ({e}/{epochs}) loss {rec['loss']:.4f}{acc} | "
-                f"rank 0 sent {sent}/epoch | {rec['wall_s'] * 1000:.0f} ms")
+        line = (f"[{bar}] epoch {rec.epoch} ({e}/{epochs}) loss {rec.loss:.4f}{acc} | "
+                f"rank 0 sent {sent}/epoch | {rec.wall_s * 1000:.0f} ms")
         sys.stderr.write(("\r" + line + " " * 4) if tty else line + "\n")
         if tty and e == epochs:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
-    def _summary(self, wall: float, epochs_run: int) -> Optional[RunSummary]:
+    def _summary(self, wall: float, epochs_run: int) -> Optional[dict[str, Any]]:
         # what this rank sent, by traffic class: every op of the run but this gather
         mine = {"rank": self.ctx.rank, "history": self.history,
                 "sent_by_class": dict(self.comm.sent_by_class)}
@@ -352,37 +346,35 @@ class Trainer:
         # many passes (tma) compares with the others per unit of work
         work = sum(float(e.get("work", 1.0)) for e in hist[0][:n_ep]) if n_ep else 0.0
         per = work if work > 0 else n_ep
-        summary: RunSummary = {
-            "strategy": cfg.strategy, "dataset": cfg.dataset.name, "parts": self.ctx.world_size,
-            "partitioner": cfg.partition_method, "model": cfg.model.arch,
-            "layers": cfg.model.layers, "hidden": cfg.model.hidden, "seed": cfg.train.seed,
-            "epochs": n_ep, "test_acc": self.best["test_acc"], "val_acc": self.best["val_acc"],
-            "train_acc": self.best["train_acc"], "best_epoch": self.best["epoch"],
+        summary = RunSummary(
+            strategy=cfg.strategy, dataset=cfg.dataset.name, parts=self.ctx.world_size,
+            partitioner=cfg.partition_method, model=cfg.model.arch,
+            layers=cfg.model.layers, hidden=cfg.model.hidden, seed=cfg.train.seed,
+            epochs=n_ep, test_acc=self.best["test_acc"], val_acc=self.best["val_acc"],
+            train_acc=self.best["train_acc"], best_epoch=self.best["epoch"],
             # how the reported state was chosen: the best validation accuracy of evaluations
             # made this way ('local': then evaluated exactly once at the end)
-            "selected_by": "local" if "local_val_acc" in self.best else "exact",
+            selected_by="local" if "local_val_acc" in self.best else "exact",
             # a strategy's options.eval_nodes: its evaluations ran on a fixed sample of about
             # that many nodes per split, not on the whole graph (None: the whole graph)
-            "eval_sample_nodes": getattr(self.strategy.options, "eval_nodes", 0) or None,
-            "local_val_acc": self.best.get("local_val_acc"),
-            "evaluations": sum(1 for e in hist[0] if e.get("evaluated")),
-            "stopped_early": self.stop,
-            "final_loss": hist[0][-1]["loss"] if n_ep else float("nan"),
-            "train_bytes": train_bytes,
-            "epoch_equivalents": work,
-            "train_bytes_per_epoch": train_bytes / per if per else 0.0,
+            eval_sample_nodes=getattr(self.strategy.options, "eval_nodes", 0) or None,
+            local_val_acc=self.best.get("local_val_acc"),
+            evaluations=sum(1 for e in hist[0] if e.get("evaluated")),
+            stopped_early=self.stop,
+            final_loss=hist[0][-1]["loss"] if n_ep else float("nan"),
+            train_bytes=train_bytes,
+            epoch_equivalents=work,
+            train_bytes_per_epoch=train_bytes / per if per else 0.0,
             # what the progress line shows: rank 0's training bytes sent per epoch-equivalent
-            "rank0_train_bytes_per_epoch": sum(e["train_sent"] for e in hist[0]) / per
+            rank0_train_bytes_per_epoch=sum(e["train_sent"] for e in hist[0]) / per
             if per else 0.0,
-            "eval_bytes": eval_bytes, "wall_seconds": wall, **_attempts(self.run_dir, wall),
-            "compute_seconds": compute,
-            "peak_rss_mb": max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
-            "run_dir": str(self.run_dir), "options": cfg.to_dict()["options"],
+            eval_bytes=eval_bytes, wall_seconds=wall, **_attempts(self.run_dir, wall),
+            compute_seconds=compute,
+            peak_rss_mb=max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
+            run_dir=str(self.run_dir), options=cfg.to_dict()["options"],
             **_residency(cfg.runtime.residency, everyone),
-        }
-        report = self.strategy.run_report()
-        if report:
-            summary["strategy_report"] = report
+            strategy_report=self.strategy.run_report() or None,
+        ).to_json()
         write_json(self.run_dir / "summary.json", summary)
         return summary
 

@@ -249,36 +249,36 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
     curves = {}
     for spec, res in zip(specs, results):
         if spec is ref_spec:
-            if res.get("status") == "ok" and res.get("curve"):
-                target = TARGET_FRAC * res["summary"]["test_acc"]
-                ref_work = _work_to_target(res["curve"], target)
+            if res.ok and res.curve:
+                target = TARGET_FRAC * res.summary.test_acc
+                ref_work = _work_to_target(res.curve, target)
                 # the machine's pace at probe time: the same run elsewhere says how much
                 # faster or slower that machine (or its load then) is than this one now
-                ref_compute = statistics.median(
-                    float(r["compute_s"]) / (float(r.get("work", 1.0)) or 1.0)
-                    for r in res["curve"]["epochs"][1:] or res["curve"]["epochs"])
-                ref_cost = sum(float(r["compute_s"]) for r in res["curve"]["epochs"])
+                eps = res.curve.epochs
+                ref_compute = statistics.median(p.compute_s / (p.passes or 1.0)
+                                                for p in eps[1:] or eps)
+                ref_cost = sum(p.compute_s for p in eps)
             continue
-        if res.get("status") != "ok" or not res.get("curve"):
-            err = (res.get("error") or res.get("curve_error") or "no result").strip()
+        if not res.ok or not res.curve:
+            err = (res.error or res.curve_error or "no result").strip()
             measured[spec.strategy] = {"error": err.splitlines()[0][:300]}
             continue
         period = _PROBE_PERIOD if spec.strategy in _PERIODIC else 0
-        m = _per_work(res["curve"], period, _PERIOD_OFFSET.get(spec.strategy, 0)) or \
+        m = _per_work(res.curve, period, _PERIOD_OFFSET.get(spec.strategy, 0)) or \
             {"error": "no complete epoch"}
         if "periodic" in m:
             m["periodic"]["every"] = _real_period(spec.strategy, _PERIODIC[spec.strategy])
-        setup = res["curve"].get("setup") or {}
-        m["setup"] = {"hops": float(setup.get("hops", 0)),
-                      "crit_bytes": float(setup.get("crit_bytes", 0))}
-        m["partitioner"] = res["summary"].get("partitioner")
+        setup = res.curve.setup
+        m["setup"] = {"hops": float(setup.hops if setup else 0),
+                      "crit_bytes": float(setup.crit_bytes if setup else 0)}
+        m["partitioner"] = res.summary.partitioner
         m["updates_per_epoch"] = updates_per_pass(spec.strategy, stats)
         if spec.strategy in PHASED:
             from ...strategies import get_strategy
             sched = get_strategy(spec.strategy).Options().schedule(layers, run_epochs)
-            m["phases"] = phase_costs(res["curve"], layers, sched)
+            m["phases"] = phase_costs(res.curve, layers, sched)
         measured[spec.strategy] = m
-        curves[spec.strategy] = res["curve"]
+        curves[spec.strategy] = res.curve
     if target is not None:
         # a probe that already reached the target measured an upper bound of the work on
         # this graph (its one evaluation is at its last epoch); not one probed at another
@@ -300,8 +300,8 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
             measured[s]["extended_to"] = int(sp.overrides["train.epochs"])
             # the short probe's own figure kept beside (what ``extend=False`` would give)
             measured[s]["probe_reached_at"] = measured[s].get("reached_at")
-            if res.get("status") == "ok" and res.get("curve"):
-                measured[s]["reached_at"] = _work_to_target(res["curve"], target)
+            if res.ok and res.curve:
+                measured[s]["reached_at"] = _work_to_target(res.curve, target)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ..bench import Result
+from ..projection import Curve
 
 #: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
 TARGET_FRAC = 0.98
 
 
-def _work_to_target(curve: dict[str, Any], target: float) -> Optional[float]:
+def _work_to_target(curve: Curve | Mapping[str, Any], target: float) -> Optional[float]:
     done = 0.0
-    for row in curve.get("epochs") or []:
-        done += float(row.get("work", 1.0))
-        acc = row.get("test_acc")
-        if acc is not None and acc >= target:
+    for p in Curve.of(curve).epochs:
+        done += p.passes
+        if p.test_acc is not None and p.test_acc >= target:
             return done
     return None
 
 
-def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (),
+def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Sequence[str] = (),
                 target_frac: float = TARGET_FRAC,
                 updates: Optional[dict[str, dict[str, int]]] = None) -> dict[str, Any]:
     """Updates-to-target ratios (to ``centralized``'s on the same graph and model), reach
@@ -38,12 +40,11 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
     ``updates[dataset][strategy]``: optimizer updates per epoch-equivalent of that strategy's
     runs on that dataset (:func:`quietgnn.analysis.advise.updates_per_pass`); 1 where not given."""
     updates = updates or {}
-    groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
-    for r in results:
-        if r.get("status") != "ok" or not r.get("curve") or r["dataset"] in exclude:
+    groups: dict[tuple[str, str], dict[str, list[Result]]] = {}
+    for r in map(Result.from_json, results):
+        if not r.ok or not r.curve or r.dataset in exclude:
             continue
-        groups.setdefault((r["dataset"], r["model"]), {}) \
-            .setdefault(r.get("strategy_name", r["strategy"]), []).append(r)
+        groups.setdefault((r.dataset, r.model), {}).setdefault(r.name, []).append(r)
     ratios: dict[str, list[float]] = {}
     # (graph, centralized's work, the strategy's)
     pairs: dict[str, list[tuple[str, float, float]]] = {}
@@ -54,9 +55,9 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
     for (ds, model), by in groups.items():
         if "centralized" not in by:
             continue
-        ref = statistics.mean(r["summary"]["test_acc"] for r in by["centralized"])
+        ref = statistics.mean(r.summary.test_acc for r in by["centralized"])
         target = target_frac * ref
-        w_c = [w for w in (_work_to_target(r["curve"], target) for r in by["centralized"]) if w]
+        w_c = [w for w in (_work_to_target(r.curve, target) for r in by["centralized"]) if w]
         if not w_c:
             continue
         w_ref = statistics.mean(w_c)
@@ -66,11 +67,11 @@ def build_prior(results: Iterable[dict[str, Any]], *, exclude: Sequence[str] = (
             if s == "centralized":
                 continue
             for r in runs:
-                w = _work_to_target(r["curve"], target)
+                w = _work_to_target(r.curve, target)
                 if w is not None:
                     w *= float((updates.get(ds) or {}).get(s, 1))
                 reached.setdefault(s, []).append(int(w is not None))
-                gaps.setdefault(s, []).append(100.0 * (r["summary"]["test_acc"] - ref))
+                gaps.setdefault(s, []).append(100.0 * (r.summary.test_acc - ref))
                 if w is not None:
                     ratios.setdefault(s, []).append(w / w_ref)
                     pairs.setdefault(s, []).append((ds, w_ref, w))

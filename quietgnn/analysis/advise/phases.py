@@ -15,7 +15,9 @@ crosses.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
+
+from ..projection import Curve, Point
 
 #: the option that sets a phase's length in epochs, per phased strategy
 PHASED = {"retexo": "rounds_per_layer"}
@@ -25,22 +27,21 @@ PHASED = {"retexo": "rounds_per_layer"}
 PROBE_PHASE = 3
 
 
-def phase_costs(curve: dict[str, Any], layers: int,
+def phase_costs(curve: Curve | Mapping[str, Any], layers: int,
                 schedule: list[int]) -> Optional[list[dict[str, Any]]]:
     """Per phase of a probe run at :data:`PROBE_PHASE` epochs per phase: the steady epoch's
     compute, hops, slowest rank's bytes and bytes (its middle epoch), what its first epoch
     (``start``) and its last (``end``) cost above that, and ``epochs``, the phase's length in
     the real run (``schedule``). Phase 0's start compute is left out (warm-up: lazy set-up,
     the allocator). None if the probe did not run every phase to its end."""
-    rows = curve.get("epochs") or []
+    rows = Curve.of(curve).epochs
     if len(rows) < PROBE_PHASE * layers or len(schedule) != layers:
         return None
 
-    def cost(r: dict[str, Any]) -> dict[str, float]:
-        w = float(r.get("work", 1.0)) or 1.0
-        return {"compute_s": float(r["compute_s"]) / w, "hops": float(r["hops"]) / w,
-                "crit_bytes": float(r["crit_bytes"]) / w,
-                "bytes": (float(r["train_bytes"]) + float(r.get("data_bytes", 0))) / w}
+    def cost(r: Point) -> dict[str, float]:
+        w = r.passes or 1.0
+        return {"compute_s": r.compute_s / w, "hops": r.hops / w, "crit_bytes": r.crit_bytes / w,
+                "bytes": (r.train_bytes + (r.data_bytes or 0)) / w}
 
     out = []
     for k in range(layers):

@@ -1,4 +1,4 @@
-"""What :func:`quietgnn.analysis.advise.probe` reads from its runs (step 1 of :mod:`quietgnn.analysis.advise`):
+"""What :func:`~quietgnn.analysis.advise.probe` reads from its runs (step 1 of the advisor):
 a probe's per-epoch costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
 
 The extension: on a graph where ``centralized`` ran (so the target and the work it took are
@@ -20,12 +20,14 @@ no extension."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
+
+from ..projection import Curve, Point
 
 __all__ = ["plan_extension"]
 
 
-def _per_work(curve: dict[str, Any], period: int = 0,
+def _per_work(curve: Curve | Mapping[str, Any], period: int = 0,
               offset: int = 0) -> Optional[dict[str, float]]:
     """Per epoch-equivalent costs of a probe, split into what every epoch pays, what is paid
     once and (with ``period``: the probe's period of a periodic strategy) what is
@@ -36,41 +38,42 @@ def _per_work(curve: dict[str, Any], period: int = 0,
     charged once (or per period), not per epoch. Compute is the mean over the epochs after
     the first (warm-up: lazy set-up, the allocator) that are no boundary; a boundary's
     compute above that mean is part of its periodic cost."""
-    rows = curve.get("epochs") or []
+    rows = Curve.of(curve).epochs
     if not rows:
         return None
     last = rows[-1]
-    w_last = float(last.get("work", 1.0)) or 1.0
-    steady = {k: float(last[k]) / w_last for k in ("hops", "crit_bytes")}
-    steady["bytes"] = (float(last["train_bytes"]) + float(last["data_bytes"])) / w_last
+    w_last = last.passes or 1.0
 
-    def boundary(r: dict[str, Any]) -> bool:
-        return period > 0 and int(r.get("epoch", 0)) > 0 and \
-            (int(r["epoch"]) + offset) % period == 0
+    def traffic(r: Point) -> float:
+        return float(r.train_bytes + (r.data_bytes or 0))
 
-    def excess(sel: list[dict[str, Any]]) -> dict[str, float]:
+    steady = {"hops": last.hops / w_last, "crit_bytes": last.crit_bytes / w_last,
+              "bytes": traffic(last) / w_last}
+
+    def boundary(r: Point) -> bool:
+        return period > 0 and r.epoch > 0 and (r.epoch + offset) % period == 0
+
+    def excess(sel: list[Point]) -> dict[str, float]:
         out = {"hops": 0.0, "crit_bytes": 0.0, "bytes": 0.0}
         for r in sel:
-            w = float(r.get("work", 1.0))
-            out["hops"] += max(0.0, float(r["hops"]) - steady["hops"] * w)
-            out["crit_bytes"] += max(0.0, float(r["crit_bytes"]) - steady["crit_bytes"] * w)
-            out["bytes"] += max(0.0, float(r["train_bytes"]) + float(r["data_bytes"])
-                                - steady["bytes"] * w)
+            w = r.passes
+            out["hops"] += max(0.0, r.hops - steady["hops"] * w)
+            out["crit_bytes"] += max(0.0, r.crit_bytes - steady["crit_bytes"] * w)
+            out["bytes"] += max(0.0, traffic(r) - steady["bytes"] * w)
         return out
 
     once = excess([r for r in rows[:-1] if not boundary(r)])
     timed = [r for r in rows[1:] if not boundary(r)] or rows
-    work = sum(float(r.get("work", 1.0)) for r in timed)
-    compute = sum(float(r["compute_s"]) for r in timed) / max(work, 1e-12)
+    work = sum(r.passes for r in timed)
+    compute = sum(r.compute_s for r in timed) / max(work, 1e-12)
     out = {**steady, "compute_s": compute, "once": once,
-           "peak_rss_mb": max(float(r.get("peak_rss_mb") or 0.0) for r in rows),
+           "peak_rss_mb": max(r.peak_rss_mb or 0.0 for r in rows),
            # epoch-equivalents in one of its epochs (tma's: an averaging period's passes)
-           "epoch_work": float(last.get("work", 1.0)) or 1.0}
+           "epoch_work": last.passes or 1.0}
     marks = [r for r in rows if boundary(r)]
     if marks:
         per = excess(marks)
-        per["compute_s"] = sum(max(0.0, float(r["compute_s"]) - compute
-                                   * float(r.get("work", 1.0))) for r in marks)
+        per["compute_s"] = sum(max(0.0, r.compute_s - compute * r.passes) for r in marks)
         # one period's worth: the probe may hold more than one boundary
         out["periodic"] = {k: v / len(marks) for k, v in per.items()}
     return out
