@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from quietgnn.analysis.advise import (BASELINES, CANDIDATES, _graph_and_partitions,  # noqa: E402
                               build_prior, probe, rank, updates_per_pass)
 from quietgnn.comm.network import TIERS  # noqa: E402
+from quietgnn.analysis.projection import Curve  # noqa: E402
 from quietgnn.analysis.report import build_report  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
@@ -68,13 +69,14 @@ def current_results() -> list[dict]:
 
     def jsonl(study: str) -> list[dict]:
         path = RESULTS / study / "results.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return [_rows(json.loads(x)) for x in path.read_text().splitlines()] \
+            if path.exists() else []
 
     for study in ("headline", "headline-tma", "headline-big"):
         for r in jsonl(study):
             add(r)
     for f in sorted((RESULTS / "halo-baseline" / "results").glob("*.json")):
-        r = json.loads(f.read_text())
+        r = _rows(json.loads(f.read_text()))
         if r["strategy"] != "halo-vanilla":
             add(r)
     for r in jsonl("minibatch-cache"):
@@ -87,7 +89,7 @@ def current_results() -> list[dict]:
     # to the quiet machine by the ratio of the two studies' centralized runs
     # its per-run files: it ran in two invocations, and each rewrites results.jsonl
     rerun = {(r["dataset"], r["model"], r["strategy"]): r
-             for r in (json.loads(f.read_text())
+             for r in (_rows(json.loads(f.read_text()))
                        for f in sorted((RESULTS / "headline-grappa" / "results").glob("*.json")))
              if r.get("status") == "ok" and r.get("curve")}
     for (ds, model, s), r in rerun.items():
@@ -97,7 +99,8 @@ def current_results() -> list[dict]:
     # the baselines on Cora and CiteSeer evaluated every epoch, as the seeds' runs were (the
     # headline's own evaluate every 5), brought to the headline's machine load the same way
     path = RESULTS / "headline-baselines" / "results.jsonl"
-    again = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    again = [_rows(json.loads(x)) for x in path.read_text().splitlines()] \
+        if path.is_file() else []
     again = {(r["dataset"], r["model"], r["strategy"]): r for r in again
              if r.get("status") == "ok" and r.get("curve")}
     for (ds, model, s), r in again.items():
@@ -105,6 +108,12 @@ def current_results() -> list[dict]:
         if s != "centralized" and ref and here:
             add(scaled(r, pace(ref) / pace(here)))
     return [r for r in cells.values() if r.get("status") == "ok" and r.get("curve")]
+
+
+def _rows(r: dict) -> dict:
+    """A result with its curve as one object per epoch, whichever form it was stored in."""
+    return {**r, "curve": Curve.from_json(r["curve"]).to_json(columns=False)} \
+        if r.get("curve") else r
 
 
 def pace(run: dict) -> float:

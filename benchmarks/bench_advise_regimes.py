@@ -90,8 +90,9 @@ def _result(run: Path, best: Optional[float]) -> dict[str, Any]:
         summary = {"strategy": config["strategy"], "model": config["model"]["arch"],
                    "test_acc": best, "options": config.get("options") or {},
                    "partitioner": config["partition"]["method"]}
+    curve = epoch_curve(read_metrics(run)).to_json(columns=False)
     return {"strategy": summary["strategy"], "model": summary["model"], "status": "ok",
-            "summary": summary, "config": config, "curve": epoch_curve(read_metrics(run)).to_json()}
+            "summary": summary, "config": config, "curve": curve}
 
 
 def regime_results(saved: dict, exclude: tuple[str, ...] = ()) -> list[dict[str, Any]]:

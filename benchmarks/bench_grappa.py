@@ -71,7 +71,7 @@ def summarise(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, 
     from quietgnn.analysis.projection import epoch_curve
     from quietgnn.comm.network import TIERS
     metrics = {r["rank"]: r["records"] for r in per_rank}
-    curve = epoch_curve(metrics).to_json()
+    curve = epoch_curve(metrics).to_json(columns=False)
     rows = curve["epochs"]
     best = max((r for r in rows if r["val_acc"] is not None), key=lambda r: r["val_acc"])
     n = len(rows)

@@ -104,7 +104,8 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
     if codes != [0] * hosts:
         tail = (logs / "host-0.log").read_text(errors="replace")[-1500:]
         return {**rec, "status": "failed", "exit_codes": codes, "error": tail}
-    return _project(rec, epoch_curve(read_metrics(OUT / "runs" / run)).to_json(), central)
+    curve = epoch_curve(read_metrics(OUT / "runs" / run)).to_json(columns=False)
+    return _project(rec, curve, central)
 
 
 def probe(rate: str, hosts: int = 4) -> dict:
@@ -154,7 +155,7 @@ def _reproject(rec: dict, central_acc: dict) -> dict:
     if rec["status"] != "ok" or not (run / "metrics").is_dir():
         return rec
     central = central_acc.get(rec["dataset"]) if rec.get("kind") == "to_target" else None
-    return _project(rec, epoch_curve(read_metrics(run)).to_json(), central)
+    return _project(rec, epoch_curve(read_metrics(run)).to_json(columns=False), central)
 
 
 def _run_name(rec: dict) -> str:

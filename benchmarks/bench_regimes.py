@@ -168,7 +168,7 @@ def measure(args: argparse.Namespace, saved: dict) -> dict:
             with Cluster(4, rate=rate) as c:
                 codes = c.wait(c.torchrun(_train_args(str(ROOT / data), s, name, args),
                                           run_id=name, log_dir=logs), timeout=args.budget_s)
-            curve = epoch_curve(read_metrics(RUNS / name)).to_json()
+            curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
             c_acc = rec["centralized_test_acc"]
             tier = LINKS[args.measure]
             for f in FRACTIONS:
@@ -214,7 +214,8 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
                 base.update(variant=args.variant, options=dict(
                     kv.partition("=")[::2] for kv in args.option))
             try:
-                new = _records(base, epoch_curve(read_metrics(RUNS / name)).to_json(), c_acc)
+                curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
+                new = _records(base, curve, c_acc)
             except (ValueError, FileNotFoundError) as exc:   # nothing recorded
                 new = [dict(base, link=k, error=str(exc)[:300] + r.get("error", ""))
                        for k in LINKS]

@@ -66,7 +66,7 @@ def _run_group(comm, graph, parts, jobs: list[dict[str, Any]]) -> list[list[dict
 
 def summarise(job: dict[str, Any], metrics: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     from quietgnn.analysis.projection import epoch_curve
-    curve = epoch_curve(metrics).to_json()
+    curve = epoch_curve(metrics).to_json(columns=False)
     rows = curve["epochs"]
     evald = [r for r in rows if r["val_acc"] is not None]
     best = max(evald, key=lambda r: r["val_acc"])

@@ -19,13 +19,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cell(res: dict) -> dict:
-    s, ep = res["summary"], res["curve"]["epochs"]
-    train = sum(e["train_bytes"] + e["data_bytes"] for e in ep)
-    ev = sum(e["eval_bytes"] for e in ep)
+def _cell(res) -> dict:
+    s, ep = res.summary, res.curve.epochs
+    train = sum(e.train_bytes + e.data_bytes for e in ep)
+    ev = sum(e.eval_bytes for e in ep)
     return {"train_bytes": train, "eval_bytes": ev, "ratio": ev / train if train else None,
-            "evaluations": s.get("evaluations"), "best_epoch": s["best_epoch"],
-            "test_acc": s["test_acc"], "selected_by": s.get("selected_by", "exact")}
+            "evaluations": s.evaluations, "best_epoch": s.best_epoch,
+            "test_acc": s.test_acc, "selected_by": s.selected_by or "exact"}
 
 
 def main(argv=None) -> int:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     out = Path(ap.parse_args(argv).out)
     sys.path.insert(0, str(ROOT))
     from quietgnn.analysis.report import load_results
-    runs = {(r.dataset, r.model, r.strategy): r.to_json() for r in load_results([out]) if r.ok}
+    runs = {(r.dataset, r.model, r.strategy): r for r in load_results([out]) if r.ok}
     rows = []
     for (ds, model, label), res in runs.items():
         if label.endswith("-old"):

@@ -365,6 +365,7 @@ def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_
                                                                            monkeypatch):
     from quietgnn.analysis import advise as advisor
     from quietgnn.analysis.advise.fit import TARGET_FRAC, _work_to_target
+    from quietgnn.analysis.projection import Curve
     seen = {}
 
     def plan(measured, ref_work, ref_cost, parts, probe_epochs, skip):
@@ -386,7 +387,7 @@ def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_
     ext = [r for r in runs if r["strategy"] == "minibatch" and
            r["overrides"].get("train.epochs") == 5]
     assert len(ext) == 1 and ext[0]["overrides"]["train.eval_every"] == 1
-    assert len(ext[0]["curve"]["epochs"]) == 5
+    assert len(Curve.from_json(ext[0]["curve"]).epochs) == 5
     # where the extension got to 98 % of centralized's accuracy (None: not within its epochs)
     (ref,) = [r for r in runs if r["strategy"] == "centralized"]
     assert mb["reached_at"] == _work_to_target(ext[0]["curve"],

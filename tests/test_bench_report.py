@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quietgnn.analysis import bench, report
+from quietgnn.analysis.projection import Curve
 from quietgnn.analysis.bench import build_matrix
 
 
@@ -69,12 +70,14 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     bad = res["halo-broken"]
     assert bad["status"] == "failed" and "model.hidden" in bad["error"]
     assert res["halo"]["summary"]["parts"] == 2 and res["centralized"]["parts"] == 1
-    halo_curve = res["halo"]["curve"]["epochs"]
+    # the curve is stored a list per field
+    assert len(res["halo"]["curve"]["epochs"]["hops"]) == 4
+    halo_curve = Curve.from_json(res["halo"]["curve"]).epochs
     # per epoch: one hidden-layer exchange each way (inputs cached) + a 2-rank all-reduce
-    assert len(halo_curve) == 4 and all(e["hops"] == 4 and e["crit_bytes"] > 0 for e in halo_curve)
-    assert all(e["hops"] == 0 for e in res["centralized"]["curve"]["epochs"])
+    assert len(halo_curve) == 4 and all(e.hops == 4 and e.crit_bytes > 0 for e in halo_curve)
+    assert all(e.hops == 0 for e in Curve.from_json(res["centralized"]["curve"]).epochs)
     assert res["halo"]["summary"]["train_bytes_per_epoch"] == pytest.approx(
-        sum(e["train_bytes"] for e in halo_curve) / 4)
+        sum(e.train_bytes for e in halo_curve) / 4)
 
     # resume: nothing reruns; --retry-failed reruns the failed run only
     stamps = {r["id"]: r["finished_at"] for r in res.values()}
@@ -96,7 +99,7 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     # evaluation bytes beside training's: halo evaluated once, locally then exactly (4 epochs
     # < train.eval_every), all in the last epoch's record; per epoch-equivalent and as a ratio
     assert "| eval bytes/epoch | eval/train |" in md
-    ev = [e["eval_bytes"] for e in halo_curve]
+    ev = [e.eval_bytes for e in halo_curve]
     assert ev[:3] == [0, 0, 0] and ev[3] == res["halo"]["summary"]["eval_bytes"] > 0
     assert "time to acc (lan)" in md and "time to acc (wan)" in md
     assert "| centralized | 1 |" in md and "| halo | 2 |" in md and "halo-broken" in md
@@ -105,7 +108,7 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     rows = {r["strategy"]: r for r in g["rows"]}
     assert rows["halo"]["eval_bytes_per_epoch"] == pytest.approx(ev[3] / 4)
     assert rows["halo"]["eval_train_ratio"] == pytest.approx(
-        ev[3] / sum(e["train_bytes"] for e in halo_curve))
+        ev[3] / sum(e.train_bytes for e in halo_curve))
     assert f"| {report.human_bytes(ev[3] / 4)} | " \
         f"{100 * rows['halo']['eval_train_ratio']:.1f} % |" in md
     assert g["reference_acc"] == pytest.approx(res["centralized"]["summary"]["test_acc"])

@@ -32,9 +32,9 @@ so a strategy that registers later joins the matrix with no change here. A strat
 Every run is a subprocess ``python -m quietgnn train ... --summary-json`` with its own run
 directory and one compute thread per worker (``runtime.threads 1``). Output under ``--out``::
 
-    results/<id>.json   one per run: spec, command, status (ok | failed), summary, error tail,
-                        and the per-epoch curve used by ``quietgnn report`` (see
-                        :func:`quietgnn.analysis.projection.epoch_curve`)
+    results/<id>.json   one per run (a :class:`Result`): spec, command, status (ok | failed),
+                        summary, error tail, and the per-epoch curve ``quietgnn report`` reads
+                        (:class:`~quietgnn.analysis.projection.Curve`, a list per field)
     results.jsonl       every result of the study: earlier runs kept, this run's in place
     runs/<id>/          the run directory (metrics/rank-k.jsonl, summary.json, logs/)
     logs/<id>.log       stdout + stderr of the run
@@ -340,7 +340,7 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
         res = _run_one(spec, out, timeout_s, log)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1, default=str))
+        tmp.write_text(json.dumps(res, separators=(",", ":"), default=str))
         tmp.replace(path)  # atomic: a result file is either whole or absent
         results.append((spec.id, res))
     _write_jsonl(out / "results.jsonl", results)

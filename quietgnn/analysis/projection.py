@@ -106,6 +106,27 @@ class Curve(Record):
     phases: Optional[list[str]]
     epochs: list[Point]
 
+    def to_json(self, columns: bool = True) -> dict[str, Any]:
+        """The JSON form: ``epochs`` as one list per field (``columns``: a result file holds
+        thousands of points, and the field names would be most of its bytes), or as one
+        object per point."""
+        out = super().to_json()
+        if columns:
+            names = [f.name for f in dataclasses.fields(Point)]
+            out["epochs"] = {k: [getattr(p, k) for p in self.epochs] for k in names}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Curve:
+        """Either JSON form (and that of results written before the columns: points)."""
+        if isinstance(data, Curve):
+            return data
+        eps = data.get("epochs") or []
+        if isinstance(eps, Mapping):
+            n = max((len(v) for v in eps.values()), default=0)
+            eps = [{k: v[i] for k, v in eps.items() if i < len(v)} for i in range(n)]
+        return super().from_json({**data, "epochs": eps})
+
     @classmethod
     def of(cls, curve: Curve | Mapping[str, Any] | Sequence[Any]) -> Curve:
         """A curve, its JSON form, or a list of its points."""
