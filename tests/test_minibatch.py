@@ -4,6 +4,7 @@ step counts with unbalanced seeds; traffic kinds; option errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -91,6 +92,27 @@ def test_full_fanout_single_batch_equals_centralized_p2(graph):
     assert small[0][0] == pytest.approx(small[1][0], rel=1e-6)
 
 
+def _sparse_graph():
+    """The graph with bag-of-words-like features: two non-zeros in each 64-wide row."""
+    g = small_graph(n=160, features=64, seed=3)
+    cols = torch.stack([g.y, (g.y + 5) % 64], 1)
+    g = dataclasses.replace(g, x=torch.zeros_like(g.x).scatter_(1, cols, torch.rand(160, 2) + 0.5))
+    return g
+
+
+def test_mostly_zero_features_train_as_the_dense_ones():
+    """Fetched, cached and fed to the model sparse (never dense), the single full-fanout
+    minibatch still takes centralized's steps, on both topologies."""
+    g = _sparse_graph()
+    parts = partition_nodes(g, "metis", 2, seed=0)
+    ref = _train(Communicator(0, 1), g, np.zeros(g.num_nodes, dtype=np.int64), "sage", None)
+    res = spawn_function(_many, 2, args=(g, parts))
+    for r in res:
+        for mode in ("replicated", "15d"):
+            for name, p in ref["params"].items():
+                assert torch.allclose(r[mode]["params"][name], p, atol=1e-5), (mode, name)
+
+
 def test_option_errors():
     with pytest.raises(ValueError, match="sampler"):
         MiniBatch.Options(sampler="fastgcn")
@@ -143,6 +165,14 @@ def test_sampled_evaluation_with_full_fanouts_is_exact(graph, P, topo):
             assert set(r["sampled_kinds"]) - {"control"} == \
                 {"eval_metrics", "feature_fetch", "feature_fetch_ids"} | extra
             assert "halo_fwd" in r["exact_kinds"]
+
+
+def test_sampled_evaluation_of_mostly_zero_features_is_exact():
+    g = _sparse_graph()
+    parts = partition_nodes(g, "metis", 2, seed=0)
+    for r in spawn_function(_evaluate_both, 2, args=(g, parts)):
+        for split in ("train", "val", "test"):
+            assert r["sampled"][split] == pytest.approx(r["exact"][split], abs=1e-12), split
 
 
 def _capped(comm, graph, parts, cap):

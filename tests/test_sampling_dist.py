@@ -5,6 +5,7 @@ are the analytic count."""
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -56,6 +57,7 @@ def _work(comm, graph, parts):
     # the cache: the 40 highest-degree of the first 100 nodes that this rank does not own,
     # fetched once; then the same request served partly from it
     cached = FeatureFetcher(comm, part, owner)
+    comm.take_records()     # the construction's agreement on the features' form
     cand = torch.arange(100)
     cached.fill_cache(cand, graph.in_degree()[cand], 40)
     fill = [(r.kind, r.bytes_sent, r.bytes_recv) for r in comm.take_records()]
@@ -63,6 +65,7 @@ def _work(comm, graph, parts):
     import quietgnn.sampling.dist as dist_mod
     dist_mod.FILL_ROUND_BYTES = 7 * graph.x.shape[1] * graph.x.element_size()
     rounds = FeatureFetcher(comm, part, owner)
+    comm.take_records()
     rounds.fill_cache(cand, graph.in_degree()[cand], 40)
     n_round_records = len(comm.take_records())
     every, every_none = FeatureFetcher(comm, part, owner), FeatureFetcher(comm, part, owner)
@@ -170,3 +173,43 @@ def test_cache_in_rounds_and_with_every_node_as_candidate_is_the_same_cache(grap
         assert n_rec == 2 * -(-40 // 7)               # ids out and rows back, per round
         assert torch.equal(ids_all, ids_none) and torch.equal(x_all, x_none)
         assert torch.equal(x_none, graph.x[ids_none])
+
+
+def _sparse_work(comm, graph, parts):
+    part = build_partitions(graph, parts, ranks=[comm.rank])[0]
+    owner = fetch_topology(comm, part, list(range(comm.world_size)))[0]
+    comm.take_records()
+    ff = FeatureFetcher(comm, part, owner)
+    form = [(r.kind, r.bytes_sent) for r in comm.take_records()]
+    many = torch.randint(0, graph.num_nodes, (200,), generator=torch.Generator().manual_seed(9))
+    x = ff.fetch(many)
+    recs = {r.kind: (r.bytes_sent, r.bytes_recv) for r in comm.take_records()}
+    cached = FeatureFetcher(comm, part, owner)
+    cached.fill_cache(torch.arange(graph.num_nodes), graph.in_degree(), 30)
+    comm.take_records()
+    return {"x": x, "many": many, "recs": recs, "form": form, "cached": cached.fetch(many),
+            "cache_x": cached.cache_x, "cache_ids": cached.cache_ids, "owner": owner,
+            "xs": ff.xs is not None}
+
+
+def test_mostly_zero_features_are_fetched_and_cached_sparse(graph):
+    """Bag-of-words-like rows (2 of 64 columns non-zero) travel as (column, value) pairs:
+    12 bytes a row for its 2 non-zeros + 4 for its count, instead of 4 x 64; what arrives
+    equals the dense rows, from the network and from the cache."""
+    from quietgnn.nn.sparse import SparseFeatures
+    g = small_graph(n=150, avg_deg=6, features=64, seed=1)
+    cols = torch.stack([g.y, (g.y + 7) % 64], 1)          # two non-zeros per row
+    g = dataclasses.replace(g, x=torch.zeros_like(g.x).scatter_(1, cols, torch.rand(150, 2) + 0.5))
+    parts = partition_nodes(g, "metis", 2, seed=0)
+    for rank, r in enumerate(spawn_function(_sparse_work, 2, args=(g, parts))):
+        assert r["xs"] and r["form"] == [("feature_form", 4)]   # agreed once, 4 bytes
+        assert isinstance(r["x"], SparseFeatures)
+        assert torch.equal(r["x"].to_dense(), g.x[r["many"]])
+        assert torch.equal(r["cached"].to_dense(), g.x[r["many"]])
+        assert torch.equal(r["cache_x"].to_dense(), g.x[r["cache_ids"]])
+        u = torch.unique(r["many"])
+        n = int((r["owner"][u] != rank).sum())
+        # rows back: a count and two (column, value) pairs each, size learnt by the
+        # handshake (8 bytes to the one peer)
+        assert r["recs"]["feature_fetch"][1] == 4 * (n + 2 * 2 * n) + 8
+

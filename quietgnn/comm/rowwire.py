@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..nn.sparse import SparseFeatures, count_nonzero
 
-__all__ = ["sparse_is_smaller", "block_nnz", "encode_rows", "wire_words", "decode_rows"]
+__all__ = ["sparse_is_smaller", "block_nnz", "encode_rows", "wire_words", "decode_rows",
+           "nnz_of_words"]
 
 
 def sparse_is_smaller(rows: int, nnz: int, width: int) -> bool:
@@ -43,6 +44,14 @@ def _sparse_wire(rows: int, nnz: int, width: int) -> bool:
 def wire_words(rows: int, nnz: int, width: int) -> int:
     """int32 words of a block on the wire (``nnz`` -1: dense)."""
     return rows + 2 * nnz if _sparse_wire(rows, nnz, width) else rows * width
+
+
+def nnz_of_words(rows: int, words: int, width: int) -> int:
+    """The ``nnz`` a block of ``rows`` arrived with, from its size alone (-1: dense): a
+    block goes sparse only when that is strictly smaller than dense, so ``words`` below
+    ``rows x width`` means sparse, with ``(words - rows) / 2`` non-zeros. A receiver that
+    learnt the size (an all-to-all with its size handshake) needs no count exchanged."""
+    return (words - rows) // 2 if 0 < rows and words < rows * width else -1
 
 
 def encode_rows(block: Tensor | SparseFeatures, nnz: int) -> Tensor:

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..rows import to_device
 
-__all__ = ["SparseFeatures", "maybe_sparse", "count_nonzero", "SPARSE_MAX_DENSITY"]
+__all__ = ["SparseFeatures", "maybe_sparse", "mostly_zero", "count_nonzero",
+           "SPARSE_MAX_DENSITY"]
 
 #: Above this fraction of non-zeros the dense path is faster. Measured on random matrices, no
 #: dataset involved (``benchmarks/calibrate_sparse.py``: 10^4 x 10^3, hidden 64, dropout 0.5,
@@ -146,6 +147,19 @@ class SparseFeatures:
         return SparseFeatures(self.indptr, self.indices, values, self.num_cols, self._transpose,
                               values_t)
 
+    def float(self) -> "SparseFeatures":
+        """The same matrix with float32 values (itself when they are)."""
+        if self.values.dtype == torch.float32:
+            return self
+        return SparseFeatures(self.indptr, self.indices, self.values.float(), self.num_cols)
+
+    def row_range(self, lo: int, hi: int) -> "SparseFeatures":
+        """Rows ``lo`` to ``hi - 1``, as views of this matrix's arrays (a minibatch's rows of
+        a bulk's fetch)."""
+        a, b = int(self.indptr[lo]), int(self.indptr[hi])
+        return SparseFeatures(self.indptr[lo:hi + 1] - a, self.indices[a:b], self.values[a:b],
+                              self.num_cols)
+
     def head(self, n: int) -> "SparseFeatures":
         """The first ``n`` rows (a destination block's own rows)."""
         if n == self.shape[0]:
@@ -239,6 +253,15 @@ def maybe_sparse(x: Tensor, max_density: float = SPARSE_MAX_DENSITY) -> Tensor |
     if x.dim() != 2 or x.numel() == 0 or x.is_sparse or x.layout != torch.strided:
         return x
     return SparseFeatures.from_dense(x) if count_nonzero(x) / x.numel() <= max_density else x
+
+
+def mostly_zero(x: Tensor) -> Optional[SparseFeatures]:
+    """``x`` as float32 :class:`SparseFeatures` when at most ``SPARSE_MAX_DENSITY`` of it is
+    non-zero (a float16 part read as stored: its few non-zeros widened), else None."""
+    if x.dim() != 2 or not x.is_floating_point() or x.numel() == 0 or \
+            count_nonzero(x) > SPARSE_MAX_DENSITY * x.numel():
+        return None
+    return SparseFeatures.from_dense(x).float()
 
 
 def count_nonzero(x: Tensor) -> int:

@@ -42,7 +42,9 @@ import torch
 from torch import Tensor
 
 from ..comm import Communicator
+from ..comm.rowwire import block_nnz, decode_rows, encode_rows, nnz_of_words
 from ..comm.traffic import Traffic
+from ..nn.sparse import SparseFeatures, mostly_zero
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
 from .renumber import Renumberer, chunk_bounds, cumsum0
@@ -124,6 +126,13 @@ class FeatureFetcher:
     Cache (:meth:`fill_cache`): remote rows this rank will need most, fetched once at setup
     (kind ``data``) and kept; a call then asks the network only for rows neither owned nor
     cached. ``hits`` / ``requests`` count remote rows served from the cache / asked for.
+
+    Mostly-zero features (bag-of-words, one-hot: every rank's part at most
+    ``SPARSE_MAX_DENSITY`` non-zero, agreed once at construction) are served, cached and
+    returned as :class:`SparseFeatures`, never dense; a peer's block of rows crosses as
+    (column, value) pairs when that is smaller (:mod:`quietgnn.comm.rowwire`), its size
+    learnt by the all-to-all's handshake. Dense features fetch as before, with known sizes.
+    The construction is collective (the agreement).
     """
 
     def __init__(self, comm: Communicator, part: LocalPartition, owner: Tensor,
@@ -134,9 +143,21 @@ class FeatureFetcher:
         #: its float16 features mapped, and only the rows read are widened
         self.dtype = torch.promote_types(part.x.dtype, torch.float32)
         self.row_bytes = int(self.x.shape[1]) * self.dtype.itemsize
+        xs = mostly_zero(part.x)
+        every = torch.tensor([int(xs is not None)], dtype=torch.int32)
+        comm.all_reduce(every, "feature_form", "min", carries=Traffic.CONTROL)
+        #: the part's rows as float32 SparseFeatures when every rank's are mostly zero
+        self.xs: Optional[SparseFeatures] = xs if int(every[0]) else None
         self.cache_ids = torch.zeros(0, dtype=torch.int64)       # sorted global ids
-        self.cache_x = torch.zeros((0, self.x.shape[1]), dtype=self.dtype)
+        self.cache_x: Tensor | SparseFeatures = self._empty(0)
         self.hits = self.requests = 0
+
+    def _empty(self, n: int) -> Tensor | SparseFeatures:
+        F = int(self.x.shape[1])
+        if self.xs is None:
+            return torch.empty(n, F, dtype=self.dtype)
+        return SparseFeatures(torch.zeros(n + 1, dtype=torch.int64),
+                              torch.zeros(0, dtype=torch.int64), torch.zeros(0), F)
 
     def fill_cache(self, candidates: Optional[Tensor], priority: Tensor, max_rows: int) -> None:
         """Keep the ``max_rows`` remote ``candidates`` (global ids; None: every node, with
@@ -158,9 +179,9 @@ class FeatureFetcher:
             del pri
             ids = torch.sort(cand).values
         per = max(1, FILL_ROUND_BYTES // max(1, self.row_bytes))
-        self.cache_x = torch.empty(ids.numel(), self.x.shape[1], dtype=self.dtype)
-        for r in range(max(1, -(-int(max_rows) // per))):
-            self.cache_x[r * per:(r + 1) * per] = self._remote(ids[r * per:(r + 1) * per], "data")
+        rounds = [self._remote(ids[r * per:(r + 1) * per], "data")
+                  for r in range(max(1, -(-int(max_rows) // per)))]
+        self.cache_x = torch.cat(rounds) if self.xs is None else SparseFeatures.cat(rounds)
         self.cache_ids = ids
 
     def _top_remote(self, priority: Tensor, max_rows: int) -> Tensor:
@@ -185,7 +206,7 @@ class FeatureFetcher:
                 best = torch.topk(best, max_rows, largest=False, sorted=False).values
         return torch.sort(best % N).values
 
-    def _remote(self, ids: Tensor, kind: str) -> Tensor:
+    def _remote(self, ids: Tensor, kind: str) -> Tensor | SparseFeatures:
         """Rows of ``ids`` (unique, global, not owned here) from their owners."""
         P = self.comm.world_size
         own = self.owner[ids].long()
@@ -194,33 +215,61 @@ class FeatureFetcher:
         req = list(torch.split(ids[order], counts))
         got = self.comm.all_to_all(req, kind + "_ids" if kind == self.kind else kind,
                                    carries=Traffic.STRUCTURE)
+        if self.xs is not None:
+            return self._remote_sparse(got, counts, order, kind)
         rows = [self._own_rows(g) for g in got]
         back = self.comm.all_to_all(rows, kind, recv_counts=counts, carries=Traffic.FEATURES)
         out = torch.empty(ids.numel(), self.x.shape[1], dtype=self.dtype)
         out[order] = torch.cat(back)
         return out
 
-    def _own_rows(self, ids: Tensor) -> Tensor:
-        """Rows of owned global ``ids`` (sorted owned ids: no id map), widened to ``dtype``."""
-        return self.x[torch.searchsorted(self.part.owned, ids)].to(self.dtype)
+    def _remote_sparse(self, asked: list[Tensor], counts: list[int], order: Tensor,
+                       kind: str) -> SparseFeatures:
+        """The asked rows as words, sparse where smaller; each block's form read off its size."""
+        F = int(self.x.shape[1])
+        send = []
+        for a in asked:
+            block = self._own_rows(a)
+            send.append(encode_rows(block, block_nnz(block)))
+        words = self.comm.all_to_all(send, kind, carries=Traffic.FEATURES)
+        got = SparseFeatures.cat([decode_rows(w, n, nnz_of_words(n, w.numel(), F), F, True)
+                                  for w, n in zip(words, counts)])
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel())
+        return got.rows(back)          # in the order of the ids asked for
 
-    def fetch(self, ids: Tensor) -> Tensor:
-        """``x[ids]`` for global ``ids`` (any order, duplicates allowed) -> ``[len(ids), F]``."""
+    def _own_rows(self, ids: Tensor) -> Tensor | SparseFeatures:
+        """Rows of owned global ``ids`` (sorted owned ids: no id map), widened to ``dtype``
+        (sparse ones when the features are)."""
+        at = torch.searchsorted(self.part.owned, ids)
+        return self.x[at].to(self.dtype) if self.xs is None else self.xs.rows(at)
+
+    def fetch(self, ids: Tensor) -> Tensor | SparseFeatures:
+        """``x[ids]`` for global ``ids`` (any order, duplicates allowed) -> ``[len(ids), F]``
+        (:class:`SparseFeatures` when the features are mostly zero)."""
         uniq, inv = torch.unique(ids, return_inverse=True)
-        out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.dtype)
         mine = self.owner[uniq] == self.comm.rank
-        out[mine] = self._own_rows(uniq[mine])
         remote = torch.nonzero(~mine).flatten()
         rid = uniq[remote]
         pos = torch.searchsorted(self.cache_ids, rid).clamp_(max=max(self.cache_ids.numel() - 1,
                                                                      0))
         hit = self.cache_ids[pos] == rid if self.cache_ids.numel() else \
             torch.zeros(rid.numel(), dtype=torch.bool)
-        out[remote[hit]] = self.cache_x[pos[hit]]
         self.hits += int(hit.sum())
         self.requests += int(rid.numel())
         # every rank joins the exchange, even with nothing missing (it is collective)
-        out[remote[~hit]] = self._remote(rid[~hit], self.kind)
+        fetched = self._remote(rid[~hit], self.kind)
+        if self.xs is not None:    # the three sources stacked, then read in ``ids``' order
+            at = torch.cat([torch.nonzero(mine).flatten(), remote[hit], remote[~hit]])
+            stacked = SparseFeatures.cat([self._own_rows(uniq[mine]),
+                                          self.cache_x.rows(pos[hit]), fetched])
+            row_of = torch.empty_like(at)
+            row_of[at] = torch.arange(at.numel())
+            return stacked.rows(row_of[inv])
+        out = torch.empty(uniq.numel(), self.x.shape[1], dtype=self.dtype)
+        out[mine] = self._own_rows(uniq[mine])
+        out[remote[hit]] = self.cache_x[pos[hit]]
+        out[remote[~hit]] = fetched
         return out[inv]
 
 

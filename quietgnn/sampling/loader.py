@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Protocol
 import torch
 from torch import Tensor
 
+from ..nn.sparse import SparseFeatures
 from .bulk import Bulk, MiniBatch
 from .rng import hash_keys
 
@@ -106,5 +107,6 @@ def iterate_bulks(plan: EpochPlan, sampler: BulkSampler, k: int, c: int, replica
         for i in mine:
             mb = bulk.minibatch(i)
             n = mb.input_nodes.numel()
-            yield mb, x[off:off + n]
+            yield mb, x.row_range(off, off + n) if isinstance(x, SparseFeatures) else \
+                x[off:off + n]
             off += n

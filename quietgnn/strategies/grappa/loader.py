@@ -22,21 +22,11 @@ from torch import Tensor
 from ...comm import Communicator
 from ...comm.rowwire import decode_rows, encode_rows, wire_words
 from ...comm.traffic import Traffic
-from ...nn.sparse import SPARSE_MAX_DENSITY, SparseFeatures, count_nonzero
+from ...nn.sparse import SparseFeatures, mostly_zero
 from ...partition import LocalPartition
 from .data import LocalGraph, Rows, rotating_chunk
 
 __all__ = ["ChunkLoader", "Scratch"]
-
-
-def _sparse_rows(x: Tensor) -> Optional[SparseFeatures]:
-    """``x`` as float32 :class:`SparseFeatures` when at most ``SPARSE_MAX_DENSITY`` of it is
-    non-zero (a float16 part read as stored: its few non-zeros widened), else None."""
-    if not x.is_floating_point() or x.numel() == 0 or \
-            count_nonzero(x) > SPARSE_MAX_DENSITY * x.numel():
-        return None
-    sp = SparseFeatures.from_dense(x)
-    return SparseFeatures(sp.indptr, sp.indices, sp.values.float(), sp.num_cols)
 
 
 class Scratch:
@@ -121,7 +111,7 @@ class ChunkLoader:
         self.odt = torch.int16 if part.num_parts < 2 ** 15 else torch.int32
         #: the part's rows as :class:`SparseFeatures` (float32) when mostly zero, else None:
         #: the loads then fetch, keep and hand over sparse rows (none of it ever dense)
-        self.x_sparse = _sparse_rows(part.x)
+        self.x_sparse = mostly_zero(part.x)
         # the own halo's features and their lookup (filled by the first load)
         self._halo_x: Optional[Tensor] = None
         self._halo_sorted: Optional[Tensor] = None
