@@ -16,6 +16,7 @@ epoch-equivalents; every rank sees the same global accuracy, so all stop at the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -36,14 +37,25 @@ if TYPE_CHECKING:
 __all__ = ["Trainer", "train_on"]
 
 
+@dataclasses.dataclass
+class Selection:
+    """The state the run reports: the best validation accuracy so far and its epoch's
+    accuracies (exact ones once a local evaluation's pick was checked)."""
+
+    val_acc: float = -1.0
+    test_acc: float = float("nan")
+    train_acc: float = float("nan")
+    epoch: int = -1
+    local_val_acc: Optional[float] = None   #: the local estimate that selected it, if local
+
+
 class Trainer:
     def __init__(self, ctx: WorkerContext, strategy: Strategy, cfg: RunConfig, run_dir: Path,
                  keep_records: bool = False) -> None:
         self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
         self.keep_records = keep_records
         self.comm = ctx.comm
-        self.best: dict[str, Any] = {"val_acc": -1.0, "test_acc": float("nan"), "epoch": -1,
-                                     "train_acc": float("nan")}
+        self.best = Selection()
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
         #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
         #: first), kept in memory for a study that trains in-process (:func:`train_on`); off
@@ -177,10 +189,10 @@ class Trainer:
     def _select(self, accs: dict[str, float], how: str, epoch: int) -> None:
         """Keep the best validation accuracy (the first of equals) and, when it comes from a
         local evaluation, a copy of the state for the exact evaluation at the end."""
-        if not accs["val"] > self.best["val_acc"]:
+        if not accs["val"] > self.best.val_acc:
             return
-        self.best = {"val_acc": accs["val"], "test_acc": accs["test"],
-                     "train_acc": accs["train"], "epoch": epoch}
+        self.best = Selection(val_acc=accs["val"], test_acc=accs["test"],
+                              train_acc=accs["train"], epoch=epoch)
         self.best_work = self.work_done
         self.selected = self.strategy.eval_state() if how == "local" else None
         self._snapshot_best(epoch, accs)
@@ -197,13 +209,14 @@ class Trainer:
             exact = s.evaluate()
         finally:
             s.load_eval_state(current)
-        self.best.update(local_val_acc=self.best["val_acc"], val_acc=exact["val"],
-                         test_acc=exact["test"], train_acc=exact["train"])
-        return {"epoch": self.best["epoch"], **exact}
+        self.best = dataclasses.replace(self.best, local_val_acc=self.best.val_acc,
+                                        val_acc=exact["val"], test_acc=exact["test"],
+                                        train_acc=exact["train"])
+        return {"epoch": self.best.epoch, **exact}
 
     # ------------------------------------------------------------------ checkpoints
     def _state(self, epoch: int) -> dict[str, Any]:
-        return {"epoch": epoch, "best": self.best, "history": self.history,
+        return {"epoch": epoch, "best": dataclasses.asdict(self.best), "history": self.history,
                 "work_done": self.work_done, "best_work": self.best_work,
                 "selected": self.selected,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
@@ -224,7 +237,7 @@ class Trainer:
             self.checkpointer.start_fresh()
             return 0
         self.strategy.load_state_dict(state["strategy"])
-        self.best, self.history = state["best"], state["history"]
+        self.best, self.history = Selection(**state["best"]), state["history"]
         # the earlier attempts' bytes by class, added to this attempt's setup (as the metrics
         # keep both attempts' setup records)
         for c, n in state.get("sent_by_class", {}).items():
@@ -292,9 +305,9 @@ class Trainer:
                     "spec": model.spec(), "state": model.state_dict()}
         from ..nn.export import save_model
         info = {k: best[k] for k in ("epoch", "val_acc", "test_acc", "selected")}
-        if best["selected"] == "best_val" and best["epoch"] == self.best["epoch"]:
+        if best["selected"] == "best_val" and best["epoch"] == self.best.epoch:
             # a local evaluation selected it: the exact evaluation at the end scored it
-            info.update(val_acc=self.best["val_acc"], test_acc=self.best["test_acc"])
+            info.update(val_acc=self.best.val_acc, test_acc=self.best.test_acc)
         info.update(strategy=self.cfg.strategy, dataset=self.cfg.dataset.name,
                     num_classes=self.ctx.part.num_classes)
         save_model(self.run_dir, best["spec"], best["state"], info)
@@ -350,15 +363,15 @@ class Trainer:
             strategy=cfg.strategy, dataset=cfg.dataset.name, parts=self.ctx.world_size,
             partitioner=cfg.partition_method, model=cfg.model.arch,
             layers=cfg.model.layers, hidden=cfg.model.hidden, seed=cfg.train.seed,
-            epochs=n_ep, test_acc=self.best["test_acc"], val_acc=self.best["val_acc"],
-            train_acc=self.best["train_acc"], best_epoch=self.best["epoch"],
+            epochs=n_ep, test_acc=self.best.test_acc, val_acc=self.best.val_acc,
+            train_acc=self.best.train_acc, best_epoch=self.best.epoch,
             # how the reported state was chosen: the best validation accuracy of evaluations
             # made this way ('local': then evaluated exactly once at the end)
-            selected_by="local" if "local_val_acc" in self.best else "exact",
+            selected_by="local" if self.best.local_val_acc is not None else "exact",
             # a strategy's options.eval_nodes: its evaluations ran on a fixed sample of about
             # that many nodes per split, not on the whole graph (None: the whole graph)
             eval_sample_nodes=getattr(self.strategy.options, "eval_nodes", 0) or None,
-            local_val_acc=self.best.get("local_val_acc"),
+            local_val_acc=self.best.local_val_acc,
             evaluations=sum(1 for e in hist[0] if e.get("evaluated")),
             stopped_early=self.stop,
             final_loss=hist[0][-1]["loss"] if n_ep else float("nan"),
