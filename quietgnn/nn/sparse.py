@@ -22,7 +22,7 @@ from torch import Tensor
 from ..rows import to_device
 
 __all__ = ["SparseFeatures", "maybe_sparse", "mostly_zero", "count_nonzero",
-           "SPARSE_MAX_DENSITY"]
+           "SPARSE_MAX_DENSITY", "BATCH_MAX_DENSITY"]
 
 #: Above this fraction of non-zeros the dense path is faster. Measured on random matrices, no
 #: dataset involved (``benchmarks/calibrate_sparse.py``: 10^4 x 10^3, hidden 64, dropout 0.5,
@@ -31,6 +31,11 @@ __all__ = ["SparseFeatures", "maybe_sparse", "mostly_zero", "count_nonzero",
 #: 0.05 / 0.2 / 0.4 / 0.5 / 0.6 - most of the dense cost is ``F.dropout`` drawing one mask
 #: entry per feature. The break-even is near 0.55.
 SPARSE_MAX_DENSITY = 0.5
+#: The same for an input gathered anew every step (a mini-batch's fetched rows): its transpose,
+#: which the weight gradient needs, is built each time (a sort of its non-zeros) instead of
+#: once, and the crossing moves down to about 0.2 (``calibrate_sparse.py --fresh``, 767
+#: columns, 8,000 rows).
+BATCH_MAX_DENSITY = 0.2
 
 
 class SparseFeatures:
@@ -255,11 +260,11 @@ def maybe_sparse(x: Tensor, max_density: float = SPARSE_MAX_DENSITY) -> Tensor |
     return SparseFeatures.from_dense(x) if count_nonzero(x) / x.numel() <= max_density else x
 
 
-def mostly_zero(x: Tensor) -> Optional[SparseFeatures]:
-    """``x`` as float32 :class:`SparseFeatures` when at most ``SPARSE_MAX_DENSITY`` of it is
+def mostly_zero(x: Tensor, max_density: float = SPARSE_MAX_DENSITY) -> Optional[SparseFeatures]:
+    """``x`` as float32 :class:`SparseFeatures` when at most ``max_density`` of it is
     non-zero (a float16 part read as stored: its few non-zeros widened), else None."""
     if x.dim() != 2 or not x.is_floating_point() or x.numel() == 0 or \
-            count_nonzero(x) > SPARSE_MAX_DENSITY * x.numel():
+            count_nonzero(x) > max_density * x.numel():
         return None
     return SparseFeatures.from_dense(x).float()
 

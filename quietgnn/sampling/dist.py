@@ -44,7 +44,7 @@ from torch import Tensor
 from ..comm import Communicator
 from ..comm.rowwire import block_nnz, decode_rows, encode_rows, nnz_of_words
 from ..comm.traffic import Traffic
-from ..nn.sparse import SparseFeatures, mostly_zero
+from ..nn.sparse import BATCH_MAX_DENSITY, SparseFeatures, mostly_zero
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
 from .renumber import Renumberer, chunk_bounds, cumsum0
@@ -128,7 +128,7 @@ class FeatureFetcher:
     cached. ``hits`` / ``requests`` count remote rows served from the cache / asked for.
 
     Mostly-zero features (bag-of-words, one-hot: every rank's part at most
-    ``SPARSE_MAX_DENSITY`` non-zero, agreed once at construction) are served, cached and
+    ``BATCH_MAX_DENSITY`` non-zero, agreed once at construction) are served, cached and
     returned as :class:`SparseFeatures`, never dense; a peer's block of rows crosses as
     (column, value) pairs when that is smaller (:mod:`quietgnn.comm.rowwire`), its size
     learnt by the all-to-all's handshake. Dense features fetch as before, with known sizes.
@@ -143,7 +143,7 @@ class FeatureFetcher:
         #: its float16 features mapped, and only the rows read are widened
         self.dtype = torch.promote_types(part.x.dtype, torch.float32)
         self.row_bytes = int(self.x.shape[1]) * self.dtype.itemsize
-        xs = mostly_zero(part.x)
+        xs = mostly_zero(part.x, BATCH_MAX_DENSITY)
         every = torch.tensor([int(xs is not None)], dtype=torch.int32)
         comm.all_reduce(every, "feature_form", "min", carries=Traffic.CONTROL)
         #: the part's rows as float32 SparseFeatures when every rank's are mostly zero
