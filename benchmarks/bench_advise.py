@@ -61,7 +61,9 @@ def current_results() -> list[dict]:
     epochs several times cheaper than the headline's run measured). The advisor
     probes today's code: a run of older code is not what it predicts. The headline's own
     ``halo`` is the vanilla one, which re-sends its inputs every epoch. And
-    ``headline-baselines``: the seeds' baselines on Cora and CiteSeer evaluated every epoch."""
+    ``headline-baselines``: the seeds' baselines on Cora and CiteSeer evaluated every epoch;
+    and ``headline-minibatch``: today's ``minibatch`` (mostly-zero features sparse) on Cora,
+    CiteSeer and CS, evaluated as the headline's older cells."""
     cells: dict[tuple, dict] = {}
 
     def add(r: dict) -> None:
@@ -84,29 +86,29 @@ def current_results() -> list[dict]:
         # study's 4-bit gradient variant is another configuration of the same strategy name
         if (r.get("overrides") or {}).get("train.epochs") == 200 and not r.get("options"):
             add(r)
-    # only its grappa: its centralized and halo ran on a loaded machine, and the others they
-    # race (tma, adaqp, minibatch) were measured on a quiet one; grappa's compute is brought
-    # to the quiet machine by the ratio of the two studies' centralized runs
-    # its per-run files: it ran in two invocations, and each rewrites results.jsonl
-    rerun = {(r["dataset"], r["model"], r["strategy"]): r
-             for r in (_rows(json.loads(f.read_text()))
-                       for f in sorted((RESULTS / "headline-grappa" / "results").glob("*.json")))
-             if r.get("status") == "ok" and r.get("curve")}
-    for (ds, model, s), r in rerun.items():
-        ref, here = cells.get((ds, model, "centralized")), rerun.get((ds, model, "centralized"))
-        if s == "grappa" and ref and here:
-            add(scaled(r, pace(ref) / pace(here)))
+    def rescaled(rows: list[dict], keep) -> None:
+        """The runs of a study that ran its own ``centralized`` beside them, those ``keep``
+        accepts, their compute brought to the headline's machine load by the ratio of the two
+        studies' ``centralized`` paces."""
+        by = {(r["dataset"], r["model"], r["strategy"]): r for r in rows
+              if r.get("status") == "ok" and r.get("curve")}
+        for (ds, model, s), r in by.items():
+            ref, here = cells.get((ds, model, "centralized")), by.get((ds, model, "centralized"))
+            if keep(s) and ref and here:
+                add(scaled(r, pace(ref) / pace(here)))
+
+    # only headline-grappa's grappa: its centralized and halo ran on a loaded machine, and the
+    # others they race (tma, adaqp, minibatch) were measured on a quiet one; its per-run files:
+    # it ran in two invocations, and each rewrites results.jsonl
+    rescaled([_rows(json.loads(f.read_text()))
+              for f in sorted((RESULTS / "headline-grappa" / "results").glob("*.json"))],
+             lambda s: s == "grappa")
     # the baselines on Cora and CiteSeer evaluated every epoch, as the seeds' runs were (the
-    # headline's own evaluate every 5), brought to the headline's machine load the same way
-    path = RESULTS / "headline-baselines" / "results.jsonl"
-    again = [_rows(json.loads(x)) for x in path.read_text().splitlines()] \
-        if path.is_file() else []
-    again = {(r["dataset"], r["model"], r["strategy"]): r for r in again
-             if r.get("status") == "ok" and r.get("curve")}
-    for (ds, model, s), r in again.items():
-        ref, here = cells.get((ds, model, "centralized")), again.get((ds, model, "centralized"))
-        if s != "centralized" and ref and here:
-            add(scaled(r, pace(ref) / pace(here)))
+    # headline's own evaluate every 5)
+    rescaled(jsonl("headline-baselines"), lambda s: s != "centralized")
+    # today's minibatch (its features sparse) evaluated as the headline's older cells were
+    # (exactly, every epoch on Cora and CiteSeer, every 4 on CS); Computers' is minibatch-cache's
+    rescaled(jsonl("headline-minibatch"), lambda s: s == "minibatch")
     return [r for r in cells.values() if r.get("status") == "ok" and r.get("curve")]
 
 
