@@ -193,8 +193,9 @@ def write_prior(data_root: Path) -> None:
     results, updates = with_regimes(headline, updates_by_dataset(data_root, headline))
     prior = build_prior(results, updates=updates)
     prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,"
-                       "minibatch-cache,headline-grappa}: every strategy at P = 4, GCN and SAGE "
-                       "2x64, 200 epoch-equivalents, on Cora, CiteSeer, Computers and CS; and "
+                       "minibatch-cache,headline-grappa,headline-baselines,headline-minibatch}: "
+                       "every strategy at P = 4, GCN and SAGE 2x64, 200 epoch-equivalents, on "
+                       "Cora, CiteSeer, Computers and CS; and "
                        "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
                        "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs)")
     path = ROOT / "quietgnn/analysis/advise/prior.py"

@@ -13,7 +13,7 @@ PRIOR = {'cells': ['citeseer/gcn',
            'syn-1e6-hash-L3/gcn',
            'syn-1e6-ldg-L2/gcn'],
  'reference_epochs_to_target': 40.0,
- 'source': 'benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,minibatch-cache,headline-grappa}: '
+ 'source': 'benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,minibatch-cache,headline-grappa,headline-baselines,headline-minibatch}: '
            'every strategy at P = 4, GCN and SAGE 2x64, 200 epoch-equivalents, on Cora, '
            'CiteSeer, Computers and CS; and benchmarks/results/regimes.json: its groups '
            '(synthetic graph, 10^6 edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, '
