@@ -181,7 +181,7 @@ def summarize(per_rank: list[list[dict]]) -> dict:
             "loss": [round(r["loss"], 5) for r in r0],
             "halo_bytes_per_epoch": kind_bytes(HALO_KINDS),
             "assign_bytes_per_epoch": kind_bytes({"adaqp_assign"}),
-            "train_bytes_per_epoch": statistics.mean(c["train_bytes"] for c in curve["epochs"]),
+            "train_bytes_per_epoch": statistics.mean(c.train_bytes for c in curve.epochs),
             "lan_epoch_s": statistics.mean(p["time_s"] for p in proj),
             "lan_epoch_overlap_s": statistics.mean(p["time_s"] - s for p, s in zip(proj, saving)),
             "lan_comm_s": statistics.mean(p["comm_s"] for p in proj),

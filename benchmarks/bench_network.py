@@ -229,7 +229,7 @@ def centralized_accuracy(ds: str, data_root: Path) -> float:
                          epochs=TARGET_EPOCHS, model="gcn", hidden=64, layers=2,
                          out=str(OUT / "runs"), run_name=f"{ds}-centralized", overwrite=True,
                          train={"eval_every": TARGET_EVAL_EVERY}, runtime={"progress": False})
-    return float(run.summary["test_acc"])
+    return float(run.summary.test_acc)
 
 
 def render(records: list[dict]) -> list[str]:

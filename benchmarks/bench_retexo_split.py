@@ -74,7 +74,7 @@ def main() -> int:
                                        model="gcn", hidden=64, seed=0, out=work,
                                        run_name=f"{ds}-{seed}", overwrite=True,
                                        runtime={"progress": False}, **extra)
-                    acc.setdefault((ds, label), []).append(100 * r.summary["test_acc"])
+                    acc.setdefault((ds, label), []).append(100 * r.summary.test_acc)
                     print(f"{ds} split {seed} {label}: {acc[ds, label][-1]:.1f}",
                           file=sys.stderr, flush=True)
     n_train = {ds: k * quietgnn.load_dataset(ds, root=args.root).num_classes

@@ -63,7 +63,8 @@ def _keep_edges(g: Graph, keep: torch.Tensor, name: str) -> Graph:
 def _run(g: Graph, epochs: int, work: str, label: str) -> dict:
     r = quietgnn.train(g, strategy="centralized", epochs=epochs, out=work, run_name=label,
                        overwrite=True, seed=0)
-    return {k: r.summary[k] for k in ("test_acc", "val_acc", "best_epoch")}
+    s = r.summary
+    return {"test_acc": s.test_acc, "val_acc": s.val_acc, "best_epoch": s.best_epoch}
 
 
 def main() -> int:

@@ -188,3 +188,13 @@ def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
     got = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["id"], r["v"]) for r in got] == [("a", 1), ("b", 2), ("c", 1), ("d", 1)]
     assert not path.with_suffix(".tmp").exists()
+
+
+def test_report_names_a_file_that_holds_no_results(tmp_path, capsys):
+    """A metrics file (or any JSON without a run's names) is refused with the file named, not
+    read as an empty result."""
+    bad = tmp_path / "rank-0.jsonl"
+    bad.write_text(json.dumps({"epoch": 0, "rank": 0, "loss": 1.0}) + "\n")
+    assert report.cli_main([str(bad), "--out", str(tmp_path / "r"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "rank-0.jsonl" in err and "not a bench result" in err and "dataset" in err

@@ -308,7 +308,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
             from .projection import epoch_curve
             from ..runtime.metrics import read_metrics
             res["curve"] = epoch_curve(read_metrics(run_dir)).to_json()
-        except (ValueError, OSError, KeyError) as exc:
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
             res["curve_error"] = f"{type(exc).__name__}: {exc}"
     elif summary_path.is_file():
         res["summary"] = json.loads(summary_path.read_text())
@@ -355,8 +355,8 @@ def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                rid = Result.from_json(json.loads(line)).id
-            except (json.JSONDecodeError, TypeError, AttributeError):
+                rid = json.loads(line).get("id")    # the id alone: no curve parsed
+            except (json.JSONDecodeError, AttributeError):
                 continue        # a torn or foreign line: the result files are the record
             if rid:
                 lines[rid] = line

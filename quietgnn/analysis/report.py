@@ -66,7 +66,12 @@ def _load_file(p: Path) -> list[Result]:
     for row in rows:
         res = Result.from_json(row)
         # a bench result names its status; a run's summary.json does not
-        out.append(res if res.status else _from_summary(RunSummary.from_json(row)))
+        res = res if res.status else _from_summary(RunSummary.from_json(row))
+        missing = [k for k in ("dataset", "strategy", "parts", "model")
+                   if getattr(res, k) is None]
+        if missing:
+            raise ValueError(f"a line has no {', '.join(missing)}")
+        out.append(res)
     return out
 
 
@@ -96,7 +101,8 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
                     if run_dir:    # where the run is now (its summary names where it ran)
                         r = dataclasses.replace(r, run_dir=str(run_dir))
                     by_id[r.id or f"{f}:{len(by_id)}"] = _with_curve(r)
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError,
+                    ValueError) as exc:
                 raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
                                  f"{exc}") from exc
     return list(by_id.values())
@@ -224,7 +230,7 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
                  reference: Sequence[Result | dict[str, Any]] = ()) -> Report:
     """Group ok results by dataset x model, rows by strategy label x parts, with
     reference-relative numbers."""
-    results = [Result.from_json(r) for r in results]
+    results = [_with_curve(Result.from_json(r)) for r in results]
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     groups: dict[tuple[str, str], dict[tuple[str, int], list[Result]]] = \

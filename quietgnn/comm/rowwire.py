@@ -3,15 +3,16 @@
 A block of ``r`` rows of width ``F`` with ``nnz`` non-zeros travels as int32 words, either
 dense (``r F`` words: the values' bits) or sparse (``r + 2 nnz`` words: each row's count of
 non-zeros, their columns, then their values' bits), whichever is smaller
-(:func:`sparse_is_smaller`). Sender and receiver choose alike from ``(r, nnz, F)``, so a
-caller exchanges each block's ``nnz`` first (8 bytes per peer) and then needs no other
-handshake (a count of -1 says "dense", for a sender that did not count). Bag-of-words and one-hot features are about 1 % non-zero: a sparse block is
-tens of times smaller, and neither side ever holds it dense (:class:`SparseFeatures` in,
-and out when asked).
+(:func:`sparse_is_smaller`). Sender and receiver choose alike from ``(r, nnz, F)``: a caller
+either exchanges each block's ``nnz`` first (8 bytes per peer; a count of -1 says "dense",
+for a sender that did not count), or lets the all-to-all learn each block's size and reads
+the form off it (:func:`nnz_of_words`). Bag-of-words and one-hot features are about 1 %
+non-zero: a sparse block is tens of times smaller, and neither side ever holds it dense
+(:class:`SparseFeatures` in, and out when asked).
 
-Used where rows of input features cross ranks once or once per reload: ``halo``'s and its
-family's static input rows (:func:`quietgnn.comm.halo.fetch_static_rows`) and ``grappa``'s
-chunk reloads.
+Used where rows of input features cross ranks: ``halo``'s and its family's static input rows
+(:func:`quietgnn.comm.halo.fetch_static_rows`), ``grappa``'s chunk reloads (counts first)
+and ``minibatch``'s fetches (sizes learnt, every bulk).
 """
 
 from __future__ import annotations

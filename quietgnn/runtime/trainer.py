@@ -237,7 +237,9 @@ class Trainer:
             self.checkpointer.start_fresh()
             return 0
         self.strategy.load_state_dict(state["strategy"])
-        self.best, self.history = Selection(**state["best"]), state["history"]
+        names = {f.name for f in dataclasses.fields(Selection)}
+        self.best = Selection(**{k: v for k, v in state["best"].items() if k in names})
+        self.history = state["history"]
         # the earlier attempts' bytes by class, added to this attempt's setup (as the metrics
         # keep both attempts' setup records)
         for c, n in state.get("sent_by_class", {}).items():

@@ -44,7 +44,7 @@ from torch import Tensor
 from ..comm import Communicator
 from ..comm.rowwire import block_nnz, decode_rows, encode_rows, nnz_of_words
 from ..comm.traffic import Traffic
-from ..nn.sparse import BATCH_MAX_DENSITY, SparseFeatures, mostly_zero
+from ..nn.sparse import BATCH_MAX_DENSITY, SparseFeatures, count_nonzero, mostly_zero
 from ..partition import LocalPartition
 from .bulk import Bulk, SampledBlock, expand_rows
 from .renumber import Renumberer, chunk_bounds, cumsum0
@@ -131,8 +131,10 @@ class FeatureFetcher:
     ``BATCH_MAX_DENSITY`` non-zero, agreed once at construction) are served, cached and
     returned as :class:`SparseFeatures`, never dense; a peer's block of rows crosses as
     (column, value) pairs when that is smaller (:mod:`quietgnn.comm.rowwire`), its size
-    learnt by the all-to-all's handshake. Dense features fetch as before, with known sizes.
-    The construction is collective (the agreement).
+    learnt by the all-to-all's handshake (8 bytes a peer). Dense features fetch as before,
+    with known sizes. The construction is collective (the agreement: a 4-byte all-reduce,
+    kind ``feature_form``). The cache's budget counts dense rows, so sparse ones fill less of
+    it than they could.
     """
 
     def __init__(self, comm: Communicator, part: LocalPartition, owner: Tensor,
@@ -143,11 +145,15 @@ class FeatureFetcher:
         #: its float16 features mapped, and only the rows read are widened
         self.dtype = torch.promote_types(part.x.dtype, torch.float32)
         self.row_bytes = int(self.x.shape[1]) * self.dtype.itemsize
-        xs = mostly_zero(part.x, BATCH_MAX_DENSITY)
-        every = torch.tensor([int(xs is not None)], dtype=torch.int32)
+        x = part.x
+        sparse = x.dim() == 2 and x.is_floating_point() and \
+            count_nonzero(x) <= BATCH_MAX_DENSITY * x.numel()
+        every = torch.tensor([int(sparse)], dtype=torch.int32)
         comm.all_reduce(every, "feature_form", "min", carries=Traffic.CONTROL)
-        #: the part's rows as float32 SparseFeatures when every rank's are mostly zero
-        self.xs: Optional[SparseFeatures] = xs if int(every[0]) else None
+        #: the part's rows as float32 SparseFeatures when every rank's are mostly zero (built
+        #: only then: a rank outvoted keeps its rows as they are)
+        self.xs: Optional[SparseFeatures] = \
+            mostly_zero(x, BATCH_MAX_DENSITY) if int(every[0]) else None
         self.cache_ids = torch.zeros(0, dtype=torch.int64)       # sorted global ids
         self.cache_x: Tensor | SparseFeatures = self._empty(0)
         self.hits = self.requests = 0
@@ -157,7 +163,8 @@ class FeatureFetcher:
         if self.xs is None:
             return torch.empty(n, F, dtype=self.dtype)
         return SparseFeatures(torch.zeros(n + 1, dtype=torch.int64),
-                              torch.zeros(0, dtype=torch.int64), torch.zeros(0), F)
+                              torch.zeros(0, dtype=torch.int64),
+                              torch.zeros(0, dtype=torch.float32), F)
 
     def fill_cache(self, candidates: Optional[Tensor], priority: Tensor, max_rows: int) -> None:
         """Keep the ``max_rows`` remote ``candidates`` (global ids; None: every node, with
@@ -179,9 +186,15 @@ class FeatureFetcher:
             del pri
             ids = torch.sort(cand).values
         per = max(1, FILL_ROUND_BYTES // max(1, self.row_bytes))
-        rounds = [self._remote(ids[r * per:(r + 1) * per], "data")
-                  for r in range(max(1, -(-int(max_rows) // per)))]
-        self.cache_x = torch.cat(rounds) if self.xs is None else SparseFeatures.cat(rounds)
+        n_rounds = max(1, -(-int(max_rows) // per))
+        if self.xs is None:    # dense rows straight into their place: no second copy
+            self.cache_x = torch.empty(ids.numel(), self.x.shape[1], dtype=self.dtype)
+            for r in range(n_rounds):
+                self.cache_x[r * per:(r + 1) * per] = self._remote(ids[r * per:(r + 1) * per],
+                                                                   "data")
+        else:
+            self.cache_x = SparseFeatures.cat([self._remote(ids[r * per:(r + 1) * per], "data")
+                                               for r in range(n_rounds)])
         self.cache_ids = ids
 
     def _top_remote(self, priority: Tensor, max_rows: int) -> Tensor:

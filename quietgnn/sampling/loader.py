@@ -84,7 +84,8 @@ def truncate_plan(plan: EpochPlan, steps: int, c: int) -> EpochPlan:
 
 
 def iterate_bulks(plan: EpochPlan, sampler: BulkSampler, k: int, c: int, replica: int,
-                  fetch: Callable[[Tensor], Tensor]) -> Iterator[tuple[MiniBatch, Tensor]]:
+                  fetch: Callable[[Tensor], Tensor | SparseFeatures]
+                  ) -> Iterator[tuple[MiniBatch, Tensor | SparseFeatures]]:
     """Yield ``(minibatch, input features)`` for this replica's steps, in step order.
 
     One sampler call per bulk of ``k * c`` minibatches (every replica of the group makes the

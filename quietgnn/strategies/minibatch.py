@@ -37,7 +37,8 @@ Options (``--options.KEY VALUE``):
   bytes per epoch-equivalent stay comparable.
 
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
-``feature_fetch``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
+``feature_fetch``; mostly-zero rows as (column, value) pairs, their sizes learnt by a
+handshake of 8 bytes a peer, the form agreed once at setup, kind ``feature_form``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
 group's partial samples (``sample_allreduce``); per step: one all-reduce of ``|theta| + 1 + P``
 floats (with ``grad_bits`` < 32 the gradients quantized, ~b/32 of those bytes). Setup: owned ids
 and the topology (``topology``), degrees and group labels.
