@@ -108,8 +108,9 @@ P2 = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4}, "grappa": {"grad_rank
       "bns": {"p": 0.5}, "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1},
       "pipegcn": {"smoothing": 0.5}, "sancus": {"bound": 0.05, "max_stale": 2},
       # mostly-zero features: fetched, joined and kept sparse (halo's inputs, grappa's
-      # chunks, tma's evaluation graph)
-      "halo-sparse": {}, "grappa-sparse": {}, "tma-sparse": {"period_epochs": 1.0}}
+      # chunks, tma's evaluation graph, minibatch's fetched and cached rows)
+      "halo-sparse": {}, "grappa-sparse": {}, "tma-sparse": {"period_epochs": 1.0},
+      "minibatch-sparse": {"eval_nodes": 50}}
 
 
 def _both(comm, graph, parts, tmp):
