@@ -100,17 +100,27 @@ def _sparse_graph():
     return g
 
 
-def test_mostly_zero_features_train_as_the_dense_ones():
+def _sparse_work(comm, graph, parts):
+    return {"replicated": _train(comm, graph, parts, "sage", FULL),
+            "15d": _train(comm, graph, parts, "sage", dict(FULL, topology="1.5d",
+                                                           replication=2)),
+            "eval": _evaluate_both(comm, graph, parts)}
+
+
+def test_mostly_zero_features_train_and_evaluate_as_the_dense_ones():
     """Fetched, cached and fed to the model sparse (never dense), the single full-fanout
-    minibatch still takes centralized's steps, on both topologies."""
+    minibatch still takes centralized's steps, on both topologies, and the sampled evaluation
+    with full fanouts is the exact one (one process group for both)."""
     g = _sparse_graph()
     parts = partition_nodes(g, "metis", 2, seed=0)
     ref = _train(Communicator(0, 1), g, np.zeros(g.num_nodes, dtype=np.int64), "sage", None)
-    res = spawn_function(_many, 2, args=(g, parts))
-    for r in res:
+    for r in spawn_function(_sparse_work, 2, args=(g, parts)):
         for mode in ("replicated", "15d"):
             for name, p in ref["params"].items():
                 assert torch.allclose(r[mode]["params"][name], p, atol=1e-5), (mode, name)
+        for split in ("train", "val", "test"):
+            assert r["eval"]["sampled"][split] == pytest.approx(r["eval"]["exact"][split],
+                                                                abs=1e-12), split
 
 
 def test_option_errors():
@@ -165,14 +175,6 @@ def test_sampled_evaluation_with_full_fanouts_is_exact(graph, P, topo):
             assert set(r["sampled_kinds"]) - {"control"} == \
                 {"eval_metrics", "feature_fetch", "feature_fetch_ids"} | extra
             assert "halo_fwd" in r["exact_kinds"]
-
-
-def test_sampled_evaluation_of_mostly_zero_features_is_exact():
-    g = _sparse_graph()
-    parts = partition_nodes(g, "metis", 2, seed=0)
-    for r in spawn_function(_evaluate_both, 2, args=(g, parts)):
-        for split in ("train", "val", "test"):
-            assert r["sampled"][split] == pytest.approx(r["exact"][split], abs=1e-12), split
 
 
 def _capped(comm, graph, parts, cap):

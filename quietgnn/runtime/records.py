@@ -16,6 +16,7 @@ unit in which strategies whose trainer epoch is several passes (``tma``) compare
 """
 
 import dataclasses
+import functools
 import typing
 from typing import Any, Mapping, Optional, TypedDict, TypeVar
 
@@ -65,7 +66,9 @@ class Record:
         return {f.name for f in dataclasses.fields(cls) if not f.metadata.get("optional")}
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # resolved once per class: a run's curve reads every metrics line through from_json
     return typing.get_type_hints(cls)
 
 

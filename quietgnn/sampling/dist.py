@@ -139,6 +139,8 @@ class FeatureFetcher:
 
     def __init__(self, comm: Communicator, part: LocalPartition, owner: Tensor,
                  kind: str = "feature_fetch") -> None:
+        # host-side throughout, as sampling is: the communicator stages its tensors to the
+        # backend's device, and a strategy moves the rows it returns (``ctx.put``)
         self.comm, self.part, self.owner, self.kind = comm, part, owner, kind
         self.x = part.x
         #: rows are served, sent and cached in float32 at least: a part read as stored keeps
