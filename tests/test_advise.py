@@ -220,6 +220,27 @@ def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
     assert _choose_fit([("a", 5.0, 10.0), ("b", 8.0, 12.0)])["kind"] == "ratio"
 
 
+def test_only_a_strategy_paced_by_its_own_schedule_may_need_constant_work():
+    from quietgnn.analysis.advise import build_prior
+    from quietgnn.analysis.advise.fit import work_shapes
+    assert "constant" in work_shapes("tma") and "constant" in work_shapes("retexo")
+    assert work_shapes("minibatch") == work_shapes("halo") == ("ratio",)
+    assert work_shapes("a-label-of-nothing") == ("ratio",)
+
+    def run(ds, strategy, reach_at):     # test accuracy 0.9 from epoch `reach_at` on
+        accs = [0.5] * (reach_at - 1) + [0.9] * (200 - reach_at + 1)
+        return {"dataset": ds, "model": "gcn", "strategy": strategy, "parts": 4,
+                "status": "ok", "summary": {"test_acc": 0.9},
+                "curve": {"epochs": [{"epoch": i, "test_acc": a, "work": 1.0}
+                                     for i, a in enumerate(accs)]}}
+    # the same few epochs on graphs where centralized needs 5 to 40: a tma or a minibatch
+    runs = [r for ds, c in (("a", 5), ("b", 10), ("c", 20), ("d", 40))
+            for r in (run(ds, "centralized", c), run(ds, "tma", 12), run(ds, "minibatch", 12))]
+    fits = {s: v["fit"] for s, v in build_prior(runs)["strategies"].items()}
+    assert fits["tma"]["kind"] == "constant"
+    assert fits["minibatch"]["kind"] == "ratio"
+
+
 def test_updates_per_pass_is_the_steps_the_minibatch_loader_takes():
     import torch
 

@@ -157,6 +157,11 @@ class Strategy(ABC):
     fixed_parts: ClassVar[Optional[int]] = None
     #: claims equality with ``centralized`` (tested)
     exact: ClassVar[bool] = False
+    #: its work to an accuracy is paced by its own schedule (averaging rounds, layers trained
+    #: in turn), not only by the gradient steps ``centralized`` needs on the graph: the advisor
+    #: may then model that work as a constant (:mod:`quietgnn.analysis.advise.fit`); False: a
+    #: multiple of ``centralized``'s, as for any gradient method on the same model
+    own_schedule: ClassVar[bool] = False
     #: the run survives the death of ranks other than 0: the launcher keeps the others running
     #: and rank 0 writes the summary. Such a strategy must not use gloo collectives after
     #: setup and overrides :meth:`gather_objects` (``tma``: averaging through a hub on rank 0)

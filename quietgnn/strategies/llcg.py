@@ -71,6 +71,7 @@ class LLCG(HaloFamily):
     description = ("LLCG: local trainers on induced subgraphs, periodic averaging, a "
                    "correction step on the whole graph")
     Options = LLCGOptions
+    own_schedule = True     # periodic averaging, as tma
     residency_traffic = ("sends boundary nodes' raw input features (fetched once at set-up, "
                          "for the correction step) and model parameters")
 

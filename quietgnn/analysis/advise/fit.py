@@ -41,10 +41,12 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
     runs on that dataset (:func:`quietgnn.analysis.advise.updates_per_pass`); 1 where not given."""
     updates = updates or {}
     groups: dict[tuple[str, str], dict[str, list[Result]]] = {}
+    registered: dict[str, str] = {}     # a label's strategy
     for r in map(Result.from_json, results):
         if not r.ok or not r.curve or r.dataset in exclude:
             continue
         groups.setdefault((r.dataset, r.model), {}).setdefault(r.name, []).append(r)
+        registered[r.name] = r.strategy_name or r.name
     ratios: dict[str, list[float]] = {}
     # (graph, centralized's work, the strategy's)
     pairs: dict[str, list[tuple[str, float, float]]] = {}
@@ -83,7 +85,8 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
             "epochs_ratio": math.exp(statistics.mean(math.log(x) for x in rs)) if rs else None,
             "reach": sum(reached[s]) / len(reached[s]),
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
-            "cells": len(reached[s]), "fit": _choose_fit(pairs.get(s, []))}
+            "cells": len(reached[s]),
+            "fit": _choose_fit(pairs.get(s, []), work_shapes(registered[s]))}
     return {"target_frac": target_frac, "cells": sorted(cells), "work_unit": "updates",
             "updates_per_epoch": {ds: dict(u) for ds, u in sorted(updates.items())
                                   if ds not in exclude},
@@ -118,9 +121,28 @@ def _fit(pairs: Sequence[tuple[float, float]], kind: str) -> Optional[dict[str, 
 _FITS = ("ratio", "constant", "power")
 
 
-def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str, Any]]:
+def work_shapes(strategy: str) -> tuple[str, ...]:
+    """The shapes ``strategy``'s work may take. A gradient method on ``centralized``'s model
+    (compressed, stale, sampled or partial gradients) needs a multiple of its steps: the
+    ratio alone. A strategy paced by its own schedule (:attr:`Strategy.own_schedule`: rounds
+    of averaging, layers trained in turn) may need about the same work on every graph, or
+    grow slower than ``centralized``'s: every shape of :data:`_FITS`, as the held-out graphs
+    choose. Four graphs are too few to tell the shapes apart for a gradient method: where it
+    happened to need a few steps on three of them, a constant (or a power law through them)
+    fitted, and a graph on which ``centralized`` needs ten times more broke it."""
+    from ...strategies import get_strategy
+    try:
+        own = get_strategy(strategy).own_schedule
+    except ValueError:      # a label of no registered strategy
+        own = False
+    return _FITS if own else ("ratio",)
+
+
+def _choose_fit(pairs: Sequence[tuple[str, float, float]],
+                shapes: Sequence[str] = _FITS) -> Optional[dict[str, Any]]:
     """The shape of a strategy's work against centralized's that best predicts a graph it
-    was not fitted on: each of :data:`_FITS` is fitted on all graphs but one and scored
+    was not fitted on: each of ``shapes`` (:data:`_FITS`, or :func:`work_shapes`) is fitted
+    on all graphs but one and scored
     (squared log error) on the one left out, in turn. Four graphs cannot pin a power law
     down (fitted on paces 6 to 40 it extrapolates to 150 badly), so the more flexible shape
     has to earn its place on graphs it has not seen. Below three graphs nothing can earn it
@@ -132,7 +154,7 @@ def _choose_fit(pairs: Sequence[tuple[str, float, float]]) -> Optional[dict[str,
     if len(graphs) < 3:
         return _fit(xy, "ratio")
     best, best_err = None, float("inf")
-    for kind in _FITS:
+    for kind in shapes:
         err = 0.0
         for g in graphs:
             f = _fit([(x, y) for gg, x, y in pairs if gg != g], kind)

@@ -186,6 +186,7 @@ class Retexo(LeanOption, Strategy):
                    "exchange per layer + per-round gradients of one small layer")
     Options = RetexoOptions
     default_partitioner = "metis"
+    own_schedule = True     # its rounds per layer, not centralized's steps, pace it
     residency_levels = ("none", "features", "strict")
     residency_traffic = "sends raw features in its first exchange"   # skipped under residency
 

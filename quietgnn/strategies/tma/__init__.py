@@ -224,6 +224,7 @@ class TMA(Strategy):
                          "whole graph, or with eval_nodes a sample from the partition book): "
                          "rank 0 to evaluate")
     tolerates_failures = True
+    own_schedule = True     # accuracy comes with averaging rounds
 
     # ------------------------------------------------------------------ setup
     @classmethod
