@@ -7,7 +7,7 @@
     python benchmarks/bench_network.py --reproject                 # re-derive from run dirs
 
 Every run is ``quietgnn train`` under one ``torchrun`` agent per emulated host
-(``benchmarks/netcluster.py``: network namespaces on a bridge, each host's egress capped by
+(``quietgnn/runtime/netcluster.py``: network namespaces on a bridge, each host's egress capped by
 ``htb``, acknowledgements first), the c10d rendezvous and every byte over the bridge. Each
 rank loads the dataset and partitions it with its strategy's own partitioner (no shared
 prepared directory), as on real hosts. Per run it records the measured wall seconds per
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from netcluster import Cluster, _rate_bps, available  # noqa: E402
+from quietgnn.runtime.netcluster import Cluster, available, rate_bps  # noqa: E402
 from quietgnn.analysis.projection import epoch_curve, project, time_to_accuracy  # noqa: E402,E501
 from quietgnn.comm.network import TIERS, Tier  # noqa: E402,E501
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
@@ -98,7 +98,7 @@ def run_one(ds: str, strategy: str, rate: Optional[str], epochs: int, data_root:
                                               to_target=central is not None),
                                   run_id=run, log_dir=logs), timeout=3000)
     rec = {"dataset": ds, "strategy": strategy, "parts": hosts, "rate": rate or "uncapped",
-           "bandwidth_bps": _rate_bps(rate) if rate else None, "epochs": epochs,
+           "bandwidth_bps": rate_bps(rate) if rate else None, "epochs": epochs,
            "kind": "to_target" if central else "epoch_time",
            "elapsed_s": round(time.perf_counter() - t0, 1), "status": "ok"}
     if codes != [0] * hosts:
@@ -117,7 +117,7 @@ def probe(rate: str, hosts: int = 4) -> dict:
     with Cluster(hosts, rate=rate) as c:
         codes = c.wait(c.torchrun([str(ROOT / "benchmarks/netprobe.py")], run_id=f"probe-{rate}",
                                   log_dir=logs), timeout=600)
-    rec = {"kind": "link_probe", "rate": rate, "bandwidth_bps": _rate_bps(rate),
+    rec = {"kind": "link_probe", "rate": rate, "bandwidth_bps": rate_bps(rate),
            "parts": hosts, "status": "ok" if codes == [0] * hosts else "failed"}
     lines = [ln for ln in (logs / "host-0.log").read_text(errors="replace").splitlines()
              if ln.startswith("PROBE ")]
@@ -178,7 +178,7 @@ def _project(rec: dict, curve: dict, central: Optional[float]) -> dict:
                test_acc=curve["epochs"][-1].get("test_acc"))
     rate = rec["rate"] if rec["rate"] != "uncapped" else None
     if rate:
-        link = Tier(f"{rate}-no-latency", _rate_bps(rate), 0.0)
+        link = Tier(f"{rate}-no-latency", rate_bps(rate), 0.0)
         named = TIERS[TIER_OF[rate]] if rate in TIER_OF else None
         for key, c in (("projected", cores), ("projected_dedicated", None)):
             # training only, as measured: compute and communication, no evaluation

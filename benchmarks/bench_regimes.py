@@ -20,7 +20,7 @@ Seconds to a target = the one-off set-up communication (e.g. ``halo``'s static i
 training epochs (compute + communication) through the first evaluation that reached it + that
 one evaluation. The other evaluations are the study's instrument, not the user's cost, so they
 are left out (on every strategy alike). A strategy that did not reach the target within its
-budget is *not reached*, with the best accuracy it got. ``benchmarks/netcluster.py`` measures
+budget is *not reached*, with the best accuracy it got. ``quietgnn/runtime/netcluster.py`` measures
 the same runs on emulated hosts (``bench_network.py``); this study's numbers are projections
 from measured compute, marked as such in ``regimes.json`` (``how: projected``).
 
@@ -141,13 +141,13 @@ def _measured_to(curve: dict, target: float) -> Optional[float]:
 
 def measure(args: argparse.Namespace, saved: dict) -> dict:
     """``--measure LINK``: the ``--strategies`` on the ``--graph`` on 4 emulated hosts
-    (``benchmarks/netcluster.py``, as root) whose egress is capped at LINK; the measured
+    (``quietgnn/runtime/netcluster.py``, as root) whose egress is capped at LINK; the measured
     seconds to 90/95/98 % go into the cell's record of that link, beside the projection for
     hosts sharing this machine's cores as they did (the check of the projection). A later
     projected run of the same cell replaces the record, check and all: the check was of
     the code that ran then."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from netcluster import Cluster, available
+    from quietgnn.runtime.netcluster import Cluster, available
     why = available()
     if why:
         raise SystemExit(f"bench_regimes --measure: cannot emulate hosts here: {why}")

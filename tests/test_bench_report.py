@@ -38,6 +38,18 @@ def test_matrix_expansion():
         ("cora", "halo"), ("citeseer", "halo"), ("citeseer", "minibatch")]
     with pytest.raises(ValueError, match="unknown matrix key"):
         build_matrix({"datasets": "cora", "strategies": "halo", "epoch": 3})
+    # links: every multi-rank run once per link on emulated hosts; centralized stays local
+    linked = build_matrix({"datasets": "cora", "strategies": "centralized,halo",
+                           "parts": [2], "links": "uncapped,100mbit"})
+    assert [(s.strategy, s.link) for s in linked] == [
+        ("centralized", None), ("halo", "uncapped"), ("halo", "100mbit")]
+    plain = build_matrix({"datasets": "cora", "strategies": "halo", "parts": [2]})[0]
+    # a link names the run (its id ends with it); a local run's id is what it always was
+    assert linked[2].id == plain.id.rsplit("-", 1)[0] + "-100mbit-" + plain.id.rsplit("-", 1)[1]
+    assert linked[2].as_dict()["link"] == "100mbit" and "link" not in plain.as_dict()
+    assert linked[2].train_args(Path("r/x"), Path("s.json"))[:3] == ["-m", "quietgnn", "train"]
+    with pytest.raises(ValueError, match="'100mbps'.*10mbit.*'uncapped'"):
+        build_matrix({"datasets": "cora", "strategies": "halo", "links": ["100mbps"]})
     with pytest.raises(ValueError, match="no strategies"):
         build_matrix({"datasets": "cora"})
 
@@ -155,6 +167,34 @@ def test_report_divides_per_epoch_figures_by_the_work_done():
     # report.json: the same numbers under the same keys
     assert rep.to_json()["groups"][0]["rows"][1]["tta"]["lan"]["seconds"] == \
         pytest.approx(per_epoch)
+
+
+def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_projection():
+    from quietgnn.comm.network import Tier
+    lan = Tier(name="lan", bandwidth=1e9, latency=5e-4)
+    runs = [_fake("centralized", 1.0, 6, 0.8), _fake("halo", 1.0, 6, 0.8)]
+    for link, wall in (("uncapped", 0.6), ("8mbit", 1.7)):
+        r = _fake("halo", 1.0, 6, 0.8)
+        r.update(id=f"halo-{link}", link=link, host_cores=2)
+        for e in r["curve"]["epochs"]:
+            e.update(wall_s=wall, eval_s=0.1, compute_sum_s=1.0)
+        runs.append(r)
+    rep = report.build_report(runs, {"lan": lan})
+    rows = {r.strategy: r for r in rep.groups[0].rows}
+    assert set(rows) == {"centralized", "halo", "halo @ uncapped", "halo @ 8mbit"}
+    slow = rows["halo @ 8mbit"]
+    assert slow.link == "8mbit" and rows["halo"].link is None
+    assert slow.measured_epoch_s == pytest.approx(1.6)          # wall less evaluation
+    # projected on the link, no latency: compute (0.5 s; 4 ranks' 1.0 s on 2 cores: 0.5 s)
+    # plus 1 MB at 8 Mbit/s
+    assert slow.link_epoch_s == pytest.approx(0.5 + 1.0)
+    assert slow.measured_tta_s == pytest.approx(1.7)            # reached at the first epoch
+    assert slow.link_tta_s == pytest.approx(1.5)
+    assert rows["halo @ uncapped"].link_epoch_s == pytest.approx(0.5, rel=1e-6)
+    # each link's halo is its own row's baseline
+    assert slow.bytes_ratio == pytest.approx(1.0)
+    md = report.markdown(rep, ["lan"], {})
+    assert "Measured on emulated hosts" in md and "| halo | 4 | 8mbit | 1.60 s | 1.50 s |" in md
 
 
 def test_summary_tables_across_groups():

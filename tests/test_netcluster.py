@@ -1,5 +1,6 @@
-"""The emulated cluster (``benchmarks/netcluster.py``): hosts in network namespaces on a bridge,
-rate-capped links, torchrun's multi-host path over them. Needs root and iproute2."""
+"""The emulated cluster (``quietgnn/runtime/netcluster.py``): hosts in network namespaces on a
+bridge, rate-capped links, torchrun's multi-host path over them, and ``quietgnn bench`` runs on
+it. Needs root and iproute2."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import time
 
 import pytest
 
-from helpers import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from netcluster import Cluster, available  # noqa: E402
+from quietgnn.runtime.netcluster import Cluster, available  # noqa: E402
 
 WHY = available()
 # emulated hosts (root, namespaces): the slow tier (pytest -m slow), which .ci/run runs too
@@ -30,23 +28,28 @@ def _quietgnn(*args):
                           text=True, timeout=300)
 
 
-def test_two_emulated_hosts_train_as_the_local_launcher_does(tmp_path):
-    d = tmp_path / "d"
-    assert _quietgnn("prepare", *SYN, "--parts", "2", "--out", str(d)).returncode == 0
-    local = _quietgnn("train", "--data", str(d), *TRAIN, "--out", str(tmp_path),
-                      "--run-name", "local", "--summary-json", str(tmp_path / "local.json"))
-    assert local.returncode == 0, local.stderr[-2000:]
-    with Cluster(2, rate="100mbit") as c:
-        procs = c.torchrun(["-m", "quietgnn", "train", "--data", str(d), *TRAIN,
-                            "--out", str(tmp_path), "--run-name", "emu",
-                            "--summary-json", str(tmp_path / "emu.json")],
-                           run_id="emu", log_dir=tmp_path)
-        codes = c.wait(procs, timeout=300)
-    assert codes == [0, 0], (tmp_path / "host-0.log").read_text()[-3000:]
-    a = json.loads((tmp_path / "local.json").read_text())
-    b = json.loads((tmp_path / "emu.json").read_text())
+def test_a_bench_matrix_on_emulated_hosts_trains_as_the_local_launcher_does(tmp_path):
+    """``quietgnn bench --links``: each run on two emulated hosts (torchrun over their capped
+    links) gives the local run's loss, bytes and accuracy, and its report measures it."""
+    from quietgnn.analysis import bench, report
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("datasets: [{name: synthetic, set: {synthetic.nodes: 300, "
+                      "synthetic.feature_dim: 8}}]\nstrategies: [halo]\nparts: [2]\n"
+                      "set: {train.epochs: 2, model.hidden: 8}\n")
+    assert bench.cli_main(["--matrix", str(matrix), "--out", str(tmp_path / "local")]) == 0
+    assert bench.cli_main(["--matrix", str(matrix), "--out", str(tmp_path / "emu"),
+                           "--links", "100mbit"]) == 0
+    local, emu = (json.loads((tmp_path / d / "results.jsonl").read_text())
+                  for d in ("local", "emu"))
+    assert emu["link"] == "100mbit" and emu["host_cores"] >= 1 and "link" not in local
+    assert "--- host 1 (100mbit) ---" in (tmp_path / "emu" / "logs" / f"{emu['id']}.log") \
+        .read_text()
+    a, b = local["summary"], emu["summary"]
     assert b["final_loss"] == pytest.approx(a["final_loss"], rel=1e-6)
     assert b["train_bytes"] == a["train_bytes"] and b["test_acc"] == a["test_acc"]
+    out = tmp_path / "emu" / "report"
+    assert report.cli_main([str(tmp_path / "emu"), "--out", str(out), "--no-plots"]) == 0
+    assert "| halo | 2 | 100mbit |" in (out / "report.md").read_text()
 
 
 def test_a_capped_link_limits_a_transfer_to_its_rate():

@@ -23,6 +23,7 @@ YAML (every key optional; see ``benchmarks/headline.yaml``)::
     models: [gcn, sage]
     seeds: [0]
     set: {train.epochs: 200, model.hidden: 64}   # config keys for every run
+    links: [uncapped, 100mbit]       # optional: every multi-rank run on emulated hosts
     run_timeout_s: 1800
 
 Strategy names and options are plain data passed to ``quietgnn train`` (``--options.KEY``),
@@ -38,6 +39,12 @@ directory and one compute thread per worker (``runtime.threads 1``). Output unde
     results.jsonl       every result of the study: earlier runs kept, this run's in place
     runs/<id>/          the run directory (metrics/rank-k.jsonl, summary.json, logs/)
     logs/<id>.log       stdout + stderr of the run
+
+With ``links`` (or ``--links``), each run of P ranks is measured on P emulated hosts of this
+machine per link (:mod:`quietgnn.runtime.netcluster`: network namespaces, each host's egress
+capped at the link's rate, ``uncapped`` for none; root and iproute2), launched by ``torchrun``
+as across real machines; a strategy with ``fixed_parts`` 1 runs locally, once. The run's id
+ends with its link, and ``quietgnn report`` shows its measured seconds beside the projection.
 
 Resumable: a run whose result file exists is skipped (``--retry-failed`` reruns failed ones).
 A failing run is recorded with the tail of its output and the matrix goes on.
@@ -92,6 +99,8 @@ class Result(Record):
     summary: Optional[RunSummary] = None
     curve: Optional[Curve] = None      #: its epochs merged (:func:`.projection.epoch_curve`)
     curve_error: Optional[str] = optional()
+    link: Optional[str] = optional()   #: the emulated hosts' link (``links``), None: local
+    host_cores: Optional[int] = optional()   #: the cores those hosts shared
 
     @property
     def name(self) -> str:
@@ -117,11 +126,12 @@ class RunSpec:
     root: Optional[str] = None
     options: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)   # section.key -> value
+    link: Optional[str] = None            # on emulated hosts at this link; None: local
 
     @property
     def id(self) -> str:
         base = (f"{self.dataset_label or self.dataset}-{self.model}-{self.label or self.strategy}"
-                f"-p{self.parts}-s{self.seed}")
+                f"-p{self.parts}-s{self.seed}" + (f"-{self.link}" if self.link else ""))
         # options / overrides that are not already in the label change the run: hash them so
         # two variants never share a result file
         extra = json.dumps({"o": self.options, "k": self.overrides, "r": self.root},
@@ -133,10 +143,14 @@ class RunSpec:
                 "dataset_name": self.dataset, "strategy": self.label or self.strategy,
                 "strategy_name": self.strategy, "parts": self.parts, "model": self.model,
                 "seed": self.seed, "root": self.root, "options": self.options,
-                "overrides": self.overrides}
+                "overrides": self.overrides, **({"link": self.link} if self.link else {})}
 
     def command(self, run_dir: Path, summary: Path, python: str = sys.executable) -> list[str]:
-        cmd = [python, "-m", "quietgnn", "train", "--strategy", self.strategy,
+        return [python, *self.train_args(run_dir, summary)]
+
+    def train_args(self, run_dir: Path, summary: Path) -> list[str]:
+        """What follows the interpreter (or ``torchrun``'s options, on emulated hosts)."""
+        cmd = ["-m", "quietgnn", "train", "--strategy", self.strategy,
                "--dataset", self.dataset, "--parts", str(self.parts), "--model", self.model,
                "--seed", str(self.seed), "--threads", "1",
                "--out", str(run_dir.parent), "--run-name", run_dir.name,
@@ -201,7 +215,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     """Expand a matrix mapping (YAML shape above) into run specs, deduplicated, in order
     dataset > model > strategy > parts > seed."""
     known = {"out", "datasets", "strategies", "parts", "models", "seeds", "set", "root",
-             "run_timeout_s", "epochs"}
+             "run_timeout_s", "epochs", "links"}
     bad = sorted(set(m) - known)
     if bad:
         raise ValueError(f"unknown matrix key(s) {bad}; valid keys: {sorted(known)}")
@@ -210,6 +224,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     parts = [int(p) for p in _as_list(m.get("parts", [4]), "parts")]
     models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
     seeds = [int(s) for s in _as_list(m.get("seeds", [0]), "seeds")]
+    links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
     common = dict(m.get("set") or {})
     if m.get("epochs") is not None:
         common["train.epochs"] = int(m["epochs"])
@@ -226,18 +241,34 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                         _as_list(s["datasets"], "strategies.datasets"):
                     continue   # this strategy runs on the datasets it names only
                 fixed = _fixed_parts(s["name"])
-                for p in ([fixed] if fixed else parts):
-                    for seed in seeds:
+                for p, seed, link in ((p, seed, link) for p in ([fixed] if fixed else parts)
+                                      for seed in seeds
+                                      for link in (links if links and p > 1 else [None])):
                         spec = RunSpec(
                             dataset=d["name"], dataset_label=d.get("label", ""),
                             root=d.get("root", m.get("root")), strategy=s["name"],
                             label=s.get("label", ""), parts=p, model=model, seed=seed,
-                            options=dict(s.get("options") or {}),
+                            options=dict(s.get("options") or {}), link=link,
                             overrides={**common, **(d.get("set") or {}), **(s.get("set") or {})})
                         if spec.id not in seen:
                             seen.add(spec.id)
                             specs.append(spec)
     return specs
+
+
+def _link(link: str) -> str:
+    """``uncapped`` or a tc rate (``100mbit``), checked before any run starts."""
+    if link != UNCAPPED:
+        from ..runtime.netcluster import rate_bps
+        try:
+            rate_bps(link)
+        except ValueError as exc:
+            raise ValueError(f"matrix key 'links': {exc}, or {UNCAPPED!r}") from None
+    return link
+
+
+#: a link on emulated hosts with no cap (their traffic as fast as this machine moves it)
+UNCAPPED = "uncapped"
 
 
 def load_matrix(path: Optional[str]) -> dict[str, Any]:
@@ -266,7 +297,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
     summary_path = run_dir / "summary.json"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a previous, unfinished attempt
-    cmd = spec.command(run_dir, out / "runs" / f"{spec.id}.summary.json")
+    summary_copy = out / "runs" / f"{spec.id}.summary.json"
+    cmd = spec.command(run_dir, summary_copy)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log_path = out / "logs" / f"{spec.id}.log"
     t0 = time.perf_counter()
@@ -274,22 +306,26 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
     with open(log_path, "w") as lf:
         lf.write(" ".join(cmd) + "\n")
         lf.flush()
-        # own process group: a timeout kills the launcher and all its workers
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        if spec.link:
+            from ..runtime.netcluster import run_on_hosts
+            rc = run_on_hosts(spec.train_args(run_dir, summary_copy), spec.parts,
+                              None if spec.link == UNCAPPED else spec.link, spec.id, lf,
+                              timeout_s)
+        else:   # own process group: a timeout kills the launcher and all its workers
+            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+            except KeyboardInterrupt:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
     elapsed = time.perf_counter() - t0
     output = log_path.read_text(errors="replace")
-    summary_copy = out / "runs" / f"{spec.id}.summary.json"
     last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
     if rc is None:
         status, error = "failed", f"timed out after {timeout_s:g}s\n{_tail(output)}"
@@ -301,6 +337,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
                            "command": cmd, "elapsed_s": round(elapsed, 2),
                            "run_dir": str(run_dir), "finished_at": time.strftime("%FT%TZ",
                                                                                   time.gmtime())}
+    if spec.link:
+        res["host_cores"] = len(os.sched_getaffinity(0))
     if status == "ok":
         res["summary"] = json.loads(summary_copy.read_text())
         summary_copy.unlink()
@@ -383,6 +421,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", help="comma-separated model architectures (gcn, sage, ...)")
     ap.add_argument("--seeds", help="comma-separated seeds")
     ap.add_argument("--epochs", type=int, help="training epochs of every run")
+    ap.add_argument("--links", help="comma-separated links (uncapped, 100mbit, ...): every "
+                    "multi-rank run on emulated hosts of this machine, once per link (root)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config key for every run (repeatable)")
     ap.add_argument("--options", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
@@ -433,7 +473,8 @@ def cli_main(argv: Sequence[str]) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         m = load_matrix(args.matrix)
-        for key in ("datasets", "strategies", "parts", "models", "seeds", "root", "epochs"):
+        for key in ("datasets", "strategies", "parts", "models", "seeds", "root", "epochs",
+                    "links"):
             v = getattr(args, key)
             if v is not None:
                 m[key] = _select(m.get(key), v, key) if key in ("datasets", "strategies") else v
@@ -460,10 +501,19 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         for s in specs:
-            print(s.id)
+            print(s.id + (f"  (on {s.parts} emulated hosts, link {s.link})" if s.link else ""))
             print("   ", " ".join(s.command(out / "runs" / s.id, out / "runs" /
                                             f"{s.id}.summary.json", python="python")))
         return 0
+    if any(s.link for s in specs):
+        from ..runtime.netcluster import available
+        why = available()
+        if why:
+            links = sorted({s.link for s in specs if s.link})
+            print(f"quietgnn bench: error: the matrix has links {links} but emulated hosts "
+                  f"cannot be built here: {why} (or leave 'links' out: local runs)",
+                  file=sys.stderr)
+            return 2
     print(f"quietgnn bench: {len(specs)} run(s) -> {out}", file=sys.stderr)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     results = run_matrix(specs, out, timeout_s=timeout, retry_failed=args.retry_failed, log=log)

@@ -57,8 +57,8 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
     import matplotlib.pyplot as plt
 
     runs: dict[tuple[str, int], list[Curve]] = {(r.strategy, int(r.parts)): [] for r in g.rows}
-    for r in results:
-        key = (r.strategy, int(r.parts))
+    for r in results:   # a run on emulated hosts is its link's row ("halo @ 100mbit")
+        key = (r.strategy + (f" @ {r.link}" if r.link else ""), int(r.parts))
         if r.ok and r.dataset == g.dataset and r.model == g.model and key in runs and r.curve:
             runs[key].append(r.curve)
     stem = f"{g.dataset}-{g.model}".replace("/", "_")

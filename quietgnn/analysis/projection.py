@@ -272,3 +272,24 @@ def time_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tie
         if p.test_acc is not None and p.test_acc >= target:
             return p
     return None
+
+
+def measured_epoch_s(curve: Curve | Mapping[str, Any] | Sequence[Any]) -> Optional[float]:
+    """Measured wall seconds of training per epoch-equivalent, evaluation left out, over the
+    epochs after the first (its warm-up); None without epochs."""
+    eps = Curve.of(curve).epochs
+    rows = eps[1:] or eps
+    work = curve_work(rows)
+    return sum(p.wall_s - (p.eval_s or 0.0) for p in rows) / work if rows and work else None
+
+
+def measured_time_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any],
+                              target: float) -> Optional[float]:
+    """Measured wall seconds through the epoch whose evaluation first reached ``target``
+    (evaluations included, as :func:`time_to_accuracy` counts them), or None."""
+    cum = 0.0
+    for p in Curve.of(curve).epochs:
+        cum += p.wall_s
+        if p.test_acc is not None and p.test_acc >= target:
+            return cum
+    return None

@@ -45,7 +45,8 @@ from ..comm.network import Tier, resolve_tiers
 from ..runtime.metrics import human_bytes as _human_bytes
 from ..runtime.records import RunSummary
 from .bench import Result
-from .projection import curve_work as _work, epoch_curve, project, time_to_accuracy
+from .projection import (curve_work as _work, epoch_curve, measured_epoch_s,
+                         measured_time_to_accuracy, project, time_to_accuracy)
 
 __all__ = ["load_results", "build_report", "Report", "Group", "Row", "cli_main"]
 
@@ -155,6 +156,14 @@ class Row:
     delta_acc: Optional[float] = None              #: test accuracy less centralized's
     bytes_ratio: Optional[float] = None            #: training bytes per epoch over halo's
     tta_ratio: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    #: on emulated hosts (``quietgnn bench --links``): the link, and measured seconds per
+    #: epoch (training) and to the target beside their projection on the link (no latency;
+    #: the hosts sharing this machine's cores, as they ran)
+    link: Optional[str] = None
+    measured_epoch_s: Optional[float] = None
+    link_epoch_s: Optional[float] = None
+    measured_tta_s: Optional[float] = None
+    link_tta_s: Optional[float] = None
 
     def tta_s(self, tier: str) -> Optional[float]:
         t = self.tta.get(tier)
@@ -193,7 +202,7 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
-         target: Optional[float]) -> Row:
+         target: Optional[float], link: Optional[str] = None) -> Row:
     accs = [r.summary.test_acc for r in runs]
     curves = [r.curve for r in runs if r.curve is not None and r.curve.epochs]
     per_epoch = [c.epochs for c in curves]
@@ -222,7 +231,28 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
         got = [h for h in hits if h]
         row.tta[name] = Reach(seconds=_mean([h.cum_s for h in got]), reached=len(got),
                               of=len(hits), epoch=_mean([h.epoch for h in got]))
+    if link:
+        _measured_on(row, link, runs, target)
     return row
+
+
+def _measured_on(row: Row, link: str, runs: list[Result], target: Optional[float]) -> None:
+    """``row``'s measured seconds on its emulated hosts and their projection on the link."""
+    from ..runtime.netcluster import rate_bps
+    tier = Tier(link, rate_bps(link) if link != "uncapped" else 1e15, 0.0)
+    row.link = link
+    row.strategy = f"{row.strategy} @ {link}"
+    curves = [(r.curve, r.host_cores) for r in runs if r.curve is not None and r.curve.epochs]
+    row.measured_epoch_s = _mean([measured_epoch_s(c) for c, _ in curves])
+
+    def training(c: Any, cores: Optional[int]) -> float:   # as measured: evaluation aside
+        eps = project(c, tier, cores)[1:] or project(c, tier, cores)
+        return sum(p.compute_s + p.comm_s for p in eps) / _work(c.epochs[1:] or c.epochs)
+    row.link_epoch_s = _mean([training(c, cores) for c, cores in curves])
+    if target is not None:
+        row.measured_tta_s = _mean([measured_time_to_accuracy(c, target) for c, _ in curves])
+        hits = [time_to_accuracy(c, tier, target, cores) for c, cores in curves]
+        row.link_tta_s = _mean([h.cum_s if h else None for h in hits])
 
 
 def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Tier], *,
@@ -233,10 +263,10 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
     results = [_with_curve(Result.from_json(r)) for r in results]
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
-    groups: dict[tuple[str, str], dict[tuple[str, int], list[Result]]] = \
+    groups: dict[tuple[str, str], dict[tuple[str, int, Optional[str]], list[Result]]] = \
         defaultdict(lambda: defaultdict(list))
-    for r in ok:
-        groups[(r.dataset, r.model)][(r.strategy, int(r.parts))].append(r)
+    for r in ok:    # a run on emulated hosts is a row of its link's
+        groups[(r.dataset, r.model)][(r.strategy, int(r.parts), r.link)].append(r)
     refs: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in [Result.from_json(x) for x in reference] + ok:
         if r.ok and r.name == REFERENCE:
@@ -246,16 +276,17 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
         ref_acc = _mean(refs.get((ds, model), []))
         target = target_acc if target_acc is not None else \
             (target_frac * ref_acc if ref_acc is not None else None)
-        rows = {key: _row(key[0], key[1], runs, tiers, target)
+        rows = {key: _row(*key[:2], runs, tiers, target, key[2])
                 for key, runs in by_label.items()}
         # the baseline is the run labelled `halo`; a variant of it (e.g. `halo-vanilla`) only
-        # where no plain one ran at that P
-        halos: dict[int, Row] = {}
-        for (lbl, p), s in rows.items():
-            if s.strategy_name == BASELINE and (p not in halos or lbl == BASELINE):
-                halos[p] = s
-        for (label, parts), st in rows.items():
-            base = halos.get(parts) or (next(iter(halos.values())) if len(halos) == 1 else None)
+        # where no plain one ran at that P (and link)
+        halos: dict[tuple[int, Optional[str]], Row] = {}
+        for (lbl, p, link), s in rows.items():
+            if s.strategy_name == BASELINE and ((p, link) not in halos or lbl == BASELINE):
+                halos[(p, link)] = s
+        for (label, parts, link), st in rows.items():
+            base = halos.get((parts, link)) or \
+                (next(iter(halos.values())) if len(halos) == 1 else None)
             st.delta_acc = None if ref_acc is None or st.test_acc is None else \
                 st.test_acc - ref_acc
             st.bytes_ratio = _ratio(st.train_bytes_per_epoch,
@@ -401,6 +432,7 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
                          " | ".join(human_time(r.epoch_s.get(t)) for t in tiers) +
                          f" | {r.peak_rss_mb:.0f} MiB |")
         lines.append("")
+        lines += _hosts_table(g)
         for p in plots.get(f"{g.dataset}/{g.model}", []):
             lines.append(f"![{Path(p).stem}]({Path(p).name})")
         lines.append("")
@@ -410,6 +442,21 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
             lines.append(f"- `{f['id']}`: {f['error']}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _hosts_table(g: Group) -> list[str]:
+    rows = [r for r in g.rows if r.link]
+    if not rows:
+        return []
+    out = ["Measured on emulated hosts (`quietgnn bench --links`; the hosts share this "
+           "machine's cores; projected: on the link without latency, cores shared as run):",
+           "", "| strategy | P | link | measured s/epoch | projected | measured to target | "
+           "projected |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.strategy.rsplit(' @ ', 1)[0]} | {r.parts} | {r.link} | "
+                   f"{human_time(r.measured_epoch_s)} | {human_time(r.link_epoch_s)} | "
+                   f"{human_time(r.measured_tta_s)} | {human_time(r.link_tta_s)} |")
+    return out + [""]
 
 
 # ---------------------------------------------------------------------- command line

@@ -26,9 +26,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import IO, Optional, Sequence
 
 SUBNET = "10.213.0"
 
@@ -127,7 +128,7 @@ class Cluster:
         absent on these machines) lets such sparse flows pass; an acknowledgement class is the
         nearest this kernel offers. The burst is 10 ms of the rate (at least 32 KiB) so the
         cap holds over any window longer than a few milliseconds."""
-        bps = _rate_bps(rate)
+        bps = rate_bps(rate)
         burst = str(max(32 * 1024, int(bps / 8 * 0.010)))
         packets = str(max(16, int(bps / 8 * 0.100 / 1514)))
         ns = self.names[host]
@@ -229,6 +230,24 @@ class Cluster:
             [ln.split(":")[1].strip() for ln in links.splitlines() if self.prefix in ln]
 
 
+def run_on_hosts(args: Sequence[str], hosts: int, rate: Optional[str], run_id: str,
+                 log: IO[str], timeout_s: float) -> Optional[int]:
+    """Run ``args`` (``["-m", "quietgnn", "train", ...]``) on ``hosts`` emulated hosts, one
+    rank each, their links capped at ``rate`` (None: uncapped), built for this run and torn
+    down after it; every host's output appended to ``log``. The exit status (the first
+    non-zero host's), or None when a host was still running after ``timeout_s``."""
+    with tempfile.TemporaryDirectory(prefix="quietgnn-hosts-") as tmp:
+        with Cluster(hosts, rate=rate) as c:
+            codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=Path(tmp)), timeout_s)
+        for i in range(hosts):
+            log.write(f"--- host {i} ({'uncapped' if rate is None else rate}) ---\n")
+            log.write((Path(tmp) / f"host-{i}.log").read_text(errors="replace"))
+    log.flush()
+    if any(c is None for c in codes):
+        return None
+    return next((c for c in codes if c), 0)
+
+
 def _kill(p: subprocess.Popen) -> None:
     if p.poll() is None:
         try:
@@ -241,7 +260,7 @@ def _kill(p: subprocess.Popen) -> None:
         pass
 
 
-def _rate_bps(rate: str) -> float:
+def rate_bps(rate: str) -> float:
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     r = rate.strip().lower()
     for u, f in units.items():
