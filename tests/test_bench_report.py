@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quietgnn.analysis import bench, report
+from quietgnn.analysis import bench, report, tables
 from quietgnn.analysis.projection import Curve
 from quietgnn.analysis.bench import build_matrix
 
@@ -121,9 +121,14 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     assert rows["halo"]["eval_bytes_per_epoch"] == pytest.approx(ev[3] / 4)
     assert rows["halo"]["eval_train_ratio"] == pytest.approx(
         ev[3] / sum(e.train_bytes for e in halo_curve))
-    assert f"| {report.human_bytes(ev[3] / 4)} | " \
+    assert f"| {tables.human_bytes(ev[3] / 4)} | " \
         f"{100 * rows['halo']['eval_train_ratio']:.1f} % |" in md
     assert g["reference_acc"] == pytest.approx(res["centralized"]["summary"]["test_acc"])
+    # where the training bytes went, by message kind: they add up to the training bytes
+    kinds = rows["halo"]["bytes_by_kind"]
+    assert {"halo_fwd", "halo_bwd"} <= set(kinds) and any("allreduce" in k for k in kinds)
+    assert sum(kinds.values()) == pytest.approx(sum(e.train_bytes for e in halo_curve) / 4)
+    assert "by message kind" in md and "| halo | 2 | " in md
     assert rows["halo"]["bytes_ratio"] == pytest.approx(1.0) and rows["centralized"][
         "train_bytes_per_epoch"] == 0
     # halo is exact (no dropout here): same accuracy as the reference
@@ -179,6 +184,7 @@ def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_proje
         for e in r["curve"]["epochs"]:
             e.update(wall_s=wall, eval_s=0.1, compute_sum_s=1.0)
         runs.append(r)
+    runs[1]["curve"]["train_bytes_by_kind"] = {"halo_fwd": 3e6, "allreduce": 1e6}
     rep = report.build_report(runs, {"lan": lan})
     rows = {r.strategy: r for r in rep.groups[0].rows}
     assert set(rows) == {"centralized", "halo", "halo @ uncapped", "halo @ 8mbit"}
@@ -193,8 +199,11 @@ def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_proje
     assert rows["halo @ uncapped"].link_epoch_s == pytest.approx(0.5, rel=1e-6)
     # each link's halo is its own row's baseline
     assert slow.bytes_ratio == pytest.approx(1.0)
-    md = report.markdown(rep, ["lan"], {})
+    md = tables.markdown(rep, ["lan"], {})
     assert "Measured on emulated hosts" in md and "| halo | 4 | 8mbit | 1.60 s | 1.50 s |" in md
+    # the kinds of the run that recorded them, largest first
+    assert "| strategy | P | halo_fwd | allreduce |" in md and "| halo | 4 | 3.00 MB | 1.00 MB |" \
+        in md
 
 
 def test_summary_tables_across_groups():
@@ -209,7 +218,7 @@ def test_summary_tables_across_groups():
             res.append(r)
     tiers = resolve_tiers([])
     rep = report.build_report(res, tiers)
-    md = report.markdown(rep, ["lan", "wan"], {})
+    md = tables.markdown(rep, ["lan", "wan"], {})
     assert "## Summary" in md
     assert "| strategy | d1 gcn | d2 gcn |" in md
     assert "| centralized | 80.0 | 80.0 |" in md

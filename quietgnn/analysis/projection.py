@@ -42,7 +42,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..comm.network import Tier
-from ..runtime.records import EpochRecord, Record, SetupRecord, metrics_line
+from ..runtime.records import EpochRecord, Record, SetupRecord, metrics_line, optional
 
 __all__ = ["Curve", "Point", "SetupCost", "Projected", "epoch_curve", "curve_work", "project",
            "time_to_accuracy", "TRAIN_PHASES"]
@@ -105,6 +105,9 @@ class Curve(Record):
     ranks: Optional[int]
     phases: Optional[list[str]]
     epochs: list[Point]
+    #: bytes sent in phase ``train`` per epoch-equivalent, summed over ranks, by message kind
+    #: (``halo_fwd``, ``allreduce``, ...): where a strategy's traffic goes
+    train_bytes_by_kind: Optional[dict[str, float]] = optional()
 
     def to_json(self, columns: bool = True) -> dict[str, Any]:
         """The JSON form: ``epochs`` as one list per field (``columns``: a result file holds
@@ -200,9 +203,19 @@ def epoch_curve(metrics: Mapping[int, Sequence[Any]],
             eval_s=max(r.eval_s or 0.0 for r in rs),
             test_acc=r0.test_acc, val_acc=r0.val_acc, train_acc=r0.train_acc,
             peak_rss_mb=max(r.peak_rss_mb or 0.0 for r in rs)))
+    kinds: dict[str, float] = {}
+    for ep in (by_epoch[p.epoch] for p in points):
+        for r in ep.values():
+            for key, n in (r.bytes_by_kind or {}).items():
+                phase, _, kind = key.partition("/")
+                if phase == "train":
+                    kinds[kind] = kinds.get(kind, 0.0) + n
+    work = curve_work(points)
     return Curve(setup=SetupCost(hops=s_hops, crit_bytes=s_bytes, rounds=s_rounds,
                                  bytes=sum(r.sent("setup") for r in setup.values())),
-                 ranks=len(ranks), phases=list(phases), epochs=points)
+                 ranks=len(ranks), phases=list(phases), epochs=points,
+                 train_bytes_by_kind={k: v / work for k, v in sorted(kinds.items())}
+                 if points and work else None)
 
 
 def curve_work(epochs: Sequence[Point]) -> float:

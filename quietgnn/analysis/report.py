@@ -42,16 +42,13 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
-from ..runtime.metrics import human_bytes as _human_bytes
 from ..runtime.records import RunSummary
 from .bench import Result
+from .tables import BASELINE, REFERENCE, markdown
 from .projection import (curve_work as _work, epoch_curve, measured_epoch_s,
                          measured_time_to_accuracy, project, time_to_accuracy)
 
 __all__ = ["load_results", "build_report", "Report", "Group", "Row", "cli_main"]
-
-REFERENCE, BASELINE = "centralized", "halo"
-
 
 # ---------------------------------------------------------------------- loading
 def _from_summary(s: RunSummary) -> Result:
@@ -160,6 +157,8 @@ class Row:
     #: epoch (training) and to the target beside their projection on the link (no latency;
     #: the hosts sharing this machine's cores, as they ran)
     link: Optional[str] = None
+    #: training bytes per epoch-equivalent by message kind (:attr:`Curve.train_bytes_by_kind`)
+    bytes_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
     measured_epoch_s: Optional[float] = None
     link_epoch_s: Optional[float] = None
     measured_tta_s: Optional[float] = None
@@ -221,6 +220,9 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
                                    for ep in per_epoch]),
         peak_rss_mb=max(r.summary.peak_rss_mb or 0.0 for r in runs),
         epochs=_mean([r.summary.epochs for r in runs]), epoch_s={}, tta={})
+    kinds = [c.train_bytes_by_kind for c in curves if c.train_bytes_by_kind]
+    for k in sorted({k for d in kinds for k in d}):
+        row.bytes_by_kind[k] = sum(d.get(k, 0.0) for d in kinds) / len(kinds)
     for name, tier in tiers.items():
         row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier)) / _work(c.epochs)
                                    for c in curves])
@@ -308,155 +310,6 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or b is None or b == 0:
         return None
     return a / b
-
-
-# ---------------------------------------------------------------------- markdown
-def human_bytes(n: Optional[float]) -> str:
-    """Bytes in the reports' tables: two digits after the point."""
-    return _human_bytes(n, digits=2)
-
-
-def human_time(s: Optional[float]) -> str:
-    if s is None:
-        return "—"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 120:
-        return f"{s:.2f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
-def _fmt_ratio(x: Optional[float]) -> str:
-    return "—" if x is None else f"{x:.3g}×"
-
-
-def _fmt_pct(x: Optional[float]) -> str:
-    return "—" if x is None else f"{100 * x:.1f} %"
-
-
-def _fmt_tta(t: Optional[Reach]) -> str:
-    if not t:
-        return "—"
-    if not t.reached:
-        return "not reached"
-    s = human_time(t.seconds)
-    return s if t.reached == t.of else f"{s} ({t.reached}/{t.of})"
-
-
-def summary_tables(rep: Report, tier: str = "wan") -> list[str]:
-    """Two compact tables across all dataset x model groups, one row per strategy label:
-    test accuracy (difference to ``centralized``), and training bytes per epoch / projected
-    time to the target accuracy on ``tier``, both relative to ``halo``."""
-    groups = rep.groups
-    labels = list(dict.fromkeys(r.strategy for g in groups for r in g.rows))
-    cols = [f"{g.dataset} {g.model}" for g in groups]
-
-    def row_of(g: Group, label: str) -> Optional[Row]:
-        return next((r for r in g.rows if r.strategy == label), None)
-
-    def acc(r: Row) -> str:
-        if r.test_acc is None:
-            return "—"
-        d = "" if r.strategy_name == REFERENCE or r.delta_acc is None else \
-            f" ({100 * r.delta_acc:+.1f})"
-        return f"{100 * r.test_acc:.1f}{d}"
-
-    def rel(x: Optional[float]) -> str:
-        return "—" if x is None else (f"1/{1 / x:.0f}" if 0 < x < 0.1 else f"{x:.2f}")
-
-    def traffic(r: Row) -> str:
-        t = r.tta.get(tier)
-        tta = "never" if t and not t.reached else rel(r.tta_ratio.get(tier))
-        return f"{rel(r.bytes_ratio)} / {tta}"
-
-    def table(fmt: Any, skip: Sequence[str] = ()) -> list[str]:
-        out = ["| strategy | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-        for label in labels:
-            cells = [row_of(g, label) for g in groups]
-            if any(c is not None and c.strategy_name in skip for c in cells):
-                continue
-            out.append(f"| {label} | " + " | ".join("—" if c is None else fmt(c)
-                                                     for c in cells) + " |")
-        return out
-
-    return ["## Summary", "",
-            "Test accuracy (%) at the best validation epoch; in brackets the difference to "
-            "`centralized` in points:", "", *table(acc), "",
-            f"Training bytes per epoch-equivalent relative to `halo` / projected time to the "
-            f"target accuracy on the {tier} tier relative to `halo` (below 1: less than halo; "
-            f"never: the run did not reach the target):", "", *table(traffic, (REFERENCE,)), ""]
-
-
-def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]]) -> str:
-    tiers = rep.tiers
-    lines = ["# quietgnn benchmark report", "",
-             "Projected times: per epoch, slowest rank's compute (CPU seconds, 1 thread) + "
-             "sum over training rounds of (hops x latency + slowest rank's bytes / bandwidth). "
-             "Tiers: " + "; ".join(Tier(**t).describe() for t in tiers.values()) + ".", ""]
-    if len(rep.groups) > 1 and "wan" in tiers:
-        lines += summary_tables(rep, "wan")
-    for g in rep.groups:
-        has_data = any(r.data_bytes_per_epoch for r in g.rows)
-        tgt = "no target (no centralized run)" if g.target_acc is None else \
-            f"target test acc {g.target_acc:.4f}"
-        ref = "" if g.reference_acc is None else f" (centralized {g.reference_acc:.4f})"
-        lines += [f"## {g.dataset} / {g.model}", "", f"{tgt}{ref}", ""]
-        head = ["strategy", "P", "test acc", "Δ vs centralized", "train bytes/epoch",
-                "bytes vs halo", "eval bytes/epoch", "eval/train"]
-        if has_data:
-            head.insert(5, "data bytes/epoch")
-        for t in table_tiers:
-            head += [f"time to acc ({t})", f"vs halo ({t})"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in g.rows:
-            acc = "—" if r.test_acc is None else f"{r.test_acc:.4f}"
-            if r.seeds > 1:
-                acc += f" ± {r.test_acc_std:.4f} (n={r.seeds})"
-            delta = "—" if r.delta_acc is None else f"{100 * r.delta_acc:+.2f} pp"
-            cells = [r.strategy, str(r.parts), acc, delta,
-                     human_bytes(r.train_bytes_per_epoch), _fmt_ratio(r.bytes_ratio),
-                     human_bytes(r.eval_bytes_per_epoch), _fmt_pct(r.eval_train_ratio)]
-            if has_data:
-                cells.insert(5, human_bytes(r.data_bytes_per_epoch))
-            for t in table_tiers:
-                cells += [_fmt_tta(r.tta.get(t)), _fmt_ratio(r.tta_ratio.get(t))]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Projected seconds per epoch (compute + communication):", "",
-                  "| strategy | P | compute | " + " | ".join(tiers) + " | peak RSS/rank |",
-                  "|" + "---|" * (len(tiers) + 4)]
-        for r in g.rows:
-            lines.append(f"| {r.strategy} | {r.parts} | "
-                         f"{human_time(r.compute_s_per_epoch)} | " +
-                         " | ".join(human_time(r.epoch_s.get(t)) for t in tiers) +
-                         f" | {r.peak_rss_mb:.0f} MiB |")
-        lines.append("")
-        lines += _hosts_table(g)
-        for p in plots.get(f"{g.dataset}/{g.model}", []):
-            lines.append(f"![{Path(p).stem}]({Path(p).name})")
-        lines.append("")
-    if rep.failed:
-        lines += ["## Failed runs", ""]
-        for f in rep.failed:
-            lines.append(f"- `{f['id']}`: {f['error']}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _hosts_table(g: Group) -> list[str]:
-    rows = [r for r in g.rows if r.link]
-    if not rows:
-        return []
-    out = ["Measured on emulated hosts (`quietgnn bench --links`; the hosts share this "
-           "machine's cores; projected: on the link without latency, cores shared as run):",
-           "", "| strategy | P | link | measured s/epoch | projected | measured to target | "
-           "projected |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r.strategy.rsplit(' @ ', 1)[0]} | {r.parts} | {r.link} | "
-                   f"{human_time(r.measured_epoch_s)} | {human_time(r.link_epoch_s)} | "
-                   f"{human_time(r.measured_tta_s)} | {human_time(r.link_tta_s)} |")
-    return out + [""]
 
 
 # ---------------------------------------------------------------------- command line
