@@ -43,13 +43,6 @@ def run_job(comm: Any, part: Any, job: dict[str, Any]) -> dict[str, Any]:
     return {"records": trainer.records, "summary": trainer.summary}
 
 
-def run_jobs(comm: Any, part: Any, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every job in turn on the same part, one compute thread per rank (the studies' rule)."""
-    import torch
-    torch.set_num_threads(1)
-    return [run_job(comm, part, j) for j in jobs]
-
-
 def write_report(md: Path, lines: list[str], json_path: Path | None = None,
                  payload: Any = None) -> None:
     """A study's outputs: ``payload`` as JSON (when given) and its markdown table, which is

@@ -20,8 +20,8 @@ Seconds to a target = the one-off set-up communication (e.g. ``halo``'s static i
 training epochs (compute + communication) through the first evaluation that reached it + that
 one evaluation. The other evaluations are the study's instrument, not the user's cost, so they
 are left out (on every strategy alike). A strategy that did not reach the target within its
-budget is *not reached*, with the best accuracy it got. ``quietgnn/runtime/netcluster.py`` measures
-the same runs on emulated hosts (``bench_network.py``); this study's numbers are projections
+budget is *not reached*, with the best accuracy it got. ``--measure`` runs the deciding cell on
+emulated hosts (:mod:`quietgnn.runtime.netcluster`); this study's numbers are projections
 from measured compute, marked as such in ``regimes.json`` (``how: projected``).
 
 Writes ``benchmarks/results/regimes.json`` and ``benchmarks/results/regimes/regimes.md`` (+
