@@ -155,7 +155,7 @@ class StarChannel:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A reply can be late by the hub's own wait for a silent peer (timeout_s) before
             # it drops that peer and answers: a spoke that gave up after timeout_s as well
-            # would be lost with it (seen when a host's link went down, quietgnn/runtime/netcluster.py).
+            # would be lost with it (seen when a host's link went down: runtime/netcluster.py).
             s.settimeout(ch.spoke_timeout_s)
             ch._hub = s
             try:
