@@ -39,7 +39,7 @@ charged to the epoch's time too; ``setup`` is one-off (reported separately as
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..comm.network import Tier
 from ..runtime.records import EpochRecord, Record, SetupRecord, metrics_line, optional
@@ -296,13 +296,20 @@ def measured_epoch_s(curve: Curve | Mapping[str, Any] | Sequence[Any]) -> Option
     return sum(p.wall_s - (p.eval_s or 0.0) for p in rows) / work if rows and work else None
 
 
+def cumulative_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any], target: float,
+                           amount: Callable[[Point], float]) -> Optional[float]:
+    """The sum of ``amount`` over the epochs through the first whose evaluation reached
+    ``target``, or None if none did (the advisor's work, a measured run's seconds)."""
+    total = 0.0
+    for p in Curve.of(curve).epochs:
+        total += amount(p)
+        if p.test_acc is not None and p.test_acc >= target:
+            return total
+    return None
+
+
 def measured_time_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any],
                               target: float) -> Optional[float]:
     """Measured wall seconds through the epoch whose evaluation first reached ``target``
     (evaluations included, as :func:`time_to_accuracy` counts them), or None."""
-    cum = 0.0
-    for p in Curve.of(curve).epochs:
-        cum += p.wall_s
-        if p.test_acc is not None and p.test_acc >= target:
-            return cum
-    return None
+    return cumulative_to_accuracy(curve, target, lambda p: p.wall_s)

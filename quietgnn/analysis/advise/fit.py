@@ -15,19 +15,14 @@ import statistics
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..bench import Result
-from ..projection import Curve
+from ..projection import Curve, cumulative_to_accuracy
 
 #: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)
 TARGET_FRAC = 0.98
 
 
 def _work_to_target(curve: Curve | Mapping[str, Any], target: float) -> Optional[float]:
-    done = 0.0
-    for p in Curve.of(curve).epochs:
-        done += p.passes
-        if p.test_acc is not None and p.test_acc >= target:
-            return done
-    return None
+    return cumulative_to_accuracy(curve, target, lambda p: p.passes)
 
 
 def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Sequence[str] = (),
