@@ -50,6 +50,11 @@ def test_matrix_expansion():
     assert linked[2].train_args(Path("r/x"), Path("s.json"))[:3] == ["-m", "quietgnn", "train"]
     with pytest.raises(ValueError, match="'100mbps'.*10mbit.*'uncapped'"):
         build_matrix({"datasets": "cora", "strategies": "halo", "links": ["100mbps"]})
+    for bad in ("0mbit", "-5mbit", "mbit"):     # no rate tc could cap a link at
+        with pytest.raises(ValueError, match=f"'{bad}'.*positive"):
+            build_matrix({"datasets": "cora", "strategies": "halo", "links": [bad]})
+    assert build_matrix({"datasets": "cora", "strategies": "halo",
+                         "links": "100Mbit"})[0].link == "100mbit"   # one id per rate
     with pytest.raises(ValueError, match="no strategies"):
         build_matrix({"datasets": "cora"})
 

@@ -263,8 +263,9 @@ def _link(link: str) -> str:
         try:
             rate_bps(link)
         except ValueError as exc:
-            raise ValueError(f"matrix key 'links': {exc}, or {UNCAPPED!r}") from None
-    return link
+            raise ValueError(f"link {link!r} ('links' / --links): {exc}, or {UNCAPPED!r}") \
+                from None
+    return link.strip().lower()
 
 
 #: a link on emulated hosts with no cap (their traffic as fast as this machine moves it)
@@ -308,9 +309,13 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
         lf.flush()
         if spec.link:
             from ..runtime.netcluster import run_on_hosts
-            rc = run_on_hosts(spec.train_args(run_dir, summary_copy), spec.parts,
-                              None if spec.link == UNCAPPED else spec.link, spec.id, lf,
-                              timeout_s)
+            try:
+                rc = run_on_hosts(spec.train_args(run_dir, summary_copy), spec.parts,
+                                  None if spec.link == UNCAPPED else spec.link, spec.id, lf,
+                                  timeout_s)
+            except (RuntimeError, OSError) as exc:   # the hosts could not be built: this
+                lf.write(f"emulated hosts: {exc}\n")  # run fails, the matrix goes on
+                rc = 1
         else:   # own process group: a timeout kills the launcher and all its workers
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)

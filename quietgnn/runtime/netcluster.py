@@ -11,7 +11,7 @@ multi-host path, over real TCP links.
 Needs root (``ip netns``, ``tc``) and ``iproute2``; :func:`available` says why not otherwise.
 Latency is not emulated (the ``netem`` qdisc is absent on these machines): a measured epoch
 has the link's bandwidth and the kernel's real (sub-millisecond) latency; the projection's
-latency term is reported apart by the study.
+latency term is left out of the measured side (the report projects the link without it).
 
 Every name the cluster creates carries its prefix (``qg<pid>``), addresses are in
 10.213.0.0/24 inside its own namespaces only, and :meth:`Cluster.close` (run on exit, on an
@@ -22,6 +22,7 @@ their veth ends with them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -261,9 +262,11 @@ def _kill(p: subprocess.Popen) -> None:
 
 
 def rate_bps(rate: str) -> float:
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    r = rate.strip().lower()
-    for u, f in units.items():
-        if r.endswith(u):
-            return float(r[: -len(u)]) * f
-    raise ValueError(f"rate {rate!r}: expected a tc rate such as 10mbit, 100mbit or 1gbit")
+    """Bits per second of a tc rate (``10mbit``, ``1.5gbit``): a positive number and a unit."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", str(rate).strip().lower())
+    bps = float(m.group(1)) * {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)] \
+        if m else 0.0
+    if not bps > 0:
+        raise ValueError(f"rate {rate!r}: expected a positive tc rate such as 10mbit, 100mbit "
+                         f"or 1gbit")
+    return bps
