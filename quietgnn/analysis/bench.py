@@ -111,6 +111,11 @@ class Result(Record):
     def ok(self) -> bool:
         return self.status == "ok" and self.summary is not None
 
+    @property
+    def row_label(self) -> str:
+        """Its row in a report: the label, with the link of a run on emulated hosts."""
+        return self.strategy + (f" @ {self.link}" if self.link else "")
+
 
 @dataclass
 class RunSpec:

@@ -58,7 +58,7 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
 
     runs: dict[tuple[str, int], list[Curve]] = {(r.strategy, int(r.parts)): [] for r in g.rows}
     for r in results:   # a run on emulated hosts is its link's row ("halo @ 100mbit")
-        key = (r.strategy + (f" @ {r.link}" if r.link else ""), int(r.parts))
+        key = (r.row_label, int(r.parts))
         if r.ok and r.dataset == g.dataset and r.model == g.model and key in runs and r.curve:
             runs[key].append(r.curve)
     stem = f"{g.dataset}-{g.model}".replace("/", "_")

@@ -43,7 +43,7 @@ from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
 from ..runtime.records import RunSummary
-from .bench import Result
+from .bench import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
 from .projection import (curve_work as _work, epoch_curve, measured_epoch_s,
                          measured_time_to_accuracy, project, time_to_accuracy)
@@ -241,15 +241,15 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
 def _measured_on(row: Row, link: str, runs: list[Result], target: Optional[float]) -> None:
     """``row``'s measured seconds on its emulated hosts and their projection on the link."""
     from ..runtime.netcluster import rate_bps
-    tier = Tier(link, rate_bps(link) if link != "uncapped" else 1e15, 0.0)
-    row.link = link
-    row.strategy = f"{row.strategy} @ {link}"
+    tier = Tier(link, rate_bps(link) if link != UNCAPPED else 1e15, 0.0)
+    row.link, row.strategy = link, runs[0].row_label
     curves = [(r.curve, r.host_cores) for r in runs if r.curve is not None and r.curve.epochs]
     row.measured_epoch_s = _mean([measured_epoch_s(c) for c, _ in curves])
 
     def training(c: Any, cores: Optional[int]) -> float:   # as measured: evaluation aside
-        eps = project(c, tier, cores)[1:] or project(c, tier, cores)
-        return sum(p.compute_s + p.comm_s for p in eps) / _work(c.epochs[1:] or c.epochs)
+        eps = project(c, tier, cores)
+        return sum(p.compute_s + p.comm_s for p in eps[1:] or eps) / \
+            _work(c.epochs[1:] or c.epochs)
     row.link_epoch_s = _mean([training(c, cores) for c, cores in curves])
     if target is not None:
         row.measured_tta_s = _mean([measured_time_to_accuracy(c, target) for c, _ in curves])

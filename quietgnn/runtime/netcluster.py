@@ -77,6 +77,7 @@ class Cluster:
         self.addrs = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
         self.procs: list[subprocess.Popen] = []
         self._made: list[str] = []
+        self._logs: list[IO[str]] = []
         self._old: dict[int, object] = {}
 
     # -------------------------------------------------------------------------- set-up
@@ -185,6 +186,8 @@ class Cluster:
             e = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
                  "PYTHONUNBUFFERED": "1", **(env or {})}
             log = open(log_dir / f"host-{i}.log", "w") if log_dir else subprocess.DEVNULL
+            if log is not subprocess.DEVNULL:
+                self._logs.append(log)      # closed with the cluster
             out.append(self.popen(i, cmd, env=e, stdout=log, stderr=subprocess.STDOUT))
         return out
 
@@ -208,6 +211,9 @@ class Cluster:
         for p in self.procs:
             _kill(p)
         self.procs.clear()
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
         for ns in reversed(self._made):
             # processes left inside (none should be) would keep the namespace's devices
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
@@ -240,7 +246,9 @@ def run_on_hosts(args: Sequence[str], hosts: int, rate: Optional[str], run_id: s
     with tempfile.TemporaryDirectory(prefix="quietgnn-hosts-") as tmp:
         with Cluster(hosts, rate=rate) as c:
             codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=Path(tmp)), timeout_s)
-        for i in range(hosts):
+        # the host that failed (or hung) last, where a reader of the log's tail looks
+        failed = next((i for i, code in enumerate(codes) if code != 0), None)
+        for i in sorted(range(hosts), key=lambda i: i == failed):
             log.write(f"--- host {i} ({'uncapped' if rate is None else rate}) ---\n")
             log.write((Path(tmp) / f"host-{i}.log").read_text(errors="replace"))
     log.flush()

@@ -36,12 +36,10 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
     runs on that dataset (:func:`quietgnn.analysis.advise.updates_per_pass`); 1 where not given."""
     updates = updates or {}
     groups: dict[tuple[str, str], dict[str, list[Result]]] = {}
-    registered: dict[str, str] = {}     # a label's strategy
     for r in map(Result.from_json, results):
         if not r.ok or not r.curve or r.dataset in exclude:
             continue
         groups.setdefault((r.dataset, r.model), {}).setdefault(r.name, []).append(r)
-        registered[r.name] = r.strategy_name or r.name
     ratios: dict[str, list[float]] = {}
     # (graph, centralized's work, the strategy's)
     pairs: dict[str, list[tuple[str, float, float]]] = {}
@@ -81,7 +79,7 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
             "reach": sum(reached[s]) / len(reached[s]),
             "gap_pp": statistics.mean(gaps[s]), "worst_gap_pp": min(gaps[s]),
             "cells": len(reached[s]),
-            "fit": _choose_fit(pairs.get(s, []), work_shapes(registered[s]))}
+            "fit": _choose_fit(pairs.get(s, []), work_shapes(s))}
     return {"target_frac": target_frac, "cells": sorted(cells), "work_unit": "updates",
             "updates_per_epoch": {ds: dict(u) for ds, u in sorted(updates.items())
                                   if ds not in exclude},
