@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quietgnn.analysis import bench, report, tables
+from quietgnn.analysis import bench, report, runner, tables
 from quietgnn.analysis.projection import Curve
-from quietgnn.analysis.bench import build_matrix
+from quietgnn.analysis.matrix import build_matrix
 
 
 def test_matrix_expansion():
@@ -235,9 +235,9 @@ def test_summary_tables_across_groups():
 
 def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
     path = tmp_path / "results.jsonl"
-    bench._write_jsonl(path, [(k, {"id": k, "status": "ok", "v": 1}) for k in ("a", "b", "c")])
+    runner._write_jsonl(path, [(k, {"id": k, "status": "ok", "v": 1}) for k in ("a", "b", "c")])
     # a later run of part of the matrix: b rerun, d new (as `--strategies d` would add)
-    bench._write_jsonl(path, [("b", {"id": "b", "status": "ok", "v": 2}),
+    runner._write_jsonl(path, [("b", {"id": "b", "status": "ok", "v": 2}),
                               ("d", {"id": "d", "v": 1})])
     got = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["id"], r["v"]) for r in got] == [("a", 1), ("b", 2), ("c", 1), ("d", 1)]
@@ -252,3 +252,24 @@ def test_report_names_a_file_that_holds_no_results(tmp_path, capsys):
     assert report.cli_main([str(bad), "--out", str(tmp_path / "r"), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "rank-0.jsonl" in err and "not a bench result" in err and "dataset" in err
+
+
+def test_a_host_that_fails_ends_the_wait_for_the_others_after_a_grace():
+    """One emulated host crashes while another waits for it: the wait ends ``grace_s`` after
+    the crash (not at the run's timeout), and the run's status is the crash's exit code, not
+    a timeout. Plain subprocesses stand in for the hosts' agents (no namespaces needed)."""
+    import subprocess
+    import sys
+    import time
+
+    from quietgnn.runtime.netcluster import Cluster, exit_status
+    crash = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    t0 = time.monotonic()
+    codes = Cluster.wait([hang, crash], timeout=50, grace_s=1.0)
+    assert codes == [None, 3] and time.monotonic() - t0 < 15
+    assert hang.poll() is not None                      # killed, not left behind
+    assert exit_status(codes) == 3
+    assert exit_status([0, None]) is None               # a hang alone: timed out
+    assert exit_status([0, 0]) == 0 and exit_status([0, -9, 1]) == -9

@@ -42,6 +42,8 @@ def test_a_bench_matrix_on_emulated_hosts_trains_as_the_local_launcher_does(tmp_
     local, emu = (json.loads((tmp_path / d / "results.jsonl").read_text())
                   for d in ("local", "emu"))
     assert emu["link"] == "100mbit" and emu["host_cores"] >= 1 and "link" not in local
+    assert "torch.distributed.run" in emu["command"]     # what ran: torchrun on each host
+    assert (tmp_path / "emu" / "logs" / f"{emu['id']}.hosts" / "host-1.log").is_file()
     assert "--- host 1 (100mbit) ---" in (tmp_path / "emu" / "logs" / f"{emu['id']}.log") \
         .read_text()
     a, b = local["summary"], emu["summary"]

@@ -106,7 +106,7 @@ def test_records_read_back_what_they_wrote_and_older_files_too():
 
 
 def test_a_bench_result_reads_its_summary_and_curve_as_records():
-    from quietgnn.analysis.bench import Result
+    from quietgnn.analysis.matrix import Result
     from quietgnn.analysis.projection import Curve, Point
     row = {"id": "x", "dataset": "d", "strategy": "halo", "parts": 2, "model": "gcn",
            "seed": 0, "status": "ok", "run_dir": None,

@@ -1,7 +1,8 @@
 """The analysis wing: what reads finished runs and compares them.
 
-* :mod:`~quietgnn.analysis.bench` runs a matrix of training runs, each a subprocess, and
-  keeps one result per run (``quietgnn bench``);
+* :mod:`~quietgnn.analysis.bench` is ``quietgnn bench``: a study's matrix
+  (:mod:`~quietgnn.analysis.matrix`: cells and results) run by
+  :mod:`~quietgnn.analysis.runner`, each cell a subprocess, one result per run;
 * :mod:`~quietgnn.analysis.projection` replays a run's recorded rounds on a network tier;
 * :mod:`~quietgnn.analysis.report` and :mod:`~quietgnn.analysis.plots` turn results into
   tables and figures (``quietgnn report``);

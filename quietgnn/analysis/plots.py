@@ -10,7 +10,7 @@ from typing import Any
 
 from ..comm.network import Tier
 from ..runtime.metrics import human_bytes
-from .bench import Result
+from .matrix import Result
 from .projection import Curve, curve_work as _work, project
 from .report import Group
 

@@ -43,7 +43,7 @@ from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
 from ..runtime.records import RunSummary
-from .bench import UNCAPPED, Result
+from .matrix import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
 from .projection import (curve_work as _work, epoch_curve, measured_epoch_s,
                          measured_time_to_accuracy, project, time_to_accuracy)

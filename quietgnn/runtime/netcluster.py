@@ -169,38 +169,52 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def torchrun_command(self, host: int, args: Sequence[str], run_id: str,
+                         nproc_per_host: int = 1, port: int = 29500) -> list[str]:
+        """The ``torchrun`` agent's command on ``host``: c10d rendezvous at host 0's address,
+        ``args`` after torchrun's own options (e.g. ``["-m", "quietgnn", "train", ...]``)."""
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts),
+                "--nproc-per-node", str(nproc_per_host), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{self.addrs[0]}:{port}", "--rdzv-id", run_id,
+                "--local-addr", self.addrs[host], "--max-restarts", "0",
+                # torch guesses whether this agent hosts the rendezvous store from the
+                # machine's hostname, which every namespace shares: say it
+                "--rdzv-conf", f"is_host={int(host == 0)}", *args]
+
     def torchrun(self, args: Sequence[str], run_id: str, nproc_per_host: int = 1,
                  port: int = 29500, log_dir: Optional[Path] = None,
                  env: Optional[dict[str, str]] = None) -> list[subprocess.Popen]:
-        """One torchrun agent per host, c10d rendezvous at host 0's address; ``args`` are
-        what follows torchrun's own options (e.g. ``["-m", "quietgnn", "train", ...]``)."""
+        """One torchrun agent per host (:meth:`torchrun_command`), its output in
+        ``log_dir/host-<i>.log`` (written as it runs: kept whatever ends the run)."""
         out = []
-        for i, addr in enumerate(self.addrs):
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts),
-                   "--nproc-per-node", str(nproc_per_host), "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"{self.addrs[0]}:{port}", "--rdzv-id", run_id,
-                   "--local-addr", addr, "--max-restarts", "0",
-                   # torch guesses whether this agent hosts the rendezvous store from the
-                   # machine's hostname, which every namespace shares: say it
-                   "--rdzv-conf", f"is_host={int(i == 0)}", *args]
+        for i in range(self.hosts):
             e = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
                  "PYTHONUNBUFFERED": "1", **(env or {})}
             log = open(log_dir / f"host-{i}.log", "w") if log_dir else subprocess.DEVNULL
             if log is not subprocess.DEVNULL:
                 self._logs.append(log)      # closed with the cluster
-            out.append(self.popen(i, cmd, env=e, stdout=log, stderr=subprocess.STDOUT))
+            out.append(self.popen(i, self.torchrun_command(i, args, run_id, nproc_per_host,
+                                                           port),
+                                  env=e, stdout=log, stderr=subprocess.STDOUT))
         return out
 
     @staticmethod
-    def wait(procs: Sequence[subprocess.Popen], timeout: float) -> list[Optional[int]]:
-        """Exit codes (None: still running at the deadline, then killed)."""
+    def wait(procs: Sequence[subprocess.Popen], timeout: float,
+             grace_s: float = 60.0) -> list[Optional[int]]:
+        """Exit codes (None: still running at the deadline, then killed). Once one process
+        has failed, the others have ``grace_s`` more to end (their ranks see the peer gone
+        within their own ``runtime.timeout_s``), not the whole ``timeout``: a host that
+        crashed while the rest wait for it reads as the crash, not as a run that timed out."""
         deadline = time.monotonic() + timeout
-        codes: list[Optional[int]] = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
+        codes: list[Optional[int]] = [None] * len(procs)
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c for c in codes):   # one failed (non-zero): the rest get the grace
+                deadline = min(deadline, time.monotonic() + grace_s)
+                grace_s = float("inf")  # set once
+            time.sleep(0.2)
         for p, c in zip(procs, codes):
             if c is None:
                 _kill(p)
@@ -238,23 +252,38 @@ class Cluster:
 
 
 def run_on_hosts(args: Sequence[str], hosts: int, rate: Optional[str], run_id: str,
-                 log: IO[str], timeout_s: float) -> Optional[int]:
+                 log: IO[str], timeout_s: float,
+                 log_dir: Optional[Path] = None) -> tuple[Optional[int], list[str]]:
     """Run ``args`` (``["-m", "quietgnn", "train", ...]``) on ``hosts`` emulated hosts, one
     rank each, their links capped at ``rate`` (None: uncapped), built for this run and torn
-    down after it; every host's output appended to ``log``. The exit status (the first
-    non-zero host's), or None when a host was still running after ``timeout_s``."""
+    down after it. Each host's output goes to ``log_dir/host-<i>.log`` as it runs (a
+    temporary folder if None), and is appended to ``log`` at the end, the failing host's
+    last. Returns the exit status (a failed host's; None when a host was still running after
+    ``timeout_s`` and none failed) and host 0's command, for the record."""
     with tempfile.TemporaryDirectory(prefix="quietgnn-hosts-") as tmp:
+        folder = Path(log_dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         with Cluster(hosts, rate=rate) as c:
-            codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=Path(tmp)), timeout_s)
+            command = c.torchrun_command(0, args, run_id)
+            codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=folder), timeout_s)
         # the host that failed (or hung) last, where a reader of the log's tail looks
-        failed = next((i for i, code in enumerate(codes) if code != 0), None)
+        failed = next((i for i, code in enumerate(codes) if code), None)
+        if failed is None:
+            failed = next((i for i, code in enumerate(codes) if code is None), None)
         for i in sorted(range(hosts), key=lambda i: i == failed):
             log.write(f"--- host {i} ({'uncapped' if rate is None else rate}) ---\n")
-            log.write((Path(tmp) / f"host-{i}.log").read_text(errors="replace"))
+            log.write((folder / f"host-{i}.log").read_text(errors="replace"))
     log.flush()
-    if any(c is None for c in codes):
-        return None
-    return next((c for c in codes if c), 0)
+    return exit_status(codes), command
+
+
+def exit_status(codes: Sequence[Optional[int]]) -> Optional[int]:
+    """The run's status from its hosts' exit codes: the first failure's code, else None if a
+    host had to be killed at the deadline, else 0."""
+    failed = next((c for c in codes if c), None)
+    if failed is not None or any(c is None for c in codes):
+        return failed
+    return 0
 
 
 def _kill(p: subprocess.Popen) -> None:

@@ -189,7 +189,8 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     ``extend``: run the extension where ``centralized`` ran (:mod:`quietgnn.analysis.advise.probe`);
     returns ``{"graph",
     "partitions", "model", "reference_epochs", "strategies": {name: costs or error}}``."""
-    from ..bench import RunSpec, run_matrix
+    from ..matrix import RunSpec
+    from ..runner import run_matrix
     from ...strategies import available_strategies
     known = set(available_strategies())
     bad = [s for s in strategies if s not in known or s == "centralized"]
@@ -243,7 +244,7 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
              out, timeout_s, log, extend) -> dict[str, Any]:
     """The probe's figures from its runs, extended (:mod:`quietgnn.analysis.advise.probe`) where
     ``centralized`` ran."""
-    from ..bench import run_matrix
+    from ..runner import run_matrix
     measured: dict[str, Any] = {}
     ref_work = ref_compute = target = ref_cost = None
     curves = {}

@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ..bench import Result
+from ..matrix import Result
 from ..projection import Curve, cumulative_to_accuracy
 
 #: the target: this fraction of ``centralized``'s test accuracy (as ``quietgnn report``)

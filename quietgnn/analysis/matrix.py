@@ -1,0 +1,238 @@
+"""A study's matrix and its records: :class:`RunSpec` (one cell: what ``quietgnn train``
+runs), :class:`Result` (what the run left: ``results/<id>.json``), and the expansion of a
+matrix mapping (the YAML of :mod:`~quietgnn.analysis.bench`) into cells. Plain data: the
+runner (:mod:`.runner`) runs the cells, the report reads the results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ..runtime.records import Record, RunSummary, optional
+from .projection import Curve
+
+__all__ = ["RunSpec", "Result", "UNCAPPED", "build_matrix", "load_matrix"]
+
+@dataclass(frozen=True)
+class Result(Record):
+    """One run of a study: ``results/<id>.json`` and a line of ``results.jsonl``. A result
+    read from a run's ``summary.json`` alone (``quietgnn report`` on a run directory) has the
+    summary's names and ``status`` ok; the matrix's fields are then None."""
+
+    id: str
+    dataset: str                       #: the dataset's label in tables
+    strategy: str                      #: the strategy's label in tables
+    parts: int
+    model: str
+    seed: int
+    status: str                        #: ok or failed
+    run_dir: Optional[str]
+    dataset_name: Optional[str] = None  #: what ``--dataset`` was
+    strategy_name: Optional[str] = None  #: the registered strategy the label runs
+    root: Optional[str] = None
+    options: Optional[dict[str, Any]] = None
+    overrides: Optional[dict[str, Any]] = None
+    error: Optional[str] = None        #: a failed run's reason and the tail of its output
+    command: Optional[list[str]] = None
+    elapsed_s: Optional[float] = None
+    finished_at: Optional[str] = None
+    summary: Optional[RunSummary] = None
+    curve: Optional[Curve] = None      #: its epochs merged (:func:`.projection.epoch_curve`)
+    curve_error: Optional[str] = optional()
+    link: Optional[str] = optional()   #: the emulated hosts' link (``links``), None: local
+    host_cores: Optional[int] = optional()   #: the cores those hosts shared
+
+    @property
+    def name(self) -> str:
+        """The registered strategy (its label where the result does not say)."""
+        return self.strategy_name or self.strategy
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.summary is not None
+
+    @property
+    def row_label(self) -> str:
+        """Its row in a report: the label, with the link of a run on emulated hosts."""
+        return self.strategy + (f" @ {self.link}" if self.link else "")
+
+
+@dataclass
+class RunSpec:
+    """One cell of the matrix."""
+
+    dataset: str
+    strategy: str
+    parts: int
+    model: str
+    seed: int
+    label: str = ""                       # strategy label in tables (default: the name)
+    dataset_label: str = ""
+    root: Optional[str] = None
+    options: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)   # section.key -> value
+    link: Optional[str] = None            # on emulated hosts at this link; None: local
+
+    @property
+    def id(self) -> str:
+        base = (f"{self.dataset_label or self.dataset}-{self.model}-{self.label or self.strategy}"
+                f"-p{self.parts}-s{self.seed}" + (f"-{self.link}" if self.link else ""))
+        # options / overrides that are not already in the label change the run: hash them so
+        # two variants never share a result file
+        extra = json.dumps({"o": self.options, "k": self.overrides, "r": self.root},
+                           sort_keys=True, default=str)
+        return f"{base}-{hashlib.sha1(extra.encode()).hexdigest()[:6]}".replace("/", "_")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "dataset": self.dataset_label or self.dataset,
+                "dataset_name": self.dataset, "strategy": self.label or self.strategy,
+                "strategy_name": self.strategy, "parts": self.parts, "model": self.model,
+                "seed": self.seed, "root": self.root, "options": self.options,
+                "overrides": self.overrides, **({"link": self.link} if self.link else {})}
+
+    def command(self, run_dir: Path, summary: Path, python: str = sys.executable) -> list[str]:
+        return [python, *self.train_args(run_dir, summary)]
+
+    def train_args(self, run_dir: Path, summary: Path) -> list[str]:
+        """What follows the interpreter (or ``torchrun``'s options, on emulated hosts)."""
+        cmd = ["-m", "quietgnn", "train", "--strategy", self.strategy,
+               "--dataset", self.dataset, "--parts", str(self.parts), "--model", self.model,
+               "--seed", str(self.seed), "--threads", "1",
+               "--out", str(run_dir.parent), "--run-name", run_dir.name,
+               "--summary-json", str(summary), "--runtime.progress", "false",
+               # a cell is rerun only when it has no result: replace its half-written run
+               "--runtime.overwrite", "true"]
+        if self.root:
+            cmd += ["--root", str(self.root)]
+        for k, v in self.overrides.items():
+            cmd += [f"--{k}", _scalar(v)]
+        for k, v in self.options.items():
+            cmd += [f"--options.{k}", _scalar(v)]
+        return cmd
+
+
+def _scalar(v: Any) -> str:
+    """A value as ``quietgnn train`` reads it back (YAML scalars)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _as_list(v: Any, what: str) -> list[Any]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [s.strip() for s in v.split(",") if s.strip()]
+    if isinstance(v, (int, float)):
+        return [v]
+    if isinstance(v, list):
+        return v
+    raise ValueError(f"matrix key {what!r} = {v!r}; expected a list or a comma-separated string")
+
+
+def _entry(item: Any, what: str) -> dict[str, Any]:
+    if isinstance(item, str):
+        return {"name": item}
+    if isinstance(item, dict) and isinstance(item.get("name"), str):
+        allowed = {"name", "label", "root", "options", "set", "datasets"}
+        bad = sorted(set(item) - allowed)
+        if bad:
+            raise ValueError(f"matrix {what} entry {item!r}: unknown key(s) {bad}; allowed "
+                             f"{sorted(allowed)}")
+        return item
+    raise ValueError(f"matrix {what} entry {item!r}: expected a name or a mapping with 'name'")
+
+
+def _fixed_parts(strategy: str) -> Optional[int]:
+    """The strategy's ``fixed_parts`` if it is registered (unknown names run and fail)."""
+    try:
+        from ..strategies import get_strategy
+        return get_strategy(strategy).fixed_parts
+    except Exception:  # noqa: BLE001 - unknown or broken strategy: its run fails and is recorded
+        return None
+
+
+def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
+    """Expand a matrix mapping (YAML shape above) into run specs, deduplicated, in order
+    dataset > model > strategy > parts > seed."""
+    known = {"out", "datasets", "strategies", "parts", "models", "seeds", "set", "root",
+             "run_timeout_s", "epochs", "links"}
+    bad = sorted(set(m) - known)
+    if bad:
+        raise ValueError(f"unknown matrix key(s) {bad}; valid keys: {sorted(known)}")
+    datasets = [_entry(d, "datasets") for d in _as_list(m.get("datasets"), "datasets")]
+    strategies = [_entry(s, "strategies") for s in _as_list(m.get("strategies"), "strategies")]
+    parts = [int(p) for p in _as_list(m.get("parts", [4]), "parts")]
+    models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
+    seeds = [int(s) for s in _as_list(m.get("seeds", [0]), "seeds")]
+    links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
+    common = dict(m.get("set") or {})
+    if m.get("epochs") is not None:
+        common["train.epochs"] = int(m["epochs"])
+    for name, lst in (("datasets", datasets), ("strategies", strategies), ("parts", parts),
+                      ("models", models), ("seeds", seeds)):
+        if not lst:
+            raise ValueError(f"the matrix has no {name}; give --{name} or '{name}:' in the YAML")
+    specs: list[RunSpec] = []
+    seen: set[str] = set()
+    for d in datasets:
+        for model in models:
+            for s in strategies:
+                if "datasets" in s and (d.get("label") or d["name"]) not in \
+                        _as_list(s["datasets"], "strategies.datasets"):
+                    continue   # this strategy runs on the datasets it names only
+                fixed = _fixed_parts(s["name"])
+                for p, seed, link in ((p, seed, link) for p in ([fixed] if fixed else parts)
+                                      for seed in seeds
+                                      for link in (links if links and p > 1 else [None])):
+                        spec = RunSpec(
+                            dataset=d["name"], dataset_label=d.get("label", ""),
+                            root=d.get("root", m.get("root")), strategy=s["name"],
+                            label=s.get("label", ""), parts=p, model=model, seed=seed,
+                            options=dict(s.get("options") or {}), link=link,
+                            overrides={**common, **(d.get("set") or {}), **(s.get("set") or {})})
+                        if spec.id not in seen:
+                            seen.add(spec.id)
+                            specs.append(spec)
+    return specs
+
+
+def _link(link: str) -> str:
+    """``uncapped`` or a tc rate (``100mbit``), checked before any run starts."""
+    if link != UNCAPPED:
+        from ..runtime.netcluster import rate_bps
+        try:
+            rate_bps(link)
+        except ValueError as exc:
+            raise ValueError(f"link {link!r} ('links' / --links): {exc}, or {UNCAPPED!r}") \
+                from None
+    return link.strip().lower()
+
+
+#: a link on emulated hosts with no cap (their traffic as fast as this machine moves it)
+UNCAPPED = "uncapped"
+
+
+def load_matrix(path: Optional[str]) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"matrix file {str(p)!r} does not exist")
+    try:
+        m = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"matrix file {str(p)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(m, dict):
+        raise ValueError(f"matrix file {str(p)!r} must hold a mapping (datasets, strategies, ...)")
+    return m

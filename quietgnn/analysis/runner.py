@@ -1,0 +1,144 @@
+"""Running a study's cells, each an isolated ``quietgnn train`` subprocess (or ``torchrun``
+on emulated hosts), resumably: a cell whose result file exists is skipped; every result is
+written whole (a temporary file, then moved) as soon as its run ends, and so is
+``results.jsonl``, so a study stopped at any moment keeps what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .matrix import UNCAPPED, Result, RunSpec
+
+__all__ = ["run_matrix"]
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, Any]:
+    """The run's result, as its file will hold it."""
+    run_dir = out / "runs" / spec.id
+    summary_path = run_dir / "summary.json"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a previous, unfinished attempt
+    summary_copy = out / "runs" / f"{spec.id}.summary.json"
+    cmd = spec.command(run_dir, summary_copy)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    log_path = out / "logs" / f"{spec.id}.log"
+    t0 = time.perf_counter()
+    status, error = "ok", None
+    with open(log_path, "w") as lf:
+        lf.write((f"# on {spec.parts} emulated hosts, link {spec.link}; each host's torchrun "
+                  f"agent runs: " if spec.link else "") + " ".join(cmd) + "\n")
+        lf.flush()
+        if spec.link:
+            from ..runtime.netcluster import run_on_hosts
+            try:   # each host's output kept beside the log as it runs (a stop keeps it)
+                rc, cmd = run_on_hosts(spec.train_args(run_dir, summary_copy), spec.parts,
+                                       None if spec.link == UNCAPPED else spec.link, spec.id,
+                                       lf, timeout_s, out / "logs" / f"{spec.id}.hosts")
+            except (RuntimeError, OSError) as exc:   # the hosts could not be built: this
+                lf.write(f"emulated hosts: {exc}\n")  # run fails, the matrix goes on
+                rc = 1
+        else:   # own process group: a timeout kills the launcher and all its workers
+            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+            except KeyboardInterrupt:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+    elapsed = time.perf_counter() - t0
+    output = log_path.read_text(errors="replace")
+    last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
+    if rc is None:
+        status, error = "failed", f"timed out after {timeout_s:g}s\n{_tail(output)}"
+    elif rc != 0:
+        status, error = "failed", f"exit code {rc}: {last[:300]}\n{_tail(output)}"
+    elif not summary_copy.is_file():
+        status, error = "failed", f"finished without a summary\n{_tail(output)}"
+    res: dict[str, Any] = {**spec.as_dict(), "status": status, "error": error,
+                           "command": cmd, "elapsed_s": round(elapsed, 2),
+                           "run_dir": str(run_dir), "finished_at": time.strftime("%FT%TZ",
+                                                                                  time.gmtime())}
+    if spec.link:
+        res["host_cores"] = len(os.sched_getaffinity(0))
+    if status == "ok":
+        res["summary"] = json.loads(summary_copy.read_text())
+        summary_copy.unlink()
+        try:
+            from .projection import epoch_curve
+            from ..runtime.metrics import read_metrics
+            res["curve"] = epoch_curve(read_metrics(run_dir)).to_json()
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+            res["curve_error"] = f"{type(exc).__name__}: {exc}"
+    elif summary_path.is_file():
+        res["summary"] = json.loads(summary_path.read_text())
+    log(f"  {status} in {elapsed:.1f}s" + ("" if status == "ok" else f": "
+                                           f"{(error or '').splitlines()[0]}  (log: {log_path})"))
+    return res
+
+
+def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 3600.0,
+               retry_failed: bool = False, log: Any = print) -> list[Result]:
+    """Run every spec not already done; returns all results (old and new) in matrix order.
+    ``results.jsonl`` gains each new result as its run ends, and at the end every result of
+    the matrix (one kept from before is written back as it was read)."""
+    out = Path(out)
+    for sub in ("results", "runs", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, spec in enumerate(specs):
+        path = out / "results" / f"{spec.id}.json"
+        if path.is_file():
+            try:
+                old = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                old = None  # torn by a crash while writing: rerun
+            status = Result.from_json(old).status if isinstance(old, dict) else None
+            if status is not None and (status == "ok" or not retry_failed):
+                log(f"[{i + 1}/{len(specs)}] {spec.id}: done before ({status}), skipped")
+                results.append((spec.id, old))
+                continue
+        log(f"[{i + 1}/{len(specs)}] {spec.id}")
+        res = _run_one(spec, out, timeout_s, log)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, separators=(",", ":"), default=str))
+        tmp.replace(path)  # atomic: a result file is either whole or absent
+        results.append((spec.id, res))
+        _write_jsonl(out / "results.jsonl", [(spec.id, res)])   # a stop keeps it current
+    _write_jsonl(out / "results.jsonl", results)
+    return [Result.from_json(r) for _, r in results]
+
+
+def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
+    """``results.jsonl``: what it held before, each of ``results`` in its run's place (new
+    runs after), so that a run of part of a matrix (``--strategies``, ``--datasets``) adds to
+    the study instead of replacing it; written whole to a temporary file, then moved."""
+    lines: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rid = json.loads(line).get("id")    # the id alone: no curve parsed
+            except (json.JSONDecodeError, AttributeError):
+                continue        # a torn or foreign line: the result files are the record
+            if rid:
+                lines[rid] = line
+    for rid, r in results:
+        lines[rid] = json.dumps(r, separators=(",", ":"), default=str)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines.values()))
+    tmp.replace(path)
