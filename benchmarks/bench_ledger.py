@@ -5,7 +5,7 @@
     python benchmarks/bench_ledger.py --render              # tables from the runs only
 
 Peak RSS says how much a rank holds, not what. Every run of the matrix (the scale study's
-settings, through :func:`quietgnn.analysis.bench.run_matrix`) trains with ``QUIETGNN_MEM_LEDGER=1``,
+settings, through :func:`quietgnn.analysis.runner.run_matrix`) trains with ``QUIETGNN_MEM_LEDGER=1``,
 so each rank writes the ledger of :mod:`quietgnn.runtime.memledger` after set-up and after
 training: every tensor and array it holds, by attribute path, anonymous or memory-mapped.
 
@@ -52,13 +52,13 @@ def _edges(prepared: Path) -> int:
 
 
 def _specs(matrix: dict) -> list:
-    from quietgnn.analysis.bench import build_matrix
+    from quietgnn.analysis.matrix import build_matrix
     return build_matrix({k: v for k, v in matrix.items()
                          if k not in ("targets", "budget_gib_per_rank")})
 
 
 def run(matrix: dict, only: list[str]) -> None:
-    from quietgnn.analysis.bench import run_matrix
+    from quietgnn.analysis.runner import run_matrix
     os.environ["QUIETGNN_MEM_LEDGER"] = "1"     # the runs inherit it
     specs = [s for s in _specs(matrix) if not only or (s.label or s.strategy) in only]
     out = ROOT / matrix["out"]

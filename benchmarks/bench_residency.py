@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--parts", type=int, default=4)
     args = ap.parse_args(argv)
-    from quietgnn.analysis.bench import RunSpec, run_matrix
+    from quietgnn.analysis.matrix import RunSpec
+    from quietgnn.analysis.runner import run_matrix
     specs = []
     for ds in args.datasets.split(","):
         for method in ("metis", "random"):

@@ -4,7 +4,7 @@
     python benchmarks/bench_scale.py                            # benchmarks/scale.yaml
     python benchmarks/bench_scale.py --render                   # tables from the results only
 
-The runs are the matrix of ``benchmarks/scale.yaml`` through :func:`quietgnn.analysis.bench.run_matrix`
+The runs are the matrix of ``benchmarks/scale.yaml`` through :func:`quietgnn.analysis.runner.run_matrix`
 (the trainer, one isolated ``quietgnn train --data DIR`` per run; finished runs are skipped on
 a rerun, and a run whose prepared graph has since been removed keeps its record from the last
 ``scale.json``), sizes in ascending order. Memory guard: a run is not attempted when its per-rank
@@ -216,7 +216,8 @@ def record(spec, res: dict, facts: dict, prep: dict, previous: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    from quietgnn.analysis.bench import build_matrix, run_matrix
+    from quietgnn.analysis.matrix import build_matrix
+    from quietgnn.analysis.runner import run_matrix
     matrix = yaml.safe_load((ROOT / args.matrix).read_text())
     specs = build_matrix(matrix)
     out = ROOT / matrix["out"]
