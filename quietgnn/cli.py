@@ -248,7 +248,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 #: plotting, the advisor the strategies' probes); an import error is a broken install and is
 #: raised, not hidden behind "invalid choice"
 EXTRA_COMMANDS = {"bench": "quietgnn.analysis.bench", "report": "quietgnn.analysis.report",
-                  "advise": "quietgnn.analysis.advise"}
+                  "advise": "quietgnn.analysis.advise.cli"}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -205,7 +205,7 @@ def test_periodic_work_is_charged_once_per_period_of_the_real_run():
 
 
 def test_the_work_shape_is_the_one_that_predicts_a_held_out_graph_best():
-    from quietgnn.analysis.advise import _choose_fit, _work_needed
+    from quietgnn.analysis.advise.fit import _choose_fit, _work_needed
     # a few averaging periods whatever the graph's pace (tma-like), with noise: a power law
     # fitted on paces 5..40 would extrapolate; the held-out graphs say constant
     flat = [("a", 5.0, 60.0), ("b", 10.0, 50.0), ("c", 20.0, 75.0), ("d", 40.0, 50.0)]
