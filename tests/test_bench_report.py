@@ -244,6 +244,22 @@ def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
     assert not path.with_suffix(".tmp").exists()
 
 
+def test_a_stopped_study_keeps_the_results_of_its_finished_runs(tmp_path, monkeypatch):
+    """Stopped (Ctrl-C) during its second run, a study's ``results.jsonl`` already holds the
+    first run's result: the report reads what was measured, not an older file."""
+    specs = build_matrix({"datasets": ["cora"], "strategies": ["halo", "adaqp"]})
+
+    def fake(spec, out, timeout_s, log):
+        if spec.strategy == "adaqp":
+            raise KeyboardInterrupt
+        return {**spec.as_dict(), "status": "failed", "error": "x", "run_dir": None}
+    monkeypatch.setattr(runner, "_run_one", fake)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_matrix(specs, tmp_path, log=lambda m: None)
+    got = [json.loads(x)["id"] for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert got == [specs[0].id]
+
+
 def test_report_names_a_file_that_holds_no_results(tmp_path, capsys):
     """A metrics file (or any JSON without a run's names) is refused with the file named, not
     read as an empty result."""
@@ -263,13 +279,22 @@ def test_a_host_that_fails_ends_the_wait_for_the_others_after_a_grace():
     import time
 
     from quietgnn.runtime.netcluster import Cluster, exit_status
-    crash = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
-    hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            start_new_session=True)
+    def py(code, **kw):
+        return subprocess.Popen([sys.executable, "-c", code], **kw)
+    # host 2 crashes first; host 0 fails later (its reaction); host 1 hangs
+    hang = py("import time; time.sleep(60)", start_new_session=True)
+    crash = py("import sys; sys.exit(3)")
+    reacts = py("import sys, time; time.sleep(1.5); sys.exit(1)")
     t0 = time.monotonic()
-    codes = Cluster.wait([hang, crash], timeout=50, grace_s=1.0)
-    assert codes == [None, 3] and time.monotonic() - t0 < 15
+    failures: list[int] = []
+    codes = Cluster.wait([reacts, hang, crash], timeout=50, grace_s=3.0, failures=failures)
+    assert codes == [1, None, 3] and time.monotonic() - t0 < 20
     assert hang.poll() is not None                      # killed, not left behind
-    assert exit_status(codes) == 3
+    assert failures == [2, 0] and exit_status(codes, failures) == 3   # the first failure
     assert exit_status([0, None]) is None               # a hang alone: timed out
     assert exit_status([0, 0]) == 0 and exit_status([0, -9, 1]) == -9
+    # without a failure, a clean exit beside a hang waits the whole timeout
+    done, hang = py("pass"), py("import time; time.sleep(60)", start_new_session=True)
+    t0 = time.monotonic()
+    assert Cluster.wait([done, hang], timeout=2.0) == [0, None]
+    assert time.monotonic() - t0 >= 2.0 and hang.poll() is not None

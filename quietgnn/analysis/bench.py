@@ -33,10 +33,11 @@ so a strategy that registers later joins the matrix with no change here. A strat
 Every run is a subprocess ``python -m quietgnn train ... --summary-json`` with its own run
 directory and one compute thread per worker (``runtime.threads 1``). Output under ``--out``::
 
-    results/<id>.json   one per run (a :class:`Result`): spec, command, status (ok | failed),
-                        summary, error tail, and the per-epoch curve ``quietgnn report`` reads
+    results/<id>.json   one per run (a :class:`~quietgnn.analysis.matrix.Result`): spec,
+                        command, status (ok | failed), summary, error tail, and the per-epoch curve ``quietgnn report`` reads
                         (:class:`~quietgnn.analysis.projection.Curve`, a list per field)
-    results.jsonl       every result of the study: earlier runs kept, this run's in place
+    results.jsonl       every result of the study: earlier runs kept, this run's in place,
+                        rewritten as each run ends
     runs/<id>/          the run directory (metrics/rank-k.jsonl, summary.json, logs/)
     logs/<id>.log       stdout + stderr of the run (on emulated hosts: every host's, at the end)
     logs/<id>.hosts/    on emulated hosts: host-<i>.log, written as the run goes

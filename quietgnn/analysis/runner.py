@@ -44,7 +44,10 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
             try:   # each host's output kept beside the log as it runs (a stop keeps it)
                 rc, cmd = run_on_hosts(spec.train_args(run_dir, summary_copy), spec.parts,
                                        None if spec.link == UNCAPPED else spec.link, spec.id,
-                                       lf, timeout_s, out / "logs" / f"{spec.id}.hosts")
+                                       lf, timeout_s, out / "logs" / f"{spec.id}.hosts",
+                                       # a failed host's peers: their own timeout to see it
+                                       grace_s=float(spec.overrides.get(
+                                           "runtime.timeout_s", 120.0)) + 30.0)
             except (RuntimeError, OSError) as exc:   # the hosts could not be built: this
                 lf.write(f"emulated hosts: {exc}\n")  # run fails, the matrix goes on
                 rc = 1
@@ -119,7 +122,7 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
         tmp.write_text(json.dumps(res, separators=(",", ":"), default=str))
         tmp.replace(path)  # atomic: a result file is either whole or absent
         results.append((spec.id, res))
-        _write_jsonl(out / "results.jsonl", [(spec.id, res)])   # a stop keeps it current
+        _write_jsonl(out / "results.jsonl", results)   # a stop keeps it current
     _write_jsonl(out / "results.jsonl", results)
     return [Result.from_json(r) for _, r in results]
 

@@ -21,6 +21,7 @@ their veth ends with them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -199,19 +200,23 @@ class Cluster:
         return out
 
     @staticmethod
-    def wait(procs: Sequence[subprocess.Popen], timeout: float,
-             grace_s: float = 60.0) -> list[Optional[int]]:
+    def wait(procs: Sequence[subprocess.Popen], timeout: float, grace_s: float = 150.0,
+             failures: Optional[list[int]] = None) -> list[Optional[int]]:
         """Exit codes (None: still running at the deadline, then killed). Once one process
-        has failed, the others have ``grace_s`` more to end (their ranks see the peer gone
-        within their own ``runtime.timeout_s``), not the whole ``timeout``: a host that
-        crashed while the rest wait for it reads as the crash, not as a run that timed out."""
+        has failed, the others have ``grace_s`` more to end, not the whole ``timeout``: a
+        host that crashed while the rest wait for it reads as the crash, not as a run that
+        timed out (give the ranks' own ``runtime.timeout_s`` and some: within it they see
+        the peer gone and write why). ``failures`` gets the failed processes' indices in the
+        order their exits were seen: the first is the likeliest cause, the others' failures
+        may be their reaction to it."""
         deadline = time.monotonic() + timeout
-        codes: list[Optional[int]] = [None] * len(procs)
-        while time.monotonic() < deadline:
+        seen = failures if failures is not None else []
+        while True:
             codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
+            seen += [i for i, c in enumerate(codes) if c and i not in seen]
+            if all(c is not None for c in codes) or time.monotonic() >= deadline:
                 break
-            if any(c for c in codes):   # one failed (non-zero): the rest get the grace
+            if seen:   # one failed (non-zero): the rest get the grace
                 deadline = min(deadline, time.monotonic() + grace_s)
                 grace_s = float("inf")  # set once
             time.sleep(0.2)
@@ -252,37 +257,43 @@ class Cluster:
 
 
 def run_on_hosts(args: Sequence[str], hosts: int, rate: Optional[str], run_id: str,
-                 log: IO[str], timeout_s: float,
-                 log_dir: Optional[Path] = None) -> tuple[Optional[int], list[str]]:
+                 log: IO[str], timeout_s: float, log_dir: Optional[Path] = None,
+                 grace_s: float = 150.0) -> tuple[Optional[int], list[str]]:
     """Run ``args`` (``["-m", "quietgnn", "train", ...]``) on ``hosts`` emulated hosts, one
     rank each, their links capped at ``rate`` (None: uncapped), built for this run and torn
     down after it. Each host's output goes to ``log_dir/host-<i>.log`` as it runs (a
-    temporary folder if None), and is appended to ``log`` at the end, the failing host's
-    last. Returns the exit status (a failed host's; None when a host was still running after
-    ``timeout_s`` and none failed) and host 0's command, for the record."""
-    with tempfile.TemporaryDirectory(prefix="quietgnn-hosts-") as tmp:
-        folder = Path(log_dir or tmp)
+    temporary folder if None), and is appended to ``log`` at the end, the host that failed
+    first (or else hung) last, where a reader of the log's tail looks. ``grace_s``: see
+    :meth:`Cluster.wait`. Returns the exit status (:func:`exit_status`) and host 0's
+    command, for the record."""
+    with contextlib.ExitStack() as stack:
+        folder = Path(log_dir) if log_dir else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="quietgnn-hosts-")))
         folder.mkdir(parents=True, exist_ok=True)
+        failures: list[int] = []
         with Cluster(hosts, rate=rate) as c:
             command = c.torchrun_command(0, args, run_id)
-            codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=folder), timeout_s)
-        # the host that failed (or hung) last, where a reader of the log's tail looks
-        failed = next((i for i, code in enumerate(codes) if code), None)
-        if failed is None:
-            failed = next((i for i, code in enumerate(codes) if code is None), None)
-        for i in sorted(range(hosts), key=lambda i: i == failed):
+            codes = c.wait(c.torchrun(args, run_id=run_id, log_dir=folder), timeout_s,
+                           grace_s, failures)
+        last = failures[0] if failures else next(
+            (i for i, code in enumerate(codes) if code is None), None)
+        for i in sorted(range(hosts), key=lambda i: i == last):
             log.write(f"--- host {i} ({'uncapped' if rate is None else rate}) ---\n")
             log.write((folder / f"host-{i}.log").read_text(errors="replace"))
     log.flush()
-    return exit_status(codes), command
+    return exit_status(codes, failures), command
 
 
-def exit_status(codes: Sequence[Optional[int]]) -> Optional[int]:
-    """The run's status from its hosts' exit codes: the first failure's code, else None if a
-    host had to be killed at the deadline, else 0."""
-    failed = next((c for c in codes if c), None)
-    if failed is not None or any(c is None for c in codes):
-        return failed
+def exit_status(codes: Sequence[Optional[int]],
+                failures: Sequence[int] = ()) -> Optional[int]:
+    """The run's status from its hosts' exit codes: the code of the failure seen first
+    (``failures``, as :meth:`Cluster.wait` fills it; else the lowest-numbered failed host's),
+    else None if a host had to be killed at the deadline, else 0."""
+    first = next((codes[i] for i in failures if codes[i]), None)
+    if first is None:
+        first = next((c for c in codes if c), None)
+    if first is not None or any(c is None for c in codes):
+        return first
     return 0
 
 
