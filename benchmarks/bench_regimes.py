@@ -52,6 +52,9 @@ JSON = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"   # run directories: not kept in git
 LINKS = {"1gbit": TIERS["lan"], "100mbit": TIERS["wan"], "10mbit": TIERS["edge"]}
 FRACTIONS = (0.90, 0.95, 0.98)
+#: what-ifs: compute that many times faster than measured here (an accelerator), the same
+#: bytes, rounds and epochs
+SPEEDUPS = (10, 100)
 STRATEGIES = "halo,adaqp,grappa,tma,retexo,minibatch,bns,pipegcn,sancus,llcg"
 
 
@@ -94,11 +97,12 @@ def _train(data: str, strategy: str, run: str, args: argparse.Namespace) -> dict
 
 
 def _reach(curve: dict, tier: Tier, target: float, cores: Optional[int] = None,
-           setup: bool = True) -> Optional[dict]:
+           setup: bool = True, speedup: float = 1.0) -> Optional[dict]:
     """Projected seconds to ``target`` on ``tier`` (see the module doc): a core per host, or
-    ``cores`` shared by the hosts; ``setup``: the set-up's communication counted."""
+    ``cores`` shared by the hosts; ``setup``: the set-up's communication counted;
+    ``speedup``: the what-if of compute that many times faster."""
     cum = tier.seconds(curve["setup"]["hops"], curve["setup"]["crit_bytes"]) if setup else 0.0
-    for p in project(curve, tier, cores):
+    for p in project(curve, tier, cores, compute_speedup=speedup):
         cum += p.compute_s + p.comm_s
         if p.test_acc is not None and p.test_acc >= target:
             return {"seconds": cum + p.eval_s, "epoch": p.epoch}
@@ -123,8 +127,30 @@ def _records(base: dict, curve: dict, central: float) -> list[dict]:
             hit = _reach(curve, tier, f * central)
             rec[f"projected_seconds_to_{round(100 * f)}"] = hit["seconds"] if hit else None
             rec[f"epoch_to_{round(100 * f)}"] = hit["epoch"] if hit else None
+        for k in SPEEDUPS:   # the what-if: the same run with faster compute
+            hit = _reach(curve, tier, 0.98 * central, speedup=k)
+            rec[f"projected_seconds_to_98_compute_x{k}"] = hit["seconds"] if hit else None
         out.append(rec)
     return out
+
+
+def reproject(saved: dict) -> dict:
+    """``--reproject``: every record's projection again from its run directory (the model
+    changed, or a what-if was added); what was measured on emulated hosts is kept."""
+    for rec in saved.get("runs", []):
+        if "centralized_test_acc" not in rec:
+            continue    # a run that recorded nothing
+        name = "-".join([f"{rec['edges']:.0e}".replace("e+0", "e"), rec["partition"],
+                         f"L{rec['layers']}", rec["strategy"],
+                         *([rec["variant"]] if rec.get("variant") else [])])
+        try:
+            curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
+        except (ValueError, FileNotFoundError):
+            continue    # its run directory is gone (not kept in git): the record stays
+        new = next(r for r in _records({}, curve, rec["centralized_test_acc"])
+                   if r["link"] == rec["link"])
+        rec.update({k: v for k, v in new.items() if not k.startswith("measured_")})
+    return saved
 
 
 def _measured_to(curve: dict, target: float) -> Optional[float]:
@@ -262,6 +288,7 @@ def render(saved: dict) -> list[str]:
                 row += f" `{s}` {_fmt(t)} | {ratio} |"
             lines.append(row)
     lines.append("")
+    lines += _what_if(runs, cells)
     for edges, part, layers in cells:
         cell = [r for r in runs if (r["edges"], r["partition"], r["layers"]) == (edges, part,
                                                                                layers)]
@@ -318,6 +345,36 @@ def render(saved: dict) -> list[str]:
                          + f" | {_fmt(p)} | {err} | {r['measured_exit_codes']} |")
         lines.append("")
     return lines
+
+
+def _what_if(runs: list[dict], cells: list[tuple]) -> list[str]:
+    """Seconds to 98 % with every rank's compute k times faster than measured here (the same
+    runs, bytes and epochs): where a faster processor leaves the link as the bottleneck."""
+    keys = [("projected_seconds_to_98", "as measured")] + [
+        (f"projected_seconds_to_98_compute_x{k}", f"compute ×{k}") for k in SPEEDUPS]
+    lines = ["## What if compute were faster", "",
+             "A what-if, not a measurement: the same runs projected with every rank's compute "
+             "(training and evaluation) "
+             + " and ".join(f"{k}×" for k in SPEEDUPS) + " faster than on these cores, as an "
+             "accelerator would make it; bytes, rounds and epochs as counted. `halo` to 98 %, "
+             "the fastest strategy and `halo` / fastest.", "",
+             "| graph | layers | link | " + " | ".join(n for _, n in keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for edges, part, layers in cells:
+        for link in LINKS:
+            at = [r for r in runs if (r["edges"], r["partition"], r["layers"], r["link"]) ==
+                  (edges, part, layers, link)]
+            row = f"| {edges:.0e} `{part}` | {layers} | {link} |"
+            for key, _ in keys:
+                halo = next((r.get(key) for r in at if r["strategy"] == "halo"), None)
+                got = [(r[key], r["strategy"]) for r in at if r.get(key) is not None]
+                if not got or halo is None:
+                    row += " — |"
+                    continue
+                t, best = min(got)
+                row += f" {_fmt(halo)}; `{best}` {_fmt(t)}, {halo / t:.2g}× |"
+            lines.append(row)
+    return lines + [""]
 
 
 def _variants(saved: dict) -> list[str]:
@@ -398,11 +455,16 @@ def main() -> int:
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a strategy option for this run (repeatable; needs --variant)")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--reproject", action="store_true",
+                    help="project every record again from its run directory, then render")
     args = ap.parse_args()
     if bool(args.variant) != bool(args.option):
         ap.error("--variant and --option go together: name the run whose options changed")
     saved = json.loads(JSON.read_text()) if JSON.is_file() else {}
-    if args.measure:
+    if args.reproject:
+        saved = reproject(saved)
+        JSON.write_text(json.dumps(saved, indent=1))
+    elif args.measure:
         cmd = "python benchmarks/bench_regimes.py " + " ".join(sys.argv[1:])
         if cmd not in saved.setdefault("commands", []):
             saved["commands"].append(cmd)

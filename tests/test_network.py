@@ -101,6 +101,12 @@ def test_projection_matches_hand_computed(tmp_path):
     wan = project(curve, WAN)
     assert wan[0].time_s == pytest.approx(1.5 + 0.06 + 2.8e-4 + 0.3 + 0.02 + 72 / 1e8)
     assert wan[1].comm_s == pytest.approx(0.04 + 102000 * 8 / 1e8)
+    # what if compute were 10x faster: training and evaluation compute / 10, links as counted
+    fast = project(curve, WAN, compute_speedup=10)
+    assert fast[0].time_s == pytest.approx(0.15 + 0.06 + 2.8e-4 + 0.03 + 0.02 + 72 / 1e8)
+    assert fast[1].comm_s == wan[1].comm_s
+    with pytest.raises(ValueError, match="compute_speedup = 0"):
+        project(curve, WAN, compute_speedup=0)
     # time to accuracy: first epoch whose test accuracy reaches the target, cumulative time
     hit = time_to_accuracy(curve, LAN, 0.5)
     assert (hit.cum_s, hit.epoch) == (pytest.approx(1.501528 + ev0), 0)

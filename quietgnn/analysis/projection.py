@@ -260,15 +260,21 @@ class Projected(Record):
 
 
 def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
-            cores: Optional[int] = None) -> list[Projected]:
+            cores: Optional[int] = None, compute_speedup: float = 1.0) -> list[Projected]:
     """Per epoch of ``curve`` on ``tier``. ``cores``: the ranks share that many cores (e.g.
-    emulated hosts on one machine) instead of having one each."""
+    emulated hosts on one machine) instead of having one each. ``compute_speedup``: a
+    what-if, every rank's compute (training and evaluation) that many times faster than
+    measured (e.g. an accelerator), the bytes and rounds as counted."""
+    if not compute_speedup > 0:
+        raise ValueError(f"compute_speedup = {compute_speedup!r}; expected a factor > 0 "
+                         f"(1: as measured)")
     out, cum = [], 0.0
     for p in Curve.of(curve).epochs:
         comm = tier.seconds(p.hops, p.crit_bytes)
-        compute = _shared(p.compute_s, _first(p.cpu_sum_s, p.compute_sum_s), cores)
+        compute = _shared(p.compute_s, _first(p.cpu_sum_s, p.compute_sum_s),
+                          cores) / compute_speedup
         ev = _shared(p.eval_compute_s or 0.0, _first(p.eval_cpu_sum_s, p.eval_compute_sum_s),
-                     cores)
+                     cores) / compute_speedup
         ev += tier.seconds(p.eval_hops or 0, p.eval_crit_bytes or 0)
         t = compute + comm + ev
         cum += t
