@@ -5,6 +5,7 @@ strategy wins where.
     python benchmarks/bench_regimes.py --graph 1e6:hash=benchmarks/out/regimes/syn-1e6-hash \
         --reference benchmarks/out/regimes/syn-1e6-one          # run, then render
     python benchmarks/bench_regimes.py --render                 # the map from regimes.json
+    python benchmarks/bench_regimes.py --reproject              # projections anew, from the runs
 
 The graphs come from ``quietgnn prepare synthetic`` (its ``hard`` preset) at P = 4: ``hash``
 stands for partitions nobody chose (data residency: a node's part is given, not optimised;
@@ -22,7 +23,9 @@ one evaluation. The other evaluations are the study's instrument, not the user's
 are left out (on every strategy alike). A strategy that did not reach the target within its
 budget is *not reached*, with the best accuracy it got. ``--measure`` runs the deciding cell on
 emulated hosts (:mod:`quietgnn.runtime.netcluster`); this study's numbers are projections
-from measured compute, marked as such in ``regimes.json`` (``how: projected``).
+from measured compute, marked as such in ``regimes.json`` (``how: projected``). A what-if
+beside them: the same runs with every rank's compute 10 and 100 times faster (an
+accelerator's), the bytes and epochs as counted.
 
 Writes ``benchmarks/results/regimes.json`` and ``benchmarks/results/regimes/regimes.md`` (+
 ``regimes.png``).
