@@ -275,23 +275,27 @@ def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
+def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]:
+    """The mapping a YAML file holds (``yaml.safe_load``: plain data, no code), or a
+    ValueError that names the file as ``what`` and says what it should hold."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{what} {str(p)!r} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} {str(p)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{what} {str(p)!r} must hold {holds}, got {type(loaded).__name__}")
+    return loaded
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
                 defaults: dict[str, Any] | None = None) -> RunConfig:
     """Defaults <- ``defaults`` (a command's own, e.g. ``prepare synthetic``'s preset) <- YAML
     recipe <- overrides, validated section by section."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"config file {str(p)!r} is not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {str(p)!r} must hold a mapping of sections, got "
-                             f"{type(loaded).__name__}")
-        raw = loaded
+    raw = (read_yaml_mapping(path, "config file", "a mapping of sections")
+           if path is not None else {})
     raw = _merge(_merge(defaults or {}, raw), overrides or {})
     valid = {"strategy", "synthetic", "options"} | set(SECTIONS)
     unknown = sorted(set(raw) - valid)

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from ..runtime.records import Record, RunSummary, optional
 from .projection import Curve
 
@@ -226,13 +224,5 @@ UNCAPPED = "uncapped"
 def load_matrix(path: Optional[str]) -> dict[str, Any]:
     if path is None:
         return {}
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"matrix file {str(p)!r} does not exist")
-    try:
-        m = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"matrix file {str(p)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(m, dict):
-        raise ValueError(f"matrix file {str(p)!r} must hold a mapping (datasets, strategies, ...)")
-    return m
+    from ..config import read_yaml_mapping
+    return read_yaml_mapping(path, "matrix file", "a mapping (datasets, strategies, ...)")
