@@ -213,12 +213,12 @@ class Cluster:
         seen = failures if failures is not None else []
         while True:
             codes = [p.poll() for p in procs]
+            first_failure = not seen
             seen += [i for i, c in enumerate(codes) if c and i not in seen]
             if all(c is not None for c in codes) or time.monotonic() >= deadline:
                 break
-            if seen:   # one failed (non-zero): the rest get the grace
+            if seen and first_failure:   # the rest get the grace from the first failure on
                 deadline = min(deadline, time.monotonic() + grace_s)
-                grace_s = float("inf")  # set once
             time.sleep(0.2)
         for p, c in zip(procs, codes):
             if c is None:
