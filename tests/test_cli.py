@@ -47,6 +47,7 @@ def test_train_prints_accuracy_and_bytes_and_writes_summary(tmp_path):
     assert total == s["train_bytes"]
 
 
+@pytest.mark.slow
 def test_partition_command_writes_a_book(tmp_path):
     r = quietgnn("partition", "--parts", "3", *TINY[:4], "--out", str(tmp_path / "book"))
     assert r.returncode == 0, r.stderr

@@ -35,6 +35,7 @@ def test_bad_eval_settings_are_refused_by_name():
             load_config(None, {"train": {key: value}})
 
 
+@pytest.mark.slow
 def test_local_selection_then_one_exact_evaluation(tmp_path):
     """grappa at the defaults (local mode): while training, evaluations send only the summed
     counts; the last epoch evaluates the selected state exactly (halo rows: kind halo_fwd),
@@ -63,6 +64,7 @@ def test_local_selection_then_one_exact_evaluation(tmp_path):
     assert ref["val_acc"] == pytest.approx(summ["val_acc"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_cadence_counts_epoch_equivalents_and_patience_stops_every_rank(tmp_path):
     """Exact mode every 3 epoch-equivalents: epochs 2, 5 and the last evaluated; a learning
     rate too small to change anything never improves validation after the first evaluation,

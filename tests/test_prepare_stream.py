@@ -301,6 +301,7 @@ def test_streamed_synthetic_is_seeded_and_well_formed(tmp_path):
     assert abs(float((y[src] == y[dst]).double().mean()) - 0.7) < 0.05
 
 
+@pytest.mark.slow
 def test_cli_prepare_synthetic_then_train(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "quietgnn", *args], capture_output=True,

@@ -116,6 +116,7 @@ def test_draws_are_fixed_and_within_the_fanout(book):
             assert 1 <= got.size <= 2
 
 
+@pytest.mark.slow
 def test_tma_rank0_evaluates_from_the_book_without_the_whole_graph(book, tmp_path):
     """options.eval_nodes: rank 0 builds no whole graph; with full mode (every neighbour) and
     a sample covering every node the result is the exact evaluation's."""

@@ -380,6 +380,7 @@ def test_planted_partition_part_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr and "weights_only" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_resume_from_a_planted_shard_exits_2_and_does_not_run_it(tmp_path):
     common = ["train", "--strategy", "halo", "--dataset", "synthetic", "--synthetic.nodes", "300",
               "--synthetic.feature_dim", "8", "--parts", "2", "--hidden", "8",
