@@ -355,6 +355,33 @@ def test_sampler_blocks_are_valid_and_capped():
     assert int(full_blocks[1].row_count.sum()) == 8
 
 
+def test_present_normalises_a_truncated_row_by_the_edges_it_has():
+    # internal nodes 0..3 carry all their in-edges; 4 and 5 are leaves: degree 3 in the whole
+    # graph, no row here
+    indptr = torch.tensor([0, 2, 3, 5, 6])
+    cols = torch.tensor([1, 4, 0, 3, 5, 2], dtype=torch.int32)
+    ident = torch.arange(6, dtype=torch.int32)
+    own = Rows(indptr[:3], cols[:3], 0, 0, ident)
+    rot = Rows(indptr[2:] - indptr[2], cols[3:], 0, 2, ident)
+    deg = torch.tensor([2, 1, 2, 1, 3, 3])
+    x = torch.randn(6, 3)
+    lg = LocalGraph(own, rot, x[:2], x[2:], deg, 2, 4, 1, 0)
+    nodes, (first, second) = expand(lg, torch.tensor([0, 2]), [None, None])
+    _, (pfirst, psecond) = expand(lg, torch.tensor([0, 2]), [None, None], present=True)
+    leaves = [i for i, v in enumerate(nodes[:first.n_dst].tolist()) if v >= 4]
+    assert leaves                                       # a leaf is a destination of layer 1
+    # whole in-degree: the leaf's self-loop weight is 1/(3+1); present: 1 (its own features)
+    _, self_w = first.gcn_norm()
+    _, pself_w = pfirst.gcn_norm()
+    assert torch.allclose(self_w[leaves], torch.full((len(leaves),), 0.25))
+    assert torch.allclose(pself_w[leaves], torch.ones(len(leaves)))
+    # rows that are whole, and every source's weight, are as before
+    whole = [i for i in range(first.n_dst) if i not in leaves]
+    assert torch.equal(first.dst_degree[whole], pfirst.dst_degree[whole])
+    assert torch.equal(first.src_degree, pfirst.src_degree)
+    assert torch.equal(second.dst_degree, psecond.dst_degree)   # the seeds' rows are whole
+
+
 def test_sampled_rows_are_uniform_subsets_drawn_independently():
     # R rows of the same 5 edges: each row's fanout-3 sample is one of the 10 3-subsets, all
     # about equally often, and rows draw independently (not one subset for every row)
@@ -409,7 +436,7 @@ def test_sampled_rows_are_subsets_of_the_gathered_rows():
 @pytest.mark.parametrize("bad", [{"lam": 1.5}, {"w_min": 0.0}, {"mode": "sampled"},
                                  {"weighting": "edge"}, {"repart_every": -1},
                                  {"fanouts": [0, 2]}, {"coverage": "max"}, {"grad_bits": 16},
-                                 {"grad_rank": -1}, {"grad_rank": 1.5}])
+                                 {"grad_rank": -1}, {"grad_rank": 1.5}, {"leaf_norm": "mean"}])
 def test_options_are_validated(bad):
     with pytest.raises(ValueError):
         GrappaOptions(**bad)

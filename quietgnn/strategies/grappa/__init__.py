@@ -89,6 +89,12 @@ class GrappaOptions:
     lam: float = 1.0              # shrinkage: 0 = plain averaging, 1 = full correction
     w_min: float = 0.1            # coverage weights are clipped to [w_min, 1]
     coverage: str = "mean"        # mean (over tree levels) | path (complete root-leaf paths)
+    #: how a row with edges missing (a leaf: all of them) is normalised: 'global' by the node's
+    #: whole in-degree, as in evaluation (a leaf's first layer is its own features shrunk by
+    #: 1/(d+1)); 'present' by the edges present, as a sampled row (a leaf's first layer is its
+    #: own features, a one-sample estimate of its neighbourhood's mean: worse where features
+    #: are noisy, see docs/findings.md)
+    leaf_norm: str = "global"
     fanouts: Any = None           # minibatch: per hop from the seeds, e.g. [25, 10]; -1 = all
     batch_size: int = 1024        # minibatch: seeds per step (adjusted: equal steps per rank)
     #: bits per gradient value on the wire: 32 = the exact fp32 all-reduce; 8/4/2 = the
@@ -114,6 +120,10 @@ class GrappaOptions:
                              f"'batch'")
         if self.coverage not in ("mean", "path"):
             raise ValueError(f"options.coverage = {self.coverage!r}; expected 'mean' or 'path'")
+        if self.leaf_norm not in ("global", "present"):
+            raise ValueError(f"options.leaf_norm = {self.leaf_norm!r}; expected 'global' (a "
+                             f"row normalised by its node's whole in-degree) or 'present' (by "
+                             f"the edges present)")
         if not isinstance(self.repart_every, int) or self.repart_every < 0:
             raise ValueError(f"options.repart_every = {self.repart_every!r}; expected an int >= "
                              f"0 (0 disables repartitioning)")
@@ -241,7 +251,8 @@ class Grappa(Strategy):
                 self._x = SparseFeatures(self._x.indptr, self._x.indices,
                                          self._x.values.float(), self._x.num_cols)
             if o.mode == "full":
-                nodes, blocks = expand(self.lg, self.seed_local, self.fanouts)
+                nodes, blocks = expand(self.lg, self.seed_local, self.fanouts,
+                                       present=o.leaf_norm == "present")
                 self._full_blocks = nodes, self.ctx.put(blocks)
                 self._full_x = self._rows(nodes)
                 self._full_z = float(self._normalisers([torch.arange(self.seed_local.numel())])[0])
@@ -309,7 +320,8 @@ class Grappa(Strategy):
             if self._full_blocks is not None:
                 nodes, blocks = self._full_blocks
             else:
-                nodes, blocks = expand(self.lg, seeds, self.fanouts, self.gen)
+                nodes, blocks = expand(self.lg, seeds, self.fanouts, self.gen,
+                                       present=self.options.leaf_norm == "present")
                 blocks = self.ctx.put(blocks)
             x = self._full_x if self._full_blocks is not None else self._rows(nodes)
             logits = self.model(x, blocks)

@@ -238,24 +238,27 @@ def coverage(lg: LocalGraph, layers: int, kind: str = "mean") -> Tensor:
 
 # ---------------------------------------------------------------------- blocks
 def expand(lg: LocalGraph, seeds: Tensor, fanouts: Sequence[Optional[int]],
-           gen: Optional[torch.Generator] = None) -> tuple[Tensor, list[SparseAdj]]:
+           gen: Optional[torch.Generator] = None,
+           present: bool = False) -> tuple[Tensor, list[SparseAdj]]:
     """Message-flow blocks for ``seeds`` (local ids) over ``lg``: ``fanouts[h]`` neighbours per
     node at hop ``h`` from the seeds (``None``: all), uniformly without replacement, vectorised.
 
     Returns ``(input_nodes, blocks)``: ``blocks[l]`` is layer ``l``'s block (first layer
     first); each block's sources start with its destinations. GCN normalisation uses the
     global in-degree capped at the fanout (so a fully present node is normalised exactly as in
-    evaluation, and a sampled one as in a graph of degree ``min(d, f)``).
+    evaluation, and a sampled one as in a graph of degree ``min(d, f)``). ``present``: a
+    destination row is normalised by the edges it has (a leaf's: none), not by its degree.
     """
     try:
-        return _expand(lg, seeds, fanouts, gen, lg.scratch())
+        return _expand(lg, seeds, fanouts, gen, lg.scratch(), present)
     except BaseException:
         lg._pos = None    # possibly left dirty: the next call starts a fresh one
         raise
 
 
 def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
-            gen: Optional[torch.Generator], pos: Tensor) -> tuple[Tensor, list[SparseAdj]]:
+            gen: Optional[torch.Generator], pos: Tensor,
+            present: bool = False) -> tuple[Tensor, list[SparseAdj]]:
     """:func:`expand` with ``pos`` (all -1) as the position map; leaves it all -1."""
     blocks: list[SparseAdj] = []
     for f in fanouts:
@@ -270,7 +273,7 @@ def _expand(lg: LocalGraph, nodes: Tensor, fanouts: Sequence[Optional[int]],
         deg = lg.deg[all_nodes].long()
         if f is not None:
             deg = deg.clamp(max=f)
-        blocks.insert(0, SparseAdj(indptr, cols, all_nodes.numel(), deg,
-                                   deg[:nodes.numel()].clone()))
+        dst = indptr[1:] - indptr[:-1] if present else deg[:nodes.numel()].clone()
+        blocks.insert(0, SparseAdj(indptr, cols, all_nodes.numel(), deg, dst))
         nodes = all_nodes
     return nodes, blocks
