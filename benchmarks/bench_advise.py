@@ -197,7 +197,8 @@ def write_prior(data_root: Path) -> None:
                        "every strategy at P = 4, GCN and SAGE 2x64, 200 epoch-equivalents, on "
                        "Cora, CiteSeer, Computers and CS; and "
                        "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
-                       "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs)")
+                       "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs; "
+                       "10^7 edges, hash parts, 2 layers, 150 epochs, halo and adaqp 80)")
     path = ROOT / "quietgnn/analysis/advise/prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
@@ -240,6 +241,8 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
             raw = [r["strategy"] for r in rank(m, tier, prior)["ranking"]]
             no_ext = [r["strategy"] for r in rank(on_machine(m0, 1.0 / factor), tier,
                                                   prior)["ranking"]]
+            no_late = [r["strategy"] for r in rank(on_machine(without_late(m), 1.0 / factor),
+                                                   tier, prior)["ranking"]]
             order = [r["strategy"] for r in adv["ranking"]]
             winner = min(truth, key=truth.get)
             pred = {r["strategy"]: r["predicted_seconds_to_target"] for r in adv["ranking"]}
@@ -255,6 +258,8 @@ def validate(data_root: Path, datasets: list[str]) -> list[dict]:
                 "hit_unscaled": raw[:1] == [winner], "top2_unscaled": winner in raw[:2],
                 "advised_no_extension": no_ext, "hit_no_extension": no_ext[:1] == [winner],
                 "top2_no_extension": winner in no_ext[:2],
+                "advised_no_late": no_late, "hit_no_late": no_late[:1] == [winner],
+                "top2_no_late": winner in no_late[:2],
                 # the probe's extension: epochs run on, and where it reached the target
                 "extended": {s: [v["extended_to"], v.get("reached_at")]
                              for s, v in m["strategies"].items() if v.get("extended_to")},
@@ -290,10 +295,21 @@ def unextended(m: dict) -> dict:
     out = {**m, "strategies": {}}
     for s, v in m["strategies"].items():
         if "extended_to" in v:
-            v = {k: x for k, x in v.items() if k not in ("extended_to", "probe_reached_at")}
+            # (how near it was comes from the extension: a probe that did centralized's work
+            # is not extended)
+            v = {k: x for k, x in v.items() if k not in ("extended_to", "probe_reached_at",
+                                                        "near", "near_at")}
             v["reached_at"] = m["strategies"][s].get("probe_reached_at")
         out["strategies"][s] = v
     return out
+
+
+def without_late(m: dict) -> dict:
+    """The probe ``m`` without how near a strategy short of the target was (``near``): the
+    borrowed table alone predicts its work and its chance, as before the late runs were
+    used."""
+    return {**m, "strategies": {s: {k: x for k, x in v.items() if k not in ("near", "near_at")}
+                                for s, v in m["strategies"].items()}}
 
 
 def render(records: list[dict], command: str = "python benchmarks/bench_advise.py") -> list[str]:
@@ -307,6 +323,8 @@ def render(records: list[dict], command: str = "python benchmarks/bench_advise.p
                for r in records}
     hit_x = sum(r.get("hit_no_extension", r["hit"]) for r in records)
     top2_x = sum(r.get("top2_no_extension", r["top2"]) for r in records)
+    hit_l = sum(r.get("hit_no_late", r["hit"]) for r in records)
+    top2_l = sum(r.get("top2_no_late", r["top2"]) for r in records)
     cells = {f"{r['dataset']}/{r['model']}": r.get("extended") or {} for r in records}
     ext = [f"{c} {s} {k} ({'never' if at is None else f'at {at:g}'})"
            for c, e in cells.items() for s, (k, at) in sorted(e.items())]
@@ -324,6 +342,9 @@ def render(records: list[dict], command: str = "python benchmarks/bench_advise.p
              f"machine): first choice {hit_u}/{n}, top two {top2_u}/{n}",
              f"- without the probe's extension (`--no-extend`: the borrowed table alone "
              f"predicts the work): first choice {hit_x}/{n}, top two {top2_x}/{n}",
+             f"- without the late runs (a strategy still short of the target after "
+             f"`centralized`'s work predicted from the borrowed table alone): first choice "
+             f"{hit_l}/{n}, top two {top2_l}/{n}",
              "- extended probes (epochs run on; where the target was reached, in "
              "epoch-equivalents): " + (", ".join(ext) or "none"),
              "- probe compute / measured runs' compute (`centralized` on each graph and model): "

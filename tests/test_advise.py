@@ -400,7 +400,8 @@ def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_
     m = advisor.probe("synthetic", parts=2, model="gcn", strategies=["halo", "minibatch"],
                       out=tmp_path, set_=set_, reference_epochs=30)
     assert seen["ref_work"] == m["reference_epochs"] and seen["ref_cost"] > 0
-    assert {"halo", "retexo", "grappa"} <= seen["skip"]       # exact, phased, periodic
+    assert {"halo", "grappa"} <= seen["skip"]                 # exact, periodic
+    assert "retexo" not in seen["skip"]         # phased: extended at the real schedule
     assert seen["probe"] == {"halo": 3, "minibatch": 3}
     mb = m["strategies"]["minibatch"]
     assert mb["extended_to"] == 5 and "extended_to" not in m["strategies"]["halo"]
@@ -421,3 +422,82 @@ def test_the_probe_extends_a_strategy_and_reads_where_it_reached_the_target(tmp_
     # ... and its figure is the one the extended probe kept beside its own
     assert "probe_reached_at" in mb
     assert m["strategies"]["minibatch"].get("reached_at") == mb["probe_reached_at"]
+
+
+def test_the_prior_keeps_how_near_late_runs_were_and_what_became_of_them():
+    from quietgnn.analysis.advise.fit import near_target
+    results = [_run("a", "centralized", [0.5, 0.8, 0.9, 1.0]),        # target 0.98: 4 epochs
+               _run("a", "halo", [0.5, 0.99]),                       # on time: no late row
+               _run("a", "tma", [0.2, 0.4, 0.6, 0.9, 0.95, 0.99]),   # late, got there at 6
+               _run("a", "retexo", [0.1, 0.2, 0.3, 0.49, 0.5])]      # late, never
+    late = build_prior(results)["late"]
+    assert late == [[0.5, 0, None, "retexo", "a"],
+                    [round(0.9 / 0.98, 4), 1, 1.5, "tma", "a"]]
+    # the first evaluation at or after centralized's work counts (runs evaluated every few)
+    sparse = {"epochs": [{"epoch": 0, "work": 1.0, "test_acc": None},
+                         {"epoch": 1, "work": 1.0, "test_acc": None},
+                         {"epoch": 2, "work": 1.0, "test_acc": 0.49}]}
+    assert near_target(sparse, 0.98, 1.0) == pytest.approx(0.5)
+    assert near_target(sparse, 0.98, 2.0, updates_per_epoch=2.0) == pytest.approx(0.5)
+    assert near_target({"epochs": [{"epoch": 0, "test_acc": None}]}, 0.98, 1.0) is None
+
+
+def test_late_odds_fall_with_how_far_short_a_run_was():
+    from quietgnn.analysis.advise.fit import late_odds
+    rows = ([[0.3 + 0.02 * i, 0, None, "s", "g"] for i in range(10)]
+            + [[0.8 + 0.02 * i, 1, 2.0 if i % 2 else 8.0, "s", "g"] for i in range(10)]
+            + [[0.6, 1, 2.0, "s", "g"], [0.9, 0, None, "s", "g"]])   # not a clean split
+    far, ratio = late_odds({"late": rows}, 0.35)
+    near, _ = late_odds({"late": rows}, 0.95)
+    assert far < 0.1 < 0.9 < near
+    # the geometric mean of the work ratios of those that got there (five 8s, six 2s)
+    assert ratio == pytest.approx(math.exp((5 * math.log(8) + 6 * math.log(2)) / 11))
+    assert late_odds({}, 0.5) == (0.5, None)                 # nothing borrowed: even odds
+    assert late_odds({"late": [[0.9, 1, 3.0, "s", "g"]]}, 0.2) == pytest.approx((1.0, 3.0))
+
+
+def test_a_strategy_run_for_centralizeds_work_and_far_short_is_ranked_by_what_late_runs_did():
+    m = _measured()
+    m["reference_epochs"] = 10.0
+    prior = _prior()
+    prior["strategies"]["retexo"] = dict(prior["strategies"]["halo"])    # as cheap as it looks
+    prior["late"] = ([[0.3 + 0.02 * i, 0, None, "s", "g"] for i in range(10)]
+                     + [[0.8 + 0.02 * i, 1, 3.0, "s", "g"] for i in range(10)]
+                     + [[0.6, 1, 3.0, "s", "g"], [0.9, 0, None, "s", "g"]])
+    first = rank(m, "wan", prior)["ranking"][0]
+    assert first["strategy"] == "retexo"
+    # run on for centralized's 10 epochs, it was at 40 % of the target
+    m["strategies"]["retexo"].update(near=0.4, near_at=10.0)
+    rows = {r["strategy"]: r for r in rank(m, "wan", prior)["ranking"]}
+    t = TIERS["wan"]
+    epoch = 0.001 + t.seconds(2.0, 1e3 / 4)
+    from quietgnn.analysis.advise.fit import late_odds
+    odds, ratio = late_odds(prior, 0.4)
+    assert ratio == pytest.approx(3.0)
+    assert rows["retexo"]["predicted_seconds_to_target"] == pytest.approx(30.0 * epoch / odds)
+    assert "at 40% of the target" in rows["retexo"]["reason"]
+    assert rank(m, "wan", prior)["ranking"][0]["strategy"] == "halo"
+    # a probe that reached the target says more than how near it was before
+    m["strategies"]["retexo"]["reached_at"] = 5.0
+    assert rank(m, "wan", prior)["ranking"][0]["strategy"] == "retexo"
+
+
+def test_near_is_kept_only_where_the_run_did_centralizeds_work_and_fell_short():
+    from quietgnn.analysis.advise import _near, _real_schedule
+    curve = {"epochs": [{"epoch": i, "work": 1.0, "test_acc": a}
+                        for i, a in enumerate([0.2, 0.4, 0.5])]}
+    m = {"updates_per_epoch": 1}
+    _near(m, curve, 0.98, ref_work=4.0)               # 3 epochs: less than centralized did
+    assert "near" not in m
+    _near(m, curve, 0.98, ref_work=3.0)
+    assert m["near"] == pytest.approx(0.5 / 0.98) and m["near_at"] == 3.0
+    m = {"updates_per_epoch": 2}                      # 6 updates: covers 5
+    _near(m, curve, 0.98, ref_work=5.0)
+    assert m["near_at"] == 3.0
+    m = {"updates_per_epoch": 1, "reached_at": 2.0}
+    _near(m, curve, 0.4, ref_work=3.0)
+    assert "near" not in m
+    # a phased strategy's extension runs the real run's schedule; the others as probed
+    assert _real_schedule("retexo", {"rounds_per_layer": 3}, 2, 200) == {
+        "rounds_per_layer": [100, 100]}
+    assert _real_schedule("tma", {"x": 1}, 2, 200) == {"x": 1}

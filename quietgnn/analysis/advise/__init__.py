@@ -18,9 +18,11 @@ can reuse them:
    slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
    it needs given ``centralized``'s here (the updates it needs over its updates per epoch on
    this graph's parts: :func:`updates_per_pass`; at most the probe's epochs where its probe
-   already reached the target), adds what is sent once and what recurs every few
-   epochs (once per period crossed), divides by its chance of reaching the target, and
-   sorts.
+   already reached the target; where it was run on for ``centralized``'s work and was still
+   short, what the borrowed runs as far short then went on to need, and how often they got
+   there at all: :func:`~quietgnn.analysis.advise.fit.late_odds`), adds what is sent once and
+   what recurs every few epochs (once per period crossed), divides by its chance of reaching
+   the target, and sorts.
 
 The prediction is only as good as its parts: the costs and ``centralized``'s pace are
 measured on the user's graph, the strategies' ratios are borrowed from other graphs;
@@ -36,7 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .fit import TARGET_FRAC, _work_needed, _work_to_target, build_prior
+from .fit import (TARGET_FRAC, _work_needed, _work_to_target, build_prior, late_odds,
+                  near_target)
 from .probe import _per_work, plan_extension
 from .phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from ...comm.network import TIERS, Tier, parse_tier
@@ -164,6 +167,31 @@ def _exact() -> set[str]:
     return {s for s in available_strategies() if get_strategy(s).exact}
 
 
+def _near(m: dict[str, Any], curve: Any, target: float, ref_work: float) -> None:
+    """Where a probe (or its extension) ran at least ``centralized``'s work (``ref_work``
+    updates) and was still short of ``target``: how near it was then (``near``, a fraction of
+    the target) and its epochs (``near_at``), for :func:`rank`. A shorter run says nothing
+    here: the borrowed runs' nearness is measured at that work."""
+    from ..projection import Curve
+    c = Curve.of(curve)
+    upe = float(m.get("updates_per_epoch") or 1)
+    done = sum(p.passes for p in c.epochs)
+    if m.get("reached_at") is None and c.epochs and done * upe >= ref_work - 1e-9:
+        m["near"], m["near_at"] = near_target(c, target, ref_work, upe), done
+
+
+def _real_schedule(strategy: str, options: dict[str, Any], layers: int,
+                   run_epochs: int) -> dict[str, Any]:
+    """A probe's options for its extension: a phased strategy's phases as long as in the
+    real run of ``run_epochs`` (so its first epochs are the real run's first epochs: all in
+    ``retexo``'s first layer), every other strategy's as probed."""
+    if strategy not in PHASED:
+        return options
+    from ...strategies import get_strategy
+    sched = get_strategy(strategy).Options().schedule(layers, run_epochs)
+    return {**options, PHASED[strategy]: sched}
+
+
 def _real_period(strategy: str, option: str) -> int:
     """The period in epochs the user's run would have: the strategy's default (``advise``
     passes no strategy options)."""
@@ -283,13 +311,16 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
         for s, curve in curves.items():
             if s not in PHASED and s not in _PERIODIC:
                 measured[s]["reached_at"] = _work_to_target(curve, target)
+                _near(measured[s], curve, target, ref_work)
         ext = plan_extension(measured, ref_work, ref_cost, parts,
                              {sp.strategy: int(sp.overrides["train.epochs"])
                               for sp in specs if sp is not ref_spec},
-                             skip=set(PHASED) | set(_PERIODIC) | _exact()) \
+                             skip=set(_PERIODIC) | _exact()) \
             if extend and ref_work and ref_cost else {}
-        runs = [(s, dataclasses.replace(sp, overrides={**sp.overrides, "train.epochs": k,
-                                                       "train.eval_every": 1}))
+        runs = [(s, dataclasses.replace(sp, options=_real_schedule(s, sp.options, layers,
+                                                                    run_epochs),
+                                        overrides={**sp.overrides, "train.epochs": k,
+                                                   "train.eval_every": 1}))
                 for s, k in ext.items() for sp in specs if sp.strategy == s]
         for (s, sp), res in zip(runs, run_matrix([sp for _, sp in runs], out,
                                                  timeout_s=timeout_s,
@@ -299,6 +330,7 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
             measured[s]["probe_reached_at"] = measured[s].get("reached_at")
             if res.ok and res.curve:
                 measured[s]["reached_at"] = _work_to_target(res.curve, target)
+                _near(measured[s], res.curve, target, ref_work)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
             "reference_compute_s": ref_compute, "strategies": measured}
@@ -376,6 +408,13 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
             reach = p["reach"]
             if m.get("reached_at"):
                 work, reach = min(work, float(m["reached_at"])), 1.0
+            elif m.get("near") is not None:
+                # run for centralized's work here and still short of the target: what the
+                # borrowed runs as far short then went on to do (fit.late_odds)
+                reach, ratio = late_odds(prior, float(m["near"]))
+                late = (base_work * ratio / float(m.get("updates_per_epoch") or 1)
+                        if ratio else 0.0)
+                work = max(work, late, float(m["near_at"]))
             train_s = phased_seconds(phases, work, t.seconds) if phases else work * epoch_s
             tta = (setup_s + train_s + _periods(work, per) * per_s) / reach
         comm_s = epoch_s - (phases[0] if phases else m)["compute_s"]
@@ -395,6 +434,11 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                                  if (m.get("updates_per_epoch") or 1) > 1 else "")
                               + (f", reached the target within the probe's "
                                  f"{m['reached_at']:.3g}" if m.get("reached_at") else "")
+                              + (f", at {m['near']:.0%} of the target after "
+                                 f"centralized's work here (borrowed runs that near got "
+                                 f"there {reach:.0%} of the time)"
+                                 if m.get("near") is not None and not m.get("reached_at")
+                                 else "")
                               + "; " if work is not None else "")
                            + risk_why))
         rows.append(row)

@@ -44,6 +44,8 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
     # (graph, centralized's work, the strategy's)
     pairs: dict[str, list[tuple[str, float, float]]] = {}
     reached: dict[str, list[int]] = {}
+    # runs not at the target after centralized's work: (how near, got there later, work ratio)
+    late: list[list[Any]] = []
     gaps: dict[str, list[float]] = {}
     ref_work: list[float] = []
     cells = []
@@ -70,6 +72,11 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
                 if w is not None:
                     ratios.setdefault(s, []).append(w / w_ref)
                     pairs.setdefault(s, []).append((ds, w_ref, w))
+                near = near_target(r.curve, target, w_ref, float((updates.get(ds) or {})
+                                                                 .get(s, 1)))
+                if near is not None and (w is None or w > w_ref):
+                    late.append([round(near, 4), int(w is not None),
+                                 round(w / w_ref, 4) if w is not None else None, s, ds])
     strategies = {}
     for s in reached:
         rs = ratios.get(s, [])
@@ -85,7 +92,68 @@ def build_prior(results: Iterable[Result | Mapping[str, Any]], *, exclude: Seque
                                   if ds not in exclude},
             # the fallback where the probe could not run `centralized` (a prepared graph)
             "reference_epochs_to_target": statistics.median(ref_work) if ref_work else None,
+            "late": sorted(late, key=lambda x: (x[0], x[3], x[4])),
             "strategies": strategies}
+
+
+def near_target(curve: Curve | Mapping[str, Any], target: float, ref_updates: float,
+                updates_per_epoch: float = 1.0) -> Optional[float]:
+    """The best test accuracy a run had evaluated by the time it had taken ``ref_updates``
+    optimizer updates (``centralized``'s work to the target on the graph; the run's first
+    evaluation at or after that point counts, runs evaluated every few epochs), as a fraction
+    of ``target``; None without an evaluation."""
+    done, best = 0.0, None
+    for p in Curve.of(curve).epochs:
+        done += p.passes * updates_per_epoch
+        if p.test_acc is not None:
+            best = max(best or 0.0, p.test_acc)
+            if done >= ref_updates - 1e-9:
+                break
+    return None if best is None else best / target
+
+
+def late_odds(prior: Mapping[str, Any], near: float) -> tuple[float, Optional[float]]:
+    """What the borrowed runs say of a run that had not reached the target after the work
+    ``centralized`` needed, being ``near`` (a fraction of the target) then: the chance it
+    gets there in the end, by a logistic fit of the borrowed late runs' outcome on their
+    nearness (pooled over strategies: each has too few late runs of its own; a run far short
+    then seldom got there, one just short often did), and the geometric mean of their work
+    over ``centralized``'s where they got there (None if none did). The prior's ``late``
+    rows: (near, got there, work ratio, strategy, graph). Without late rows: an even chance."""
+    rows = [(float(r[0]), int(r[1])) for r in prior.get("late") or ()]
+    got = [float(r[2]) for r in prior.get("late") or () if r[1] and r[2]]
+    ratio = math.exp(statistics.mean(math.log(x) for x in got)) if got else None
+    if not rows or len({y for _, y in rows}) < 2:
+        return (statistics.mean(y for _, y in rows) if rows else 0.5), ratio
+    a, b = _logistic(rows)
+    return 1.0 / (1.0 + math.exp(-(a + b * near))), ratio
+
+
+def _logistic(rows: Sequence[tuple[float, int]], ridge: float = 1e-2) -> tuple[float, float]:
+    """Maximum likelihood ``P(y = 1) = 1 / (1 + exp(-(a + b x)))`` by Newton's method, with a
+    small ridge on ``b`` (late runs that split cleanly by nearness would send it to
+    infinity); ``x`` centred for the conditioning."""
+    mx = statistics.mean(x for x, _ in rows)
+    a = b = 0.0
+    for _ in range(50):
+        ga, gb, haa, hab, hbb = 0.0, -ridge * b, 0.0, 0.0, ridge
+        for x, y in rows:
+            z = x - mx
+            p = 1.0 / (1.0 + math.exp(-(a + b * z)))
+            w = p * (1.0 - p)
+            ga += y - p
+            gb += (y - p) * z
+            haa += w
+            hab += w * z
+            hbb += w * z * z
+        det = haa * hbb - hab * hab
+        if det <= 1e-15:
+            break
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det
+        a, b = a + da, b + db
+        if abs(da) + abs(db) < 1e-10:
+            break
+    return a - b * mx, b
 
 
 def _fit(pairs: Sequence[tuple[float, float]], kind: str) -> Optional[dict[str, Any]]:

@@ -2,13 +2,16 @@
 a probe's per-epoch costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
 
 The extension: on a graph where ``centralized`` ran (so the target and the work it took are
-known), every strategy probed at its real schedule — not a phased one (``retexo``, probed a
-few rounds per layer) nor a periodic one (``grappa``, probed at another reload period than
-a real run's) — is run on for as many epochs as ``centralized`` needed, evaluated after
-each, so one that gets there sooner than the borrowed table expects is seen doing so on
-this graph (``minibatch`` reached 98 % of ``centralized`` in 4 updates on CiteSeer/SAGE, where
-``centralized`` needed 40 and the other graphs' runs suggested ~45). ``tma``'s probe epoch is
-its real averaging period, so it is extended too.
+known), every strategy but a periodic one (``grappa``, probed at another reload period than a
+real run's) is run on for as many epochs as ``centralized`` needed, evaluated after each, so
+one that gets there sooner than the borrowed table expects is seen doing so on this graph
+(``minibatch`` reached 98 % of ``centralized`` in 4 updates on CiteSeer/SAGE, where
+``centralized`` needed 40 and the other graphs' runs suggested ~45), and one still short of
+the target then is seen to be, and how far (``rank`` asks the borrowed runs that were as far
+short what became of them: :func:`~quietgnn.analysis.advise.fit.late_odds`). ``tma``'s probe
+epoch is its real averaging period, so its extension is its real run; a phased strategy
+(``retexo``, probed a few rounds per layer) is extended at the real run's schedule (its first
+epochs: its first layer's).
 
 Not extended: a strategy that claims equality with ``centralized`` (``halo``: it needs what
 ``centralized`` needed, by construction). Bounded: the extensions together cost at most
