@@ -36,9 +36,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from quietgnn.analysis.advise.fit import TARGET_FRAC, _work_to_target, build_prior  # noqa: E402
 from quietgnn.analysis.advise.phases import PHASED, phase_costs  # noqa: E402
 from quietgnn.analysis.advise.probe import _per_work, plan_extension  # noqa: E402
-from quietgnn.analysis.advise import (_PERIOD_OFFSET, _PERIODIC, CANDIDATES,  # noqa: E402
-                                      REFERENCE_EPOCHS, _graph_and_partitions, _near,
-                                      rank, updates_per_pass)
+from quietgnn.analysis.advise import (_DEFAULT_PROBE_EPOCHS, _PERIOD_OFFSET,  # noqa: E402
+                                      _PERIODIC, _PROBE_EPOCHS, CANDIDATES, REFERENCE_EPOCHS,
+                                      _exact, _graph_and_partitions, _near, rank,
+                                      updates_per_pass)
 from quietgnn.analysis.projection import epoch_curve  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 from quietgnn.strategies import get_strategy  # noqa: E402
@@ -161,8 +162,8 @@ def _extend(g: dict[str, Any], measured: dict[str, Any], ref: dict[str, Any],
     after them, as the study evaluated every few epochs where the probe evaluates each."""
     eps = ref["curve"]["epochs"][:REFERENCE_EPOCHS]
     cost = sum(float(e.get("compute_s") or 0.0) for e in eps)
-    probe_epochs = {s: 50 if s == "tma" else 3 for s in measured}
-    skip = set(_PERIODIC) | {s for s in measured if get_strategy(s).exact}
+    probe_epochs = {s: _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS) for s in measured}
+    skip = set(_PERIODIC) | _exact()
     target = TARGET_FRAC * ref["summary"]["test_acc"]
     plan = plan_extension(measured, ref_work, cost, 4, probe_epochs, skip)
     for s, m in measured.items():
