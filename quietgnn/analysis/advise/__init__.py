@@ -435,8 +435,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
                               + (f", reached the target within the probe's "
                                  f"{m['reached_at']:.3g}" if m.get("reached_at") else "")
                               + (f", at {m['near']:.0%} of the target after "
-                                 f"centralized's work here (borrowed runs that near got "
-                                 f"there {reach:.0%} of the time)"
+                                 f"centralized's work here (the borrowed late runs put "
+                                 f"its chance of getting there at {reach:.0%})"
                                  if m.get("near") is not None and not m.get("reached_at")
                                  else "")
                               + "; " if work is not None else "")
