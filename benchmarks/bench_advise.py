@@ -198,7 +198,7 @@ def write_prior(data_root: Path) -> None:
                        "Cora, CiteSeer, Computers and CS; and "
                        "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
                        "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs; "
-                       "10^7 edges, hash parts, 2 layers, 150 epochs, halo and adaqp 80)")
+                       "10^7 edges, hash and ldg parts, 2 layers, 150 epochs, halo and adaqp 80)")
     path = ROOT / "quietgnn/analysis/advise/prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
