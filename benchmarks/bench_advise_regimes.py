@@ -162,7 +162,8 @@ def _extend(g: dict[str, Any], measured: dict[str, Any], ref: dict[str, Any],
     after them, as the study evaluated every few epochs where the probe evaluates each."""
     eps = ref["curve"]["epochs"][:REFERENCE_EPOCHS]
     cost = sum(float(e.get("compute_s") or 0.0) for e in eps)
-    probe_epochs = {s: _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS) for s in measured}
+    probe_epochs = {s: 0 if s in PHASED else _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
+                    for s in measured}
     skip = set(_PERIODIC) | _exact()
     target = TARGET_FRAC * ref["summary"]["test_acc"]
     plan = plan_extension(measured, ref_work, cost, 4, probe_epochs, skip)

@@ -312,8 +312,10 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
             if s not in PHASED and s not in _PERIODIC:
                 measured[s]["reached_at"] = _work_to_target(curve, target)
                 _near(measured[s], curve, target, ref_work)
+        # (a phased probe's epochs are another schedule's: they count for nothing here)
         ext = plan_extension(measured, ref_work, ref_cost, parts,
-                             {sp.strategy: int(sp.overrides["train.epochs"])
+                             {sp.strategy: 0 if sp.strategy in PHASED
+                              else int(sp.overrides["train.epochs"])
                               for sp in specs if sp is not ref_spec},
                              skip=set(_PERIODIC) | _exact()) \
             if extend and ref_work and ref_cost else {}
