@@ -281,13 +281,16 @@ def test_a_host_that_fails_ends_the_wait_for_the_others_after_a_grace():
     from quietgnn.runtime.netcluster import Cluster, exit_status
     def py(code, **kw):
         return subprocess.Popen([sys.executable, "-c", code], **kw)
-    # host 2 crashes first; host 0 fails later (its reaction); host 1 hangs
+    # host 2 crashes first; host 0 fails later (its reaction); host 1 hangs. The reaction
+    # starts once the crash is over, so the order does not hang on two interpreters' start-up
+    # times on a loaded machine; the grace leaves it room to start and exit.
     hang = py("import time; time.sleep(60)", start_new_session=True)
     crash = py("import sys; sys.exit(3)")
-    reacts = py("import sys, time; time.sleep(0.5); sys.exit(1)")
+    crash.wait()
+    reacts = py("import sys, time; time.sleep(0.3); sys.exit(1)")
     t0 = time.monotonic()
     failures: list[int] = []
-    codes = Cluster.wait([reacts, hang, crash], timeout=50, grace_s=1.5, failures=failures)
+    codes = Cluster.wait([reacts, hang, crash], timeout=50, grace_s=2.5, failures=failures)
     assert codes == [1, None, 3] and time.monotonic() - t0 < 20
     assert hang.poll() is not None                      # killed, not left behind
     assert failures == [2, 0] and exit_status(codes, failures) == 3   # the first failure
