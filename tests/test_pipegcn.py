@@ -1,6 +1,7 @@
 """``pipegcn`` (PipeGCN): without staleness it is ``halo`` (whole rows); with it, every hidden
 layer aggregates the halo rows its peers computed one epoch earlier, their gradients reach
-the owners one epoch late, and the same bytes as ``halo``'s cross every epoch."""
+the owners one epoch late, each exchange in flight until the next epoch needs it, and the
+run sends the same bytes as ``halo``'s."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _runs(comm, graph, parts, tmp):
     out = {"halo": halo, "off": off}
     if P > 1:
         out["stale"] = _train(comm, part, _cfg("pipegcn", P), f"{tmp}/s")
+        out["early"] = _train(comm, part, _cfg("pipegcn", P, wait="epoch"), f"{tmp}/e")
         ex = HaloExchanger(Communicator(comm.rank, P), part)
         out["boundary"] = (sum(ex.send_counts), sum(ex.recv_counts))
     return out
@@ -50,33 +52,50 @@ def test_without_staleness_it_is_halo(P, tmp_path):
         if P == 1:
             continue
         # stale: the first forward is halo's (nothing stale yet), then the runs part ways,
-        # sending exactly halo's bytes every epoch, in both directions
+        # sending exactly halo's bytes, in both directions; an epoch's records count the
+        # exchanges it waited for (the previous epoch's), the last one its own too
         s_run, _, s_rec = r["stale"]
         train = [e for e in s_run if e[0] >= 0]
         assert train[0][1] == pytest.approx([e for e in h_run if e[0] >= 0][0][1], rel=1e-6)
         assert train[1][1] != pytest.approx([e for e in h_run if e[0] >= 0][1][1], rel=1e-6)
-        assert [x["bytes"] for x in s_rec] == [x["bytes"] for x in h_rec]
+        for phase in ("setup", "train", "eval"):
+            for way in ("sent", "recv"):
+                assert sum(x["bytes"].get(phase, {}).get(way, 0) for x in s_rec) == \
+                    sum(x["bytes"].get(phase, {}).get(way, 0) for x in h_rec), (phase, way)
+        assert [x["bytes"].get("eval") for x in s_rec] == [x["bytes"].get("eval") for x in h_rec]
+        # waited for at each epoch's end instead: the same numbers, each epoch its own bytes
+        e_run, e_par, e_rec = r["early"]
+        assert [e[0] for e in e_run] == [e[0] for e in s_run]
+        assert [e[1] for e in e_run if e[0] >= 0] == pytest.approx([e[1] for e in train],
+                                                                   rel=1e-6)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(e_par, r["stale"][1]))
+        assert [x["bytes"] for x in e_rec] == [x["bytes"] for x in h_rec]
         out_rows, in_rows = r["boundary"]
-        for x in s_rec:
-            if x["epoch"] >= 0:
-                kinds = x["bytes_by_kind"]
-                assert kinds["train/pipegcn_fwd"] == 4 * HIDDEN * out_rows
-                assert kinds["train/pipegcn_bwd"] == 4 * HIDDEN * in_rows
+        landed = [(x["bytes_by_kind"].get("train/pipegcn_fwd", 0),
+                   x["bytes_by_kind"].get("train/pipegcn_bwd", 0))
+                  for x in s_rec if x["epoch"] >= 0]
+        fwd, bwd = 4 * HIDDEN * out_rows, 4 * HIDDEN * in_rows
+        assert landed == [(fwd, 0), (0, bwd)] + [(fwd, bwd)] * (EPOCHS - 3) + [(2 * fwd, 2 * bwd)]
 
 
 def _pipeline(comm, graph, parts):
-    """Three epochs of one StaleExchange (gamma 0.5) on rows that name their epoch and
-    owner: what each forward aggregates and each backward returns."""
+    """Three epochs of a StaleExchange (gamma 0.5) on rows that name their epoch and owner:
+    what each forward aggregates and each backward returns, once with every exchange landed
+    where the next epoch needs it and once landed at each epoch's end."""
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
-    ex = HaloExchanger(comm, part, kind="probe")
-    se = StaleExchange(ex, smoothing=0.5)
-    seen = []
-    for epoch in range(3):
-        h = torch.full((part.n_own, 2), float(10 * epoch + comm.rank), requires_grad=True)
-        out = se(h, 1)
-        out.backward(torch.ones_like(out))
+    seen = {}
+    for early in (False, True):
+        ex = HaloExchanger(comm, part, kind=f"probe{int(early)}")
+        se = StaleExchange(ex, smoothing=0.5)
+        seen[early] = []
+        for epoch in range(3):
+            h = torch.full((part.n_own, 2), float(10 * epoch + comm.rank), requires_grad=True)
+            out = se(h, 1)
+            out.backward(torch.ones_like(out))
+            if early:
+                se.finish()
+            seen[early].append((out[part.n_own:].detach().clone(), h.grad.clone()))
         se.finish()
-        seen.append((out[part.n_own:].detach().clone(), h.grad.clone()))
     sent_to = torch.zeros(part.n_own)   # how many peers each own row goes to
     sent_to.index_add_(0, ex.send_all, torch.ones(ex.send_all.numel()))
     return seen, sent_to
@@ -87,7 +106,9 @@ def test_the_pipeline_is_one_epoch_stale_and_smoothed():
     parts = partition_nodes(graph, "metis", 2, seed=0)
     for rank, (seen, sent_to) in enumerate(spawn_function(_pipeline, 2, args=(graph, parts))):
         peer = 1 - rank
-        (halo0, g0), (halo1, g1), (halo2, g2) = seen
+        for (h_late, g_late), (h_early, g_early) in zip(seen[False], seen[True]):
+            assert torch.equal(h_late, h_early) and torch.equal(g_late, g_early)
+        (halo0, g0), (halo1, g1), (halo2, g2) = seen[False]
         assert torch.all(halo0 == peer)                  # epoch 0: fresh, as halo's
         assert torch.all(halo1 == peer)                  # epoch 1: epoch 0's rows
         assert torch.all(halo2 == 0.5 * peer + 0.5 * (10 + peer))   # gamma 0.5 of 0 and 1
@@ -102,3 +123,5 @@ def test_options_are_checked():
         PipeGCNOptions(smoothing=1.0)
     with pytest.raises(ValueError, match="stale"):
         PipeGCNOptions(stale="yes")
+    with pytest.raises(ValueError, match="options.wait = 'later'"):
+        PipeGCNOptions(wait="later")

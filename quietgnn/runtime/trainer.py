@@ -155,6 +155,13 @@ class Trainer:
             eval_records = comm.take_records()
             c_eval = max(0.0, time.thread_time() - ce - sum(r.cpu_seconds for r in eval_records))
             records += eval_records
+        if last or s.finished() or self.stop:
+            ts, cs = time.perf_counter(), time.thread_time()
+            with comm.phase("train"):
+                s.settle()   # what a strategy keeps in flight lands in the run's last epoch
+            t_train += time.perf_counter() - ts
+            c_train += time.thread_time() - cs
+            records += comm.take_records()
         ops = summarize_ops(records)
         if not math.isfinite(res.loss):
             # sync_gradients stops every rank together on non-finite values; this catches

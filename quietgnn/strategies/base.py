@@ -250,6 +250,10 @@ class Strategy(ABC):
         :meth:`finished` once ``train.epochs`` passes are done."""
         return epochs
 
+    def settle(self) -> None:
+        """The run ends with this epoch: wait for any traffic kept in flight across epochs
+        (``pipegcn``'s pipeline), so that the epoch's records count it. Default: none."""
+
     def close(self) -> None:
         """Release what :meth:`setup` opened beside the communicator (sockets, threads), once
         the run is over; a process that trains again (a study's next configuration) starts

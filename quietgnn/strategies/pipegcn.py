@@ -9,14 +9,16 @@ Training is ``halo``'s (the same parts, keyed dropout, inputs fetched once, exac
 but, in every hidden layer, the halo rows a rank aggregates are the ones its peers sent in
 the *previous* epoch, and the gradients of those rows reach their owners one epoch late too.
 This epoch's boundary rows leave as soon as the layer has them (an asynchronous all-to-all)
-and arrive for the next epoch; the halo rows' gradients leave as backward reaches them, and
-their owners add them to the next epoch's gradients. Every exchange is waited for at the end
-of the epoch, before the gradient all-reduce: it overlaps the rest of the epoch's forward and
-backward instead of stalling them (the paper overlaps into the next epoch; a rank here cannot
-have a second collective in flight while it evaluates). The first epoch has no stale rows:
-its forward exchange is waited for at once, as ``halo``'s is. ``smoothing`` = gamma > 0 is the
-paper's PipeGCN-GF: the stale rows and gradients used are moving averages,
-``gamma * previous + (1 - gamma) * received``.
+and the halo rows' gradients as backward reaches them; neither is waited for until the next
+epoch needs it (the layer's forward, its backward), so each flies through the rest of this
+epoch, the gradient all-reduce, the optimizer step, any evaluation, and the next epoch up
+to that layer -- the paper's pipeline. The first epoch has no stale rows: its forward
+exchange is waited for at once, as ``halo``'s is. Waiting earlier changes no number (what
+arrives is the same), so a checkpoint and the run's end (:meth:`~PipeGCN.settle`) land
+whatever is in flight. An epoch's records count the exchanges it waited for: from the
+second epoch on, the previous epoch's; the run's last epoch counts its own too, so the run
+counts every byte once. ``smoothing`` = gamma > 0 is the paper's PipeGCN-GF: the stale rows
+and gradients used are moving averages, ``gamma * previous + (1 - gamma) * received``.
 
 ``stale false`` is ``halo`` with whole rows (``skip_dropped false``): every exchange waited
 for where it is made, the same numbers. Traffic per epoch is that of ``halo`` with whole rows:
@@ -49,8 +51,15 @@ class PipeGCNOptions:
     #: PipeGCN-GF's gamma: stale rows and gradients as moving averages (0: off, the paper's
     #: PipeGCN; it suggests 0.95 for GF)
     smoothing: float = 0.0
+    #: where an exchange is waited for: 'next' (where the next epoch needs it, the paper's
+    #: pipeline) or 'epoch' (at this epoch's end, before the gradient all-reduce: it hides
+    #: only the rest of the epoch's compute; the same numbers)
+    wait: str = "next"
 
     def __post_init__(self) -> None:
+        if self.wait not in ("next", "epoch"):
+            raise ValueError(f"options.wait = {self.wait!r}; expected 'next' (the pipeline: "
+                             f"where the next epoch needs it) or 'epoch' (at the epoch's end)")
         if not isinstance(self.stale, bool):
             raise ValueError(f"options.stale = {self.stale!r}; expected true or false")
         if not 0.0 <= float(self.smoothing) < 1.0:
@@ -61,7 +70,7 @@ class PipeGCNOptions:
 class StaleExchange:
     """``exchange(h, layer)`` for the model: ``[h ; the halo rows of the previous epoch]``,
     this epoch's boundary rows (and, in backward, the halo rows' gradients) sent on their
-    way; :meth:`finish` waits for them all and keeps them for the next epoch."""
+    way and landed where the next epoch needs them; :meth:`finish` lands them all now."""
 
     skips_dropped = False
 
@@ -69,37 +78,41 @@ class StaleExchange:
         self.ex, self.gamma = ex, float(smoothing)
         self.rows: dict[int, Tensor] = {}       # layer -> [n_halo, d] for the next forward
         self.grads: dict[int, Tensor] = {}      # layer -> [len(send_all), d] for the next backward
-        self._flying: list[tuple[str, int, Any, Tensor]] = []   # way, layer, pending, out
+        self._flying: dict[tuple[str, int], tuple[Any, Tensor]] = {}   # (way, layer) -> in flight
 
     def __call__(self, h: Tensor, layer: int) -> Tensor:
         ex = self.ex
+        self._land("fwd", layer)   # the previous epoch's rows, before this epoch's leave
         ex.comm.declare(Traffic.EMBEDDINGS, "halo exchange", f"{ex.kind}_fwd")
         send = torch.split(h.detach().index_select(0, ex.send_all), ex.send_counts)
         # received straight into the buffer kept for the next epoch (no concatenation after)
         got = h.new_empty((ex.n_halo,) + tuple(h.shape[1:]))
         pending = ex.comm.all_to_all_async(send, f"{ex.kind}_fwd", ex.recv_counts, out=got,
                                            carries=Traffic.EMBEDDINGS)
+        self._flying[("fwd", layer)] = (pending, got)
         if layer not in self.rows:   # the first epoch: nothing stale yet, wait as halo does
-            pending.wait()
-            self._keep("fwd", layer, got)
-        else:
-            self._flying.append(("fwd", layer, pending, got))
+            self._land("fwd", layer)
         return _StaleFn.apply(h, self, layer)
 
-    def _keep(self, way: str, layer: int, got: Tensor) -> None:
+    def _land(self, way: str, layer: int) -> None:
+        """Wait for the exchange in flight for (``way``, ``layer``), if any, and keep it."""
+        flying = self._flying.pop((way, layer), None)
+        if flying is None:
+            return
+        pending, got = flying
+        pending.wait()
         store = self.rows if way == "fwd" else self.grads
         old = store.get(layer)
         store[layer] = got if old is None or self.gamma == 0.0 else \
             old.mul_(self.gamma).add_(got, alpha=1.0 - self.gamma)
 
     def finish(self) -> None:
-        """Wait for every exchange this epoch started; keep what came for the next one."""
-        flying, self._flying = self._flying, []
-        for way, layer, pending, got in flying:
-            pending.wait()
-            self._keep(way, layer, got)
+        """Land every exchange in flight (the next epoch would use the same rows)."""
+        for way, layer in list(self._flying):
+            self._land(way, layer)
 
     def state(self) -> dict[str, Any]:
+        self.finish()
         return {"rows": dict(self.rows), "grads": dict(self.grads)}
 
     def load(self, state: dict[str, Any], device: torch.device) -> None:
@@ -116,15 +129,16 @@ class _StaleFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         se, ex = ctx.se, ctx.se.ex
+        se._land("bwd", ctx.layer)   # what the peers sent last epoch for the rows owned here
         halo = grad[ex.n_own:]
         send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
         got = grad.new_empty((ex.send_all.numel(),) + tuple(grad.shape[1:]))
         pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts, out=got,
                                            carries=Traffic.ACTIVATION_GRADS)
-        se._flying.append(("bwd", ctx.layer, pending, got))
+        se._flying[("bwd", ctx.layer)] = (pending, got)
         g = grad[: ex.n_own]
         stale = se.grads.get(ctx.layer)
-        if stale is not None:   # what the peers sent last epoch for the rows this rank owns
+        if stale is not None:
             g = g.index_add(0, ex.send_all, stale.to(g.dtype))
         return g, None, None
 
@@ -145,9 +159,20 @@ class PipeGCN(HaloFamily):
         self.opt.zero_grad(set_to_none=True)
         logits = self.forward(mix_key(self.ctx.train_cfg.seed, epoch),
                               self.stale or self.exchanger)
-        # every exchange in before the all-reduce: one collective in flight at a time
-        finish = self.stale.finish if self.stale is not None else None
-        return EpochResult(loss=self.finish_step(logits, before_sync=finish))
+        # wait 'next': the exchanges stay in flight, the next epoch lands them where it
+        # needs them
+        early = self.stale is not None and self.options.wait == "epoch"
+        return EpochResult(loss=self.finish_step(logits, self.settle if early else None))
+
+    def settle(self) -> None:
+        if self.stale is not None:
+            self.stale.finish()
+
+    def close(self) -> None:
+        # the trainer settled a run that ended well; one that failed (a peer gone) must not
+        # wait here for what will not come
+        if self.stale is not None:
+            self.stale._flying.clear()
 
     def exchange_state(self) -> Optional[dict[str, Any]]:
         return self.stale.state() if self.stale is not None else None   # the pipeline
