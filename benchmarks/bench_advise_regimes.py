@@ -12,7 +12,9 @@ read as its probe would measure them — each strategy's first epochs (``grappa`
 first chunk reload, the periodic cost; ``retexo``: each layer's first, second and last
 round, the phases; ``tma``: two averaging periods) — and ``centralized``'s epochs to the
 target on that graph. No run is made here: the regime study's run directories
-(``benchmarks/out/regimes/runs``) are read.
+(``benchmarks/out/regimes/runs``) are read, or where one is not on this machine what the study
+kept of it in git (``benchmarks/results/regimes/runs``); a group with neither is left out,
+and said so.
 
 Also what ``bench_advise.py --write-prior`` borrows: :func:`regime_results` (every group's
 runs as ``quietgnn bench`` results) and :func:`regime_updates`.
@@ -40,13 +42,14 @@ from quietgnn.analysis.advise import (_DEFAULT_PROBE_EPOCHS, _PERIOD_OFFSET,  # 
                                       _PERIODIC, _PROBE_EPOCHS, CANDIDATES, REFERENCE_EPOCHS,
                                       _exact, _graph_and_partitions, _near, rank,
                                       updates_per_pass)
-from quietgnn.analysis.projection import epoch_curve  # noqa: E402
+from quietgnn.analysis.projection import Curve, epoch_curve  # noqa: E402
 from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 from quietgnn.strategies import get_strategy  # noqa: E402
 from bench_advise import _s, without_late  # noqa: E402
 
 REGIMES = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"
+KEPT = ROOT / "benchmarks/results/regimes/runs"
 #: probe epochs per strategy (as ``quietgnn advise`` probes: tma's epoch is an averaging period)
 _PROBE_ROWS = {"tma": 2}
 
@@ -69,32 +72,45 @@ def groups(saved: dict) -> dict[str, dict[str, Any]]:
         g = out.setdefault(name, {"records": [], "runs": {}, "layers": r["layers"],
                                   "central": central.get(round(r["centralized_test_acc"], 12))})
         g["records"].append(r)
-        run = RUNS / f"{_label(r['edges'])}-{r['partition']}-L{r['layers']}-{r['strategy']}"
-        if r["strategy"] not in g["runs"] and (run / "config.json").is_file():
+        run = f"{_label(r['edges'])}-{r['partition']}-L{r['layers']}-{r['strategy']}"
+        if r["strategy"] not in g["runs"]:
             g["runs"][r["strategy"]] = (run, r.get("best_test_acc"))
-    for g in out.values():
-        ref = RUNS / f"central-{g['central']}"
-        runs = {**g["runs"], "centralized": (ref, None)} if g["central"] else g["runs"]
-        g["runs"] = {s: _result(run, best) for s, (run, best) in runs.items()
-                     if (run / "config.json").is_file()}
+    for name, g in out.items():
+        runs = {**g["runs"], "centralized": (f"central-{g['central']}", None)} \
+            if g["central"] else g["runs"]
+        g["runs"] = {s: res for s, (run, best) in runs.items()
+                     if (res := _result(run, best)) is not None}
+        if len(g["runs"]) < len(runs):
+            print(f"regime group {name}: no run directory and nothing kept for "
+                  f"{sorted(set(runs) - set(g['runs']))} (looked in {RUNS} and {KEPT}): "
+                  f"left out", file=sys.stderr)
         any_run = next(iter(g["runs"].values()), None)
         g["prepared"] = any_run and any_run["config"]["dataset"]["prepared"]
     return out
 
 
-def _result(run: Path, best: Optional[float]) -> dict[str, Any]:
-    """A run as a ``quietgnn bench`` result; one stopped at the study's budget has no
+def _result(name: str, best: Optional[float]) -> Optional[dict[str, Any]]:
+    """The run ``name`` as a ``quietgnn bench`` result, from its run directory or what the
+    study kept of it (None: neither here); one stopped at the study's budget has no
     summary: its best test accuracy (``best``) and its configuration stand in."""
-    config = json.loads((run / "config.json").read_text())
-    if (run / "summary.json").is_file():
-        summary = json.loads((run / "summary.json").read_text())
+    run, kept = RUNS / name, KEPT / f"{name}.json"
+    if (run / "config.json").is_file():
+        config = json.loads((run / "config.json").read_text())
+        summary = json.loads((run / "summary.json").read_text()) \
+            if (run / "summary.json").is_file() else None
+        curve = epoch_curve(read_metrics(run))
+    elif kept.is_file():
+        saved = json.loads(kept.read_text())
+        config, summary = saved["config"], saved["summary"]
+        curve = Curve.from_json(saved["curve"])
     else:
+        return None
+    if summary is None:
         summary = {"strategy": config["strategy"], "model": config["model"]["arch"],
                    "test_acc": best, "options": config.get("options") or {},
                    "partitioner": config["partition"]["method"]}
-    curve = epoch_curve(read_metrics(run)).to_json(columns=False)
     return {"strategy": summary["strategy"], "model": summary["model"], "status": "ok",
-            "summary": summary, "config": config, "curve": curve}
+            "summary": summary, "config": config, "curve": curve.to_json(columns=False)}
 
 
 def regime_results(saved: dict, exclude: tuple[str, ...] = ()) -> list[dict[str, Any]]:

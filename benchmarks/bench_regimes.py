@@ -53,6 +53,9 @@ from quietgnn.runtime.metrics import read_metrics  # noqa: E402
 OUT = ROOT / "benchmarks/results/regimes"
 JSON = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"   # run directories: not kept in git
+#: each run's configuration, summary and curve, kept in git (what the advisor's validation and
+#: its prior read where the run directory is not on this machine)
+KEPT = OUT / "runs"
 LINKS = {"1gbit": TIERS["lan"], "100mbit": TIERS["wan"], "10mbit": TIERS["edge"]}
 FRACTIONS = (0.90, 0.95, 0.98)
 #: what-ifs: compute that many times faster than measured here (an accelerator), the same
@@ -137,6 +140,18 @@ def _records(base: dict, curve: dict, central: float) -> list[dict]:
     return out
 
 
+def keep(name: str) -> None:
+    """The run directory ``name``'s configuration, summary (none where the budget stopped it)
+    and curve, as one file in git (:data:`KEPT`)."""
+    run = RUNS / name
+    summary = run / "summary.json"
+    KEPT.mkdir(parents=True, exist_ok=True)
+    (KEPT / f"{name}.json").write_text(json.dumps({
+        "config": json.loads((run / "config.json").read_text()),
+        "summary": json.loads(summary.read_text()) if summary.is_file() else None,
+        "curve": epoch_curve(read_metrics(run)).to_json()}))
+
+
 def reproject(saved: dict) -> dict:
     """``--reproject``: every record's projection again from its run directory (the model
     changed, or a what-if was added); what was measured on emulated hosts is kept."""
@@ -150,6 +165,7 @@ def reproject(saved: dict) -> dict:
             curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
         except (ValueError, FileNotFoundError):
             continue    # its run directory is gone (not kept in git): the record stays
+        keep(name)
         new = next(r for r in _records({}, curve, rec["centralized_test_acc"])
                    if r["link"] == rec["link"])
         rec.update({k: v for k, v in new.items() if not k.startswith("measured_")})
@@ -245,6 +261,7 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
             try:
                 curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
                 new = _records(base, curve, c_acc)
+                keep(name)
             except (ValueError, FileNotFoundError) as exc:   # nothing recorded
                 new = [dict(base, link=k, error=str(exc)[:300] + r.get("error", ""))
                        for k in LINKS]
