@@ -80,9 +80,10 @@ def groups(saved: dict) -> dict[str, dict[str, Any]]:
             if g["central"] else g["runs"]
         g["runs"] = {s: res for s, (run, best) in runs.items()
                      if (res := _result(run, best)) is not None}
-        if len(g["runs"]) < len(runs):
+        g["missing"] = sorted(set(runs) - set(g["runs"]))
+        if g["missing"]:
             print(f"regime group {name}: no run directory and nothing kept for "
-                  f"{sorted(set(runs) - set(g['runs']))} (looked in {RUNS} and {KEPT}): "
+                  f"{g['missing']} (looked in {RUNS} and {KEPT}): "
                   f"left out", file=sys.stderr)
         any_run = next(iter(g["runs"].values()), None)
         g["prepared"] = any_run and any_run["config"]["dataset"]["prepared"]
