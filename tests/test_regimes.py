@@ -69,3 +69,34 @@ def test_a_changed_option_sits_beside_the_defaults_not_in_the_map():
     assert sum(x.startswith("| grappa |") for x in at_glance) == 1
     assert br._fmt(var[0]["projected_seconds_to_98"]) in rows[1]
     assert br._fmt(plain[0]["projected_seconds_to_98"]) in rows[0]
+
+
+def test_a_kept_run_reads_back_as_its_run_directory(tmp_path, monkeypatch):
+    """What the study keeps of a run in git (``keep``) gives the advisor's validation the same
+    result as the run directory, which a fresh clone does not have; neither: None."""
+    import json
+
+    import bench_advise_regimes as bar
+    from helpers import run_cfg, small_graph, train_run
+    from quietgnn.comm import Communicator
+    from quietgnn.partition import build_partitions, partition_nodes
+
+    graph = small_graph(n=60)
+    part = build_partitions(graph, partition_nodes(graph, "metis", 1, seed=0), ranks=[0])[0]
+    runs, kept = tmp_path / "runs", tmp_path / "kept"
+    train_run(Communicator(0, 1), part, run_cfg("halo", 1, 3), runs / "r")
+    (runs / "r" / "config.json").write_text(json.dumps({
+        "strategy": "halo", "model": {"arch": "gcn"}, "partition": {"method": "metis"},
+        "options": {}, "dataset": {"prepared": None}}))
+    for mod in (br, bar):
+        monkeypatch.setattr(mod, "RUNS", runs)
+        monkeypatch.setattr(mod, "KEPT", kept)
+    (runs / "r" / "summary.json").unlink(missing_ok=True)   # as a run the budget stopped
+    br.keep("r")
+    from_dir = bar._result("r", best=0.5)
+    assert len(from_dir["curve"]["epochs"]) == 3
+    assert from_dir["summary"]["test_acc"] == 0.5       # no summary: the best stands in
+    monkeypatch.setattr(bar, "RUNS", tmp_path / "elsewhere")
+    assert bar._result("r", best=0.5) == from_dir
+    monkeypatch.setattr(bar, "KEPT", tmp_path / "elsewhere")
+    assert bar._result("r", best=0.5) is None
