@@ -13,7 +13,7 @@ first chunk reload, the periodic cost; ``retexo``: each layer's first, second an
 round, the phases; ``tma``: two averaging periods) — and ``centralized``'s epochs to the
 target on that graph. No run is made here: the regime study's run directories
 (``benchmarks/out/regimes/runs``) are read, or where one is not on this machine what the study
-kept of it in git (``benchmarks/results/regimes/runs``); a group with neither is left out,
+kept of it in git (``benchmarks/results/regimes/kept``); a group with neither is left out,
 and said so.
 
 Also what ``bench_advise.py --write-prior`` borrows: :func:`regime_results` (every group's
@@ -49,7 +49,7 @@ from bench_advise import _s, without_late  # noqa: E402
 
 REGIMES = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"
-KEPT = ROOT / "benchmarks/results/regimes/runs"
+KEPT = ROOT / "benchmarks/results/regimes/kept"
 #: probe epochs per strategy (as ``quietgnn advise`` probes: tma's epoch is an averaging period)
 _PROBE_ROWS = {"tma": 2}
 

@@ -55,7 +55,7 @@ JSON = ROOT / "benchmarks/results/regimes.json"
 RUNS = ROOT / "benchmarks/out/regimes/runs"   # run directories: not kept in git
 #: each run's configuration, summary and curve, kept in git (what the advisor's validation and
 #: its prior read where the run directory is not on this machine)
-KEPT = OUT / "runs"
+KEPT = OUT / "kept"
 LINKS = {"1gbit": TIERS["lan"], "100mbit": TIERS["wan"], "10mbit": TIERS["edge"]}
 FRACTIONS = (0.90, 0.95, 0.98)
 #: what-ifs: compute that many times faster than measured here (an accelerator), the same
