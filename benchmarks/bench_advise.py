@@ -193,9 +193,10 @@ def write_prior(data_root: Path) -> None:
     saved = json.loads(REGIMES.read_text()) if REGIMES.is_file() else {}
     missing = {k: g["missing"] for k, g in groups(saved).items() if g["missing"]}
     if missing:   # the shipped table would silently lose what the map taught it
-        raise SystemExit(f"bench_advise --write-prior: the regime study's runs of {missing} "
-                         f"are not on this machine; rerun them (the commands are in "
-                         f"{REGIMES}) before rewriting the prior")
+        print(f"bench_advise --write-prior: the regime study's runs of {missing} are not on "
+              f"this machine; rerun them (the commands are in {REGIMES}) before rewriting the "
+              f"prior", file=sys.stderr)
+        raise SystemExit(2)
     headline = current_results()
     results, updates = with_regimes(headline, updates_by_dataset(data_root, headline))
     prior = build_prior(results, updates=updates)

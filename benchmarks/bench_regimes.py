@@ -145,6 +145,8 @@ def keep(name: str) -> None:
     and curve, as one file in git (:data:`KEPT`)."""
     run = RUNS / name
     summary = run / "summary.json"
+    if not (run / "config.json").is_file():
+        return   # nothing ran (its record says why)
     KEPT.mkdir(parents=True, exist_ok=True)
     (KEPT / f"{name}.json").write_text(json.dumps({
         "config": json.loads((run / "config.json").read_text()),
@@ -155,6 +157,8 @@ def keep(name: str) -> None:
 def reproject(saved: dict) -> dict:
     """``--reproject``: every record's projection again from its run directory (the model
     changed, or a what-if was added); what was measured on emulated hosts is kept."""
+    for key in saved.get("centralized", {}):
+        keep(f"central-{key}")
     for rec in saved.get("runs", []):
         if "centralized_test_acc" not in rec:
             continue    # a run that recorded nothing
@@ -241,6 +245,7 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
         r = _train(str(ref), "centralized", f"central-{key}", args)
         summary = json.loads((RUNS / f"central-{key}" / "summary.json").read_text())
         central[key] = {"test_acc": summary["test_acc"], **r}
+        keep(f"central-{key}")
     c_acc = central[key]["test_acc"]
     records = saved.setdefault("runs", [])
     for spec in args.graph:

@@ -105,8 +105,7 @@ class Trainer:
             self._keep(rec)
             metrics.write(rec)
             self._progress(rec)
-            if self.checkpointer and cfg.runtime.checkpoint_every and \
-                    (epoch + 1) % cfg.runtime.checkpoint_every == 0:
+            if self._checkpoint_due(epoch):
                 from .checkpoint import run_identity
                 self.checkpointer.save(epoch, self._state(epoch), identity=run_identity(cfg))
             if s.finished() or self.stop:
@@ -116,6 +115,10 @@ class Trainer:
         self._write_model(epoch)
         wall = time.perf_counter() - t_start
         return self._summary(wall, epoch + 1 - start_epoch)
+
+    def _checkpoint_due(self, epoch: int) -> bool:
+        every = self.cfg.runtime.checkpoint_every
+        return bool(self.checkpointer and every and (epoch + 1) % every == 0)
 
     def _ledger(self, when: str) -> None:
         # diagnostics of what holds a rank's memory (QUIETGNN_MEM_LEDGER; runtime/memledger.py)
@@ -155,10 +158,12 @@ class Trainer:
             eval_records = comm.take_records()
             c_eval = max(0.0, time.thread_time() - ce - sum(r.cpu_seconds for r in eval_records))
             records += eval_records
-        if last or s.finished() or self.stop:
+        if last or s.finished() or self.stop or self._checkpoint_due(epoch):
+            # what a strategy keeps in flight lands in this epoch: the run ends here, or its
+            # state is saved (and a resume would drop the next epoch's record)
             ts, cs = time.perf_counter(), time.thread_time()
             with comm.phase("train"):
-                s.settle()   # what a strategy keeps in flight lands in the run's last epoch
+                s.settle()
             t_train += time.perf_counter() - ts
             c_train += time.thread_time() - cs
             records += comm.take_records()

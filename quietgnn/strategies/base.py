@@ -251,8 +251,9 @@ class Strategy(ABC):
         return epochs
 
     def settle(self) -> None:
-        """The run ends with this epoch: wait for any traffic kept in flight across epochs
-        (``pipegcn``'s pipeline), so that the epoch's records count it. Default: none."""
+        """The run ends, or its state is saved, with this epoch: wait for any traffic kept in
+        flight across epochs (``pipegcn``'s pipeline), so that the epoch's records count it.
+        Default: none."""
 
     def close(self) -> None:
         """Release what :meth:`setup` opened beside the communicator (sockets, threads), once

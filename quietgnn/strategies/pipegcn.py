@@ -13,15 +13,17 @@ and the halo rows' gradients as backward reaches them; neither is waited for unt
 epoch needs it (the layer's forward, its backward), so each flies through the rest of this
 epoch, the gradient all-reduce, the optimizer step, any evaluation, and the next epoch up
 to that layer -- the paper's pipeline. The first epoch has no stale rows: its forward
-exchange is waited for at once, as ``halo``'s is. Waiting earlier changes no number (what
-arrives is the same), so a checkpoint and the run's end (:meth:`~PipeGCN.settle`) land
-whatever is in flight. An epoch's records count the exchanges it waited for: from the
-second epoch on, the previous epoch's; the run's last epoch counts its own too, so the run
-counts every byte once. ``smoothing`` = gamma > 0 is the paper's PipeGCN-GF: the stale rows
-and gradients used are moving averages, ``gamma * previous + (1 - gamma) * received``.
+exchange is waited for at once, as ``halo``'s is. The last epoch of the schedule sends
+nothing (no epoch would use it). Waiting earlier changes no number (what arrives is the
+same), so an epoch whose state is saved, or after which the run stops early, lands
+whatever is in flight (:meth:`~PipeGCN.settle`). An epoch's records count the exchanges it
+waited for: from the second epoch on, the previous epoch's. ``smoothing`` = gamma > 0 is the
+paper's PipeGCN-GF: the stale rows and gradients used are moving averages,
+``gamma * previous + (1 - gamma) * received``.
 
 ``stale false`` is ``halo`` with whole rows (``skip_dropped false``): every exchange waited
-for where it is made, the same numbers. Traffic per epoch is that of ``halo`` with whole rows:
+for where it is made, the same numbers. Traffic per epoch is that of ``halo`` with whole rows
+(none in the last epoch's hidden layers):
 ``4 sum|B| (sum_{1<=l<L} d_l) * 2`` bytes + one all-reduce of ``|theta| + 1 + P`` floats; once
 at set-up, the halo's input rows. Gives up: exact gradients (features and their gradients one
 step stale) for time, where the link is slow and the epoch has compute to hide it behind.
@@ -79,10 +81,14 @@ class StaleExchange:
         self.rows: dict[int, Tensor] = {}       # layer -> [n_halo, d] for the next forward
         self.grads: dict[int, Tensor] = {}      # layer -> [len(send_all), d] for the next backward
         self._flying: dict[tuple[str, int], tuple[Any, Tensor]] = {}   # (way, layer) -> in flight
+        #: false in the schedule's last epoch: what it would send no epoch uses
+        self.sending = True
 
     def __call__(self, h: Tensor, layer: int) -> Tensor:
         ex = self.ex
         self._land("fwd", layer)   # the previous epoch's rows, before this epoch's leave
+        if not self.sending and layer in self.rows:
+            return _StaleFn.apply(h, self, layer)
         ex.comm.declare(Traffic.EMBEDDINGS, "halo exchange", f"{ex.kind}_fwd")
         send = torch.split(h.detach().index_select(0, ex.send_all), ex.send_counts)
         # received straight into the buffer kept for the next epoch (no concatenation after)
@@ -111,6 +117,11 @@ class StaleExchange:
         for way, layer in list(self._flying):
             self._land(way, layer)
 
+    def drop(self) -> None:
+        """Forget what is in flight without waiting (a failed run: it may never come; the
+        process group's teardown bounds what gloo still waits for by its timeout)."""
+        self._flying.clear()
+
     def state(self) -> dict[str, Any]:
         self.finish()
         return {"rows": dict(self.rows), "grads": dict(self.grads)}
@@ -130,12 +141,13 @@ class _StaleFn(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         se, ex = ctx.se, ctx.se.ex
         se._land("bwd", ctx.layer)   # what the peers sent last epoch for the rows owned here
-        halo = grad[ex.n_own:]
-        send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
-        got = grad.new_empty((ex.send_all.numel(),) + tuple(grad.shape[1:]))
-        pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts, out=got,
-                                           carries=Traffic.ACTIVATION_GRADS)
-        se._flying[("bwd", ctx.layer)] = (pending, got)
+        if se.sending:
+            halo = grad[ex.n_own:]
+            send = torch.split(halo, [c for c in ex.recv_counts])   # back to the rows' owners
+            got = grad.new_empty((ex.send_all.numel(),) + tuple(grad.shape[1:]))
+            pending = ex.comm.all_to_all_async(send, f"{ex.kind}_bwd", ex.send_counts,
+                                               out=got, carries=Traffic.ACTIVATION_GRADS)
+            se._flying[("bwd", ctx.layer)] = (pending, got)
         g = grad[: ex.n_own]
         stale = se.grads.get(ctx.layer)
         if stale is not None:
@@ -151,10 +163,17 @@ class PipeGCN(HaloFamily):
 
     def setup_exchange(self) -> None:
         self.stale: Optional[StaleExchange] = None
+        self.last_epoch: Optional[int] = None   # set by max_calls
         if self.exchanger is not None and self.options.stale:
             self.stale = StaleExchange(self.exchanger, self.options.smoothing)
 
+    def max_calls(self, epochs: int) -> int:
+        self.last_epoch = epochs - 1
+        return epochs
+
     def train_epoch(self, epoch: int) -> EpochResult:
+        if self.stale is not None:
+            self.stale.sending = epoch != self.last_epoch
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         logits = self.forward(mix_key(self.ctx.train_cfg.seed, epoch),
@@ -172,7 +191,7 @@ class PipeGCN(HaloFamily):
         # the trainer settled a run that ended well; one that failed (a peer gone) must not
         # wait here for what will not come
         if self.stale is not None:
-            self.stale._flying.clear()
+            self.stale.drop()
 
     def exchange_state(self) -> Optional[dict[str, Any]]:
         return self.stale.state() if self.stale is not None else None   # the pipeline
