@@ -266,10 +266,11 @@ def run(args: argparse.Namespace, saved: dict) -> dict:
             try:
                 curve = epoch_curve(read_metrics(RUNS / name)).to_json(columns=False)
                 new = _records(base, curve, c_acc)
-                keep(name)
             except (ValueError, FileNotFoundError) as exc:   # nothing recorded
                 new = [dict(base, link=k, error=str(exc)[:300] + r.get("error", ""))
                        for k in LINKS]
+            else:
+                keep(name)
             records[:] = [x for x in records if (x["strategy"], x["edges"], x["partition"],
                           x["layers"], x.get("variant")) != (s, float(edges), part,
                                                              args.layers, args.variant)] + new
