@@ -177,6 +177,14 @@ def test_report_divides_per_epoch_figures_by_the_work_done():
     # report.json: the same numbers under the same keys
     assert rep.to_json()["groups"][0]["rows"][1]["tta"]["lan"]["seconds"] == \
         pytest.approx(per_epoch)
+    # the what-if of compute 10x faster: compute shrinks, the link's seconds stay
+    fast = report.build_report([_fake("centralized", 1.0, 6, 0.8), _fake("halo", 1.0, 6, 0.8)],
+                               {"lan": lan}, compute_speedup=10)
+    halo = {r.strategy: r for r in fast.groups[0].rows}["halo"]
+    assert halo.epoch_s["lan"] == pytest.approx(per_epoch - 0.45)
+    assert halo.tta["lan"].seconds == pytest.approx(per_epoch - 0.45)
+    assert "What-if, not a measurement" in tables.markdown(fast, ["lan"], {})
+    assert "What-if" not in tables.markdown(rep, ["lan"], {})
 
 
 def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_projection():

@@ -30,7 +30,8 @@ def _eval_kinds(rec: dict) -> set[str]:
 
 def test_bad_eval_settings_are_refused_by_name():
     for key, value, words in (("eval_mode", "fast", "local"), ("patience", -1, ">= 0"),
-                              ("eval_every", 0, ">= 1")):
+                              ("eval_every", 0, ">= 1"), ("budget_s", -1.0, "seconds >= 0"),
+                              ("budget_s", "1h", "a number")):
         with pytest.raises(ValueError, match=f"train.{key} = .*{words}"):
             load_config(None, {"train": {key: value}})
 
@@ -81,3 +82,16 @@ def test_cadence_counts_epoch_equivalents_and_patience_stops_every_rank(tmp_path
     assert summ["stopped_early"] is True and summ["epochs"] == 4
     assert [len(m) for m in metrics.values()] == [4, 4]
     assert summ["best_epoch"] == 1 and metrics[0][-1]["selected"]["epoch"] == 1
+    assert summ["stopped_by"] == "patience"
+
+    # a budget already spent at the first evaluation (epoch 2) stops both ranks there, each
+    # having sent one flag a rank at each evaluation (kind budget, class control)
+    summ, metrics = _train(tmp_path, "budget", "--strategy", "halo", "--epochs", "50",
+                           "--train.eval_mode", "exact", "--train.eval_every", "3",
+                           "--train.budget_s", "1e-6")
+    assert summ["stopped_early"] is True and summ["stopped_by"] == "budget"
+    assert summ["epochs"] == 3 and [len(m) for m in metrics.values()] == [3, 3]
+    for m in metrics.values():
+        flags = [x for x in m[-1]["rounds"] if x[1] == "budget"]
+        assert len(flags) == 1 and flags[0][2] == "eval"
+        assert not any(x[1] == "budget" for r in m[:-1] for x in r["rounds"])

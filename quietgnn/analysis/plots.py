@@ -51,7 +51,7 @@ def _log_x(ax: Any, fmt: Any = None) -> None:
 
 
 def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
-               out: Path) -> list[str]:
+               out: Path, speedup: float = 1.0) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,7 +108,7 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
     for ax, (tname, tier) in zip(axes.flat, tiers.items()):
         for k, curves in runs.items():
             if curves:
-                xs, ys = _mean_curve(curves, lambda c: [p.cum_s for p in project(c, tier)])
+                xs, ys = _mean_curve(curves, lambda c: [p.cum_s for p in project(c, tier, None, speedup)])
                 ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k],
                         marker="o" if len(xs) <= 5 else None)
         target_lines(ax)
@@ -147,7 +147,7 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
     width = 0.8 / max(1, len(keys))
     for i, k in enumerate(keys):
         w = _work([e for c in runs[k] for e in c.epochs])
-        comp = sum(e.compute_s for c in runs[k] for e in c.epochs) / w
+        comp = sum(e.compute_s for c in runs[k] for e in c.epochs) / w / speedup
         comms = [sum(p.comm_s for c in runs[k] for p in project(c, t)) / w
                  for t in tiers.values()]
         xs = [j + i * width for j in range(len(tiers))]

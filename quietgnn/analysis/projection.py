@@ -284,10 +284,11 @@ def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
 
 
 def time_to_accuracy(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
-                     target: float, cores: Optional[int] = None) -> Optional[Projected]:
+                     target: float, cores: Optional[int] = None,
+                     compute_speedup: float = 1.0) -> Optional[Projected]:
     """The projected epoch at which test accuracy first reaches ``target`` (``cum_s``: the
     time through the end of that epoch), or ``None`` if it never does."""
-    for p in project(curve, tier, cores):
+    for p in project(curve, tier, cores, compute_speedup):
         if p.test_acc is not None and p.test_acc >= target:
             return p
     return None

@@ -189,6 +189,8 @@ class Report:
     target_frac: float
     target_acc: Optional[float]
     failed: list[dict[str, str]]
+    #: the what-if of ``--compute-speedup``: projected compute that many times faster
+    compute_speedup: float = 1.0
     plots: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -201,7 +203,7 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
-         target: Optional[float], link: Optional[str] = None) -> Row:
+         target: Optional[float], link: Optional[str] = None, speedup: float = 1.0) -> Row:
     accs = [r.summary.test_acc for r in runs]
     curves = [r.curve for r in runs if r.curve is not None and r.curve.epochs]
     per_epoch = [c.epochs for c in curves]
@@ -224,12 +226,12 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
     for k in sorted({k for d in kinds for k in d}):
         row.bytes_by_kind[k] = sum(d.get(k, 0.0) for d in kinds) / len(kinds)
     for name, tier in tiers.items():
-        row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier)) / _work(c.epochs)
-                                   for c in curves])
+        row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier, None, speedup)) /
+                                   _work(c.epochs) for c in curves])
         if target is None or not curves:
             row.tta[name] = None
             continue
-        hits = [time_to_accuracy(c, tier, target) for c in curves]
+        hits = [time_to_accuracy(c, tier, target, None, speedup) for c in curves]
         got = [h for h in hits if h]
         row.tta[name] = Reach(seconds=_mean([h.cum_s for h in got]), reached=len(got),
                               of=len(hits), epoch=_mean([h.epoch for h in got]))
@@ -259,9 +261,11 @@ def _measured_on(row: Row, link: str, runs: list[Result], target: Optional[float
 
 def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Tier], *,
                  target_frac: float = 0.98, target_acc: Optional[float] = None,
-                 reference: Sequence[Result | dict[str, Any]] = ()) -> Report:
+                 reference: Sequence[Result | dict[str, Any]] = (),
+                 compute_speedup: float = 1.0) -> Report:
     """Group ok results by dataset x model, rows by strategy label x parts, with
-    reference-relative numbers."""
+    reference-relative numbers; ``compute_speedup``: the projections' what-if (emulated
+    hosts' measured seconds stay as measured)."""
     results = [_with_curve(Result.from_json(r)) for r in results]
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
@@ -278,7 +282,7 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
         ref_acc = _mean(refs.get((ds, model), []))
         target = target_acc if target_acc is not None else \
             (target_frac * ref_acc if ref_acc is not None else None)
-        rows = {key: _row(*key[:2], runs, tiers, target, key[2])
+        rows = {key: _row(*key[:2], runs, tiers, target, key[2], compute_speedup)
                 for key, runs in by_label.items()}
         # the baseline is the run labelled `halo`; a variant of it (e.g. `halo-vanilla`) only
         # where no plain one ran at that P (and link)
@@ -300,7 +304,7 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
         out_groups.append(Group(dataset=ds, model=model, reference_acc=ref_acc,
                                 target_acc=target, rows=order))
     return Report(groups=out_groups, tiers={n: vars(t) for n, t in tiers.items()},
-                  target_frac=target_frac, target_acc=target_acc,
+                  target_frac=target_frac, target_acc=target_acc, compute_speedup=compute_speedup,
                   failed=[{"id": r.id, "error": (r.error or "unknown error")
                            .strip().splitlines()[0][:400], "tail": (r.error or "")[-2000:]}
                           for r in failed])
@@ -329,11 +333,17 @@ def cli_main(argv: Sequence[str]) -> int:
     ap.add_argument("--target-acc", type=float, help="absolute target test accuracy instead")
     ap.add_argument("--reference", action="append", default=[], help="results holding the "
                     "centralized reference runs, if not among RESULTS")
+    ap.add_argument("--compute-speedup", type=float, default=1.0, metavar="K",
+                    help="what-if: project every run's compute K times faster than measured "
+                    "(an accelerator's), bytes, rounds and epochs as counted (default 1)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(list(argv))
     try:
         if not 0 < args.target_frac <= 1.5:
             raise ValueError(f"--target-frac {args.target_frac}; expected a fraction like 0.98")
+        if not args.compute_speedup > 0:
+            raise ValueError(f"--compute-speedup {args.compute_speedup}; expected a factor > 0 "
+                             f"(e.g. 10: compute 10 times faster than measured)")
         tiers = resolve_tiers(args.tier)
         table_tiers = [t.strip() for t in args.table_tiers.split(",") if t.strip()]
         for t in table_tiers:
@@ -350,14 +360,15 @@ def cli_main(argv: Sequence[str]) -> int:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 2
     rep = build_report(results, tiers, target_frac=args.target_frac, target_acc=args.target_acc,
-                       reference=reference)
+                       reference=reference, compute_speedup=args.compute_speedup)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}
     if not args.no_plots:
         from .plots import plot_group
         for g in rep.groups:
-            plots[f"{g.dataset}/{g.model}"] = plot_group(g, results, tiers, out)
+            plots[f"{g.dataset}/{g.model}"] = plot_group(g, results, tiers, out,
+                                                         args.compute_speedup)
     md = markdown(rep, table_tiers, plots)
     (out / "report.md").write_text(md)
     rep.plots = plots

@@ -101,6 +101,11 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
              "Projected times: per epoch, slowest rank's compute (CPU seconds, 1 thread) + "
              "sum over training rounds of (hops x latency + slowest rank's bytes / bandwidth). "
              "Tiers: " + "; ".join(Tier(**t).describe() for t in tiers.values()) + ".", ""]
+    if rep.compute_speedup != 1:
+        lines += [f"**What-if, not a measurement**: every projection with each rank's compute "
+                  f"(training and evaluation) {rep.compute_speedup:g}x faster than measured, "
+                  f"as an accelerator's would be; bytes, rounds and epochs as counted "
+                  f"(`--compute-speedup`).", ""]
     if len(rep.groups) > 1 and "wan" in tiers:
         lines += summary_tables(rep, "wan")
     for g in rep.groups:

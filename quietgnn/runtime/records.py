@@ -189,7 +189,7 @@ class RunSummary(Record):
     eval_sample_nodes: Optional[int]    #: a strategy's fixed evaluation sample, else None
     local_val_acc: Optional[float]      #: the local estimate that selected it ("local")
     evaluations: int
-    stopped_early: bool                 #: by ``train.patience``
+    stopped_early: bool                 #: by ``train.patience`` or ``train.budget_s``
     final_loss: float
     train_bytes: int                    #: sent in training, all ranks, all epochs
     epoch_equivalents: float            #: passes over the training set (sum of ``work``)
@@ -208,6 +208,8 @@ class RunSummary(Record):
     bytes_sent_by_class_per_rank: dict[str, dict[str, int]]
     #: the strategy's own account (``Strategy.run_report``), where it gives one
     strategy_report: Optional[dict[str, Any]] = optional()
+    #: what stopped the run early: ``patience`` or ``budget`` (None: it ran its epochs)
+    stopped_by: Optional[str] = optional()
 
 
 def metrics_line(line: Mapping[str, Any] | SetupRecord | EpochRecord

@@ -64,7 +64,9 @@ class Trainer:
         self.work_done = 0.0    # epoch-equivalents trained: the clock of eval_every and patience
         self.best_work = 0.0    # work_done when the best validation accuracy was found
         self.selected: Any = None   # Strategy.eval_state() of the best, when a local eval chose it
-        self.stop = False       # patience ran out (the same epoch on every rank)
+        self.stop = False       # patience or the budget ran out (the same epoch on every rank)
+        self.stopped_by: Optional[str] = None
+        self.t_start = time.perf_counter()
         self.checkpointer: Any = None
         #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
         self.model_best: Optional[dict[str, Any]] = None
@@ -80,7 +82,7 @@ class Trainer:
     # ------------------------------------------------------------------ main loop
     def run(self) -> Optional[RunSummary]:
         cfg, s, comm, rank = self.cfg, self.strategy, self.comm, self.ctx.rank
-        t_start = time.perf_counter()
+        t_start = self.t_start = time.perf_counter()
         with comm.phase("setup"):
             s.setup()
         heap.trim()   # the set-up's freed temporaries (quietgnn/heap.py)
@@ -151,7 +153,10 @@ class Trainer:
                 accs, how = self._evaluate()
                 self._select(accs, how, epoch)
                 tc = self.cfg.train
-                self.stop = bool(tc.patience) and self.work_done - self.best_work >= tc.patience
+                if tc.patience and self.work_done - self.best_work >= tc.patience:
+                    self.stop, self.stopped_by = True, "patience"
+                if tc.budget_s and self._over_budget(tc.budget_s) and not self.stop:
+                    self.stop, self.stopped_by = True, "budget"
                 if last or s.finished() or self.stop:
                     final = self._final_exact()
             t_eval, p_eval = time.perf_counter() - te, time.process_time() - pe
@@ -188,6 +193,14 @@ class Trainer:
                              "train_sent": rec.sent("train"), "eval_sent": rec.sent("eval"),
                              "peak_rss_mb": rec.peak_rss_mb})
         return rec
+
+    def _over_budget(self, budget_s: float) -> bool:
+        """Whether any rank has spent ``budget_s`` (ranks' clocks differ: one small
+        all-reduce, counted, so that every rank stops at the same epoch)."""
+        import torch
+        late = float(time.perf_counter() - self.t_start >= budget_s)
+        flag = torch.tensor([late], dtype=torch.float32, device=self.ctx.device)
+        return bool(self.comm.all_reduce(flag, "budget", op="max", carries="control").item())
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self) -> tuple[dict[str, float], str]:
@@ -387,7 +400,7 @@ class Trainer:
             eval_sample_nodes=getattr(self.strategy.options, "eval_nodes", 0) or None,
             local_val_acc=self.best.local_val_acc,
             evaluations=sum(1 for e in hist[0] if e.get("evaluated")),
-            stopped_early=self.stop,
+            stopped_early=self.stop, stopped_by=self.stopped_by,
             final_loss=hist[0][-1]["loss"] if n_ep else float("nan"),
             train_bytes=train_bytes,
             epoch_equivalents=work,

@@ -68,6 +68,9 @@ class TrainConfig:
     eval_mode: str = "local"
     #: stop when validation accuracy has not improved for this many epoch-equivalents (0: off)
     patience: int = 0
+    #: stop at the first evaluation after this many wall seconds of this attempt (0: off);
+    #: the run then ends as after its last epoch (final evaluation, model, summary)
+    budget_s: float = 0.0
     seed: int = 0                # seed of model init, dropout and sampling
 
     def __post_init__(self) -> None:
@@ -83,6 +86,10 @@ class TrainConfig:
             raise ValueError(f"train.lr = {self.lr!r}; expected a positive number")
         if float(self.weight_decay) < 0:
             raise ValueError(f"train.weight_decay = {self.weight_decay!r}; expected >= 0")
+        if isinstance(self.budget_s, bool) or not isinstance(self.budget_s, (int, float)) \
+                or not self.budget_s >= 0:
+            raise ValueError(f"train.budget_s = {self.budget_s!r}; expected seconds >= 0 "
+                             f"(0: no budget)")
 
 
 @dataclass
