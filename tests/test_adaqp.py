@@ -19,7 +19,8 @@ from quietgnn.nn import ModelConfig
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.adaqp import AdaQP, AdaQPOptions
-from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.common import masked_loss, sync_gradients
 from quietgnn.strategies.halo import Halo, HaloOptions
 
 from helpers import small_graph

@@ -172,7 +172,8 @@ def _poisoned_feature(comm):
     from helpers import small_graph
     from quietgnn.nn import ModelConfig
     from quietgnn.partition import build_partitions, partition_nodes
-    from quietgnn.strategies.base import NonFiniteError, TrainConfig, WorkerContext
+    from quietgnn.strategies.base import TrainConfig, WorkerContext
+    from quietgnn.strategies.common import NonFiniteError
     from quietgnn.strategies.halo import Halo
     g = small_graph(n=120, seed=2)
     part = build_partitions(g, partition_nodes(g, "metis", 2, seed=0), ranks=[comm.rank])[0]

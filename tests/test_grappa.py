@@ -445,7 +445,7 @@ def test_options_are_validated(bad):
 def _eval_both(comm, graph, parts, mode):
     """One trained model evaluated sampled (eval_nodes over every node, full fanouts) and
     exactly (halo's forward); the sampled run must not have built the exact forward."""
-    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    from quietgnn.strategies.common import global_evaluate, halo_forward, partition_adj
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     s = _strategy(comm, part, {"mode": mode, "fanouts": "-1,-1", "batch_size": 7,
                                "eval_nodes": 10_000})
@@ -462,7 +462,7 @@ def _eval_both(comm, graph, parts, mode):
 def _exact_eval(comm, graph, parts):
     """Grappa's exact evaluation (its input rows taken from the first chunk load) against a
     halo forward that fetches its own, for a run that reloads and one that never does."""
-    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    from quietgnn.strategies.common import global_evaluate, halo_forward, partition_adj
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {}
     for repart in (1, 0):

@@ -14,7 +14,8 @@ from quietgnn.nn import ModelConfig
 from quietgnn.nn.keyed import mix_key, row_keep_mask
 from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.spawn import spawn_function
-from quietgnn.strategies.base import TrainConfig, WorkerContext, masked_loss, sync_gradients
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.common import masked_loss, sync_gradients
 from quietgnn.strategies.halo import Halo, HaloOptions
 
 from helpers import small_graph
@@ -137,7 +138,7 @@ def _fetch(comm, x, parts):
     g = Graph.from_edge_index(EDGES, x, torch.zeros(x.shape[0], dtype=torch.int64),
                               num_classes=2, undirected=True)
     from quietgnn.nn import SparseFeatures
-    from quietgnn.strategies.base import inputs_with_halo
+    from quietgnn.strategies.common import inputs_with_halo
     part = build_partitions(g, parts, ranks=[comm.rank])[0]
     rows = fetch_static_rows(comm, part, part.x)
     sent = [r.bytes_sent for r in comm.take_records()]

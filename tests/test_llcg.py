@@ -78,7 +78,8 @@ def test_bad_options_are_named(bad, message):
 
 def test_a_diverged_trainer_stops_the_average_with_a_clear_error():
     from quietgnn.partition import build_partitions as build
-    from quietgnn.strategies.base import NonFiniteError, WorkerContext
+    from quietgnn.strategies.base import WorkerContext
+    from quietgnn.strategies.common import NonFiniteError
     from quietgnn.strategies.llcg import LLCG
     cfg = run_cfg("llcg", 1, 2, HIDDEN)
     graph = small_graph(n=60)

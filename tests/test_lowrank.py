@@ -12,7 +12,7 @@ from torch import nn
 from quietgnn.comm import Communicator
 from quietgnn.comm.lowrank import LowRankReducer, lowrank_floats
 from quietgnn.runtime.spawn import spawn_function
-from quietgnn.strategies.base import NonFiniteError, sync_gradients
+from quietgnn.strategies.common import NonFiniteError, sync_gradients
 
 SHAPES = [(16, 40), (16,), (3, 16), (40, 24)]   # (3, 16) is too small to be worth factoring
 RANK = 2

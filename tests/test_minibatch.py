@@ -142,7 +142,7 @@ def _evaluate_both(comm, graph, parts, topo=None):
     """One trained model evaluated two ways: sampled, with full fanouts over every node (small
     batches, so ranks run different numbers of real minibatches), and exactly (full graph
     through the halo)."""
-    from quietgnn.strategies.base import global_evaluate, halo_forward, partition_adj
+    from quietgnn.strategies.common import global_evaluate, halo_forward, partition_adj
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     s = MiniBatch(_ctx(comm, part, "sage"), MiniBatch.Options(
         fanouts="-1,-1", batch_size=13, eval_nodes=10_000, **(topo or {})))

@@ -79,7 +79,7 @@ def test_bad_input_names_the_problem():
 
 
 def _sync(comm, poison):
-    from quietgnn.strategies.base import NonFiniteError, sync_gradients
+    from quietgnn.strategies.common import NonFiniteError, sync_gradients
     torch.manual_seed(comm.rank)
     lin = torch.nn.Linear(300, 4)
     loss = lin(torch.randn(8, 300)).square().mean()

@@ -16,7 +16,8 @@ from quietgnn.partition import build_partitions, partition_nodes
 from quietgnn.runtime.spawn import spawn_function
 from quietgnn.strategies.retexo import layers as _retexo_layers
 from quietgnn.strategies.retexo.layers import RetexoLayer, build_layers
-from quietgnn.strategies.base import TrainConfig, WorkerContext, partition_adj
+from quietgnn.strategies.base import TrainConfig, WorkerContext
+from quietgnn.strategies.common import partition_adj
 from quietgnn.strategies.retexo import Retexo, RetexoOptions
 
 from helpers import small_graph

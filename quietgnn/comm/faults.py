@@ -19,7 +19,7 @@ class Fault:
     """``QUIETGNN_FAULT="rank=1,round=12,action=exit"``: on that rank, when the collective with
     that round number starts, ``exit`` (os._exit(17)), ``kill`` (SIGKILL self), ``raise``
     (RuntimeError), ``hang`` (sleep until killed) or ``nan`` (the next
-    :func:`~quietgnn.strategies.base.sync_gradients` on that rank sees a NaN gradient).
+    :func:`~quietgnn.strategies.common.sync_gradients` on that rank sees a NaN gradient).
     ``epoch=E`` instead of ``round`` fires at the first collective of epoch E. Under torchrun
     the fault fires only in the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), so a
     restarted group can show that it recovers."""

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from ..comm import HaloExchanger
 from ..rows import to_device
-from .base import (Strategy, global_evaluate, inputs_with_halo, masked_loss, partition_adj,
-                   sync_gradients)
+from .base import Strategy
+from .common import global_evaluate, inputs_with_halo, masked_loss, partition_adj, sync_gradients
 
 
 class HaloFamily(Strategy):

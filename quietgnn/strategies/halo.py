@@ -31,8 +31,8 @@ from ..nn import maybe_sparse
 from ..nn.lean import lean_forward
 from ..nn.keyed import mix_key
 from ..rows import to_device
-from .base import (EpochResult, LeanOption, Strategy, global_evaluate, inputs_with_halo,
-                   masked_loss, partition_adj, register, sync_gradients)
+from .base import EpochResult, LeanOption, Strategy, register
+from .common import global_evaluate, inputs_with_halo, masked_loss, partition_adj, sync_gradients
 
 
 @dataclass

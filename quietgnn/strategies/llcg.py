@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from ..comm.traffic import Traffic
 from ..nn.keyed import mix_key
-from .base import EpochResult, NonFiniteError, induced_forward, register
+from .base import EpochResult, register
+from .common import NonFiniteError, induced_forward
 from .fullgraph import HaloFamily
 
 

@@ -64,8 +64,8 @@ from ..sampling.fanouts import parse_fanouts
 from ..sampling.ladies import LadiesSampler
 from ..sampling.loader import (iterate_bulks, plan_epoch, step_totals, steps_per_epoch,
                                truncate_plan)
-from .base import (EpochResult, Strategy, global_evaluate, halo_forward, partition_adj, register,
-                   sync_gradients)
+from .base import EpochResult, Strategy, register
+from .common import global_evaluate, halo_forward, partition_adj, sync_gradients
 
 
 @register

@@ -62,8 +62,8 @@ from ...nn.keyed import keyed_dropout, mix_key
 from ...nn.lean import lean_forward
 from ...partition.local import gather_rows
 from ...seeds import stream_seed
-from ..base import (EpochResult, LeanOption, Strategy, global_evaluate, inputs_with_halo,
-                    masked_loss, partition_adj, register, sync_gradients)
+from ..base import EpochResult, LeanOption, Strategy, register
+from ..common import global_evaluate, inputs_with_halo, masked_loss, partition_adj, sync_gradients
 from .assign import Assignment
 from .exchange import QuantizedHalo
 from .split import SplitConv

@@ -68,8 +68,8 @@ from ... import heap
 from ...sampling.evaluate import SampledEvaluator
 from ...sampling.fanouts import parse_fanouts
 from ...seeds import stream_seed
-from ..base import (EpochResult, Strategy, check_gradient_compression, global_evaluate,
-                    halo_forward, partition_adj, register, sync_gradients)
+from ..base import EpochResult, Strategy, check_gradient_compression, register
+from ..common import global_evaluate, halo_forward, partition_adj, sync_gradients
 from .data import LocalGraph, coverage, expand
 from .loader import ChunkLoader
 

@@ -94,8 +94,8 @@ from ...nn import GNN
 from ...nn import lean as lean_module
 from ...rows import to_device
 from ...seeds import stream_seed
-from ..base import (EpochResult, LeanOption, Strategy, check_gradient_compression,
-                    global_evaluate, partition_adj, register, sync_gradients)
+from ..base import EpochResult, LeanOption, Strategy, check_gradient_compression, register
+from ..common import global_evaluate, partition_adj, sync_gradients
 from .layers import Lazy, Pre, build_layers
 
 __all__ = ["Retexo", "RetexoOptions"]
