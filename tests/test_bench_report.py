@@ -186,6 +186,20 @@ def test_report_divides_per_epoch_figures_by_the_work_done():
     assert "What-if, not a measurement" in tables.markdown(fast, ["lan"], {})
     assert "What-if" not in tables.markdown(rep, ["lan"], {})
 
+    # the set-up's communication counted, the evaluations left out: epoch 0 of this halo
+    # evaluated at a cost (0.2 s of compute, 1 hop, 1 MB), its set-up sent 2 MB in 3 hops
+    ev, su = _fake("halo", 1.0, 6, 0.8), {"hops": 3, "crit_bytes": 2e6, "rounds": 3, "bytes": 8e6}
+    ev["curve"]["setup"] = su
+    ev["curve"]["epochs"][0].update(eval_compute_s=0.2, eval_hops=1, eval_crit_bytes=1e6)
+    setup_s = 3 * 5e-4 + 2e6 * 8 / 1e9
+    eval_s = 0.2 + 5e-4 + 1e6 * 8 / 1e9
+    for kw, want in (({}, per_epoch + eval_s), ({"without_eval": True}, per_epoch),
+                     ({"with_setup": True}, per_epoch + eval_s + setup_s),
+                     ({"with_setup": True, "without_eval": True}, per_epoch + setup_s)):
+        got = report.build_report([_fake("centralized", 1.0, 6, 0.8), ev], {"lan": lan}, **kw)
+        assert {r.strategy: r for r in got.groups[0].rows}["halo"].tta["lan"].seconds == \
+            pytest.approx(want), kw
+
 
 def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_projection():
     from quietgnn.comm.network import Tier

@@ -108,7 +108,8 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
     for ax, (tname, tier) in zip(axes.flat, tiers.items()):
         for k, curves in runs.items():
             if curves:
-                xs, ys = _mean_curve(curves, lambda c: [p.cum_s for p in project(c, tier, None, speedup)])
+                xs, ys = _mean_curve(curves, lambda c: [p.cum_s for p in
+                                                        project(c, tier, None, speedup)])
                 ax.plot(xs, ys, label=label(k), lw=1.3, color=color[k],
                         marker="o" if len(xs) <= 5 else None)
         target_lines(ax)

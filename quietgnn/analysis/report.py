@@ -45,7 +45,7 @@ from ..comm.network import Tier, resolve_tiers
 from ..runtime.records import RunSummary
 from .matrix import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
-from .projection import (curve_work as _work, epoch_curve, measured_epoch_s,
+from .projection import (Curve, curve_work as _work, epoch_curve, measured_epoch_s,
                          measured_time_to_accuracy, project, time_to_accuracy)
 
 __all__ = ["load_results", "build_report", "Report", "Group", "Row", "cli_main"]
@@ -191,6 +191,10 @@ class Report:
     failed: list[dict[str, str]]
     #: the what-if of ``--compute-speedup``: projected compute that many times faster
     compute_speedup: float = 1.0
+    #: ``--with-setup``: time to accuracy counts the set-up's communication too
+    with_setup: bool = False
+    #: ``--without-eval``: projected times leave the evaluations out
+    without_eval: bool = False
     plots: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -202,10 +206,19 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
 
+def _training_only(c: Curve) -> Curve:
+    """``c`` with its evaluations' compute and rounds left out (``--without-eval``)."""
+    return dataclasses.replace(c, epochs=[dataclasses.replace(
+        p, eval_compute_s=0.0, eval_compute_sum_s=0.0, eval_cpu_sum_s=0.0, eval_hops=0.0,
+        eval_crit_bytes=0.0) for p in c.epochs])
+
+
 def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
-         target: Optional[float], link: Optional[str] = None, speedup: float = 1.0) -> Row:
+         target: Optional[float], link: Optional[str] = None, speedup: float = 1.0,
+         with_setup: bool = False, without_eval: bool = False) -> Row:
     accs = [r.summary.test_acc for r in runs]
     curves = [r.curve for r in runs if r.curve is not None and r.curve.epochs]
+    projected = [_training_only(c) for c in curves] if without_eval else curves
     per_epoch = [c.epochs for c in curves]
     row = Row(
         strategy=label, strategy_name=runs[0].name, parts=parts, run_ids=[r.id for r in runs],
@@ -227,17 +240,23 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
         row.bytes_by_kind[k] = sum(d.get(k, 0.0) for d in kinds) / len(kinds)
     for name, tier in tiers.items():
         row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier, None, speedup)) /
-                                   _work(c.epochs) for c in curves])
+                                   _work(c.epochs) for c in projected])
         if target is None or not curves:
             row.tta[name] = None
             continue
-        hits = [time_to_accuracy(c, tier, target, None, speedup) for c in curves]
-        got = [h for h in hits if h]
-        row.tta[name] = Reach(seconds=_mean([h.cum_s for h in got]), reached=len(got),
-                              of=len(hits), epoch=_mean([h.epoch for h in got]))
+        hits = [time_to_accuracy(c, tier, target, None, speedup) for c in projected]
+        got = [(h, c) for h, c in zip(hits, projected) if h]
+        row.tta[name] = Reach(seconds=_mean([h.cum_s + (_setup_s(c, tier) if with_setup else 0.0)
+                                             for h, c in got]), reached=len(got),
+                              of=len(hits), epoch=_mean([h.epoch for h, _ in got]))
     if link:
         _measured_on(row, link, runs, target)
     return row
+
+
+def _setup_s(c: Curve, tier: Tier) -> float:
+    """The set-up's communication on ``tier`` (e.g. ``halo``'s static inputs, fetched once)."""
+    return tier.seconds(c.setup.hops or 0, c.setup.crit_bytes or 0) if c.setup else 0.0
 
 
 def _measured_on(row: Row, link: str, runs: list[Result], target: Optional[float]) -> None:
@@ -262,10 +281,13 @@ def _measured_on(row: Row, link: str, runs: list[Result], target: Optional[float
 def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Tier], *,
                  target_frac: float = 0.98, target_acc: Optional[float] = None,
                  reference: Sequence[Result | dict[str, Any]] = (),
-                 compute_speedup: float = 1.0) -> Report:
+                 compute_speedup: float = 1.0, with_setup: bool = False,
+                 without_eval: bool = False) -> Report:
     """Group ok results by dataset x model, rows by strategy label x parts, with
     reference-relative numbers; ``compute_speedup``: the projections' what-if (emulated
-    hosts' measured seconds stay as measured)."""
+    hosts' measured seconds stay as measured); ``with_setup``: time to accuracy counts the
+    set-up's communication; ``without_eval``: projections leave the evaluations out (where
+    they are the study's instrument, not the user's cost)."""
     results = [_with_curve(Result.from_json(r)) for r in results]
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
@@ -282,7 +304,8 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
         ref_acc = _mean(refs.get((ds, model), []))
         target = target_acc if target_acc is not None else \
             (target_frac * ref_acc if ref_acc is not None else None)
-        rows = {key: _row(*key[:2], runs, tiers, target, key[2], compute_speedup)
+        rows = {key: _row(*key[:2], runs, tiers, target, key[2], compute_speedup, with_setup,
+                          without_eval)
                 for key, runs in by_label.items()}
         # the baseline is the run labelled `halo`; a variant of it (e.g. `halo-vanilla`) only
         # where no plain one ran at that P (and link)
@@ -305,6 +328,7 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
                                 target_acc=target, rows=order))
     return Report(groups=out_groups, tiers={n: vars(t) for n, t in tiers.items()},
                   target_frac=target_frac, target_acc=target_acc, compute_speedup=compute_speedup,
+                  with_setup=with_setup, without_eval=without_eval,
                   failed=[{"id": r.id, "error": (r.error or "unknown error")
                            .strip().splitlines()[0][:400], "tail": (r.error or "")[-2000:]}
                           for r in failed])
@@ -336,6 +360,12 @@ def cli_main(argv: Sequence[str]) -> int:
     ap.add_argument("--compute-speedup", type=float, default=1.0, metavar="K",
                     help="what-if: project every run's compute K times faster than measured "
                     "(an accelerator's), bytes, rounds and epochs as counted (default 1)")
+    ap.add_argument("--with-setup", action="store_true", help="count each run's set-up "
+                    "communication (e.g. halo's static inputs, fetched once) in its time to "
+                    "accuracy")
+    ap.add_argument("--without-eval", action="store_true", help="leave the evaluations' "
+                    "compute and traffic out of projected times (where a study evaluates "
+                    "more often than a user would)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(list(argv))
     try:
@@ -360,7 +390,8 @@ def cli_main(argv: Sequence[str]) -> int:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 2
     rep = build_report(results, tiers, target_frac=args.target_frac, target_acc=args.target_acc,
-                       reference=reference, compute_speedup=args.compute_speedup)
+                       reference=reference, compute_speedup=args.compute_speedup,
+                       with_setup=args.with_setup, without_eval=args.without_eval)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}
