@@ -1,24 +1,31 @@
-"""Validation of ``quietgnn advise`` against the headline study's measured winners.
+"""Validation of ``quietgnn advise`` against measured winners: the headline study's, and
+with ``--regimes`` the regime map's.
 
-    python benchmarks/bench_advise.py --write-prior   # quietgnn/analysis/advise/prior.py from headline
+    python benchmarks/bench_advise.py --write-prior   # quietgnn/analysis/advise/prior.py
     python benchmarks/bench_advise.py                 # probe, rank, compare (~40 min; resumable)
     python benchmarks/bench_advise.py --render        # tables from advise.json only
+    python benchmarks/bench_advise.py --regimes       # the regime map's groups (no new runs)
 
 For every dataset x model of the headline study (P = 4; its cells at today's code, see
 :func:`current_results`) and every built-in tier, the measured winner is the strategy whose
 run reached 98 % of ``centralized`` first on that tier (``quietgnn report``'s projected
-training time to accuracy of the finished 200-epoch runs, plus the run's set-up traffic).
-The probe's compute is brought to the measured runs' machine by the ratio of the two
-``centralized`` runs on the graph (``--render`` also lists the unscaled result). The advisor
-sees none of those runs' curves for the dataset it is judged on: its prior is rebuilt with
-that dataset held out (leave-one-dataset-out; the regime study's groups borrowed, as by the
-shipped prior, see ``bench_advise_regimes.py``), and its per-epoch costs come from its own
-probe (a few epochs per strategy, run through the trainer into
-``benchmarks/results/advise/probes/``; resumable).
+training time to accuracy of the finished runs, plus the run's set-up traffic). The probe's
+compute is brought to the measured runs' machine by the ratio of the two ``centralized`` runs
+on the graph (``--render`` also lists the unscaled result). The advisor sees none of those
+runs' curves for the dataset it is judged on: its prior is rebuilt with that dataset held out
+(leave-one-dataset-out; the regime studies' groups borrowed, as by the shipped prior), and its
+per-epoch costs come from its own probe (a few epochs per strategy, run through the trainer
+into ``benchmarks/results/advise/probes/``; resumable).
+
+``--regimes``: the same judgement on each group (prepared graph x partition x layers) of the
+regime studies (:data:`REGIME_STUDIES`, ``quietgnn bench`` results), held out whole from a
+prior of the headline study and the other groups; its per-epoch costs read from the group's
+own runs as the probe would measure them (:func:`group_probe`): no run is made.
 
 Writes ``benchmarks/results/advise.json`` (one record per cell: ``dataset``, ``model``,
 ``parts``, ``tier``, ``measured_winner``, ``advised`` — the ranking, first = its choice —
-predicted and measured seconds) and ``benchmarks/results/advise/advise.md``.
+predicted and measured seconds) and ``benchmarks/results/advise/advise.md``; ``--regimes``:
+``advise-regimes.json`` and ``advise/regimes.md``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from quietgnn.analysis.advise import (BASELINES, CANDIDATES, _graph_and_partitions,  # noqa: E402
                               build_prior, probe, rank, updates_per_pass)
+from quietgnn.analysis.advise import (_DEFAULT_PROBE_EPOCHS, _PERIOD_OFFSET,  # noqa: E402
+                                      _PERIODIC, _PROBE_EPOCHS, REFERENCE_EPOCHS, _exact,
+                                      _near)
+from quietgnn.analysis.advise.fit import TARGET_FRAC, _work_to_target  # noqa: E402
+from quietgnn.analysis.advise.phases import PHASED, phase_costs  # noqa: E402
+from quietgnn.analysis.advise.probe import _per_work, plan_extension  # noqa: E402
+from quietgnn.strategies import get_strategy  # noqa: E402
 from quietgnn.comm.network import TIERS  # noqa: E402
 from quietgnn.analysis.projection import Curve  # noqa: E402
 from quietgnn.analysis.report import build_report  # noqa: E402
@@ -46,6 +60,18 @@ RESULTS = ROOT / "benchmarks/results"
 _CANDS: tuple[str, ...] = CANDIDATES
 ROOTS = {"cora": "planetoid", "citeseer": "planetoid", "computers": "amazon",
          "cs": "coauthor"}
+#: the regime map's studies (``benchmarks/regimes_*.yaml``): each dataset label is a group
+REGIME_STUDIES = ("regimes-1e6", "regimes-1e7")
+#: the map's links: 1 Gbit/s, 100 Mbit/s, 10 Mbit/s
+REGIME_TIERS = ("lan", "wan", "edge")
+#: probe epochs per strategy read from a regime run (tma's epoch is an averaging period)
+_PROBE_ROWS = {"tma": 2}
+
+
+def _jsonl(study: str) -> list[dict]:
+    path = RESULTS / study / "results.jsonl"
+    return [_rows(json.loads(x)) for x in path.read_text().splitlines()] \
+        if path.exists() else []
 
 
 def current_results() -> list[dict]:
@@ -69,11 +95,7 @@ def current_results() -> list[dict]:
     def add(r: dict) -> None:
         cells[(r["dataset"], r["model"], r["strategy"])] = r
 
-    def jsonl(study: str) -> list[dict]:
-        path = RESULTS / study / "results.jsonl"
-        return [_rows(json.loads(x)) for x in path.read_text().splitlines()] \
-            if path.exists() else []
-
+    jsonl = _jsonl
     for study in ("headline", "headline-tma", "headline-big"):
         for r in jsonl(study):
             add(r)
@@ -178,35 +200,43 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
     return out
 
 
-def with_regimes(results: list[dict], updates: dict[str, dict[str, int]],
-                 exclude: tuple[str, ...] = ()) -> tuple[list[dict], dict[str, dict[str, int]]]:
-    """``results`` and ``updates`` joined by the regime study's groups (their run directories,
-    where this machine has them; ``exclude``: groups left out)."""
-    from bench_advise_regimes import REGIMES, regime_results, regime_updates
-    saved = json.loads(REGIMES.read_text()) if REGIMES.is_file() else {}
-    return (results + regime_results(saved, exclude),
-            {**updates, **{k: v for k, v in regime_updates(saved).items() if k not in exclude}})
+def regime_results(exclude: tuple[str, ...] = ()) -> list[dict]:
+    """The regime studies' finished runs at default options of the advisor's candidates and
+    ``centralized``, each group (its dataset label) a dataset; ``exclude``: groups left out."""
+    return [r for study in REGIME_STUDIES for r in _jsonl(study)
+            if r.get("status") == "ok" and r.get("curve") and r["dataset"] not in exclude
+            and r["strategy"] == r.get("strategy_name", r["strategy"]) and not r.get("options")
+            and (r["strategy"] in CANDIDATES or r["strategy"] == "centralized")]
+
+
+def regime_updates(results: list[dict]) -> dict[str, dict[str, int]]:
+    """Optimizer updates per epoch of every candidate on each regime group's parts."""
+    out = {}
+    for r in results:
+        prepared = (r.get("overrides") or {}).get("dataset.prepared")
+        if r["dataset"] not in out and r["strategy"] != "centralized" and prepared:
+            _, parts = _graph_and_partitions("", None, str(ROOT / prepared), 4, CANDIDATES, {})
+            out[r["dataset"]] = {s: updates_per_pass(s, parts) for s in CANDIDATES}
+    return out
 
 
 def write_prior(data_root: Path) -> None:
-    from bench_advise_regimes import REGIMES, groups
-    saved = json.loads(REGIMES.read_text()) if REGIMES.is_file() else {}
-    missing = {k: g["missing"] for k, g in groups(saved).items() if g["missing"]}
+    missing = [s for s in REGIME_STUDIES if not (RESULTS / s / "results.jsonl").is_file()]
     if missing:   # the shipped table would silently lose what the map taught it
-        print(f"bench_advise --write-prior: the regime study's runs of {missing} are not on "
-              f"this machine; rerun them (the commands are in {REGIMES}) before rewriting the "
-              f"prior", file=sys.stderr)
+        print(f"bench_advise --write-prior: no results of {missing} here; run them (their "
+              f"commands: benchmarks/{{{','.join(m.replace('-', '_') for m in missing)}}}.yaml) "
+              f"before rewriting the prior", file=sys.stderr)
         raise SystemExit(2)
     headline = current_results()
-    results, updates = with_regimes(headline, updates_by_dataset(data_root, headline))
-    prior = build_prior(results, updates=updates)
+    regimes = regime_results()
+    prior = build_prior(headline + regimes, updates={
+        **updates_by_dataset(data_root, headline), **regime_updates(regimes)})
     prior["source"] = ("benchmarks/results/{headline,headline-tma,headline-big,halo-baseline,"
                        "minibatch-cache,headline-grappa,headline-baselines,headline-minibatch}: "
                        "every strategy at P = 4, GCN and SAGE 2x64, 200 epoch-equivalents, on "
-                       "Cora, CiteSeer, Computers and CS; and "
-                       "benchmarks/results/regimes.json: its groups (synthetic graph, 10^6 "
-                       "edges, hash and ldg parts, GCN 2 and 3 layers x 64, P = 4, 150 epochs; "
-                       "10^7 edges, hash and ldg parts, 2 layers, 150 epochs, halo and adaqp 80)")
+                       "Cora, CiteSeer, Computers and CS; and benchmarks/results/"
+                       f"{{{','.join(REGIME_STUDIES)}}}: the regime map's groups (synthetic "
+                       "graphs prepared in hash and ldg parts, P = 4)")
     path = ROOT / "quietgnn/analysis/advise/prior.py"
     path.write_text('"""What ``quietgnn advise`` borrows from quietgnn\'s measured runs '
                     '(written by\n``python benchmarks/bench_advise.py --write-prior``; do not '
@@ -218,8 +248,10 @@ def write_prior(data_root: Path) -> None:
 def validate(data_root: Path, datasets: list[str]) -> list[dict]:
     results = training_only(current_results())
     report = build_report(results, dict(TIERS)).to_json()
-    # the prior borrows the regime study's groups too (as the shipped one does)
-    borrowed, updates = with_regimes(results, updates_by_dataset(data_root, results))
+    # the prior borrows the regime studies' groups too (as the shipped one does)
+    regimes = regime_results()
+    borrowed = results + regimes
+    updates = {**updates_by_dataset(data_root, results), **regime_updates(regimes)}
     records = []
     for g in report["groups"]:
         ds, model = g["dataset"], g["model"]
@@ -377,6 +409,148 @@ def render(records: list[dict], command: str = "python benchmarks/bench_advise.p
     return lines
 
 
+def group_probe(runs: dict[str, dict], prepared: str, layers: int) -> dict:
+    """What the advisor's probe would measure on a regime group's graph, read from the group's
+    runs (``runs``: strategy -> result): each strategy's first epochs (``grappa``, ``llcg``:
+    through the first repetition of their periodic work; ``retexo``: each layer's first,
+    second and last round, the phases; ``tma``: two averaging periods) and ``centralized``'s
+    epochs to the target."""
+    info, stats = _graph_and_partitions("", None, str(ROOT / prepared), 4, CANDIDATES, {})
+    ref = runs.get("centralized")
+    ref_work = _work_to_target(ref["curve"], TARGET_FRAC * ref["summary"]["test_acc"]) \
+        if ref else None
+    measured: dict = {}
+    for s, res in runs.items():
+        if s == "centralized":
+            continue
+        rows = res["curve"]["epochs"]
+        opts = res["summary"].get("options") or {}
+        period = int(opts.get(_PERIODIC[s], getattr(get_strategy(s).Options(), _PERIODIC[s]))) \
+            if s in _PERIODIC else 0
+        if period and len(rows) > period + 1:
+            # through the first repetition and one steady epoch after it (the last row)
+            m = _per_work({"epochs": rows[:period + 2]}, period, _PERIOD_OFFSET.get(s, 0))
+            m["periodic"]["every"] = period
+        else:
+            m = _per_work({"epochs": rows[:_PROBE_ROWS.get(s, 3)]})
+        if s in PHASED:
+            epochs = int((res.get("overrides") or {}).get("train.epochs", 100))
+            sched = get_strategy(s).Options(**{k: v for k, v in opts.items()
+                                               if k == PHASED[s]}).schedule(layers, epochs)
+            starts = [sum(sched[:k]) for k in range(len(sched))]
+            pick = [rows[i] for o, n in zip(starts, sched) for i in (o, o + 1, o + n - 1)]
+            m["phases"] = phase_costs({"epochs": pick}, layers, sched)
+        setup = res["curve"].get("setup") or {}
+        m.update(setup={"hops": float(setup.get("hops", 0)),
+                        "crit_bytes": float(setup.get("crit_bytes", 0))},
+                 partitioner=res["summary"].get("partitioner"),
+                 updates_per_epoch=updates_per_pass(s, stats))
+        measured[s] = m
+    if ref and ref_work:
+        _extend(runs, measured, ref, ref_work)
+    return {"graph": info, "partitions": stats, "parts": 4, "model": "gcn", "parameters": None,
+            "reference_epochs": ref_work, "reference_compute_s": None, "strategies": measured}
+
+
+def _extend(runs: dict[str, dict], measured: dict, ref: dict, ref_work: float) -> None:
+    """The probe's extension (:mod:`quietgnn.analysis.advise.probe`) read from the runs: the
+    plan on the budget of ``centralized``'s run (its first ``REFERENCE_EPOCHS``), each
+    extended strategy's run cut at the planned epochs — through its first evaluation at or
+    after them, as the study evaluated every few epochs where the probe evaluates each."""
+    eps = ref["curve"]["epochs"][:REFERENCE_EPOCHS]
+    cost = sum(float(e.get("compute_s") or 0.0) for e in eps)
+    probe_epochs = {s: 0 if s in PHASED else _PROBE_EPOCHS.get(s, _DEFAULT_PROBE_EPOCHS)
+                    for s in measured}
+    skip = set(_PERIODIC) | _exact()
+    target = TARGET_FRAC * ref["summary"]["test_acc"]
+    plan = plan_extension(measured, ref_work, cost, 4, probe_epochs, skip)
+    for s, m in measured.items():
+        if s in skip or "error" in m:
+            continue
+        # a phased strategy's probe ran another schedule: only its extension is read
+        k = plan.get(s) or (0 if s in PHASED else probe_epochs[s])
+        if not k:
+            continue
+        rows, done = [], 0.0
+        for e in runs[s]["curve"]["epochs"]:
+            rows.append(e)
+            done += float(e.get("work") or 1.0)
+            if done >= k - 1e-9 and e.get("test_acc") is not None:
+                break
+        if s in plan:
+            m["extended_to"] = k
+        m["reached_at"] = _work_to_target({"epochs": rows}, target)
+        _near(m, {"epochs": rows}, target, ref_work)
+
+
+def validate_regimes(headline: list[dict], headline_updates: dict) -> list[dict]:
+    """Each regime group held out whole (its links share its runs) and judged on every tier."""
+    everyone = regime_results()
+    updates = {**headline_updates, **regime_updates(everyone)}
+    records = []
+    for name in sorted({r["dataset"] for r in everyone}):
+        runs = {r["strategy"]: r for r in everyone if r["dataset"] == name}
+        if "centralized" not in runs or len(runs) < 3:
+            print(f"regime group {name}: no centralized run or fewer than two candidates: "
+                  f"left out", file=sys.stderr)
+            continue
+        mine = training_only(list(runs.values()))
+        report = build_report(mine, dict(TIERS)).to_json()
+        prior = build_prior(headline + regime_results(exclude=(name,)),
+                            updates={k: v for k, v in updates.items() if k != name})
+        any_run = next(r for s, r in runs.items() if s != "centralized")
+        m = group_probe(runs, any_run["overrides"]["dataset.prepared"],
+                        int(any_run["summary"]["layers"]))
+        for tier in REGIME_TIERS:
+            truth = measured(report, mine, name, "gcn", tier)
+            if not truth:
+                continue
+            ranking = rank(m, tier, prior)["ranking"]
+            order = [r["strategy"] for r in ranking]
+            pred = {r["strategy"]: r["predicted_seconds_to_target"] for r in ranking}
+            winner = min(truth, key=truth.get)
+            no_late = [r["strategy"] for r in rank(without_late(m), tier, prior)["ranking"]]
+            errs = [abs(math.log(pred[s] / truth[s])) for s in truth if pred.get(s)]
+            records.append({"group": name, "tier": tier, "measured_winner": winner,
+                            "advised": order, "hit": order[:1] == [winner],
+                            "top2": winner in order[:2], "advised_no_late": no_late,
+                            "hit_no_late": no_late[:1] == [winner],
+                            "top2_no_late": winner in no_late[:2],
+                            "near": {s: round(v["near"], 4) for s, v in m["strategies"].items()
+                                     if v.get("near") is not None},
+                            "predicted_s": pred, "measured_s": truth,
+                            "median_abs_log_error": statistics.median(errs) if errs else None})
+            print(f"{name}/{tier}: winner {winner}, advised {order[:3]}", file=sys.stderr,
+                  flush=True)
+    return records
+
+
+def render_regimes(records: list[dict]) -> list[str]:
+    n = len(records)
+    hit, top2 = sum(r["hit"] for r in records), sum(r["top2"] for r in records)
+    return ["# quietgnn advise on the regime map", "",
+            "Command: `python benchmarks/bench_advise.py --regimes` (leave-one-group-out prior: "
+            "the headline study + the regime studies' other groups; per-epoch costs read from "
+            "the held-out group's runs as the probe measures them; winner: fewest projected "
+            "seconds of training to 98 % of `centralized` plus set-up traffic, among the "
+            f"advisor's candidates; studies: {', '.join(REGIME_STUDIES)}).", "",
+            f"- first choice = measured winner: {hit}/{n} cells ({100 * hit / max(n, 1):.0f}%)",
+            f"- measured winner in the top two: {top2}/{n} ({100 * top2 / max(n, 1):.0f}%)",
+            f"- without the late runs (a strategy still short of the target after "
+            f"`centralized`'s work predicted from the borrowed table alone): first choice "
+            f"{sum(r['hit_no_late'] for r in records)}/{n}, top two "
+            f"{sum(r['top2_no_late'] for r in records)}/{n}", "",
+            "| group | tier | measured winner | advised (first three) | hit | its predicted / "
+            "measured | winner's predicted / measured |", "|---|---|---|---|---|---|---|"] + [
+        f"| {r['group']} | {r['tier']} | {r['measured_winner']} | "
+        f"{', '.join(r['advised'][:3])} | "
+        f"{'yes' if r['hit'] else ('top 2' if r['top2'] else 'no')} | "
+        f"{_s(r['predicted_s'].get(r['advised'][0]))} / "
+        f"{_s(r['measured_s'].get(r['advised'][0]))} | "
+        f"{_s(r['predicted_s'].get(r['measured_winner']))} / "
+        f"{_s(r['measured_s'][r['measured_winner']])} |" for r in records]
+
+
 def _s(x: float | None) -> str:
     return "never" if x is None else f"{x:.3g}s"
 
@@ -389,6 +563,8 @@ def main() -> int:
     ap.add_argument("--datasets", default="", help="comma-separated subset")
     ap.add_argument("--with-baselines", action="store_true",
                     help="judge `advise --strategies all` (into advise-baselines.*)")
+    ap.add_argument("--regimes", action="store_true",
+                    help="judge on the regime map's groups (into advise-regimes.*)")
     args = ap.parse_args()
     global _CANDS
     name, command = "advise", "python benchmarks/bench_advise.py"
@@ -400,6 +576,14 @@ def main() -> int:
         return 0
     jpath = ROOT / f"benchmarks/results/{name}.json"
     from _study import write_report
+    if args.regimes:
+        headline = training_only(current_results())
+        records = validate_regimes(headline, updates_by_dataset(Path(args.data_root), headline))
+        write_report(ROOT / "benchmarks/results/advise/regimes.md", render_regimes(records),
+                     ROOT / "benchmarks/results/advise-regimes.json",
+                     {"command": "python benchmarks/bench_advise.py --regimes",
+                      "cells": records})
+        return 0
     if args.render:
         records = json.loads(jpath.read_text())["cells"]
     else:
