@@ -5,7 +5,8 @@
   source of ``quietgnn train --help`` and ``quietgnn strategies NAME``). A field added to a
   section or to a strategy's ``Options`` appears here with no docs edit.
 - ``results/``: ``benchmarks/results/README.md`` (the index) and one page per study folder,
-  made of the study's own markdown with its plots, which are copied into the site.
+  made of the study's own markdown (its main report first, then any other report of a
+  sub-folder, e.g. a what-if) with its plots, which are copied into the site.
 - ``guide/recipes.md``: the ``<!-- configs -->`` marker becomes every recipe in ``configs/``.
 
 ``options_page()`` and ``study_pages()`` are plain functions (no MkDocs import) so that
@@ -84,7 +85,9 @@ def _studies() -> dict[str, list[Path]]:
             main = _main_md(folder)
             if main is None:
                 continue
-            extra = [p for p in sorted(folder.glob("*.md")) if p != main]
+            # a study's further reports (e.g. a what-if: report --compute-speedup) follow
+            extra = [p for p in sorted(folder.glob("*.md")) + sorted(folder.glob("*/report.md"))
+                     if p != main]
             out[f"{prefix}{folder.name}.md"] = [main] + extra
     return out
 
