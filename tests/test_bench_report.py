@@ -38,6 +38,13 @@ def test_matrix_expansion():
         ("cora", "halo"), ("citeseer", "halo"), ("citeseer", "minibatch")]
     with pytest.raises(ValueError, match="unknown matrix key"):
         build_matrix({"datasets": "cora", "strategies": "halo", "epoch": 3})
+    # --strategies on top of a YAML list: a name is a label first, else every entry of it
+    yaml = ["halo", {"name": "halo", "label": "halo-rand"}, {"name": "grappa", "label": "g1"},
+            {"name": "grappa", "label": "g2"}]
+    labels = lambda names: [e if isinstance(e, str) else e.get("label", e["name"])  # noqa: E731
+                            for e in bench._select(yaml, names, "strategies")]
+    assert labels("halo") == ["halo"] and labels("halo-rand") == ["halo-rand"]
+    assert labels("grappa") == ["g1", "g2"] and labels("tma") == ["tma"]
     # links: every multi-rank run once per link on emulated hosts; centralized stays local
     linked = build_matrix({"datasets": "cora", "strategies": "centralized,halo",
                            "parts": [2], "links": "uncapped,100mbit"})

@@ -114,11 +114,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _select(entries: Any, names: str, what: str) -> list[Any]:
     """``--datasets cora,cs`` on top of a YAML list: keep the YAML entries of those names
-    (with their roots, labels, options) and add plain entries for names it lacks."""
+    (with their roots, labels, options) and add plain entries for names it lacks. A name is
+    a label first (``grappa``: the entry labelled so, or unlabelled, not ``grappa-lam0``);
+    where no entry carries it as its label, every entry of that name (all its variants)."""
     known = [_entry(e, what) for e in _as_list(entries, what)]
     out: list[Any] = []
     for name in _as_list(names, what):
-        hit = [e for e in known if e["name"] == name or e.get("label") == name]
+        hit = [e for e in known if e.get("label", e["name"]) == name] or \
+            [e for e in known if e["name"] == name]
         out += hit or [name]
     return out
 
