@@ -233,6 +233,10 @@ def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_proje
     assert rows["halo @ uncapped"].link_epoch_s == pytest.approx(0.5, rel=1e-6)
     # each link's halo is its own row's baseline
     assert slow.bytes_ratio == pytest.approx(1.0)
+    # centralized (P = 1) against the local halo, whatever ran on emulated hosts beside it
+    runs[0]["parts"] = 1
+    cen = {r.strategy: r for r in report.build_report(runs, {"lan": lan}).groups[0].rows}
+    assert cen["centralized"].bytes_ratio == pytest.approx(1.0)   # the fake's equal bytes
     md = tables.markdown(rep, ["lan"], {})
     assert "Measured on emulated hosts" in md and "| halo | 4 | 8mbit | 1.60 s | 1.50 s |" in md
     # the kinds of the run that recorded them, largest first

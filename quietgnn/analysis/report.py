@@ -314,8 +314,9 @@ def build_report(results: Sequence[Result | dict[str, Any]], tiers: dict[str, Ti
             if s.strategy_name == BASELINE and ((p, link) not in halos or lbl == BASELINE):
                 halos[(p, link)] = s
         for (label, parts, link), st in rows.items():
-            base = halos.get((parts, link)) or \
-                (next(iter(halos.values())) if len(halos) == 1 else None)
+            # else the one halo on this link at another P (centralized's P = 1), if one
+            same_link = [h for (_, lnk), h in halos.items() if lnk == link]
+            base = halos.get((parts, link)) or (same_link[0] if len(same_link) == 1 else None)
             st.delta_acc = None if ref_acc is None or st.test_acc is None else \
                 st.test_acc - ref_acc
             st.bytes_ratio = _ratio(st.train_bytes_per_epoch,
