@@ -202,9 +202,11 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
 
 def regime_results(exclude: tuple[str, ...] = ()) -> list[dict]:
     """The regime studies' finished runs at default options of the advisor's candidates and
-    ``centralized``, each group (its dataset label) a dataset; ``exclude``: groups left out."""
+    ``centralized``, each group (its dataset label) a dataset; ``exclude``: groups left out.
+    Runs on emulated hosts are left out: their compute is that of hosts sharing these cores."""
     return [r for study in REGIME_STUDIES for r in _jsonl(study)
             if r.get("status") == "ok" and r.get("curve") and r["dataset"] not in exclude
+            and not r.get("link")
             and r["strategy"] == r.get("strategy_name", r["strategy"]) and not r.get("options")
             and (r["strategy"] in CANDIDATES or r["strategy"] == "centralized")]
 
@@ -496,7 +498,7 @@ def validate_regimes(headline: list[dict], headline_updates: dict) -> list[dict]
             continue
         mine = training_only(list(runs.values()))
         report = build_report(mine, dict(TIERS)).to_json()
-        prior = build_prior(headline + regime_results(exclude=(name,)),
+        prior = build_prior(headline + [r for r in everyone if r["dataset"] != name],
                             updates={k: v for k, v in updates.items() if k != name})
         any_run = next(r for s, r in runs.items() if s != "centralized")
         m = group_probe(runs, any_run["overrides"]["dataset.prepared"],
