@@ -200,15 +200,22 @@ def updates_by_dataset(data_root: Path, results: list[dict]) -> dict[str, dict[s
     return out
 
 
-def regime_results(exclude: tuple[str, ...] = ()) -> list[dict]:
+def regime_results() -> list[dict]:
     """The regime studies' finished runs at default options of the advisor's candidates and
-    ``centralized``, each group (its dataset label) a dataset; ``exclude``: groups left out.
-    Runs on emulated hosts are left out: their compute is that of hosts sharing these cores."""
-    return [r for study in REGIME_STUDIES for r in _jsonl(study)
-            if r.get("status") == "ok" and r.get("curve") and r["dataset"] not in exclude
-            and not r.get("link")
+    ``centralized``, each group (its dataset label) a dataset. Runs on emulated hosts are left
+    out (their compute is that of hosts sharing these cores), and so is a group whose prepared
+    graph is not on this machine (``benchmarks/out`` is not in git: its matrix prepares it)."""
+    runs = [r for study in REGIME_STUDIES for r in _jsonl(study)
+            if r.get("status") == "ok" and r.get("curve") and not r.get("link")
             and r["strategy"] == r.get("strategy_name", r["strategy"]) and not r.get("options")
             and (r["strategy"] in CANDIDATES or r["strategy"] == "centralized")]
+    here = {r["dataset"] for r in runs if r["strategy"] != "centralized" and
+            (ROOT / (r.get("overrides") or {}).get("dataset.prepared", "-")).is_dir()}
+    gone = sorted({r["dataset"] for r in runs} - here)
+    if gone:
+        print(f"bench_advise: regime groups {gone} left out: their prepared graphs are not "
+              f"here (the commands are in benchmarks/regimes_*.yaml)", file=sys.stderr)
+    return [r for r in runs if r["dataset"] in here]
 
 
 def regime_updates(results: list[dict]) -> dict[str, dict[str, int]]:
@@ -225,9 +232,9 @@ def regime_updates(results: list[dict]) -> dict[str, dict[str, int]]:
 def write_prior(data_root: Path) -> None:
     missing = [s for s in REGIME_STUDIES if not (RESULTS / s / "results.jsonl").is_file()]
     if missing:   # the shipped table would silently lose what the map taught it
+        mats = ", ".join("benchmarks/" + m.replace("-", "_") + ".yaml" for m in missing)
         print(f"bench_advise --write-prior: no results of {missing} here; run them (their "
-              f"commands: benchmarks/{{{','.join(m.replace('-', '_') for m in missing)}}}.yaml) "
-              f"before rewriting the prior", file=sys.stderr)
+              f"matrices: {mats}) before rewriting the prior", file=sys.stderr)
         raise SystemExit(2)
     headline = current_results()
     regimes = regime_results()

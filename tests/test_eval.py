@@ -85,7 +85,7 @@ def test_cadence_counts_epoch_equivalents_and_patience_stops_every_rank(tmp_path
     assert summ["stopped_by"] == "patience"
 
     # a budget already spent at the first evaluation (epoch 2) stops both ranks there, each
-    # having sent one flag a rank at each evaluation (kind budget, class control)
+    # having sent one flag at that evaluation (kind budget, phase control: not charged)
     summ, metrics = _train(tmp_path, "budget", "--strategy", "halo", "--epochs", "50",
                            "--train.eval_mode", "exact", "--train.eval_every", "3",
                            "--train.budget_s", "1e-6")
@@ -93,5 +93,5 @@ def test_cadence_counts_epoch_equivalents_and_patience_stops_every_rank(tmp_path
     assert summ["epochs"] == 3 and [len(m) for m in metrics.values()] == [3, 3]
     for m in metrics.values():
         flags = [x for x in m[-1]["rounds"] if x[1] == "budget"]
-        assert len(flags) == 1 and flags[0][2] == "eval"
+        assert len(flags) == 1 and flags[0][2] == "control"
         assert not any(x[1] == "budget" for r in m[:-1] for x in r["rounds"])

@@ -109,8 +109,8 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
     if rep.with_setup or rep.without_eval:
         lines += ["Time to accuracy " + " and ".join(
             (["counts each run's set-up communication (`--with-setup`)"] if rep.with_setup
-             else []) + (["leaves the evaluations out (`--without-eval`)"]
-                         if rep.without_eval else [])) + ".", ""]
+             else []) + (["leaves the evaluations out, as every projected time here does "
+                          "(`--without-eval`)"] if rep.without_eval else [])) + ".", ""]
     if len(rep.groups) > 1 and "wan" in tiers:
         lines += summary_tables(rep, "wan")
     for g in rep.groups:

@@ -155,7 +155,10 @@ class Trainer:
                 tc = self.cfg.train
                 if tc.patience and self.work_done - self.best_work >= tc.patience:
                     self.stop, self.stopped_by = True, "patience"
-                if tc.budget_s and self._over_budget(tc.budget_s) and not self.stop:
+                # (every rank reaches the flag's all-reduce, whatever patience said; a budget
+                # spent at the run's own end stops nothing)
+                if tc.budget_s and self._over_budget(tc.budget_s) and not self.stop \
+                        and not (last or s.finished()):
                     self.stop, self.stopped_by = True, "budget"
                 if last or s.finished() or self.stop:
                     final = self._final_exact()
@@ -196,11 +199,15 @@ class Trainer:
 
     def _over_budget(self, budget_s: float) -> bool:
         """Whether any rank has spent ``budget_s`` (ranks' clocks differ: one small
-        all-reduce, counted, so that every rank stops at the same epoch)."""
+        all-reduce, counted in phase ``control``, which no projection charges, so that every
+        rank stops at the same epoch). It needs every rank alive: a strategy that finishes
+        on the survivors of a lost rank (``tma``) fails at the next evaluation instead."""
         import torch
         late = float(time.perf_counter() - self.t_start >= budget_s)
         flag = torch.tensor([late], dtype=torch.float32, device=self.ctx.device)
-        return bool(self.comm.all_reduce(flag, "budget", op="max", carries="control").item())
+        with self.comm.phase("control"):
+            return bool(self.comm.all_reduce(flag, "budget", op="max",
+                                             carries="control").item())
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self) -> tuple[dict[str, float], str]:
