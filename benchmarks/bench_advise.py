@@ -76,7 +76,7 @@ def _jsonl(study: str) -> list[dict]:
 
 def current_results() -> list[dict]:
     """The finished runs of today's code behind each dataset x model x strategy label of the
-    headline figures (as ``benchmarks/halo_ratios.py`` combines them; later studies win):
+    headline figures (as the halo-baseline report combines them; later studies win):
     the headline matrix; re-runs of some cells (``headline-tma``, ``headline-big``); the
     ``halo-baseline`` study, whose ``halo`` is today's (static inputs fetched once) and whose
     ``centralized`` and ``adaqp`` ran at the same code; ``minibatch-cache``'s default-option

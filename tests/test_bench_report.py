@@ -266,6 +266,28 @@ def test_summary_tables_across_groups():
     assert "| halo | 1.00 / 1.00 | 1.00 / 1.00 |" in md
 
 
+def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path):
+    """Two studies passed in order: the rerun's cell (other settings, so another id) replaces
+    the first study's, a cell only the first has stays, and within one study ids rule (two
+    seeds of a cell are both kept)."""
+    def study(name, runs):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+        return d
+    old_tma, halo = _fake("tma", 10.0, 3, 0.5), _fake("halo", 1.0, 6, 0.8)
+    old_tma.update(id="d-tma-old", seed=0)
+    seed1 = dict(_fake("tma", 10.0, 3, 0.6), id="d-tma-old-s1", seed=1)
+    halo.update(seed=0)
+    new_tma = dict(_fake("tma", 10.0, 3, 0.7), id="d-tma-new", seed=0)
+    a = study("a", [old_tma, seed1, halo])
+    b = study("b", [new_tma])
+    got = {r.id: r.summary.test_acc for r in report.load_results([a, b])}
+    assert got == {"d-tma-old-s1": 0.6, "halo": 0.8, "d-tma-new": 0.7}
+    # the other order: the first study's run wins back its cell
+    assert {r.id for r in report.load_results([b, a])} == {"d-tma-old", "d-tma-old-s1", "halo"}
+
+
 def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
     path = tmp_path / "results.jsonl"
     runner._write_jsonl(path, [(k, {"id": k, "status": "ok", "v": 1}) for k in ("a", "b", "c")])

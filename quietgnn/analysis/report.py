@@ -73,37 +73,55 @@ def _load_file(p: Path) -> list[Result]:
     return out
 
 
+def _cell(r: Result) -> tuple:
+    return (r.dataset, r.strategy, r.parts, r.model, r.seed, r.link)
+
+
 def load_results(paths: Sequence[str | Path]) -> list[Result]:
     """Results from files and bench folders; the last result of an id wins; a result whose
-    curve was not stored reads it from its run directory's metrics where they are."""
+    curve was not stored reads it from its run directory's metrics where they are.
+
+    A later input replaces an earlier input's results of the same cell (dataset, strategy
+    label, P, model, seed, link) whatever their ids: a rerun study passed after the study it
+    updates (``quietgnn report headline headline-tma``) supersedes its runs, as a rerun of
+    the same matrix would, even where the rerun's settings (so its ids) changed."""
     by_id: dict[str, Result] = {}
     for raw in paths:
-        p = Path(raw)
-        run_dir = p if p.is_dir() and (p / "summary.json").is_file() else None
-        if run_dir:
-            files = [p / "summary.json"]
-        elif p.is_dir():
-            files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
-                sorted((p / "results").glob("*.json"))
-            if not files:
-                raise ValueError(f"{str(p)!r} holds no summary.json, results.jsonl or "
-                                 f"results/*.json; pass a run directory, the output folder of "
-                                 f"`quietgnn bench` or result files")
-        elif p.is_file():
-            files = [p]
-        else:
-            raise ValueError(f"results path {str(p)!r} does not exist")
-        for f in files:
-            try:
-                for r in _load_file(f):
-                    if run_dir:    # where the run is now (its summary names where it ran)
-                        r = dataclasses.replace(r, run_dir=str(run_dir))
-                    by_id[r.id or f"{f}:{len(by_id)}"] = _with_curve(r)
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError,
-                    ValueError) as exc:
-                raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
-                                 f"{exc}") from exc
+        new = _load_path(Path(raw))
+        cells = {_cell(r) for r in new.values()}
+        by_id = {rid: r for rid, r in by_id.items() if rid in new or _cell(r) not in cells}
+        by_id.update(new)
     return list(by_id.values())
+
+
+def _load_path(p: Path) -> dict[str, Result]:
+    """One input's results by id (a file, a bench folder or a run directory)."""
+    by_id: dict[str, Result] = {}
+    run_dir = p if p.is_dir() and (p / "summary.json").is_file() else None
+    if run_dir:
+        files = [p / "summary.json"]
+    elif p.is_dir():
+        files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
+            sorted((p / "results").glob("*.json"))
+        if not files:
+            raise ValueError(f"{str(p)!r} holds no summary.json, results.jsonl or "
+                             f"results/*.json; pass a run directory, the output folder of "
+                             f"`quietgnn bench` or result files")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise ValueError(f"results path {str(p)!r} does not exist")
+    for f in files:
+        try:
+            for r in _load_file(f):
+                if run_dir:    # where the run is now (its summary names where it ran)
+                    r = dataclasses.replace(r, run_dir=str(run_dir))
+                by_id[r.id or f"{f}:{len(by_id)}"] = _with_curve(r)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError,
+                ValueError) as exc:
+            raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
+                             f"{exc}") from exc
+    return by_id
 
 
 def _with_curve(res: Result) -> Result:
