@@ -244,6 +244,28 @@ def test_runs_on_emulated_hosts_are_rows_of_their_link_measured_beside_the_proje
         in md
 
 
+def test_bytes_by_class_are_the_seeds_mean_and_a_class_never_sent_is_a_dash():
+    from quietgnn.comm.network import Tier
+    lan = Tier(name="lan", bandwidth=1e9, latency=5e-4)
+    runs = []
+    for seed, feats in ((0, 2e6), (1, 4e6)):
+        r = _fake("retexo-none", 1.0, 3, 0.8)
+        r.update(id=f"none-{seed}", seed=seed)
+        r["summary"]["bytes_sent_by_class"] = {"features": feats, "gradients": 1e6}
+        runs.append(r)
+    kept = _fake("retexo-features", 1.0, 3, 0.7)
+    kept["summary"]["bytes_sent_by_class"] = {"gradients": 1e6}
+    rep = report.build_report(runs + [kept], {"lan": lan})
+    rows = {r.strategy: r for r in rep.groups[0].rows}
+    assert rows["retexo-none"].bytes_by_class == {"features": 3e6, "gradients": 1e6}
+    assert "by traffic class" not in tables.markdown(rep, ["lan"], {})
+    rep.by_class = True
+    md = tables.markdown(rep, ["lan"], {})
+    assert "| strategy | P | features | gradients |" in md
+    assert "| retexo-features | 4 | — | 1.00 MB |" in md
+    assert "| retexo-none | 4 | 3.00 MB | 1.00 MB |" in md
+
+
 def test_summary_tables_across_groups():
     """With several dataset x model groups the report opens with one row per strategy:
     accuracy and its difference to centralized, bytes and WAN time-to-accuracy vs halo."""

@@ -177,6 +177,9 @@ class Row:
     link: Optional[str] = None
     #: training bytes per epoch-equivalent by message kind (:attr:`Curve.train_bytes_by_kind`)
     bytes_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: bytes sent over the whole run (set-up, training, evaluation) by traffic class, all
+    #: ranks, mean over seeds (:attr:`RunSummary.bytes_sent_by_class`): what left the sites
+    bytes_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
     measured_epoch_s: Optional[float] = None
     link_epoch_s: Optional[float] = None
     measured_tta_s: Optional[float] = None
@@ -213,6 +216,8 @@ class Report:
     with_setup: bool = False
     #: ``--without-eval``: projected times leave the evaluations out
     without_eval: bool = False
+    #: ``--by-class``: the markdown adds each group's bytes by traffic class, whole run
+    by_class: bool = False
     plots: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -256,6 +261,9 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
     kinds = [c.train_bytes_by_kind for c in curves if c.train_bytes_by_kind]
     for k in sorted({k for d in kinds for k in d}):
         row.bytes_by_kind[k] = sum(d.get(k, 0.0) for d in kinds) / len(kinds)
+    classes = [r.summary.bytes_sent_by_class or {} for r in runs]
+    for c in sorted({c for d in classes for c in d}):
+        row.bytes_by_class[c] = sum(d.get(c, 0) for d in classes) / len(classes)
     for name, tier in tiers.items():
         row.epoch_s[name] = _mean([sum(p.time_s for p in project(c, tier, None, speedup)) /
                                    _work(c.epochs) for c in projected])
@@ -385,6 +393,9 @@ def cli_main(argv: Sequence[str]) -> int:
     ap.add_argument("--without-eval", action="store_true", help="leave the evaluations' "
                     "compute and traffic out of projected times (where a study evaluates "
                     "more often than a user would)")
+    ap.add_argument("--by-class", action="store_true", help="add each group's bytes sent "
+                    "over the whole run by traffic class (features, embeddings, gradients, "
+                    "...): what left each rank's site, e.g. under runtime.residency")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(list(argv))
     try:
@@ -411,6 +422,7 @@ def cli_main(argv: Sequence[str]) -> int:
     rep = build_report(results, tiers, target_frac=args.target_frac, target_acc=args.target_acc,
                        reference=reference, compute_speedup=args.compute_speedup,
                        with_setup=args.with_setup, without_eval=args.without_eval)
+    rep.by_class = args.by_class
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}

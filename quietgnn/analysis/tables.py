@@ -148,7 +148,7 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
                          " | ".join(human_time(r.epoch_s.get(t)) for t in tiers) +
                          f" | {r.peak_rss_mb:.0f} MiB |")
         lines.append("")
-        lines += _hosts_table(g) + _kinds_table(g)
+        lines += _hosts_table(g) + _kinds_table(g) + (_class_table(g) if rep.by_class else [])
         for p in plots.get(f"{g.dataset}/{g.model}", []):
             lines.append(f"![{Path(p).stem}]({Path(p).name})")
         lines.append("")
@@ -172,6 +172,22 @@ def _hosts_table(g: Group) -> list[str]:
         out.append(f"| {r.strategy.rsplit(' @ ', 1)[0]} | {r.parts} | {r.link} | "
                    f"{human_time(r.measured_epoch_s)} | {human_time(r.link_epoch_s)} | "
                    f"{human_time(r.measured_tta_s)} | {human_time(r.link_tta_s)} |")
+    return out + [""]
+
+
+def _class_table(g: Group) -> list[str]:
+    """Bytes sent over the whole run by traffic class: a class a row never sent is "—"
+    (under ``runtime.residency features`` no feature row leaves its site)."""
+    classes = sorted({c for r in g.rows for c in r.bytes_by_class})
+    if not classes:
+        return []
+    out = ["Bytes sent over the whole run by traffic class (all ranks; set-up, training and "
+           "evaluation; mean over seeds):", "",
+           "| strategy | P | " + " | ".join(classes) + " |", "|---|---|" + "---|" * len(classes)]
+    for r in g.rows:
+        out.append(f"| {r.strategy} | {r.parts} | " + " | ".join(
+            human_bytes(r.bytes_by_class[c]) if r.bytes_by_class.get(c) else "—"
+            for c in classes) + " |")
     return out + [""]
 
 
