@@ -13,6 +13,7 @@ A job is a plain dict (it crosses to the spawned ranks): ``strategy``, ``model``
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,3 +54,14 @@ def write_report(md: Path, lines: list[str], json_path: Path | None = None,
         json_path.write_text(json.dumps(payload, indent=1))
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log y against log x (1.0 = linear); None below two points."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from bench_scale import slope   # the scale study's log-log slope (script directory)
+from _study import slope   # the log-log slope the scale studies share (script directory)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: anonymous memory of a rank before any data: the interpreter, torch, quietgnn and the gloo
@@ -133,7 +133,7 @@ def _extrapolate(name: str, runs: list[dict], target: float, budget_gib: float) 
     tr = [transient(la), transient(lb)]
     hwm = [la["status_kib"]["VmHWM"] / 1024, lb["status_kib"]["VmHWM"] / 1024]
     # the check: the same extrapolation at the sizes the scale study trained
-    scale = ROOT / "benchmarks/results/scale.json"
+    scale = ROOT / "benchmarks/results/archive/scale-script/scale.json"
     checks = [{"edges": r["edges"], "measured_peak_mib": r["peak_rss_rank_mb"],
                "extrapolated_peak_mib": affine(*hwm, r["edges"])}
               for r in (json.loads(scale.read_text())["runs"] if scale.is_file() else [])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import slope  # noqa: E402  (the log-log slope of the halo scale study)
+from _study import slope  # noqa: E402  (the log-log slope the scale studies share)
 
 
 def du(path: Path) -> int:

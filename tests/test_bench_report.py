@@ -326,7 +326,7 @@ def test_a_stopped_study_keeps_the_results_of_its_finished_runs(tmp_path, monkey
     first run's result: the report reads what was measured, not an older file."""
     specs = build_matrix({"datasets": ["cora"], "strategies": ["halo", "adaqp"]})
 
-    def fake(spec, out, timeout_s, log):
+    def fake(spec, out, timeout_s, log, floor_mb=None):
         if spec.strategy == "adaqp":
             raise KeyboardInterrupt
         return {**spec.as_dict(), "status": "failed", "error": "x", "run_dir": None}
@@ -378,3 +378,33 @@ def test_a_host_that_fails_ends_the_wait_for_the_others_after_a_grace():
     t0 = time.monotonic()
     assert Cluster.wait([done, hang], timeout=1.0) == [0, None]
     assert time.monotonic() - t0 >= 1.0 and hang.poll() is not None
+
+
+def test_the_memory_floor_kills_the_run_s_whole_group_and_says_why():
+    """A run (here a sleeping launcher and its child) is killed, group and all, once available
+    memory is below the floor (a floor above what any machine has), with the reason and the
+    largest resident set seen; under a floor of 1 MiB the same run ends by itself."""
+    import subprocess
+    import sys
+    import time
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    t0 = time.monotonic()
+    rc, why, peak = runner._wait(proc, 60.0, runner.mem_available_mb() + 1e9)
+    assert rc is None and time.monotonic() - t0 < 10
+    assert "below --mem-floor" in why and peak > 1.0
+    time.sleep(0.2)
+    assert runner._group_rss_mb(proc.pid) == []        # the child went with the launcher
+    quick = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    assert runner._wait(quick, 60.0, 1.0)[:2] == (0, None)
+
+
+@pytest.mark.parametrize("extra, says", [(["--mem-floor", "-5"], "expected MiB > 0"),
+                                          (["--mem-floor", "1000", "--links", "10mbit"],
+                                           "not watched")])
+def test_a_bad_memory_floor_is_refused_before_any_run(tmp_path, capsys, extra, says):
+    rc = bench.cli_main(["--datasets", "cora", "--strategies", "halo", "--parts", "2",
+                         "--out", str(tmp_path / "o"), *extra])
+    assert rc == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

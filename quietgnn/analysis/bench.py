@@ -25,6 +25,7 @@ YAML (every key optional; see ``benchmarks/headline.yaml``)::
     set: {train.epochs: 200, model.hidden: 64}   # config keys for every run
     links: [uncapped, 100mbit]       # optional: every multi-rank run on emulated hosts
     run_timeout_s: 1800
+    mem_floor_mb: 1536               # optional: kill a run when less memory is left (local runs)
 
 Strategy names and options are plain data passed to ``quietgnn train`` (``--options.KEY``),
 so a strategy that registers later joins the matrix with no change here. A strategy with
@@ -93,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="output directory (default: the matrix's 'out' or bench-out)")
     ap.add_argument("--run-timeout", type=float, help="seconds before a run is killed and "
                     "recorded as failed (default 3600)")
+    ap.add_argument("--mem-floor", type=float, metavar="MIB", help="kill a run (recorded as "
+                    "failed, saying so) when the machine's available memory falls below MIB: "
+                    "a matrix of growing graphs finds where each strategy stops fitting "
+                    "without taking the machine down (local runs; default: the matrix's "
+                    "mem_floor_mb, or none)")
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed")
     ap.add_argument("--dry-run", action="store_true", help="list the runs and commands only")
     return ap
@@ -161,7 +167,16 @@ def _main(args: argparse.Namespace) -> int:
             m["strategies"] = strategies
         out = Path(args.out or m.get("out") or "bench-out")
         timeout = float(args.run_timeout or m.get("run_timeout_s") or 3600.0)
-        specs = build_matrix({k: v for k, v in m.items() if k not in ("out", "run_timeout_s")})
+        floor = args.mem_floor if args.mem_floor is not None else m.get("mem_floor_mb")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
+                                  or floor <= 0):
+            raise ValueError(f"memory floor {floor!r}: expected MiB > 0 (e.g. --mem-floor "
+                             f"1536: stop a run when less than 1.5 GiB is left)")
+        specs = build_matrix({k: v for k, v in m.items()
+                              if k not in ("out", "run_timeout_s", "mem_floor_mb")})
+        if floor and any(s.link for s in specs):
+            raise ValueError("--mem-floor watches local runs; runs on emulated hosts (links) "
+                             "are not watched: leave one of the two out")
     except ValueError as exc:
         print(f"quietgnn bench: error: {exc}", file=sys.stderr)
         return 2
@@ -182,7 +197,8 @@ def _main(args: argparse.Namespace) -> int:
             return 2
     print(f"quietgnn bench: {len(specs)} run(s) -> {out}", file=sys.stderr)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    results = run_matrix(specs, out, timeout_s=timeout, retry_failed=args.retry_failed, log=log)
+    results = run_matrix(specs, out, timeout_s=timeout, retry_failed=args.retry_failed, log=log,
+                         mem_floor_mb=floor)
     failed = [r for r in results if r.status != "ok"]
     print(f"quietgnn bench: {len(results) - len(failed)} ok, {len(failed)} failed; results in "
           f"{out / 'results.jsonl'} (next: quietgnn report {out / 'results.jsonl'} --out "

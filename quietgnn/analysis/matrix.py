@@ -45,6 +45,8 @@ class Result(Record):
     curve_error: Optional[str] = optional()
     link: Optional[str] = optional()   #: the emulated hosts' link (``links``), None: local
     host_cores: Optional[int] = optional()   #: the cores those hosts shared
+    #: with ``--mem-floor``: the largest resident MiB one of the run's processes reached
+    peak_rss_seen_mb: Optional[float] = optional()
 
     @property
     def name(self) -> str:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from .matrix import UNCAPPED, Result, RunSpec
 
@@ -23,7 +23,65 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, Any]:
+def mem_available_mb() -> float:
+    """The kernel's estimate of memory available without swapping (``MemAvailable``)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("inf")
+
+
+def _group_rss_mb(pgid: int) -> list[float]:
+    """Resident MiB of every process in process group ``pgid`` (a run's launcher and its
+    workers: the run starts its own group)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            out += [int(x.split()[1]) / 1024.0 for x in (d / "status").read_text().splitlines()
+                    if x.startswith("VmRSS:")]
+        except (OSError, ValueError, IndexError):
+            continue     # gone between the listing and the read
+    return out
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, floor_mb: Optional[float]
+          ) -> tuple[Optional[int], Optional[str], float]:
+    """Wait for a run; (exit code or None when killed, why it was killed, the largest
+    process's resident MiB seen). With ``floor_mb``, every half second: when the machine's
+    available memory falls below it, the run's whole group is killed, so a run past what the
+    machine holds is stopped and measured instead of taking the machine (and the study) down."""
+    deadline, peak = time.monotonic() + timeout_s, 0.0
+    while True:
+        try:
+            return proc.wait(timeout=0.5 if floor_mb else timeout_s), None, peak
+        except subprocess.TimeoutExpired:
+            pass
+        why = None
+        if time.monotonic() >= deadline:
+            why = f"timed out after {timeout_s:g}s"
+        elif floor_mb:
+            sizes = _group_rss_mb(proc.pid)
+            peak = max([peak, *sizes])
+            avail = mem_available_mb()
+            if avail < floor_mb:
+                why = (f"stopped by the memory floor: {avail:.0f} MiB available, below "
+                       f"--mem-floor {floor_mb:g} MiB; the run's {len(sizes)} process(es), the largest "
+                       f"at {peak:.0f} MiB resident")
+        if why:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, why, peak
+
+
+def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any,
+             floor_mb: Optional[float] = None) -> dict[str, Any]:
     """The run's result, as its file will hold it."""
     run_dir = out / "runs" / spec.id
     summary_path = run_dir / "summary.json"
@@ -34,7 +92,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log_path = out / "logs" / f"{spec.id}.log"
     t0 = time.perf_counter()
-    status, error = "ok", None
+    status, error, killed, peak = "ok", None, None, 0.0
     with open(log_path, "w") as lf:
         lf.write((f"# on {spec.parts} emulated hosts, link {spec.link}; each host's torchrun "
                   f"agent runs: " if spec.link else "") + " ".join(cmd) + "\n")
@@ -55,11 +113,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
             try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                rc = None
+                rc, killed, peak = _wait(proc, timeout_s, floor_mb)
             except KeyboardInterrupt:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -68,7 +122,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
     output = log_path.read_text(errors="replace")
     last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
     if rc is None:
-        status, error = "failed", f"timed out after {timeout_s:g}s\n{_tail(output)}"
+        why = killed or f"timed out after {timeout_s:g}s"
+        status, error = "failed", f"{why}\n{_tail(output)}"
     elif rc != 0:
         status, error = "failed", f"exit code {rc}: {last[:300]}\n{_tail(output)}"
     elif not summary_copy.is_file():
@@ -79,6 +134,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
                                                                                   time.gmtime())}
     if spec.link:
         res["host_cores"] = len(os.sched_getaffinity(0))
+    if peak:
+        res["peak_rss_seen_mb"] = round(peak, 1)
     if status == "ok":
         res["summary"] = json.loads(summary_copy.read_text())
         summary_copy.unlink()
@@ -96,8 +153,11 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any) -> dict[str, 
 
 
 def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 3600.0,
-               retry_failed: bool = False, log: Any = print) -> list[Result]:
+               retry_failed: bool = False, log: Any = print,
+               mem_floor_mb: Optional[float] = None) -> list[Result]:
     """Run every spec not already done; returns all results (old and new) in matrix order.
+    ``mem_floor_mb``: a local run is killed (and recorded as failed, saying so) when the
+    machine's available memory falls below it (:func:`_wait`).
     ``results.jsonl`` gains each new result as its run ends, and at the end every result of
     the matrix (one kept from before is written back as it was read)."""
     out = Path(out)
@@ -117,7 +177,7 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
                 results.append((spec.id, old))
                 continue
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
-        res = _run_one(spec, out, timeout_s, log)
+        res = _run_one(spec, out, timeout_s, log, mem_floor_mb)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, separators=(",", ":"), default=str))
         tmp.replace(path)  # atomic: a result file is either whole or absent
