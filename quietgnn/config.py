@@ -38,9 +38,22 @@ class DataConfig:
     name: str = "synthetic"
     root: Optional[str] = None        # directory holding the dataset's files (downloads go here)
     split_seed: int = 0               # seed of the random train/val/test split (no standard one)
+    #: ``standard`` (the dataset's own split, else random 60/20/20), or ``per_class:K:V``: K
+    #: random training nodes of every class, V validation nodes among the rest, every other
+    #: node test (PyG's ``Planetoid(split="random")``), drawn with ``split_seed``
+    split: str = "standard"
     #: a directory written by ``quietgnn prepare``: the graph (name, parts, book) comes from
     #: it, and no process loads the whole graph
     prepared: Optional[str] = None
+
+
+    def __post_init__(self) -> None:
+        from .datasets import parse_split
+        parse_split(self.split)      # a clear error before any process starts
+        if self.prepared and self.split != "standard":
+            raise ValueError(f"dataset.split = {self.split!r} with dataset.prepared: a prepared "
+                             f"directory holds the split it was prepared with; leave "
+                             f"dataset.split out (or train from the dataset itself)")
 
 
 @dataclass

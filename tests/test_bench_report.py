@@ -288,6 +288,13 @@ def test_summary_tables_across_groups():
     assert "| halo | 1.00 / 1.00 | 1.00 / 1.00 |" in md
 
 
+def test_a_set_value_of_seed_is_the_run_s_seed():
+    specs = build_matrix({"datasets": "cora", "strategies": "halo", "seeds": [0, 3],
+                          "set": {"dataset.split_seed": "{seed}", "train.epochs": 5}})
+    assert [(s.seed, s.overrides["dataset.split_seed"]) for s in specs] == [(0, 0), (3, 3)]
+    assert "--dataset.split_seed 3" in " ".join(specs[1].train_args(Path("r/x"), Path("s")))
+
+
 def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path):
     """Two studies passed in order: the rerun's cell (other settings, so another id) replaces
     the first study's, a cell only the first has stays, and within one study ids rule (two

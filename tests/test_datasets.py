@@ -468,3 +468,49 @@ def test_ogb_fake_arxiv_loads_with_ogb_split_and_evaluator(tmp_path):
     assert ogb_accuracy("ogbn-arxiv", g.y[:, None], logits) == pytest.approx(30 / 40)
     with pytest.raises(ValueError, match="y_true has 40 rows but y_pred has 39"):
         ogb_accuracy("ogbn-arxiv", g.y, g.y[:39])
+
+
+def test_per_class_split_draws_k_per_class_v_validation_and_the_rest_test(tmp_path):
+    """``dataset.split per_class:K:V`` (Planetoid's random split) through every path a run
+    loads its graph: the loader, the launcher's book and a worker partitioning in-process."""
+    from quietgnn.config import load_config
+    from quietgnn.partition import PartitionBook
+    from quietgnn.runtime.books import _build_book, dataset_identity_of, partition_key
+    from quietgnn.runtime.plan import RunPlan
+    from quietgnn.runtime.worker import load_local_partition
+    syn = {"nodes": 600, "classes": 3}
+    g = load_dataset("synthetic", synthetic=syn, split="per_class:7:50", split_seed=1)
+    per = [int((g.train_mask & (g.y == c)).sum()) for c in range(3)]
+    assert per == [7, 7, 7] and int(g.val_mask.sum()) == 50
+    assert not (g.train_mask & g.val_mask).any()
+    assert bool((g.test_mask == ~(g.train_mask | g.val_mask)).all())
+    again = load_dataset("synthetic", synthetic=syn, split="per_class:7:50", split_seed=1)
+    other = load_dataset("synthetic", synthetic=syn, split="per_class:7:50", split_seed=2)
+    assert bool((again.train_mask == g.train_mask).all())
+    assert not bool((other.train_mask == g.train_mask).all())
+    assert g.meta["split"] == "per_class:7:50 (split_seed 1)"
+    with pytest.raises(ValueError, match="fewer than 9999 validation nodes"):
+        load_dataset("synthetic", synthetic=syn, split="per_class:7:9999")
+
+    def cfg(split: str, seed: int = 1):
+        return load_config(None, {"strategy": "halo", "partition": {"parts": 2},
+                                  "dataset": {"name": "synthetic", "split": split,
+                                              "split_seed": seed}, "synthetic": syn})
+    c = cfg("per_class:7:50")
+    assert dataset_identity_of(c)["split"] == "per_class:7:50"
+    keys = {partition_key(x) for x in (cfg("standard"), c, cfg("per_class:7:50", 2))}
+    assert len(keys) == 3
+    _build_book(c, tmp_path / "book")
+    book = PartitionBook.open(tmp_path / "book")
+    assert sum(int(book.load_part(r, 2).train_mask.sum()) for r in range(2)) == 21
+    plan = RunPlan(cfg=c, run_dir=tmp_path / "run", dataset=dataset_identity_of(c))
+    assert sum(int(load_local_partition(plan, r, 2).train_mask.sum()) for r in range(2)) == 21
+
+
+@pytest.mark.parametrize("value", ["random", "per_class:0:5", "per_class:3", "per_class:a:b"])
+def test_a_bad_split_is_refused_by_name(value):
+    from quietgnn.config import load_config
+    with pytest.raises(ValueError, match=f"dataset.split = '{re.escape(value)}'"):
+        load_config(None, {"dataset": {"split": value}})
+    with pytest.raises(ValueError, match="holds the split it was prepared with"):
+        load_config(None, {"dataset": {"split": "per_class:2:5", "prepared": "somewhere"}})

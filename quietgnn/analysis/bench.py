@@ -22,7 +22,8 @@ YAML (every key optional; see ``benchmarks/headline.yaml``)::
     parts: [4]
     models: [gcn, sage]
     seeds: [0]
-    set: {train.epochs: 200, model.hidden: 64}   # config keys for every run
+    set: {train.epochs: 200, model.hidden: 64}   # config keys for every run ("{seed}": the
+                                                 # run's seed, e.g. dataset.split_seed)
     links: [uncapped, 100mbit]       # optional: every multi-rank run on emulated hosts
     run_timeout_s: 1800
     mem_floor_mb: 1536               # optional: kill a run when less memory is left (local runs)

@@ -200,11 +200,18 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                             root=d.get("root", m.get("root")), strategy=s["name"],
                             label=s.get("label", ""), parts=p, model=model, seed=seed,
                             options=dict(s.get("options") or {}), link=link,
-                            overrides={**common, **(d.get("set") or {}), **(s.get("set") or {})})
+                            overrides=_with_seed({**common, **(d.get("set") or {}),
+                                                  **(s.get("set") or {})}, seed))
                         if spec.id not in seen:
                             seen.add(spec.id)
                             specs.append(spec)
     return specs
+
+
+def _with_seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A ``set`` value ``"{seed}"`` is the run's seed (``dataset.split_seed: "{seed}"``: each
+    seed of the matrix its own split)."""
+    return {k: seed if v == "{seed}" else v for k, v in overrides.items()}
 
 
 def _link(link: str) -> str:

@@ -27,7 +27,7 @@ from ..graph import Graph
 from .synthetic import SyntheticSpec, make_synthetic
 
 __all__ = ["load_dataset", "available_datasets", "SyntheticSpec", "make_synthetic",
-           "dataset_identity", "dataset_files"]
+           "dataset_identity", "dataset_files", "parse_split", "per_class_split"]
 
 # root examples for the "needs --root" error (the layout of ../shared/data in this project)
 _ROOT_EXAMPLES = {"Planetoid": "../shared/data/planetoid", "Amazon": "../shared/data/amazon",
@@ -74,17 +74,64 @@ def _valid_names() -> str:
     return ", ".join(n for n, _ in available_datasets())
 
 
+def parse_split(split: str) -> tuple[int, int] | None:
+    """``dataset.split``: None for ``standard``, ``(K, V)`` for ``per_class:K:V``."""
+    if split == "standard":
+        return None
+    kind, _, rest = str(split).partition(":")
+    try:
+        k, v = (int(x) for x in rest.split(":"))
+    except ValueError:
+        k = v = -1
+    if kind != "per_class" or k < 1 or v < 0:
+        raise ValueError(f"dataset.split = {split!r}; expected standard or per_class:K:V (K "
+                         f"training nodes per class, V validation nodes, the rest test; e.g. "
+                         f"per_class:20:500, Planetoid's random split)")
+    return k, v
+
+
+def per_class_split(g: Graph, per_class: int, num_val: int, seed: int) -> Graph:
+    """``g`` with ``per_class`` random training nodes of every class (all of a smaller
+    class), ``num_val`` random validation nodes among the others, every other node test;
+    one generator seeded ``seed`` draws the classes in order, then the validation nodes."""
+    import torch
+    gen = torch.Generator().manual_seed(int(seed))
+    train = torch.zeros(g.num_nodes, dtype=torch.bool)
+    for c in range(g.num_classes):
+        idx = (g.y == c).nonzero().flatten()
+        train[idx[torch.randperm(idx.numel(), generator=gen)[:per_class]]] = True
+    rest = (~train).nonzero().flatten()
+    if num_val > rest.numel():
+        raise ValueError(f"dataset.split per_class:{per_class}:{num_val}: {g.name} has "
+                         f"{rest.numel()} nodes besides the training ones, fewer than "
+                         f"{num_val} validation nodes; ask for fewer")
+    rest = rest[torch.randperm(rest.numel(), generator=gen)]
+    val = torch.zeros_like(train)
+    val[rest[:num_val]] = True
+    import dataclasses
+    return dataclasses.replace(g.with_split(train, val, ~(train | val)), meta={
+        **g.meta, "split": f"per_class:{per_class}:{num_val} (split_seed {seed})"})
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, *,
                  synthetic: SyntheticSpec | dict[str, Any] | None = None,
-                 split_seed: int = 0) -> Graph:
+                 split_seed: int = 0, split: str = "standard") -> Graph:
     """Load dataset ``name`` as a validated, undirected :class:`Graph`.
 
     ``name`` is case-insensitive (``Cora`` = ``cora``), except file paths, which are used as
     given (relative paths are tried against ``root`` too). ``synthetic`` configures the
     ``synthetic`` dataset and is ignored otherwise; ``split_seed`` seeds the random 60/20/20
     split of datasets without a standard one (the synthetic graph's own shape is seeded by
-    ``synthetic.seed``).
+    ``synthetic.seed``); ``split`` ``per_class:K:V`` replaces any split by
+    :func:`per_class_split`, drawn with ``split_seed``.
     """
+    fixed = parse_split(split)
+    g = _load(name, root, synthetic, split_seed)
+    return g if fixed is None else per_class_split(g, *fixed, seed=split_seed)
+
+
+def _load(name: str | os.PathLike, root: str | os.PathLike | None,
+          synthetic: SyntheticSpec | dict[str, Any] | None, split_seed: int) -> Graph:
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"dataset name {name!r} must be a string")
     raw_name = os.fspath(name)
@@ -138,7 +185,17 @@ def _is_file_dataset(key: str) -> bool:
 
 def dataset_identity(name: str | os.PathLike, root: str | os.PathLike | None = None, *,
                      synthetic: SyntheticSpec | dict[str, Any] | None = None,
-                     split_seed: int = 0) -> dict[str, Any]:
+                     split_seed: int = 0, split: str = "standard") -> dict[str, Any]:
+    """:func:`_identity`, with ``split`` and its ``split_seed`` where it is not standard."""
+    out = _identity(name, root, synthetic, split_seed)
+    if out and split != "standard":
+        out.update(split=split, split_seed=split_seed)
+    return out
+
+
+def _identity(name: str | os.PathLike, root: str | os.PathLike | None,
+              synthetic: SyntheticSpec | dict[str, Any] | None,
+              split_seed: int) -> dict[str, Any]:
     """What is known of the graph ``load_dataset`` would return, *without loading it*: its
     ``name`` always; for ``synthetic`` also ``num_nodes``, ``num_features``, ``num_classes``,
     the spec (``synthetic``) and ``split_seed``; for datasets with a random split

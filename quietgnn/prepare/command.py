@@ -29,12 +29,17 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
     if args.x_dtype not in ("float32", "float16"):
         raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
                          f"disk and page cache; the workers compute in float32)")
+    if cfg.dataset.split != "standard" and (under_torchrun or args.source is not None
+                                            or args.edges is not None):
+        raise ValueError(f"--dataset.split {cfg.dataset.split}: an out-of-core prepare "
+                         f"draws the standard split as it streams; prepare in memory (a "
+                         f"dataset name, no --edges / --nodes) for another split")
     if under_torchrun:
         return _prepare_distributed(args, cfg, rest)
     if args.source is not None or args.edges is not None:
         return _prepare_streamed(args, cfg, rest)
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                         split_seed=cfg.dataset.split_seed)
+                         split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
     t0 = time.perf_counter()
     book = make_book(args.out, graph, cfg.partition_method, cfg.num_parts,
                      seed=cfg.partition.seed, clusters=cfg.partition.clusters,

@@ -35,14 +35,16 @@ def dataset_identity_of(cfg: RunConfig) -> dict[str, Any]:
     """:func:`quietgnn.datasets.dataset_identity` of the graph ``cfg`` asks for (not loaded)."""
     from ..datasets import dataset_identity
     return dataset_identity(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                            split_seed=cfg.dataset.split_seed)
+                            split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
 
 
 def partition_key(cfg: RunConfig) -> str:
     """The cache key of the book the launcher makes for ``cfg``: a hash of everything that
     determines the assignment, the content of the files read included."""
     from ..datasets import dataset_files
-    key_src = {"dataset": asdict(cfg.dataset), "method": cfg.partition_method,
+    # the standard split is left out of the key: books cached before dataset.split keep theirs
+    data = {k: v for k, v in asdict(cfg.dataset).items() if (k, v) != ("split", "standard")}
+    key_src = {"dataset": data, "method": cfg.partition_method,
                "parts": cfg.num_parts, "seed": cfg.partition.seed,
                "clusters": cfg.partition.clusters, "file": cfg.partition.file,
                "root": str(Path(cfg.dataset.root).resolve()) if cfg.dataset.root else None}
@@ -157,7 +159,7 @@ def check_book_dataset(book: Any, cfg: RunConfig, load: bool,
     if not diffs and load:
         from ..datasets import load_dataset
         graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                             split_seed=cfg.dataset.split_seed)
+                             split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
         want = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "num_features": graph.num_features, "num_classes": graph.num_classes}
         diffs = _identity_diffs(have, want)
@@ -208,7 +210,7 @@ def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
     from ..datasets import load_dataset
     from ..partition import make_book
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                         split_seed=cfg.dataset.split_seed)
+                         split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
     make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
               clusters=cfg.partition.clusters, file=cfg.partition.file)
     return graph.name, graph.num_nodes, graph.num_edges

@@ -118,6 +118,8 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
     data = d.get("dataset") or {}
     ident["dataset.name"] = data.get("name")
     ident["dataset.split_seed"] = data.get("split_seed")
+    if data.get("split", "standard") != "standard":    # absent before dataset.split existed
+        ident["dataset.split"] = data["split"]
     if data.get("name") == "synthetic":
         for k, v in sorted((d.get("synthetic") or {}).items()):
             ident[f"synthetic.{k}"] = v

@@ -63,7 +63,7 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
                                 stored=cfg.strategy_cls.reads_stored_part(cfg.options))
     from ..datasets import load_dataset
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                         split_seed=cfg.dataset.split_seed)
+                         split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
     parts = partition_nodes(graph, cfg.partition_method, world, seed=cfg.partition.seed,
                             clusters=cfg.partition.clusters, file=cfg.partition.file)
     # The identity PartitionBook.write gives the same graph + assignment, so a checkpoint
