@@ -23,6 +23,9 @@ def _collectives(comm):
     recv_known = comm.all_to_all(send, "known", recv_counts=[j + r + 1 for j in range(P)])
     recv_hand = comm.all_to_all(send, "handshake")
     pending = comm.all_to_all_async([s.to(torch.uint8) for s in send], "async")
+    t = time.thread_time()
+    while time.thread_time() - t < 0.05:     # compute while it flies
+        pass
     recv_async = pending.wait()
     with comm.phase("eval"):
         comm.barrier()
@@ -84,6 +87,10 @@ def _check_collectives(r, out, P):
     assert recs["handshake"]["bytes_sent"] == rows_out * 12 + 8 * (P - 1)
     assert recs["handshake"]["hops"] == 2
     assert recs["async"]["bytes_sent"] == rows_out * 3 + 8 * (P - 1)   # uint8 rows
+    # the compute it flew behind (what a slow link's transfer can hide behind); an exchange
+    # waited for at once has none
+    assert 0.05 <= recs["async"]["overlap_cpu_s"] < 5
+    assert recs["known"]["overlap_cpu_s"] is None and recs["handshake"]["overlap_cpu_s"] is None
     assert recs["barrier"]["phase"] == "eval"
 
 

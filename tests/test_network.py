@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from quietgnn.comm import Traffic
-from quietgnn.analysis.projection import epoch_curve, project, time_to_accuracy
+from quietgnn.analysis.projection import Curve, epoch_curve, project, time_to_accuracy
 from quietgnn.comm.network import TIERS, Tier, parse_tier, resolve_tiers
 from quietgnn.runtime.metrics import read_metrics
 from quietgnn.strategies.base import EpochResult, Strategy
@@ -115,6 +115,33 @@ def test_projection_matches_hand_computed(tmp_path):
     # only the train phase when asked: epoch 1 loses its data round
     only_train = epoch_curve(read_metrics(tmp_path / "run"), phases=("train",))
     assert only_train.epochs[1].crit_bytes == 2000
+
+
+def test_an_exchange_waited_for_later_costs_what_its_compute_window_does_not_hide(tmp_path):
+    """Epoch 1's halo round becomes an exchange waited for after 0.3 s of compute on rank 0
+    and 0.2 s on rank 1 (the window is the smaller): on WAN its 2000 B cost 1 hop x 20 ms +
+    0.16 ms, all hidden; the data round still counts. Compute 10x faster leaves a 20 ms window:
+    the exchange then shows its excess over it. Curves without the field project as before."""
+    run = write_fake_run(tmp_path / "run")
+    before = project(epoch_curve(read_metrics(run)), WAN)
+    for r, window in ((0, 0.3), (1, 0.2)):
+        f = run / "metrics" / f"rank-{r}.jsonl"
+        recs = [json.loads(x) for x in f.read_text().splitlines()]
+        recs[2]["rounds"][0].append(window)      # [.., seconds, overlap]
+        f.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    curve = epoch_curve(read_metrics(run))
+    e1 = curve.epochs[1]
+    assert (e1.overlap_hops, e1.overlap_crit_bytes, e1.overlap_s) == (1, 2000, 0.2)
+    assert curve.epochs[0].overlap_s is None
+    halo = 0.02 + 2000 * 8 / 1e8
+    wan = project(curve, WAN)
+    assert wan[1].comm_s == pytest.approx(before[1].comm_s - halo)
+    assert wan[0].time_s == pytest.approx(before[0].time_s)
+    fast = project(curve, WAN, compute_speedup=10)   # window 0.2 s x 0.08 / 0.8
+    assert fast[1].comm_s == pytest.approx(before[1].comm_s - 0.02)
+    # stored and read back (the report's curves are JSON)
+    again = Curve.from_json(curve.to_json())
+    assert project(again, WAN)[1].comm_s == pytest.approx(wan[1].comm_s)
 
 
 def test_torn_epoch_is_dropped(tmp_path):

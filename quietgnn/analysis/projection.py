@@ -23,8 +23,10 @@ described by a bandwidth and a latency, with a deliberately simple alpha-beta mo
   are projected with ``cores``: a phase then takes at least the ranks' total CPU seconds over
   the cores.
 
-What it gives up: no overlap of compute and communication (an upper bound for strategies that
-overlap), no congestion between concurrent pairs beyond the per-rank link, no packet loss.
+Overlap: an exchange a strategy starts and waits for later (``all_to_all_async``: ``pipegcn``,
+``adaqp``'s overlap) records the compute it flew behind; an epoch's such exchanges cost only
+what exceeds the longest of those windows (they share the link and the window). What it gives
+up: no congestion between concurrent pairs beyond the per-rank link, no packet loss.
 The model is linear in (latency, 1/bandwidth), so an epoch is summarised by two numbers,
 ``hops`` (sum of hops) and ``crit_bytes`` (sum over rounds of the slowest rank's bytes), and any
 tier is a dot product; :func:`epoch_curve` computes them once per run.
@@ -80,6 +82,12 @@ class Point(Record):
     val_acc: Optional[float]
     train_acc: Optional[float]
     peak_rss_mb: float                 #: the largest of any rank
+    #: of ``hops`` and ``crit_bytes``, the part of exchanges waited for after compute
+    #: (``all_to_all_async``), and the longest compute one of them flew behind (the smallest
+    #: over ranks); None in curves recorded before it was kept (charged as waited at once)
+    overlap_hops: Optional[float] = optional()
+    overlap_crit_bytes: Optional[float] = optional()
+    overlap_s: Optional[float] = optional()
 
     @property
     def passes(self) -> float:
@@ -145,17 +153,31 @@ def _merge_rounds(records: Iterable[SetupRecord | EpochRecord],
                   phases: Sequence[str]) -> tuple[float, float, int]:
     """(sum of hops, sum of slowest-rank bytes, rounds) over the rounds of one epoch of all
     ranks. ``records``: that epoch's record of each rank."""
-    per_round: dict[int, list[float]] = {}   # round -> [hops, max bytes]
+    hops, crit, n, _ = _merge_overlap(records, phases)
+    return hops, crit, n
+
+
+def _merge_overlap(records: Iterable[SetupRecord | EpochRecord], phases: Sequence[str]
+                   ) -> tuple[float, float, int, Optional[tuple[float, float, float]]]:
+    """:func:`_merge_rounds` and, where any round was an exchange waited for later, (its
+    hops, its slowest-rank bytes, the longest compute one of them flew behind: per round the
+    smallest over ranks)."""
+    per_round: dict[int, list[Any]] = {}   # round -> [hops, max bytes, overlap or None]
     for rec in records:
-        for rnd, _kind, phase, sent, recv, hops, *_ in rec.rounds or []:
+        for rnd, _kind, phase, sent, recv, hops, *rest in rec.rounds or []:
             if phase not in phases:
                 continue
-            cur = per_round.setdefault(int(rnd), [0.0, 0.0])
+            cur = per_round.setdefault(int(rnd), [0.0, 0.0, None])
             cur[0] = max(cur[0], float(hops))
             cur[1] = max(cur[1], float(sent), float(recv))
+            if len(rest) > 1:    # [seconds, overlap]: every rank waited for it late
+                cur[2] = float(rest[1]) if cur[2] is None else min(cur[2], float(rest[1]))
     hops = sum(v[0] for v in per_round.values())
     crit = sum(v[1] for v in per_round.values())
-    return hops, crit, len(per_round)
+    late = [v for v in per_round.values() if v[2] is not None]
+    overlap = (sum(v[0] for v in late), sum(v[1] for v in late), max(v[2] for v in late)) \
+        if late else None
+    return hops, crit, len(per_round), overlap
 
 
 def epoch_curve(metrics: Mapping[int, Sequence[Any]],
@@ -182,7 +204,7 @@ def epoch_curve(metrics: Mapping[int, Sequence[Any]],
         if set(recs) != ranks:
             continue  # torn: not every rank finished this epoch
         rs = list(recs.values())
-        hops, crit, n = _merge_rounds(rs, phases)
+        hops, crit, n, late = _merge_overlap(rs, phases)
         e_hops, e_crit, _ = _merge_rounds(rs, ("eval",))
         r0 = recs[min(recs)]
         points.append(Point(
@@ -202,7 +224,9 @@ def epoch_curve(metrics: Mapping[int, Sequence[Any]],
             wall_s=max(r.wall_s or 0.0 for r in rs), comm_s=max(r.comm_s or 0.0 for r in rs),
             eval_s=max(r.eval_s or 0.0 for r in rs),
             test_acc=r0.test_acc, val_acc=r0.val_acc, train_acc=r0.train_acc,
-            peak_rss_mb=max(r.peak_rss_mb or 0.0 for r in rs)))
+            peak_rss_mb=max(r.peak_rss_mb or 0.0 for r in rs),
+            **({} if late is None else dict(zip(("overlap_hops", "overlap_crit_bytes",
+                                                 "overlap_s"), late)))))
     kinds: dict[str, float] = {}
     for ep in (by_epoch[p.epoch] for p in points):
         for r in ep.values():
@@ -270,9 +294,15 @@ def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
                          f"(1: as measured)")
     out, cum = [], 0.0
     for p in Curve.of(curve).epochs:
-        comm = tier.seconds(p.hops, p.crit_bytes)
         compute = _shared(p.compute_s, _first(p.cpu_sum_s, p.compute_sum_s),
                           cores) / compute_speedup
+        comm = tier.seconds(p.hops, p.crit_bytes)
+        if p.overlap_s is not None:
+            # an exchange waited for after compute costs only what that compute did not
+            # hide; the compute it flew behind scales as the epoch's does (cores, speedup)
+            late = tier.seconds(p.overlap_hops or 0.0, p.overlap_crit_bytes or 0.0)
+            hidden = p.overlap_s * (compute / p.compute_s if p.compute_s else 0.0)
+            comm -= min(late, hidden)
         ev = _shared(p.eval_compute_s or 0.0, _first(p.eval_cpu_sum_s, p.eval_compute_sum_s),
                      cores) / compute_speedup
         ev += tier.seconds(p.eval_hops or 0, p.eval_crit_bytes or 0)

@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,10 @@ class OpRecord:
     seconds: float
     cpu_seconds: float
     carries: str = Traffic.UNDECLARED.value   # what the payload is (comm/traffic.py)
+    #: an exchange started with :meth:`Communicator.all_to_all_async` and waited for later:
+    #: the CPU seconds the caller computed while it was in flight (what a network's transfer
+    #: time can hide behind); None for an op waited for at once
+    overlap_cpu_s: Optional[float] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,14 +270,16 @@ class Communicator:
         return out
 
     def _record(self, op: str, kind: str, sent: int, recv: int, messages: int, hops: int,
-                t0: float, c0: float, round_: int, carries: Traffic = Traffic.UNDECLARED) -> None:
+                t0: float, c0: float, round_: int, carries: Traffic = Traffic.UNDECLARED,
+                overlap_cpu_s: Optional[float] = None) -> None:
         c = Traffic(carries).value
         self.sent_by_class[c] = self.sent_by_class.get(c, 0) + int(sent)
         self.records.append(OpRecord(round=round_, op=op, kind=kind, phase=self._phase,
                                      epoch=self.epoch, bytes_sent=int(sent), bytes_recv=int(recv),
                                      messages=int(messages), hops=int(hops),
                                      seconds=time.perf_counter() - t0,
-                                     cpu_seconds=time.thread_time() - c0, carries=c))
+                                     cpu_seconds=time.thread_time() - c0, carries=c,
+                                     overlap_cpu_s=overlap_cpu_s))
 
     def declare(self, carries: Traffic | str | None, op: str, kind: str) -> Traffic:
         """The class an op carries, checked against ``residency`` before it sends (every rank
@@ -366,13 +372,13 @@ class Communicator:
         # blocking: the caller cannot touch its blocks while they are in flight, so they may
         # be sent without a copy
         return self.all_to_all_async(send, kind, recv_counts, out=out, carries=carries,
-                                     _copy_send=False).wait()
+                                     _blocking=True).wait()
 
     def all_to_all_async(self, send: Sequence[Tensor], kind: str,
                          recv_counts: Sequence[int] | None = None,
                          out: Tensor | Callable[[int], Tensor] | None = None, *,
                          carries: Traffic | str | None = None,
-                         _copy_send: bool = True) -> PendingExchange:
+                         _blocking: bool = False) -> PendingExchange:
         """Start an all-to-all and return at once (compute while it flies); see
         :meth:`all_to_all`. The op is recorded when :meth:`PendingExchange.wait` returns.
         The send blocks are copied (the caller may reuse them at once); ``out`` must not be
@@ -414,7 +420,7 @@ class Communicator:
         if send[0].device != self.wire:   # staged: the blocks over, the result back at wait
             home = (send[0].device, out)
             send = [s.to(self.wire) for s in send]
-        flat_send = None if _copy_send else _one_buffer(send)
+        flat_send = _one_buffer(send) if _blocking else None
         if flat_send is None:
             flat_send = torch.cat([s.reshape(-1) for s in send]) if any(send_counts) else \
                 send[0].new_empty(0)
@@ -450,8 +456,9 @@ class Communicator:
             # cycle (exchange -> finish -> exchange) that kept every exchange's buffers alive
             # until the garbage collector happened to run - hundreds of MB per epoch at 10^7
             # edges.
+            overlap = None if _blocking else max(0.0, pending.wait_cpu0 - c0 - start_cpu)
             self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0,
-                         pending.wait_cpu0 - start_cpu, r, cls)
+                         pending.wait_cpu0 - start_cpu, r, cls, overlap)
 
         pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish, home)
         pending.kind = kind   # named in the error if the wait fails

@@ -12,7 +12,8 @@ Record fields (all ranks; accuracies only on evaluated epochs)::
     bytes_by_kind {"train/halo_fwd": sent bytes, ...}
     messages      training messages sent
     rounds        [[round, kind, phase, sent, recv, hops, seconds], ...] every collective, for
-                  the network-tier projection (rounds line up across ranks)
+                  the network-tier projection (rounds line up across ranks); an exchange
+                  waited for later has an eighth: the CPU seconds computed while it flew
     peak_rss_mb   peak resident memory of this rank's process so far (its own VmHWM)
     extra         whatever the strategy reported (bit widths, averaging rounds, ...)
 
@@ -49,7 +50,8 @@ def summarize_ops(records: Iterable[OpRecord]) -> dict[str, Any]:
             out["comm_s"] += r.seconds
             out["comm_cpu_s"] += r.cpu_seconds
         out["rounds"].append([r.round, r.kind, r.phase, r.bytes_sent, r.bytes_recv, r.hops,
-                              round(r.seconds, 6)])
+                              round(r.seconds, 6)] + ([] if r.overlap_cpu_s is None else
+                                                      [round(r.overlap_cpu_s, 6)]))
     out["bytes"] = {k: dict(v) for k, v in by_phase.items()}
     out["bytes_by_kind"] = dict(by_kind)
     return out

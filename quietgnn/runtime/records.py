@@ -116,7 +116,8 @@ class SetupRecord(Record):
     rank: int
     phase: str                          #: always "setup"
     bytes: dict[str, PhaseBytes]        #: by phase (the set-up's ops are all "setup")
-    rounds: list[list[Any]]             #: per op: [round, kind, phase, sent, recv, hops, s]
+    #: per op: [round, kind, phase, sent, recv, hops, s], + overlap s for an op waited later
+    rounds: list[list[Any]]
     peak_rss_mb: float                  #: this process's peak resident memory so far
     setup_s: float                      #: wall seconds from the start to the first epoch
 
@@ -148,7 +149,8 @@ class EpochRecord(Record):
     bytes: dict[str, PhaseBytes]        #: by phase: "train", "eval", "control", ...
     bytes_by_kind: dict[str, int]       #: sent, by "phase/kind" (e.g. "train/halo_fwd")
     messages: int                       #: point-to-point messages of training
-    rounds: list[list[Any]]             #: per op: [round, kind, phase, sent, recv, hops, s]
+    #: per op: [round, kind, phase, sent, recv, hops, s], + overlap s for an op waited later
+    rounds: list[list[Any]]
     peak_rss_mb: float                  #: this process's peak resident memory so far
     extra: dict[str, Any]               #: the strategy's own per-epoch figures
     #: the exact evaluation of the selected state, on the run's last epoch
