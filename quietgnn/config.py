@@ -46,7 +46,6 @@ class DataConfig:
     #: it, and no process loads the whole graph
     prepared: Optional[str] = None
 
-
     def __post_init__(self) -> None:
         from .datasets import parse_split
         parse_split(self.split)      # a clear error before any process starts
