@@ -475,7 +475,8 @@ def test_per_class_split_draws_k_per_class_v_validation_and_the_rest_test(tmp_pa
     loads its graph: the loader, the launcher's book and a worker partitioning in-process."""
     from quietgnn.config import load_config
     from quietgnn.partition import PartitionBook
-    from quietgnn.runtime.books import _build_book, dataset_identity_of, partition_key
+    from quietgnn.runtime.books import (_build_book, check_book_dataset, dataset_identity_of,
+                                        partition_key)
     from quietgnn.runtime.plan import RunPlan
     from quietgnn.runtime.worker import load_local_partition
     syn = {"nodes": 600, "classes": 3}
@@ -488,9 +489,11 @@ def test_per_class_split_draws_k_per_class_v_validation_and_the_rest_test(tmp_pa
     other = load_dataset("synthetic", synthetic=syn, split="per_class:7:50", split_seed=2)
     assert bool((again.train_mask == g.train_mask).all())
     assert not bool((other.train_mask == g.train_mask).all())
-    assert g.meta["split"] == "per_class:7:50 (split_seed 1)"
+    assert (g.meta["split"], g.meta["split_seed"]) == ("per_class:7:50", 1)
     with pytest.raises(ValueError, match="fewer than 9999 validation nodes"):
         load_dataset("synthetic", synthetic=syn, split="per_class:7:9999")
+    with pytest.raises(ValueError, match="no node of .* is left for the test set"):
+        load_dataset("synthetic", synthetic=syn, split="per_class:7:579")
 
     def cfg(split: str, seed: int = 1):
         return load_config(None, {"strategy": "halo", "partition": {"parts": 2},
@@ -503,6 +506,16 @@ def test_per_class_split_draws_k_per_class_v_validation_and_the_rest_test(tmp_pa
     _build_book(c, tmp_path / "book")
     book = PartitionBook.open(tmp_path / "book")
     assert sum(int(book.load_part(r, 2).train_mask.sum()) for r in range(2)) == 21
+    # each rank under torchrun checks the book without loading the graph: another split (or
+    # split seed) is refused there too, by name; the same one passes
+    check_book_dataset(book, c, load=False)
+    for other, says in ((cfg("per_class:7:50", 2), "split_seed"),
+                        (cfg("standard"), "dataset.split")):
+        with pytest.raises(ValueError, match=says):
+            check_book_dataset(book, other, load=False)
+    _build_book(cfg("standard"), tmp_path / "std")
+    with pytest.raises(ValueError, match="dataset.split: book 'standard'"):
+        check_book_dataset(PartitionBook.open(tmp_path / "std"), c, load=False)
     plan = RunPlan(cfg=c, run_dir=tmp_path / "run", dataset=dataset_identity_of(c))
     assert sum(int(load_local_partition(plan, r, 2).train_mask.sum()) for r in range(2)) == 21
 

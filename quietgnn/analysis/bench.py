@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
                     "failed, saying so) when the machine's available memory falls below MIB: "
                     "a matrix of growing graphs finds where each strategy stops fitting "
                     "without taking the machine down (local runs; default: the matrix's "
-                    "mem_floor_mb, or none)")
+                    "mem_floor_mb, or none; 0: none)")
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed")
     ap.add_argument("--dry-run", action="store_true", help="list the runs and commands only")
     return ap
@@ -169,15 +169,18 @@ def _main(args: argparse.Namespace) -> int:
         out = Path(args.out or m.get("out") or "bench-out")
         timeout = float(args.run_timeout or m.get("run_timeout_s") or 3600.0)
         floor = args.mem_floor if args.mem_floor is not None else m.get("mem_floor_mb")
+        where = "--mem-floor" if args.mem_floor is not None else "the matrix's mem_floor_mb"
         if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
-                                  or floor <= 0):
-            raise ValueError(f"memory floor {floor!r}: expected MiB > 0 (e.g. --mem-floor "
-                             f"1536: stop a run when less than 1.5 GiB is left)")
+                                  or not floor >= 0):
+            raise ValueError(f"{where} = {floor!r}: expected MiB >= 0 (e.g. --mem-floor 1536: "
+                             f"stop a run when less than 1.5 GiB is left; 0: no floor)")
+        floor = floor or None
         specs = build_matrix({k: v for k, v in m.items()
                               if k not in ("out", "run_timeout_s", "mem_floor_mb")})
         if floor and any(s.link for s in specs):
-            raise ValueError("--mem-floor watches local runs; runs on emulated hosts (links) "
-                             "are not watched: leave one of the two out")
+            raise ValueError(f"{where} = {floor:g} MiB watches local runs, and this matrix runs "
+                             f"on emulated hosts (links): leave the links out, or the floor "
+                             f"(--mem-floor 0)")
     except ValueError as exc:
         print(f"quietgnn bench: error: {exc}", file=sys.stderr)
         return 2

@@ -211,7 +211,8 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
 def _with_seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
     """A ``set`` value ``"{seed}"`` is the run's seed (``dataset.split_seed: "{seed}"``: each
     seed of the matrix its own split)."""
-    return {k: seed if v == "{seed}" else v for k, v in overrides.items()}
+    # "--set k={seed}" reaches here as YAML read it: a mapping {seed: None}
+    return {k: seed if v in ("{seed}", {"seed": None}) else v for k, v in overrides.items()}
 
 
 def _link(link: str) -> str:

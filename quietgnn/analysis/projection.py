@@ -162,7 +162,8 @@ def _merge_overlap(records: Iterable[SetupRecord | EpochRecord], phases: Sequenc
     """:func:`_merge_rounds` and, where any round was an exchange waited for later, (its
     hops, its slowest-rank bytes, the longest compute one of them flew behind: per round the
     smallest over ranks)."""
-    per_round: dict[int, list[Any]] = {}   # round -> [hops, max bytes, overlap or None]
+    # round -> [hops, max bytes, smallest window, then per rank: waited for late?]
+    per_round: dict[int, list[Any]] = {}
     for rec in records:
         for rnd, _kind, phase, sent, recv, hops, *rest in rec.rounds or []:
             if phase not in phases:
@@ -170,11 +171,13 @@ def _merge_overlap(records: Iterable[SetupRecord | EpochRecord], phases: Sequenc
             cur = per_round.setdefault(int(rnd), [0.0, 0.0, None])
             cur[0] = max(cur[0], float(hops))
             cur[1] = max(cur[1], float(sent), float(recv))
-            if len(rest) > 1:    # [seconds, overlap]: every rank waited for it late
-                cur[2] = float(rest[1]) if cur[2] is None else min(cur[2], float(rest[1]))
+            # [seconds, overlap]: waited for late; a rank that waited at once hid nothing
+            w = float(rest[1]) if len(rest) > 1 else 0.0
+            cur[2] = w if cur[2] is None else min(cur[2], w)
+            cur.append(len(rest) > 1)
     hops = sum(v[0] for v in per_round.values())
     crit = sum(v[1] for v in per_round.values())
-    late = [v for v in per_round.values() if v[2] is not None]
+    late = [v for v in per_round.values() if any(v[3:])]
     overlap = (sum(v[0] for v in late), sum(v[1] for v in late), max(v[2] for v in late)) \
         if late else None
     return hops, crit, len(per_round), overlap
@@ -302,7 +305,9 @@ def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
             # hide; the compute it flew behind scales as the epoch's does (cores, speedup)
             late = tier.seconds(p.overlap_hops or 0.0, p.overlap_crit_bytes or 0.0)
             hidden = p.overlap_s * (compute / p.compute_s if p.compute_s else 0.0)
-            comm -= min(late, hidden)
+            # no more than the epoch's compute (the window also holds other CPU: framing,
+            # evaluation between epochs, which --without-eval leaves out)
+            comm -= min(late, hidden, compute)
         ev = _shared(p.eval_compute_s or 0.0, _first(p.eval_cpu_sum_s, p.eval_compute_sum_s),
                      cores) / compute_speedup
         ev += tier.seconds(p.eval_hops or 0, p.eval_crit_bytes or 0)

@@ -81,14 +81,15 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
     """Results from files and bench folders; the last result of an id wins; a result whose
     curve was not stored reads it from its run directory's metrics where they are.
 
-    A later input replaces an earlier input's results of the same cell (dataset, strategy
-    label, P, model, seed, link) whatever their ids: a rerun study passed after the study it
-    updates (``quietgnn report headline headline-tma``) supersedes its runs, as a rerun of
-    the same matrix would, even where the rerun's settings (so its ids) changed."""
+    A later input's finished run replaces an earlier input's results of the same cell
+    (dataset, strategy label, P, model, seed, link) whatever their ids: a rerun study passed
+    after the study it updates (``quietgnn report headline headline-tma``) supersedes its
+    runs, as a rerun of the same matrix would, even where the rerun's settings (so its ids)
+    changed; a failed rerun replaces nothing."""
     by_id: dict[str, Result] = {}
     for raw in paths:
         new = _load_path(Path(raw))
-        cells = {_cell(r) for r in new.values()}
+        cells = {_cell(r) for r in new.values() if r.ok}    # a failed rerun erases nothing
         by_id = {rid: r for rid, r in by_id.items() if rid in new or _cell(r) not in cells}
         by_id.update(new)
     return list(by_id.values())

@@ -72,8 +72,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float, floor_mb: Optional[float]
             avail = mem_available_mb()
             if avail < floor_mb:
                 why = (f"stopped by the memory floor: {avail:.0f} MiB available, below "
-                       f"--mem-floor {floor_mb:g} MiB; the run's {len(sizes)} process(es), the largest "
-                       f"at {peak:.0f} MiB resident")
+                       f"--mem-floor {floor_mb:g} MiB; the run's {len(sizes)} process(es), "
+                       f"the largest having reached {peak:.0f} MiB resident")
         if why:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -95,6 +95,11 @@ def per_class_split(g: Graph, per_class: int, num_val: int, seed: int) -> Graph:
     class), ``num_val`` random validation nodes among the others, every other node test;
     one generator seeded ``seed`` draws the classes in order, then the validation nodes."""
     import torch
+    if g.meta.get("unlabeled_nodes"):
+        raise ValueError(f"dataset.split per_class:{per_class}:{num_val}: {g.name} has "
+                         f"{g.meta['unlabeled_nodes']} unlabelled nodes (stored as class 0), "
+                         f"which a per-class draw would train and test on; use its standard "
+                         f"split")
     gen = torch.Generator().manual_seed(int(seed))
     train = torch.zeros(g.num_nodes, dtype=torch.bool)
     for c in range(g.num_classes):
@@ -108,9 +113,13 @@ def per_class_split(g: Graph, per_class: int, num_val: int, seed: int) -> Graph:
     rest = rest[torch.randperm(rest.numel(), generator=gen)]
     val = torch.zeros_like(train)
     val[rest[:num_val]] = True
+    if not (~(train | val)).any():
+        raise ValueError(f"dataset.split per_class:{per_class}:{num_val}: no node of {g.name}'s "
+                         f"{g.num_nodes} is left for the test set; ask for fewer training or "
+                         f"validation nodes")
     import dataclasses
     return dataclasses.replace(g.with_split(train, val, ~(train | val)), meta={
-        **g.meta, "split": f"per_class:{per_class}:{num_val} (split_seed {seed})"})
+        **g.meta, "split": f"per_class:{per_class}:{num_val}", "split_seed": int(seed)})
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *,

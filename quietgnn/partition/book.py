@@ -228,6 +228,8 @@ def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
                              "features_digest": graph.features_digest()}
     if graph.meta.get("split") == "random" and "split_seed" in graph.meta:
         ident["split_seed"] = graph.meta["split_seed"]      # the masks in the parts depend on it
+    if str(graph.meta.get("split", "")).startswith("per_class:"):    # dataset.split
+        ident["split"], ident["split_seed"] = graph.meta["split"], graph.meta["split_seed"]
     if isinstance(graph.meta.get("synthetic"), dict):
         ident["synthetic"] = graph.meta["synthetic"]        # the name alone does not say which
     return ident

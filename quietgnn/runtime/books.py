@@ -156,6 +156,10 @@ def check_book_dataset(book: Any, cfg: RunConfig, load: bool,
     have = book.graph if isinstance(book.graph, dict) else {}
     want = dataset_identity_of(cfg) if identity is None else identity
     diffs = _identity_diffs(have, want)
+    if have and want and have.get("split", "standard") != want.get("split", "standard"):
+        # a book records a split only when it is not the standard one
+        diffs.append(f"dataset.split: book {have.get('split', 'standard')!r}, dataset "
+                     f"{want.get('split', 'standard')!r}")
     if not diffs and load:
         from ..datasets import load_dataset
         graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
@@ -167,8 +171,8 @@ def check_book_dataset(book: Any, cfg: RunConfig, load: bool,
             fp = graph.fingerprint()
             if fp != have["fingerprint"]:
                 diffs = [f"fingerprint: book {have['fingerprint']}, dataset {fp} (same name and "
-                         f"sizes, other edges, labels or split: an edited file or another "
-                         f"split_seed)"]
+                         f"sizes, other edges, labels or split: an edited file, another "
+                         f"split_seed or another dataset.split)"]
         # books written before the features were hashed (or out of core) have no digest
         if not diffs and "features_digest" in have:
             fd = graph.features_digest()
