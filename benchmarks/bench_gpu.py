@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 STRATEGIES = ["centralized", "halo", "bns", "pipegcn", "adaqp", "grappa", "tma", "retexo",
-              "minibatch", "sancus"]
+              "minibatch", "sancus", "llcg"]
 OPTIONS = {"tma": {"period_epochs": 1.0}}
 STAND_IN = {"cora": (2708, 5, 1433, 7), "computers": (13752, 36, 767, 10)}   # n, degree, F, C
 

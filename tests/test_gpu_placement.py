@@ -18,9 +18,10 @@ from quietgnn.runtime.trainer import train_on
 
 from fakecuda import fake_cuda, tensors_on_device, to_host
 from helpers import small_graph
+from test_gpu_real import RUNS
 
 STRATEGIES = ["centralized", "halo", "adaqp", "grappa", "tma", "retexo", "minibatch", "bns",
-              "pipegcn", "sancus"]
+              "pipegcn", "sancus", "llcg"]
 ARCHS = ["gcn", "sage", "gat", "gin"]
 EPOCHS = 2
 
@@ -61,6 +62,22 @@ def _same_on_both(part, cfg, tmp_path):
         gpu = _run(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
                    torch.device("cuda", 0))
     _same(cpu, gpu)
+
+
+def test_every_registered_strategy_is_proven_on_the_device():
+    """A strategy added later is listed here (P = 1) and in ``P2`` (its own device paths),
+    and in test_gpu_real and bench_gpu, or the GPU half of its proof is missing."""
+    import ast
+    from pathlib import Path
+    from quietgnn.strategies.base import available_strategies
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    bench = next(ast.literal_eval(n.value) for n in ast.parse(script.read_text()).body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "STRATEGIES")
+    names = set(available_strategies())
+    assert set(STRATEGIES) == names
+    assert {s.split("-")[0] for s in P2} == names
+    assert {s.split("-")[0] for s in RUNS} == names
+    assert set(bench) == names
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -107,6 +124,7 @@ P2 = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4}, "grappa": {"grad_rank
       "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8}, "minibatch": {"grad_bits": 8},
       "bns": {"p": 0.5}, "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1},
       "pipegcn": {"smoothing": 0.5}, "sancus": {"bound": 0.05, "max_stale": 2},
+      "llcg": {"period": 1},
       # mostly-zero features: fetched, joined and kept sparse (halo's inputs, grappa's
       # chunks, tma's evaluation graph, minibatch's fetched and cached rows)
       "halo-sparse": {}, "grappa-sparse": {}, "tma-sparse": {"period_epochs": 1.0},
@@ -204,3 +222,30 @@ def test_large_arrays_cross_to_the_device_a_slice_at_a_time(monkeypatch, tmp_pat
     book = make_book(tmp_path / "d", graph, "random", 1, x_dtype="float16")
     cfg = _cfg("halo", 1, lean=True)
     _same_on_both(book.load_part(0, 1, stored=True), cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_benchmark_runs_end_to_end_in_its_dry_run(tmp_path):
+    """``bench_gpu.py`` is what a lent GPU's few minutes run: its dry run (the 'GPU' cells on
+    the CPU) goes through every strategy at P = 1 and 2, the prepared graph and the table, so
+    the script cannot rot between the rare sessions that have a GPU."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_gpu.py"),
+                           "--dry-run", "--graphs", "cora", "--epochs", "2",
+                           "--big-edges", "2e4", "--big-epochs", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "gpu.json").read_text())["rows"]
+    assert not [r for r in rows if "error" in r]
+    cells = {(r["strategy"], r["parts"], r["role"]) for r in rows if r["graph"] == "cora"}
+    assert cells == {(s, P, role) for s in STRATEGIES for P in (1, 2) for role in ("gpu", "cpu")
+                     if P == 1 or s != "centralized"}
+    big = [r for r in rows if r["source"] == "prepared"]
+    assert {r["strategy"] for r in big} == {"halo", "minibatch"}
+    assert all(r["bytes_per_epoch"] > 0 for r in big)
+    table = (tmp_path / "gpu.md").read_text()
+    assert "DIFFER" not in table and "| llcg | 2 | gloo |" in table

@@ -30,7 +30,7 @@ RUNS = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4},
         "adaqp-adaptive": {"time_model": "lan", "assign_cycle": 1}, "grappa": {"grad_rank": 2},
         "tma": {"period_epochs": 1.0}, "retexo": {"grad_bits": 8},
         "minibatch": {"grad_bits": 8}, "bns": {"p": 0.5}, "pipegcn": {"smoothing": 0.5},
-        "sancus": {"bound": 0.05, "max_stale": 2}}
+        "sancus": {"bound": 0.05, "max_stale": 2}, "llcg": {"period": 1}}
 
 
 def _train(comm, graph, parts, tmp, names):
