@@ -20,7 +20,6 @@ cross-partition ones costs. Run (one process at a time; ~20 s a run at the defau
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from dataclasses import asdict
