@@ -501,3 +501,33 @@ def test_near_is_kept_only_where_the_run_did_centralizeds_work_and_fell_short():
     assert _real_schedule("retexo", {"rounds_per_layer": 3}, 2, 200) == {
         "rounds_per_layer": [100, 100]}
     assert _real_schedule("tma", {"x": 1}, 2, 200) == {"x": 1}
+
+
+def test_an_exchange_hidden_behind_compute_is_charged_as_the_report_projects_it():
+    """A pipelined probe (its exchange waited for after 0.3 s of compute): the advisor's epoch
+    on a tier is the projection's steady epoch, the hidden part left out, on a fast tier (all
+    of it hidden) and a slow one (only the window's worth); a probe without the record is
+    charged in full, as before."""
+    from quietgnn.analysis.advise import _per_work
+    from quietgnn.analysis.projection import Curve, project
+    from quietgnn.comm.network import parse_tier
+
+    def row(e, late=True):
+        return {"epoch": e, "work": 1.0, "compute_s": 0.5, "hops": 3, "crit_bytes": 2e6,
+                "train_bytes": 8e6, "data_bytes": 0,
+                **({"overlap_hops": 1, "overlap_crit_bytes": 1.5e6, "overlap_s": 0.3}
+                   if late else {})}
+
+    for late in (True, False):
+        curve = Curve.of({"epochs": [row(e, late) for e in range(3)]})
+        m = {**_per_work(curve), "setup": {"hops": 0.0, "crit_bytes": 0.0}}
+        assert ("overlap" in m) is late
+        for tier in ("fast:1G:1ms", "slow:10M:20ms"):
+            got = rank({"parts": 2, "model": "gcn", "strategies": {"pipegcn": m}},
+                       tier)["ranking"][0]["epoch_seconds"]
+            assert got == pytest.approx(project(curve, parse_tier(tier))[-1].time_s)
+    slow = parse_tier("slow:10M:20ms")
+    full = 0.5 + slow.seconds(3, 2e6)
+    assert project(curve, slow)[-1].time_s == pytest.approx(full)            # no record
+    hidden = Curve.of({"epochs": [row(e) for e in range(3)]})
+    assert project(hidden, slow)[-1].time_s == pytest.approx(full - 0.3)     # the window

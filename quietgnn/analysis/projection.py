@@ -47,7 +47,7 @@ from ..comm.network import Tier
 from ..runtime.records import EpochRecord, Record, SetupRecord, metrics_line, optional
 
 __all__ = ["Curve", "Point", "SetupCost", "Projected", "epoch_curve", "curve_work", "project",
-           "time_to_accuracy", "TRAIN_PHASES"]
+           "hidden_s", "time_to_accuracy", "TRAIN_PHASES"]
 
 #: phases whose rounds are charged to training time
 TRAIN_PHASES = ("train", "data")
@@ -286,6 +286,16 @@ class Projected(Record):
     test_acc: Optional[float]
 
 
+def hidden_s(tier: Tier, hops: float, crit_bytes: float, window_s: float,
+             compute_s: float) -> float:
+    """Seconds of an epoch's late-waited exchanges (``hops``, ``crit_bytes``) that the compute
+    they flew behind (``window_s``) hides on ``tier``: an exchange waited for after compute
+    costs only what that compute did not hide. No more than the epoch's compute either (the
+    window also holds other CPU: framing, evaluation between epochs, which --without-eval
+    leaves out). The projection and the advisor both charge overlap through this."""
+    return min(tier.seconds(hops, crit_bytes), window_s, compute_s)
+
+
 def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
             cores: Optional[int] = None, compute_speedup: float = 1.0) -> list[Projected]:
     """Per epoch of ``curve`` on ``tier``. ``cores``: the ranks share that many cores (e.g.
@@ -301,13 +311,10 @@ def project(curve: Curve | Mapping[str, Any] | Sequence[Any], tier: Tier,
                           cores) / compute_speedup
         comm = tier.seconds(p.hops, p.crit_bytes)
         if p.overlap_s is not None:
-            # an exchange waited for after compute costs only what that compute did not
-            # hide; the compute it flew behind scales as the epoch's does (cores, speedup)
-            late = tier.seconds(p.overlap_hops or 0.0, p.overlap_crit_bytes or 0.0)
-            hidden = p.overlap_s * (compute / p.compute_s if p.compute_s else 0.0)
-            # no more than the epoch's compute (the window also holds other CPU: framing,
-            # evaluation between epochs, which --without-eval leaves out)
-            comm -= min(late, hidden, compute)
+            # the compute it flew behind scales as the epoch's does (cores, speedup)
+            comm -= hidden_s(tier, p.overlap_hops or 0.0, p.overlap_crit_bytes or 0.0,
+                             p.overlap_s * (compute / p.compute_s if p.compute_s else 0.0),
+                             compute)
         ev = _shared(p.eval_compute_s or 0.0, _first(p.eval_cpu_sum_s, p.eval_compute_sum_s),
                      cores) / compute_speedup
         ev += tier.seconds(p.eval_hops or 0, p.eval_crit_bytes or 0)

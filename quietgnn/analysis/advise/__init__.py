@@ -15,7 +15,8 @@ can reuse them:
    best), how often it got there at all, and its accuracy gap (:mod:`quietgnn.analysis.advise.fit`).
    The shipped table is :mod:`quietgnn.analysis.advise.prior` (``bench_advise.py --write-prior``).
 3. :func:`rank` projects each strategy's epoch time on the tier (compute + hops x latency +
-   slowest rank's bytes / bandwidth, as ``quietgnn report`` does), multiplies by the epochs
+   slowest rank's bytes / bandwidth, less what an exchange waited for late hides behind the
+   compute, as ``quietgnn report`` does), multiplies by the epochs
    it needs given ``centralized``'s here (the updates it needs over its updates per epoch on
    this graph's parts: :func:`updates_per_pass`; at most the probe's epochs where its probe
    already reached the target; where it was run on for ``centralized``'s work and was still
@@ -42,6 +43,7 @@ from .fit import (TARGET_FRAC, _work_needed, _work_to_target, build_prior, late_
                   near_target)
 from .probe import _per_work, plan_extension
 from .phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
+from ..projection import hidden_s
 from ...comm.network import TIERS, Tier, parse_tier
 
 __all__ = ["advise", "probe", "rank", "build_prior", "CANDIDATES", "BASELINES"]
@@ -394,6 +396,10 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
         # epochs), its once-only traffic the first phase's; later phases' at their start
         epoch_s = (phases[0]["compute_s"] + t.seconds(phases[0]["hops"], phases[0]["crit_bytes"])
                    if phases else m["compute_s"] + t.seconds(m["hops"], m["crit_bytes"]))
+        if m.get("overlap") and not phases:
+            # as quietgnn report projects it: the exchange the compute hides costs nothing
+            ov = m["overlap"]
+            epoch_s -= hidden_s(t, ov["hops"], ov["crit_bytes"], ov["window_s"], m["compute_s"])
         once = (phases[0]["start"] if phases else m.get("once")) or {"hops": 0.0,
                                                                      "crit_bytes": 0.0}
         setup_s = t.seconds(m["setup"]["hops"] + once["hops"],

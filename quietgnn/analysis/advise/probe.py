@@ -73,6 +73,14 @@ def _per_work(curve: Curve | Mapping[str, Any], period: int = 0,
            "peak_rss_mb": max(r.peak_rss_mb or 0.0 for r in rows),
            # epoch-equivalents in one of its epochs (tma's: an averaging period's passes)
            "epoch_work": last.passes or 1.0}
+    if last.overlap_s is not None:
+        # exchanges waited for after the compute they flew behind (pipegcn, adaqp's
+        # overlap): rank charges only what that window does not hide (projection.hidden_s)
+        windows = [r for r in timed if r.overlap_s is not None] or [last]
+        out["overlap"] = {"hops": (last.overlap_hops or 0.0) / w_last,
+                          "crit_bytes": (last.overlap_crit_bytes or 0.0) / w_last,
+                          "window_s": sum(r.overlap_s or 0.0 for r in windows)
+                          / max(sum(r.passes for r in windows), 1e-12)}
     marks = [r for r in rows if boundary(r)]
     if marks:
         per = excess(marks)
