@@ -95,7 +95,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"  eval bytes      {human_bytes(s.eval_bytes)} "
           f"({'?' if s.evaluations is None else s.evaluations} evaluations, {how}{ratio})")
     print(f"  time            {s.wall_seconds:.1f} s wall, {s.compute_seconds:.1f} s "
-          f"compute (slowest rank per epoch), peak memory {s.peak_rss_mb:.0f} MiB/rank")
+          f"compute (slowest rank per epoch), peak memory {s.peak_rss_mb:.0f} MiB/rank"
+          + ("" if s.peak_gpu_mb is None else f", GPU {s.peak_gpu_mb:.0f} MiB/rank"))
     if (s.attempts or 1) > 1:
         print(f"  attempts        {s.attempts} ({s.wall_seconds_total:.1f} s since the "
               f"first started; the time above is the last attempt's)")

@@ -90,6 +90,44 @@ def test_every_strategy_and_model_trains_on_the_device_as_on_the_cpu(strategy, a
     _same_on_both(part, cfg, tmp_path)
 
 
+def test_a_gpu_runs_peak_device_memory_reaches_its_records_summary_report_and_cli(tmp_path,
+                                                                                  capsys):
+    """On a GPU each rank records the most its tensors held there (``peak_gpu_mb``): in every
+    metrics line, the summary, the curve and the report's memory cell; a CPU run records
+    none (its records are as they were)."""
+    import json
+    from quietgnn.analysis.projection import epoch_curve
+    from quietgnn.analysis.report import build_report
+    from quietgnn.analysis.tables import markdown
+    from quietgnn.cli import print_summary
+    from quietgnn.runtime.metrics import read_metrics
+    graph = small_graph()
+    cfg = _cfg("halo", 1)
+    part = build_partitions(graph, partition_nodes(graph, "metis", 1, seed=0), ranks=[0])[0]
+    cpu = train_on(Communicator(0, 1), part, cfg, tmp_path / "cpu", device=torch.device("cpu"))
+    with fake_cuda():
+        torch.cuda.max_memory_allocated = lambda d=None: 3 * 2 ** 20   # restored on exit
+        gpu = train_on(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
+                       device=torch.device("cuda", 0))
+    assert "peak_gpu_mb" not in cpu.summary
+    assert "peak_gpu_mb" not in (tmp_path / "cpu" / "metrics" / "rank-0.jsonl").read_text()
+    assert gpu.summary["peak_gpu_mb"] == 3.0
+    lines = [json.loads(x) for x in
+             (tmp_path / "gpu" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    assert [x["peak_gpu_mb"] for x in lines] == [3.0] * (EPOCHS + 1)     # set-up + epochs
+    assert {p.peak_gpu_mb for p in epoch_curve(read_metrics(tmp_path / "gpu")).epochs} == {3.0}
+    results = [{"id": d, "status": "ok", "dataset": "g", "strategy": "halo", "parts": 1,
+                "model": "gcn", "summary": t.summary,
+                "curve": epoch_curve(read_metrics(tmp_path / d)).to_json()}
+               for d, t in (("cpu", cpu), ("gpu", gpu))]
+    assert "(GPU 3 MiB)" in markdown(build_report(results[1:], {}), [], {})
+    assert "GPU" not in markdown(build_report(results[:1], {}), [], {})
+    print_summary(gpu.summary)
+    print_summary(cpu.summary)
+    gpu_line, cpu_line = [x for x in capsys.readouterr().out.splitlines() if "peak memory" in x]
+    assert gpu_line.endswith(", GPU 3 MiB/rank") and "GPU" not in cpu_line
+
+
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
 # evaluation, the lean forward (activation checkpointing), another sampler
 VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),

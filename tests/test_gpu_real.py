@@ -35,7 +35,8 @@ RUNS = {"centralized": {}, "halo": {}, "adaqp": {"bits": 4},
 
 def _train(comm, graph, parts, tmp, names):
     """On this rank's device: ``{name: (per-epoch (epoch, loss, bytes, test_acc), the
-    devices of the trained parameters)}``, or the error a run raised."""
+    devices of the trained parameters, the peak GPU MiB recorded)}``, or the error a run
+    raised."""
     torch.set_num_threads(1)
     part = build_partitions(graph, parts, ranks=[comm.rank])[0]
     out = {}
@@ -52,7 +53,8 @@ def _train(comm, graph, parts, tmp, names):
             continue
         model = t.strategy.model if hasattr(t.strategy, "model") else t.strategy.layers
         out[name] = ([(r["epoch"], r.get("loss"), r["bytes"], r.get("test_acc"))
-                      for r in t.records], {q.device.type for q in model.parameters()})
+                      for r in t.records], {q.device.type for q in model.parameters()},
+                     max(r.get("peak_gpu_mb") or 0.0 for r in t.records))
     return out
 
 
@@ -65,6 +67,9 @@ def _compare(cpu: dict, gpu: dict) -> list[str]:
             continue
         if g[1] != {"cuda"}:
             bad.append(f"{name}: parameters on {g[1]}")
+        if not g[2] > 0 or c[2] != 0:
+            bad.append(f"{name}: peak GPU memory recorded {g[2]} MiB on the GPU, {c[2]} on "
+                       f"the CPU")
         for a, b in zip(c[0], g[0]):
             if a[0] != b[0] or a[2] != b[2]:
                 bad.append(f"{name}: epoch {a[0]} bytes {a[2]} on the CPU, {b[2]} on the GPU")

@@ -88,6 +88,8 @@ class Point(Record):
     overlap_hops: Optional[float] = optional()
     overlap_crit_bytes: Optional[float] = optional()
     overlap_s: Optional[float] = optional()
+    #: on GPUs, the most any rank's tensors held on its device so far (MiB); None on CPUs
+    peak_gpu_mb: Optional[float] = optional()
 
     @property
     def passes(self) -> float:
@@ -228,6 +230,8 @@ def epoch_curve(metrics: Mapping[int, Sequence[Any]],
             eval_s=max(r.eval_s or 0.0 for r in rs),
             test_acc=r0.test_acc, val_acc=r0.val_acc, train_acc=r0.train_acc,
             peak_rss_mb=max(r.peak_rss_mb or 0.0 for r in rs),
+            peak_gpu_mb=max((r.peak_gpu_mb for r in rs if r.peak_gpu_mb is not None),
+                            default=None),
             **({} if late is None else dict(zip(("overlap_hops", "overlap_crit_bytes",
                                                  "overlap_s"), late)))))
     kinds: dict[str, float] = {}

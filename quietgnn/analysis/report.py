@@ -183,6 +183,8 @@ class Row:
     bytes_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
     measured_epoch_s: Optional[float] = None
     link_epoch_s: Optional[float] = None
+    #: runs on GPUs: the most any rank's tensors held on its device (MiB)
+    peak_gpu_mb: Optional[float] = None
     measured_tta_s: Optional[float] = None
     link_tta_s: Optional[float] = None
 
@@ -258,6 +260,8 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
         compute_s_per_epoch=_mean([sum(e.compute_s for e in ep) / _work(ep)
                                    for ep in per_epoch]),
         peak_rss_mb=max(r.summary.peak_rss_mb or 0.0 for r in runs),
+        peak_gpu_mb=max((r.summary.peak_gpu_mb for r in runs
+                         if r.summary.peak_gpu_mb is not None), default=None),
         epochs=_mean([r.summary.epochs for r in runs]), epoch_s={}, tta={})
     kinds = [c.train_bytes_by_kind for c in curves if c.train_bytes_by_kind]
     for k in sorted({k for d in kinds for k in d}):

@@ -146,7 +146,9 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
             lines.append(f"| {r.strategy} | {r.parts} | "
                          f"{human_time(r.compute_s_per_epoch)} | " +
                          " | ".join(human_time(r.epoch_s.get(t)) for t in tiers) +
-                         f" | {r.peak_rss_mb:.0f} MiB |")
+                         f" | {r.peak_rss_mb:.0f} MiB"
+                         + ("" if r.peak_gpu_mb is None else f" (GPU {r.peak_gpu_mb:.0f} MiB)")
+                         + " |")
         lines.append("")
         lines += _hosts_table(g) + _kinds_table(g) + (_class_table(g) if rep.by_class else [])
         for p in plots.get(f"{g.dataset}/{g.model}", []):

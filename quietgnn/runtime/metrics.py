@@ -15,6 +15,8 @@ Record fields (all ranks; accuracies only on evaluated epochs)::
                   the network-tier projection (rounds line up across ranks); an exchange
                   waited for later has an eighth: the CPU seconds computed while it flew
     peak_rss_mb   peak resident memory of this rank's process so far (its own VmHWM)
+    peak_gpu_mb   on a GPU: the most memory this rank's tensors held on it since the run
+                  started (absent on the CPU)
     extra         whatever the strategy reported (bit widths, averaging rounds, ...)
 
 Lines are flushed as written, so a crash loses at most the epoch in progress.
@@ -33,7 +35,18 @@ from ..comm import OpRecord
 from ..heap import peak_rss_mb
 from .records import EpochRecord, SetupRecord, metrics_line
 
-__all__ = ["MetricsWriter", "peak_rss_mb", "summarize_ops", "read_metrics", "read_records"]
+__all__ = ["MetricsWriter", "peak_rss_mb", "peak_gpu_mb", "summarize_ops", "read_metrics",
+           "read_records"]
+
+
+def peak_gpu_mb(device: Any) -> Optional[float]:
+    """MiB this process's tensors held at most on ``device`` since the run started
+    (``train_on`` resets the count; PyTorch's allocator count: what ``torch.cuda.max_memory_allocated`` says; the allocator's cache and the CUDA
+    context come on top), or None on the CPU."""
+    import torch
+    if device is None or torch.device(device).type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2 ** 20, 1)
 
 
 def summarize_ops(records: Iterable[OpRecord]) -> dict[str, Any]:

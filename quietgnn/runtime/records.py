@@ -120,6 +120,8 @@ class SetupRecord(Record):
     rounds: list[list[Any]]
     peak_rss_mb: float                  #: this process's peak resident memory so far
     setup_s: float                      #: wall seconds from the start to the first epoch
+    #: on a GPU, the most its tensors held there so far (MiB); None on the CPU
+    peak_gpu_mb: Optional[float] = optional()
 
     def sent(self, phase: str) -> int:
         """Bytes this rank sent in ``phase``."""
@@ -155,6 +157,8 @@ class EpochRecord(Record):
     extra: dict[str, Any]               #: the strategy's own per-epoch figures
     #: the exact evaluation of the selected state, on the run's last epoch
     selected: Optional[dict[str, Any]] = optional()
+    #: on a GPU, the most this rank's tensors held there so far (MiB); None on the CPU
+    peak_gpu_mb: Optional[float] = optional()
 
     def sent(self, phase: str) -> int:
         """Bytes this rank sent in ``phase`` (0 where it sent nothing)."""
@@ -212,6 +216,8 @@ class RunSummary(Record):
     strategy_report: Optional[dict[str, Any]] = optional()
     #: what stopped the run early: ``patience`` or ``budget`` (None: it ran its epochs)
     stopped_by: Optional[str] = optional()
+    #: on GPUs, the most any rank's tensors held on its device (MiB); None on CPUs
+    peak_gpu_mb: Optional[float] = optional()
 
 
 def metrics_line(line: Mapping[str, Any] | SetupRecord | EpochRecord

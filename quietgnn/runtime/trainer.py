@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
-from .metrics import MetricsWriter, human_bytes, peak_rss_mb, summarize_ops
+from .metrics import MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops
 from .records import EpochRecord, RunSummary, SetupRecord
 from .rundir import write_json
 
@@ -97,7 +97,8 @@ class Trainer:
         setup = summarize_ops(comm.take_records())
         rec = SetupRecord(epoch=-1, rank=rank, phase="setup", bytes=setup["bytes"],
                           rounds=setup["rounds"], peak_rss_mb=peak_rss_mb(),
-                          setup_s=time.perf_counter() - t_start)
+                          setup_s=time.perf_counter() - t_start,
+                          peak_gpu_mb=peak_gpu_mb(self.ctx.device))
         self._keep(rec)
         metrics.write(rec)
         epochs = s.max_calls(cfg.train.epochs)   # train.epochs: passes, for every strategy
@@ -190,7 +191,8 @@ class Trainer:
             cpu_s=p_train, eval_cpu_s=p_eval, eval_mode=how, bytes=ops["bytes"],
             bytes_by_kind=ops["bytes_by_kind"], messages=ops["messages"],
             rounds=ops["rounds"], peak_rss_mb=peak_rss_mb(), extra=res.extra,
-            selected=final)     # the exact evaluation of the selected state, if made
+            selected=final,     # the exact evaluation of the selected state, if made
+            peak_gpu_mb=peak_gpu_mb(self.ctx.device))
         self.history.append({"epoch": epoch, "compute_s": rec.compute_s, "work": res.work,
                              "evaluated": how, "wall_s": rec.wall_s, "loss": res.loss,
                              "train_sent": rec.sent("train"), "eval_sent": rec.sent("eval"),
@@ -376,6 +378,9 @@ class Trainer:
         # what this rank sent, by traffic class: every op of the run but this gather
         mine = {"rank": self.ctx.rank, "history": self.history,
                 "sent_by_class": dict(self.comm.sent_by_class)}
+        gpu = peak_gpu_mb(self.ctx.device)
+        if gpu is not None:     # (a CPU run's gather stays as it was)
+            mine["peak_gpu_mb"] = gpu
         with self.comm.phase("control"):
             everyone = self.strategy.gather_objects(mine)   # None: no dead ranks to route around
             if everyone is None:
@@ -418,6 +423,8 @@ class Trainer:
             eval_bytes=eval_bytes, wall_seconds=wall, **_attempts(self.run_dir, wall),
             compute_seconds=compute,
             peak_rss_mb=max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
+            peak_gpu_mb=max((h["peak_gpu_mb"] for h in everyone if "peak_gpu_mb" in h),
+                            default=None),
             run_dir=str(self.run_dir), options=cfg.to_dict()["options"],
             **_residency(cfg.runtime.residency, everyone),
             strategy_report=self.strategy.run_report() or None,
@@ -444,6 +451,9 @@ def train_on(comm: Any, part: Any, cfg: RunConfig, run_dir: Path, log: Any = Non
     comm.residency = cfg.runtime.residency   # the worker set it before any traffic; a study not
     # Dropout masks differ per rank by design (each rank draws its own nodes' masks).
     torch.manual_seed(rank_seed(cfg.train.seed, comm.rank))
+    if device is not None and torch.device(device).type == "cuda":
+        # peak_gpu_mb is this run's, not an earlier one's in the same process (a study)
+        torch.cuda.reset_peak_memory_stats(device)
     ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
                         model_cfg=cfg.model, train_cfg=cfg.train,
                         device=device if device is not None else torch.device("cpu"),
