@@ -128,6 +128,33 @@ def test_a_gpu_runs_peak_device_memory_reaches_its_records_summary_report_and_cl
     assert gpu_line.endswith(", GPU 3 MiB/rank") and "GPU" not in cpu_line
 
 
+def test_dropout_masks_on_the_device_are_the_cpus_in_one_slice_per_few_million_entries():
+    """On a GPU a keyed dropout mask is hashed a few million entries at a time (on a CPU 64k,
+    for the cache): the same bits, in one kernel per hash step rather than a launch-bound
+    train of them (a 13,752 x 64 layer was 14 slices)."""
+    from collections import Counter
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from quietgnn.nn import keyed
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.randperm(300000, generator=torch.Generator().manual_seed(0))[:13752]
+    with Count() as cpu_ops:
+        want = keyed.row_keep_mask(ids, 64, 0.5, 12345)
+    with fake_cuda():
+        with Count() as dev_ops:
+            got = keyed.row_keep_mask(ids.to("cuda"), 64, 0.5, 12345)
+        assert tensors_on_device(got) and torch.equal(to_host(got), want)
+    assert cpu_ops.ops["ge"] == 14 and dev_ops.ops["ge"] == 1      # the threshold, per slice
+
+
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
 # evaluation, the lean forward (activation checkpointing), another sampler
 VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),

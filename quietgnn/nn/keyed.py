@@ -27,6 +27,12 @@ _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)     # the SplitMix64 constants as signed in
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _BITS = 24
+#: entries hashed per slice, on a CPU and on any other device: on a CPU few enough for the
+#: int64 scratch to stay in cache (512 KiB); on a GPU enough that a layer's mask is one kernel
+#: per step, not a launch-bound train of them (Computers' 13752 x 64 hidden rows were 14
+#: slices, ~200 launches a mask), the scratch still bounded (32 MiB) on a part of any size.
+#: The masks do not depend on it.
+SLICE_ENTRIES = {"cpu": 1 << 16, "device": 1 << 22}
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -82,12 +88,13 @@ def row_keep_mask(ids: Tensor, width: int, p: float, key: int,
     """bool ``[n, width]``: which entries of the rows with global ids ``ids [n]`` dropout keeps
     (the same on every rank that holds such a row); ``cols = (c0, c1)``: only those columns
     of the ``width``-wide rows, ``[n, c1 - c0]``."""
-    # a slice of rows at a time, ~64k entries: the hash's int64 scratch (512 KiB) stays in
-    # cache, and never grows with the part (gigabytes for a layer's rows of a 10^7-node part)
+    # a slice of rows at a time (SLICE_ENTRIES): the hash's int64 scratch never grows with
+    # the part (gigabytes for a layer's rows of a 10^7-node part)
     c0, c1 = (0, width) if cols is None else cols
     out = torch.empty((ids.numel(), c1 - c0), dtype=torch.bool, device=ids.device)
     cols_t = torch.arange(c0, c1, device=ids.device)
-    step = max(1, (1 << 16) // max(1, c1 - c0))
+    entries = SLICE_ENTRIES["cpu" if ids.device.type == "cpu" else "device"]
+    step = max(1, entries // max(1, c1 - c0))
     for a in range(0, ids.numel(), step):
         counters = ids[a:a + step].to(torch.int64).unsqueeze(1) * width + cols_t
         counters ^= key
