@@ -155,6 +155,35 @@ def test_dropout_masks_on_the_device_are_the_cpus_in_one_slice_per_few_million_e
     assert cpu_ops.ops["ge"] == 14 and dev_ops.ops["ge"] == 1      # the threshold, per slice
 
 
+def test_a_blocks_weights_are_built_on_the_device_without_reading_it_back():
+    """A mini-batch builds its blocks every step: their GCN and mean weights, within one
+    slice, come without a read of the device (each read is a sync on a GPU) and equal the
+    CPU's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from quietgnn.nn import SparseAdj
+    from fakecuda import on_device
+
+    class Reads(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_local_scalar_dense" and on_device(args[0]):
+                Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    g = small_graph()
+    cpu = SparseAdj(g.indptr, g.indices, g.num_nodes, src_degree=g.indptr[1:] - g.indptr[:-1])
+    want = (cpu.gcn_norm(), cpu.mean_norm())
+    with fake_cuda():
+        dev = cpu.to("cuda")
+        with Reads():
+            got = (dev.gcn_norm(), dev.mean_norm())
+        assert tensors_on_device(got)
+        got = to_host(got)
+    assert Reads.n == 0
+    assert all(torch.equal(a, b) for a, b in zip((*want[0], want[1]), (*got[0], got[1])))
+
+
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
 # evaluation, the lean forward (activation checkpointing), another sampler
 VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),

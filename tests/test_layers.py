@@ -60,10 +60,11 @@ def test_norm_weights_sliced_over_rows(monkeypatch):
     dinv_dst = (adj.dst_degree.float() + 1).rsqrt()
     real, cuts = adj_module.chunk_bounds, []
 
-    def small(ptr, budget, max_items=None):
-        cuts.append(real(ptr, 7, max_items))
+    def counted(ptr, budget, max_items=None):
+        cuts.append(real(ptr, budget, max_items))
         return cuts[-1]
-    monkeypatch.setattr(adj_module, "chunk_bounds", small)
+    monkeypatch.setattr(adj_module, "chunk_bounds", counted)
+    monkeypatch.setattr(adj_module, "EDGE_SLICE", 7)
     ew, sw = adj.gcn_norm()
     assert cuts and len(cuts[0]) > 3        # the weights were built in several slices
     assert torch.equal(ew, dinv_src[adj.indices] * dinv_dst[row])

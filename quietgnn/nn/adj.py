@@ -28,6 +28,9 @@ __all__ = ["SparseAdj", "spmm", "spmm_rows"]
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
 
+#: entries a per-edge array is built in at a time (:meth:`SparseAdj._slices`)
+EDGE_SLICE = 1 << 22
+
 
 class SparseAdj:
     """CSR block ``[n_dst, n_src]`` (see module docstring).
@@ -77,13 +80,23 @@ class SparseAdj:
         return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device),
                                        self.row_count)
 
+    def _slices(self, budget: Optional[int] = None) -> list[tuple[int, int, int, int]]:
+        """``(a, b, s, e)``: rows ``a:b`` hold entries ``s:e``, about ``budget`` entries a
+        slice (default :data:`EDGE_SLICE`). A block within the budget is one slice, known
+        without reading ``indptr``: on a GPU each read is a sync, and a mini-batch builds its
+        blocks every step."""
+        budget = EDGE_SLICE if budget is None else budget
+        if self.nnz <= budget:
+            return [(0, self.n_dst, 0, self.nnz)]
+        return [(a, b, int(self.indptr[a]), int(self.indptr[b]))
+                for a, b in chunk_bounds(self.indptr, budget)]
+
     def _per_edge(self, per_row: Tensor) -> Tensor:
         """``per_row[row]`` without materialising the int64 row index. A slice of rows at a
         time: repeat_interleave builds an int64 index of all its output before gathering
         (8 bytes an edge)."""
         out = per_row.new_empty(self.nnz)
-        for a, b in chunk_bounds(self.indptr, 1 << 22):
-            s, e = int(self.indptr[a]), int(self.indptr[b])
+        for a, b, s, e in self._slices():
             out[s:e] = torch.repeat_interleave(per_row[a:b], self.row_count[a:b],
                                                output_size=e - s)
         return out
@@ -107,8 +120,8 @@ class SparseAdj:
             # a slice of rows at a time (gcn_weights): a gather by int32 indices widens them
             # first, and repeat_interleave builds an int64 index of all its output
             ew = torch.empty(self.nnz, dtype=dtype, device=self.device)
-            for a, b in chunk_bounds(self.indptr, 1 << 22):
-                ew[int(self.indptr[a]):int(self.indptr[b])] = self.gcn_weights(a, b, dtype)
+            for a, b, s, e in self._slices():
+                ew[s:e] = self.gcn_weights(a, b, dtype, span=(s, e))
             dinv_dst = self.gcn_factors(dtype)[1]
             self._cache[key] = (ew, dinv_dst * dinv_dst)
         return self._cache[key]  # type: ignore[return-value]
@@ -126,11 +139,13 @@ class SparseAdj:
                                 (self.dst_degree.to(dtype) + 1).rsqrt())
         return self._cache[key]  # type: ignore[return-value]
 
-    def gcn_weights(self, a: int, b: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    def gcn_weights(self, a: int, b: int, dtype: torch.dtype = torch.float32,
+                    span: Optional[tuple[int, int]] = None) -> Tensor:
         """The GCN weights of rows ``a:b``'s edges, the values :meth:`gcn_norm` stores for
-        them (the same products), formed now."""
+        them (the same products), formed now; ``span``: their entries ``(s, e)`` where the
+        caller knows them (else read from ``indptr``)."""
         dinv_src, dinv_dst = self.gcn_factors(dtype)
-        s, e = int(self.indptr[a]), int(self.indptr[b])
+        s, e = span if span is not None else (int(self.indptr[a]), int(self.indptr[b]))
         piece = torch.repeat_interleave(dinv_dst[a:b], self.row_count[a:b], output_size=e - s)
         return torch.mul(dinv_src[self.indices[s:e]], piece)
 
@@ -253,8 +268,7 @@ def spmm_rows(adj: SparseAdj, values: Optional[Tensor | Callable[[int, int], Ten
         values = (adj.ones(h.dtype) if values is None else values).to(h.dtype)
     out = h.new_zeros((adj.n_dst,) + tuple(h.shape[1:]))
     h = h.contiguous()
-    for a, b in chunk_bounds(adj.indptr, budget):
-        s, e = int(adj.indptr[a]), int(adj.indptr[b])
+    for a, b, s, e in adj._slices(budget):
         if e > s:
             w = per_slice(a, b).to(h.dtype) if per_slice is not None else values[s:e]
             # the row offsets in the indices' dtype: a stored part's edges are int32
