@@ -184,6 +184,28 @@ def test_a_blocks_weights_are_built_on_the_device_without_reading_it_back():
     assert all(torch.equal(a, b) for a, b in zip((*want[0], want[1]), (*got[0], got[1])))
 
 
+def test_on_a_gpu_compute_is_synchronised_wall_time_not_the_threads_cpu(tmp_path, monkeypatch):
+    """A thread waiting for its GPU may sleep through the kernels (here: a thread CPU clock
+    that never moves): on the device ``compute_s`` is wall seconds once the device is
+    synchronised, less communication's; on a CPU thread CPU seconds, as before."""
+    import time
+    graph = small_graph()
+    cfg = _cfg("halo", 1)
+    part = build_partitions(graph, partition_nodes(graph, "metis", 1, seed=0), ranks=[0])[0]
+    monkeypatch.setattr(time, "thread_time", lambda: 0.0)
+    cpu = train_on(Communicator(0, 1), part, cfg, tmp_path / "cpu", device=torch.device("cpu"),
+                   keep_records=True)
+    syncs = []
+    with fake_cuda():
+        torch.cuda.synchronize = lambda d=None: syncs.append(d)        # restored on exit
+        gpu = train_on(Communicator(0, 1, device="cuda:0"), part, cfg, tmp_path / "gpu",
+                       device=torch.device("cuda", 0), keep_records=True)
+    epochs = [[r for r in t.records if r["epoch"] >= 0] for t in (cpu, gpu)]
+    assert all(r["compute_s"] == 0 == r["eval_compute_s"] for r in epochs[0])
+    assert all(0 < r["compute_s"] <= r["wall_s"] and r["eval_compute_s"] > 0 for r in epochs[1])
+    assert len(syncs) >= 4 * EPOCHS       # around training and evaluation, every epoch
+
+
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
 # evaluation, the lean forward (activation checkpointing), another sampler
 VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),

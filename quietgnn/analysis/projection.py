@@ -19,7 +19,8 @@ described by a bandwidth and a latency, with a deliberately simple alpha-beta mo
   ``ceil(log2 P)``, ``barrier`` ``2 ceil(log2 P)``.
 * ``compute_s`` is the thread CPU time of the training step outside communication with one
   compute thread per worker, so the slowest rank's value is what a machine of its own would
-  spend. Ranks that share fewer cores than there are ranks (emulated hosts on one machine)
+  spend (on a GPU: the wall seconds, device synchronised, outside communication). Ranks that
+  share fewer cores than there are ranks (emulated hosts on one machine)
   are projected with ``cores``: a phase then takes at least the ranks' total CPU seconds over
   the cores.
 

@@ -5,7 +5,8 @@ Record fields (all ranks; accuracies only on evaluated epochs)::
     epoch, rank, loss, steps, train_acc, val_acc, test_acc,
     wall_s        wall seconds of the epoch (train + eval)
     compute_s     CPU seconds of the training step outside communication (thread time; one
-                  compute thread per worker makes this the rank's compute cost)
+                  compute thread per worker makes this the rank's compute cost); on a GPU
+                  wall seconds, the device synchronised, outside communication
     comm_s        wall seconds inside training collectives
     eval_s        wall seconds of evaluation
     bytes         {"train": {"sent": .., "recv": ..}, "eval": {...}, "setup": {...}}

@@ -141,7 +141,7 @@ class EpochRecord(Record):
     val_acc: Optional[float]
     test_acc: Optional[float]
     wall_s: float                       #: the epoch's wall seconds, evaluation included
-    compute_s: float                    #: training CPU seconds less communication's
+    compute_s: float                    #: training CPU seconds less communication's (GPU: wall)
     comm_s: float                       #: wall seconds inside training collectives
     eval_s: float                       #: wall seconds of the evaluation (0 if none)
     eval_compute_s: float               #: the evaluation's CPU seconds less communication's

@@ -55,6 +55,7 @@ class Trainer:
         self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
         self.keep_records = keep_records
         self.comm = ctx.comm
+        self._gpu = getattr(ctx.device, "type", str(ctx.device).split(":")[0]) == "cuda"
         self.best = Selection()
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
         #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
@@ -134,13 +135,31 @@ class Trainer:
         if self.keep_records:
             self.records.append(rec.to_json())
 
+    def _clock(self) -> float:
+        """What compute is measured in: on a CPU this thread's CPU seconds (one compute thread
+        per worker: waiting for a peer costs none); on a GPU wall seconds, once the device has
+        run what was queued (its kernels run beside the thread, whose CPU time says little of
+        them: a thread waiting for them may spin or sleep). Communication's share is taken
+        off in the same currency (:meth:`_compute`)."""
+        if self._gpu:
+            import torch
+            torch.cuda.synchronize(self.ctx.device)
+            return time.perf_counter()
+        return time.thread_time()
+
+    def _compute(self, clocked: float, records: Any) -> float:
+        """``clocked`` (by :meth:`_clock`) less the communication of ``records`` in it."""
+        comm = sum((r.seconds if self._gpu else r.cpu_seconds) for r in records)
+        return max(0.0, clocked - comm)
+
     def _epoch(self, epoch: int, last: bool) -> EpochRecord:
         s, comm = self.strategy, self.comm
         comm.epoch = epoch
-        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+        t0, c0, p0 = time.perf_counter(), self._clock(), time.process_time()
         with comm.phase("train"):
             res = s.train_epoch(epoch)
-        t_train, c_train = time.perf_counter() - t0, time.thread_time() - c0
+        c_train = self._clock() - c0
+        t_train = time.perf_counter() - t0
         p_train = time.process_time() - p0
         before, self.work_done = self.work_done, self.work_done + float(res.work)
         every = self.cfg.train.eval_every
@@ -149,7 +168,7 @@ class Trainer:
         how, final, t_eval, c_eval, p_eval = None, None, 0.0, 0.0, 0.0
         records = comm.take_records()
         if last or s.finished() or due:
-            te, ce, pe = time.perf_counter(), time.thread_time(), time.process_time()
+            te, ce, pe = time.perf_counter(), self._clock(), time.process_time()
             with comm.phase("eval"):
                 accs, how = self._evaluate()
                 self._select(accs, how, epoch)
@@ -163,18 +182,19 @@ class Trainer:
                     self.stop, self.stopped_by = True, "budget"
                 if last or s.finished() or self.stop:
                     final = self._final_exact()
+            c_eval = self._clock() - ce
             t_eval, p_eval = time.perf_counter() - te, time.process_time() - pe
             eval_records = comm.take_records()
-            c_eval = max(0.0, time.thread_time() - ce - sum(r.cpu_seconds for r in eval_records))
+            c_eval = self._compute(c_eval, eval_records)
             records += eval_records
         if last or s.finished() or self.stop or self._checkpoint_due(epoch):
             # what a strategy keeps in flight lands in this epoch: the run ends here, or its
             # state is saved (and a resume would drop the next epoch's record)
-            ts, cs = time.perf_counter(), time.thread_time()
+            ts, cs = time.perf_counter(), self._clock()
             with comm.phase("train"):
                 s.settle()
+            c_train += self._clock() - cs
             t_train += time.perf_counter() - ts
-            c_train += time.thread_time() - cs
             records += comm.take_records()
         ops = summarize_ops(records)
         if not math.isfinite(res.loss):
@@ -186,7 +206,8 @@ class Trainer:
         rec = EpochRecord(
             epoch=epoch, rank=self.ctx.rank, loss=res.loss, steps=res.steps, work=res.work,
             train_acc=accs.get("train"), val_acc=accs.get("val"), test_acc=accs.get("test"),
-            wall_s=t_train + t_eval, compute_s=max(0.0, c_train - ops["comm_cpu_s"]),
+            wall_s=t_train + t_eval,
+            compute_s=self._compute(c_train, (r for r in records if r.phase == "train")),
             comm_s=ops["comm_s"], eval_s=t_eval, eval_compute_s=c_eval,
             cpu_s=p_train, eval_cpu_s=p_eval, eval_mode=how, bytes=ops["bytes"],
             bytes_by_kind=ops["bytes_by_kind"], messages=ops["messages"],
