@@ -21,8 +21,9 @@ Then a prepared synthetic graph of ``--big-edges`` undirected edges trains on th
 (``bench_pyg``'s runners: same model, epochs and GPU).
 
 Per cell: test accuracy (best validation epoch), bytes sent per epoch (rank 0, training),
-wall seconds per epoch (median, the set-up epoch excluded; a GPU epoch ends with a synchronize
-through the loss), peak GPU memory (MiB, the ranks' maximum) and peak RSS.
+wall seconds per epoch (median, the set-up epoch excluded; the trainer synchronises the device
+at each epoch's end), peak GPU memory (MiB, the ranks' maximum, the runs' own records) and
+peak RSS.
 
 Writes ``benchmarks/results/gpu/gpu.json`` (one record per cell) and ``gpu.md``.
 """
