@@ -224,7 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-big", action="store_true", help="skip the prepared big graph")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per group of runs")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu"))
-    ap.add_argument("--data", default=str(DATA), help="the datasets' folder (default ../shared/data)")
+    ap.add_argument("--data", default=str(DATA),
+                    help="the datasets' folder (default ../shared/data)")
     ap.add_argument("--prepared", default=None, help="where the big graph is prepared "
                     "(default OUT/prepared; kept and reused)")
     ap.add_argument("--dry-run", action="store_true",

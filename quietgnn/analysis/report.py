@@ -20,8 +20,8 @@ Definitions (see :mod:`quietgnn.analysis.projection` for the projection):
   ``centralized`` on the same dataset and model.
 * training bytes/epoch: bytes sent in phase ``train``, summed over ranks (phase ``data`` is
   shown separately when any run has it); eval bytes/epoch: the same of phase ``eval`` (every
-  evaluation the run made, the final exact one included), and its ratio to training's. Every per-epoch figure is per *epoch-equivalent*
-  (one pass over the training set, :attr:`EpochResult.work`): the same as per epoch for every
+  evaluation the run made, the final exact one included), and its ratio to training's. Every
+  per-epoch figure is per *epoch-equivalent* (one pass over the training set, :attr:`EpochResult.work`): the same as per epoch for every
   strategy but ``tma``, whose trainer epoch is an averaging period of many passes.
 * projected times include the evaluations the run made (their compute and rounds).
 * time to accuracy: projected training time until test accuracy first reaches the target,

@@ -42,8 +42,8 @@ __all__ = ["MetricsWriter", "peak_rss_mb", "peak_gpu_mb", "summarize_ops", "read
 
 def peak_gpu_mb(device: Any) -> Optional[float]:
     """MiB this process's tensors held at most on ``device`` since the run started
-    (``train_on`` resets the count; PyTorch's allocator count: what ``torch.cuda.max_memory_allocated`` says; the allocator's cache and the CUDA
-    context come on top), or None on the CPU."""
+    (``train_on`` resets the count), as ``torch.cuda.max_memory_allocated`` counts them (the
+    allocator's cache and the CUDA context come on top), or None on the CPU."""
     import torch
     if device is None or torch.device(device).type != "cuda":
         return None
