@@ -21,8 +21,9 @@ Definitions (see :mod:`quietgnn.analysis.projection` for the projection):
 * training bytes/epoch: bytes sent in phase ``train``, summed over ranks (phase ``data`` is
   shown separately when any run has it); eval bytes/epoch: the same of phase ``eval`` (every
   evaluation the run made, the final exact one included), and its ratio to training's. Every
-  per-epoch figure is per *epoch-equivalent* (one pass over the training set, :attr:`EpochResult.work`): the same as per epoch for every
-  strategy but ``tma``, whose trainer epoch is an averaging period of many passes.
+  per-epoch figure is per *epoch-equivalent* (one pass over the training set,
+  :attr:`EpochResult.work`): the same as per epoch for every strategy but ``tma``, whose
+  trainer epoch is an averaging period of many passes.
 * projected times include the evaluations the run made (their compute and rounds).
 * time to accuracy: projected training time until test accuracy first reaches the target,
   default ``--target-frac`` 0.98 x centralized's test accuracy; mean over the seeds that reach
