@@ -224,6 +224,13 @@ def _bad_edges(tmp_path):
     pq.write_table(pa.table({"src": [0, 1], "dst": [1, 7]}), tmp_path / "e.parquet")
 
 
+def _unnamed_endpoints(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 2], "y": [0, 1, 0], "f0": [1.0, 2.0, 3.0]}),
+                   tmp_path / "n.parquet")
+    pq.write_table(pa.table({"weight": [1, 1], "from": [0, 1], "to": [1, 2]}),
+                   tmp_path / "e.parquet")
+
+
 def _no_label(tmp_path):
     pq.write_table(pa.table({"id": [0, 1, 2], "f0": [1.0, 2.0, 3.0]}), tmp_path / "n.parquet")
     pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
@@ -248,6 +255,7 @@ def _sparse_nodes(**cols):
     (_bad_nodes, "has 3 rows with ids 0 .. 3; expected ids 0 .. N-1, one row each"),
     (_bad_edges, "holds node id 7, outside [0, 3)"),
     (_no_label, "it needs a label column y (or label)"),
+    (_unnamed_endpoints, "has columns ['weight', 'from', 'to']; expected src and dst"),
 ])
 def test_bad_tables_are_named(tmp_path, make, message):
     make(tmp_path)

@@ -188,3 +188,12 @@ def test_prepare_refuses_to_replace_a_prepared_graph_unless_asked(tmp_path, caps
     (tmp_path / "f").write_text("x")
     assert main(small[:-1] + [str(tmp_path / "f"), "--parts", "1"]) == 2
     assert "is a file" in capsys.readouterr().err
+    # a directory of other files is never replaced, --overwrite or not
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "important.txt").write_text("keep")
+    capsys.readouterr()
+    assert main(small[:-1] + [str(mine), "--parts", "1", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds files that are not a prepared graph" in err and "choose another --out" in err
+    assert (mine / "important.txt").read_text() == "keep"

@@ -15,8 +15,8 @@ budget); each gives the parts the in-memory path gives with the same partitioner
 across hosts is prepared by one process per host under torchrun (:mod:`.dist`). Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
 prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
 
-Tables. Edges: integer columns ``src`` and ``dst`` (else the first two columns), node ids in
-``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops and duplicates are
+Tables. Edges: integer columns ``src`` and ``dst`` (a table of exactly two columns: those two),
+node ids in ``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops and duplicates are
 dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or ``label``: class ids, or
 names, which become classes in sorted order, kept in the book as ``label_names``) and optionally
 ``split`` (``train`` / ``val`` / ``test``, anything else: none; without it a seeded random
@@ -80,8 +80,12 @@ def _edge_sql(con: Any, path: Path) -> str:
     cols = [c for c, _ in _columns(con, reader)]
     if {"src", "dst"} <= set(cols):
         return f"SELECT src, dst FROM {reader}"
-    if len(cols) < 2:
-        raise ValueError(f"edge table {str(path)!r} has columns {cols}; expected src and dst")
+    if len(cols) != 2:
+        # which of several columns are the endpoints is not ours to guess: a weight read as
+        # a node id trains on another graph without a word
+        raise ValueError(f"edge table {str(path)!r} has columns {cols}; expected src and dst "
+                         f"(or exactly two columns, read as source and destination): rename "
+                         f"the endpoint columns src and dst")
     return f"SELECT {sql_name(cols[0])} AS src, {sql_name(cols[1])} AS dst FROM {reader}"
 
 

@@ -94,14 +94,21 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
 
 def check_out(out: str, overwrite: bool) -> None:
     """Refuse (``ValueError``: exit 2) to replace what is at ``--out`` unless asked: a prepared
-    graph can be hours of work. An empty directory is used as it is."""
+    graph can be hours of work. An empty directory is used as it is; one holding anything but
+    a prepared graph is never replaced (``--overwrite`` would delete the user's files)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file; the prepared graph is a directory: choose "
                          f"another --out")
-    if overwrite or not path.is_dir() or not any(path.iterdir()):
+    if not path.is_dir() or not any(path.iterdir()):
         return
-    what = "files that are not a prepared graph"
+    if not (path / "book.json").is_file():
+        raise ValueError(f"--out {out} exists and holds files that are not a prepared graph; "
+                         f"choose another --out (prepare replaces only a prepared graph, with "
+                         f"--overwrite)")
+    if overwrite:
+        return
+    what = "a prepared graph"
     try:
         meta = json.loads((path / "book.json").read_text())
         graph = meta.get("graph", {})
