@@ -63,7 +63,7 @@ def test_resume_of_a_finished_run_or_with_other_training_settings_is_refused(tmp
     # the same command again with --resume: nothing to train, must not report old numbers
     r = _cli(["--epochs", "3", *ck, "--resume"], tmp_path)
     assert r.returncode == 2
-    assert "already finished 3 of 3 epoch(s)" in _one_error_line(r.stderr)
+    assert "already finished 3 epoch(s)" in _one_error_line(r.stderr)
     # more epochs but another learning rate: the curve would belong to no single setting
     r = _cli(["--epochs", "5", *ck, "--resume", "--lr", "0.05"], tmp_path)
     assert r.returncode == 2
@@ -76,6 +76,20 @@ def test_resume_of_a_finished_run_or_with_other_training_settings_is_refused(tmp
     s = _summary(run_dir)
     assert s["epochs"] == 5 and s["attempts"] == 2
     assert s["wall_seconds_total"] > s["wall_seconds"]
+
+
+def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_not_restarted(tmp_path):
+    """Starting over would replace the finished run's results under its name, and count an
+    attempt it did not make."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir
+    run_dir = tmp_path / "r"
+    (run_dir / "metrics").mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"epochs": 4, "test_acc": 0.5}))
+    cfg = load_config(None, {"train": {"epochs": 8}, "runtime": {"resume": True}})
+    with pytest.raises(ValueError, match="finished without a checkpoint .* nothing to continue"):
+        claim_run_dir(cfg, run_dir)
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 4
 
 
 def test_run_name_must_be_a_plain_name(tmp_path):

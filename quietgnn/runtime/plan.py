@@ -156,6 +156,7 @@ def _resume_dir(cfg: RunConfig, run_dir: Path, suffix: str, named: bool, log: Lo
             log(f"--resume: no checkpointed run matching '*{suffix}' in {str(out)!r}; starting "
                 f"a new run (name it with --run-name to resume a specific one)")
     epoch = check_resume_compatible(cfg, run_dir / "checkpoints")
-    if named and epoch is None:
+    if named and epoch is None and not (run_dir / "summary.json").is_file():
+        # (a finished run without one is refused next, by claim_run_dir)
         log(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting at epoch 0")
     return run_dir

@@ -67,7 +67,7 @@ def _clear(run_dir: Path) -> None:
 def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
     """Refuse (``ValueError``) what would overwrite a run or report old numbers as new; call it
     before anything of this run is written (see the module docstring)."""
-    from .checkpoint import check_resume_compatible
+    from .checkpoint import check_resume_compatible, committed_checkpoints
     rt = cfg.runtime
     run_dir = Path(run_dir)
     if rt.resume:
@@ -81,10 +81,17 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
             done = s.epochs if s is not None else None
             if isinstance(done, int) and done >= cfg.train.epochs:
                 raise ValueError(
-                    f"--resume: the run in {str(run_dir)!r} already finished {done} of "
-                    f"{cfg.train.epochs} epoch(s) (test accuracy {s.test_acc}); there is "
-                    f"nothing to resume. Raise --epochs to train it further, or start a new run "
-                    f"with another --run-name")
+                    f"--resume: the run in {str(run_dir)!r} already finished {done} "
+                    f"epoch(s) (test accuracy {s.test_acc}; --epochs {cfg.train.epochs} asks "
+                    f"for no more); there is nothing to resume. Raise --epochs to train it "
+                    f"further, or start a new run with another --run-name")
+            if not committed_checkpoints(run_dir / "checkpoints") and restart_count() == 0:
+                # starting over would replace a finished run's results under its name
+                raise ValueError(
+                    f"--resume: the run in {str(run_dir)!r} finished without a checkpoint "
+                    f"(--runtime.checkpoint_every was off), so there is nothing to continue "
+                    f"from; start a new run with another --run-name, or pass "
+                    f"--runtime.overwrite true (without --resume) to replace it")
         check_resume_compatible(cfg, run_dir / "checkpoints")
         return
     found = _results_in(run_dir)
