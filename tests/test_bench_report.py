@@ -299,10 +299,11 @@ def test_a_set_value_of_seed_is_the_run_s_seed():
     assert cli[0].overrides["dataset.split_seed"] == 2
 
 
-def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path):
+def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path, capsys):
     """Two studies passed in order: the rerun's cell (other settings, so another id) replaces
-    the first study's, a cell only the first has stays, and within one study ids rule (two
-    seeds of a cell are both kept)."""
+    the first study's, a cell only the first has stays; within one study two seeds of a cell
+    are both kept, and two settings of one seed (a second matrix written into the same
+    folder) are not averaged as seeds: the later is kept, the earlier named."""
     def study(name, runs):
         d = tmp_path / name
         d.mkdir()
@@ -323,6 +324,10 @@ def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path)
     failed = dict(_fake("tma", 10.0, 3, 0.7), id="d-tma-died", seed=0, status="failed")
     got = {r.id for r in report.load_results([a, study("c", [failed])])}
     assert {"d-tma-old", "d-tma-died"} <= got
+    capsys.readouterr()
+    both = study("d", [old_tma, seed1, new_tma])
+    assert {r.id for r in report.load_results([both])} == {"d-tma-old-s1", "d-tma-new"}
+    assert "1 run(s) left out" in capsys.readouterr().err
 
 
 def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
