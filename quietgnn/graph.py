@@ -258,7 +258,10 @@ class Graph:
             lo, hi = int(self.y.min()), int(self.y.max())
             need(lo >= 0 and hi < self.num_classes,
                  f"labels span [{lo}, {hi}] but num_classes = {self.num_classes}; labels must be "
-                 f"in [0, num_classes) (relabel, or raise num_classes)")
+                 f"in [0, num_classes) ("
+                 + ("relabel: a negative label is no class; give an unlabelled node any class "
+                    "and leave it out of every split mask, it is then never scored"
+                    if lo < 0 else "relabel, or raise num_classes") + ")")
         for mname in ("train_mask", "val_mask", "test_mask"):
             m = getattr(self, mname)
             need(m.dtype == torch.bool and m.dim() == 1,

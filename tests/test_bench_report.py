@@ -365,6 +365,8 @@ def test_report_names_a_file_that_holds_no_results(tmp_path, capsys):
     assert report.cli_main([str(bad), "--out", str(tmp_path / "r"), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "rank-0.jsonl" in err and "not a bench result" in err and "dataset" in err
+    assert report.cli_main([str(bad), "--target-frac", "1.5", "--no-plots"]) == 2
+    assert "--target-frac 1.5; expected a fraction of centralized's" in capsys.readouterr().err
 
 
 def test_a_host_that_fails_ends_the_wait_for_the_others_after_a_grace():

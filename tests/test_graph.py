@@ -108,9 +108,9 @@ def test_label_shape_and_dtype():
 
 
 def test_labels_out_of_range():
-    with pytest.raises(ValueError, match=r"labels span \[0, 2\] but num_classes = 2"):
+    with pytest.raises(ValueError, match=r"labels span \[0, 2\] but num_classes = 2.*raise num_"):
         broken(y=torch.tensor([0, 1, 2, 0])).validate()
-    with pytest.raises(ValueError, match=r"labels span \[-1, 1\]"):
+    with pytest.raises(ValueError, match=r"labels span \[-1, 1\].*negative label is no class"):
         broken(y=torch.tensor([0, 1, -1, 0])).validate()
     with pytest.raises(ValueError, match=r"num_classes = 1, expected an int >= 2"):
         broken(num_classes=1, y=torch.zeros(4, dtype=torch.int64)).validate()

@@ -42,7 +42,7 @@ def format_table(res: dict[str, Any]) -> str:
 def cli_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="quietgnn advise", description="Probe every strategy for a few epochs on this "
-        "graph and rank them by predicted time to 98%% of centralized on a network tier.")
+        "graph and rank them by predicted time to 98% of centralized on a network tier.")
     ap.add_argument("--dataset", default="synthetic", help="dataset name or file (default: "
                     "the built-in synthetic graph)")
     ap.add_argument("--root", help="dataset root directory")
