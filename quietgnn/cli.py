@@ -184,8 +184,14 @@ def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _no_extra(command: str, rest: list[str], takes: str) -> None:
+    if rest:
+        raise ValueError(f"quietgnn {command} takes {takes}; got also {' '.join(rest)!r}")
+
+
 def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
     from .datasets import available_datasets
+    _no_extra("datasets", rest, "no arguments")
     for name, desc in available_datasets():
         print(f"{name:14s} {desc}")
     return 0
@@ -193,6 +199,7 @@ def cmd_datasets(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_strategies(args: argparse.Namespace, rest: list[str]) -> int:
     from .strategies import available_strategies
+    _no_extra("strategies", rest, "at most one strategy name (quietgnn strategies NAME)")
     found = available_strategies()
     if args.name:
         if args.name not in found:

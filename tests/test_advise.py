@@ -135,6 +135,17 @@ def test_advise_on_a_prepared_graph(tmp_path):
     assert st["train_per_part"] == [int(book.load_part(r).train_mask.sum()) for r in range(2)]
     assert sum(st["train_per_part"]) > 0
     assert updates_per_pass("minibatch", parts) == math.ceil(max(st["train_per_part"]) / 512)
+    # other parts than the directory's are refused before any probe, not silently replaced
+    from quietgnn import advise
+    with pytest.raises(ValueError, match=r"parts = 4 but .* is prepared in 2 parts"):
+        advise(prepared=str(d), parts=4, strategies="grappa,halo")
+    r = _cli("--data", str(d), "--parts", "4")
+    assert r.returncode == 2 and "prepared in 2 parts" in r.stderr
+
+
+def test_strategies_as_one_comma_separated_string():
+    from quietgnn.analysis.advise import _names
+    assert _names("halo, tma") == ["halo", "tma"] and _names(("grappa",)) == ["grappa"]
 
 
 def test_bad_arguments_say_what_is_expected():

@@ -201,8 +201,29 @@ def _real_period(strategy: str, option: str) -> int:
     return int(getattr(get_strategy(strategy).Options(), option))
 
 
+def _names(strategies: Sequence[str] | str) -> list[str]:
+    """Strategy names, from a list or a comma-separated string (``"halo,tma"``)."""
+    if isinstance(strategies, str):
+        return [s.strip() for s in strategies.split(",") if s.strip()]
+    return list(strategies)
+
+
+def _parts_of(prepared: Optional[str], parts: Optional[int]) -> int:
+    """The parts to probe at: a prepared graph's own (``parts`` must agree where given), else
+    ``parts`` (default 4)."""
+    if not prepared:
+        return 4 if parts is None else parts
+    from ...partition import PartitionBook
+    own = PartitionBook.open(prepared).num_parts
+    if parts is not None and parts != own:
+        raise ValueError(f"parts = {parts} but {str(prepared)!r} is prepared in {own} parts; "
+                         f"leave parts out (a prepared graph trains in its own parts), or "
+                         f"prepare it again with --parts {parts}")
+    return own
+
+
 def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
-          prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
+          prepared: Optional[str] = None, parts: Optional[int] = None, model: str = "gcn",
           strategies: Sequence[str] = CANDIDATES, out: Optional[str | Path] = None,
           set_: Optional[dict[str, Any]] = None, timeout_s: float = 600.0,
           reference_epochs: int = REFERENCE_EPOCHS, log: Any = None,
@@ -219,6 +240,8 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
     from ..runner import run_matrix
     from ...strategies import available_strategies
     known = set(available_strategies())
+    strategies = _names(strategies)
+    parts = _parts_of(prepared, parts)
     bad = [s for s in strategies if s not in known or s == "centralized"]
     if bad:
         raise ValueError(f"strategies {bad}: expected some of {sorted(known - {'centralized'})}")
@@ -466,14 +489,15 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
 
 
 def advise(dataset: str = "synthetic", *, root: Optional[str] = None,
-           prepared: Optional[str] = None, parts: int = 4, model: str = "gcn",
-           tier: str | Tier = "wan", strategies: Sequence[str] = CANDIDATES,
+           prepared: Optional[str] = None, parts: Optional[int] = None, model: str = "gcn",
+           tier: str | Tier = "wan", strategies: Sequence[str] | str = CANDIDATES,
            set_: Optional[dict[str, Any]] = None, log: Any = None,
            extend: bool = True) -> dict[str, Any]:
     """Probe every strategy on this graph and rank them for ``tier`` (see the module
     docstring); returns the dict ``quietgnn advise --json`` prints. ``extend=False``: no
     extension of the probes (quicker; the borrowed table alone predicts the work)."""
     _tier(tier)   # a bad tier fails before minutes of probing
+    strategies, parts = _names(strategies), _parts_of(prepared, parts)
     if log is not None:
         log(f"quietgnn advise: {len(strategies)} probe runs of a few epochs at P = {parts}"
             f"{'' if prepared else f', then centralized for up to {REFERENCE_EPOCHS} epochs'}"

@@ -47,7 +47,8 @@ def cli_main(argv: Sequence[str]) -> int:
                     "the built-in synthetic graph)")
     ap.add_argument("--root", help="dataset root directory")
     ap.add_argument("--data", help="a directory written by quietgnn prepare")
-    ap.add_argument("--parts", type=int, default=4, help="number of parts / ranks (default 4)")
+    ap.add_argument("--parts", type=int, default=None,
+                    help="number of parts / ranks (default 4; a prepared graph's own)")
     ap.add_argument("--model", default="gcn", help="gcn, sage, gat or gin (default gcn)")
     ap.add_argument("--tier", default="wan", help=f"one of {', '.join(TIERS)} or "
                     f"NAME:BANDWIDTH:LATENCY, e.g. site:200M:15ms (default wan)")
