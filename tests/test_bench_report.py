@@ -430,3 +430,19 @@ def test_a_bad_memory_floor_is_refused_before_any_run(tmp_path, capsys, extra, s
                          "--out", str(tmp_path / "o"), *extra])
     assert rc == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("matrix, message", [
+    ({"strategies": ["halo", "hallo"]}, "unknown strategy 'hallo'"),
+    ({"set": {"train.epoch": 1}}, "unknown key(s) ['train.epoch']"),
+    ({"strategies": [{"name": "halo", "options": {"bogus": 1}}]}, "unknown option(s) ['bogus']"),
+    ({"parts": ["two"]}, "parts: 'two' is not an integer"),
+    ({"set": {"model.hidden": "wide"}}, "model.hidden"),
+])
+def test_a_matrix_is_checked_before_any_run_starts(matrix, message):
+    """What every run of the matrix would be refused for is refused once, before the first
+    run, naming the key."""
+    from quietgnn.analysis.matrix import check_settings
+    with pytest.raises(ValueError) as ei:
+        check_settings(build_matrix({"datasets": "cora", "strategies": "halo", **matrix}))
+    assert message in str(ei.value)

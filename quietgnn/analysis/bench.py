@@ -64,7 +64,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from .matrix import _as_list, _entry, build_matrix, load_matrix
+from .matrix import _as_list, _entry, build_matrix, check_settings, load_matrix
 from .runner import run_matrix
 
 __all__ = ["cli_main"]
@@ -177,6 +177,7 @@ def _main(args: argparse.Namespace) -> int:
         floor = floor or None
         specs = build_matrix({k: v for k, v in m.items()
                               if k not in ("out", "run_timeout_s", "mem_floor_mb")})
+        check_settings(specs)
         if floor and any(s.link for s in specs):
             raise ValueError(f"{where} = {floor:g} MiB watches local runs, and this matrix runs "
                              f"on emulated hosts (links): leave the links out, or the floor "

@@ -166,15 +166,15 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     """Expand a matrix mapping (YAML shape above) into run specs, deduplicated, in order
     dataset > model > strategy > parts > seed."""
     known = {"out", "datasets", "strategies", "parts", "models", "seeds", "set", "root",
-             "run_timeout_s", "epochs", "links"}
+             "run_timeout_s", "epochs", "links", "mem_floor_mb"}
     bad = sorted(set(m) - known)
     if bad:
         raise ValueError(f"unknown matrix key(s) {bad}; valid keys: {sorted(known)}")
     datasets = [_entry(d, "datasets") for d in _as_list(m.get("datasets"), "datasets")]
     strategies = [_entry(s, "strategies") for s in _as_list(m.get("strategies"), "strategies")]
-    parts = [int(p) for p in _as_list(m.get("parts", [4]), "parts")]
+    parts = _ints(m.get("parts", [4]), "parts")
     models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
-    seeds = [int(s) for s in _as_list(m.get("seeds", [0]), "seeds")]
+    seeds = _ints(m.get("seeds", [0]), "seeds")
     links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
     common = dict(m.get("set") or {})
     if m.get("epochs") is not None:
@@ -206,6 +206,45 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                             seen.add(spec.id)
                             specs.append(spec)
     return specs
+
+
+def _ints(values: Any, key: str) -> list[int]:
+    out = []
+    for v in _as_list(values, key):
+        try:
+            if isinstance(v, bool) or float(v) != int(v):
+                raise ValueError
+            out.append(int(v))
+        except (TypeError, ValueError):
+            raise ValueError(f"{key}: {v!r} is not an integer (e.g. {key}: [2, 4])") from None
+    return out
+
+
+def check_settings(specs: list[RunSpec]) -> None:
+    """Each distinct strategy, options and ``set`` of the specs validated as ``quietgnn train``
+    will (a misspelled strategy, option or key, a value of the wrong type): ``quietgnn bench``
+    refuses them before the first run starts rather than in every run (:func:`build_matrix`
+    itself takes any name: the matrix is data). A prepared directory is checked by the run
+    itself (a matrix may name one an earlier step writes)."""
+    from ..config import load_config
+    seen: set[str] = set()
+    for s in specs:
+        over = {k: v for k, v in s.overrides.items() if k != "dataset.prepared"}
+        key = json.dumps([s.strategy, s.options, over], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        nested: dict[str, Any] = {"strategy": s.strategy, "options": dict(s.options)}
+        for k, v in over.items():
+            section, _, name = k.partition(".")
+            if not name:
+                raise ValueError(f"set: {k!r}: expected section.key (e.g. train.epochs)")
+            nested.setdefault(section, {})[name] = v
+        try:
+            load_config(None, nested)
+        except (ValueError, TypeError) as exc:
+            where = s.label or s.strategy
+            raise ValueError(f"the matrix's {where!r} runs would be refused: {exc}") from None
 
 
 def _with_seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
