@@ -141,7 +141,7 @@ def section_rows(cfg: Any, shortcuts: dict[str, str]) -> list[tuple[str, list[tu
         if not dataclasses.is_dataclass(section):
             continue
         rows = []
-        for key, default, meaning in describe(section):
+        for key, default, meaning in [*getattr(section, "HELP_KEYS", ()), *describe(section)]:
             flag = f"--{f.name}.{key}"
             if f"{f.name}.{key}" in short:
                 flag += f" (--{short[f.name + '.' + key]})"

@@ -296,7 +296,11 @@ def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]
     try:
         loaded = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ValueError(f"{what} {str(p)!r} is not valid YAML: {exc}") from exc
+        # one line: the problem and where (PyYAML's message spans several, with context)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{what} {str(p)!r} is not valid YAML{where}: {problem}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{what} {str(p)!r} must hold {holds}, got {type(loaded).__name__}")
     return loaded

@@ -76,7 +76,8 @@ def test_bad_recipe_file(capsys, tmp_path):
     f = tmp_path / "r.yaml"
     f.write_text("model: {hidden: [1, 2\n")
     rc, err = _run(capsys, TINY + ["--out", str(tmp_path), "--config", str(f)])
-    assert rc == 2 and f"config file '{f}' is not valid YAML" in err
+    assert rc == 2 and f"config file '{f}' is not valid YAML at line 2, column 1: " in err
+    assert len(err.strip().splitlines()) == 1, err      # one line, not PyYAML's context
 
 
 # ---------------------------------------------------------------------- partition books

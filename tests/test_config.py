@@ -84,3 +84,11 @@ def test_synthetic_presets():
         load_config(None, {"synthetic": {"preset": "harder"}})
     with pytest.raises(ValueError, match=r"synthetic.preset = \['hard'\]; expected one of"):
         load_config(None, {"synthetic": {"preset": ["hard"]}})    # a YAML list, not a name
+
+
+def test_help_lists_the_synthetic_preset_and_its_names_are_the_presets():
+    from quietgnn.cli import _help_epilog
+    from quietgnn.datasets.synthetic import PRESETS, SyntheticSpec
+    assert "--synthetic.preset" in _help_epilog(["train", "--help"])
+    (_, _, meaning), = SyntheticSpec.HELP_KEYS
+    assert all(name in meaning for name in PRESETS)

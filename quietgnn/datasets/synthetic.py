@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -65,6 +66,10 @@ class SyntheticSpec:
     signal_fraction: float = 1.0  # share of the columns holding the class means
     class_imbalance: float = 0.0  # Zipf exponent of the class sizes (0: balanced)
     seed: int = 0                 # seed of the generator
+    #: keys of the section that are no field (listed by --help beside the fields)
+    HELP_KEYS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("preset", "null", "a named spec: easy (the defaults) or hard (PRESETS); keys given "
+                           "beside it win"),)
 
     def __post_init__(self) -> None:
         def bad(field: str, allowed: str) -> ValueError:
