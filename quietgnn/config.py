@@ -171,6 +171,8 @@ class RunConfig:
             self.options = options_from_dict(cls, self.options or {})
         check_residency(cls, self.runtime.residency, self.partition_method)
         cls.check_model(self.options, self.model)
+        if not self.partition.book:   # a book's partitioner is checked where it is opened
+            cls.check_partition(self.options, self.partition_method)
 
     @property
     def strategy_cls(self) -> Any:

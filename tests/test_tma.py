@@ -308,6 +308,13 @@ def test_options_are_checked():
         TMAOptions(fanouts="10,x")
     with pytest.raises(ValueError, match="variant"):
         TMAOptions(variant="fastest")
+    # a variant's partitioner is checked with the configuration, before any process starts
+    from quietgnn.config import load_config
+    with pytest.raises(ValueError, match="needs partition method 'random', but the "
+                                         "partitioner is 'supernode'"):
+        load_config(None, {"strategy": "tma", "options": {"variant": "random"}})
+    load_config(None, {"strategy": "tma", "options": {"variant": "random"},
+                       "partition": {"method": "random"}})
     with pytest.raises(ValueError, match="avg_bits = 3"):
         TMAOptions(avg_bits=3)
     assert TMAOptions(fanouts="[10, 25]").fanouts == [10, 25]

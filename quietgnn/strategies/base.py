@@ -186,6 +186,12 @@ class Strategy(ABC):
         and again in :meth:`setup` by strategies that need it. Default: every model."""
 
     @classmethod
+    def check_partition(cls, options: Any, method: str) -> None:
+        """Raise ``ValueError`` (naming the values and the fix) when ``options`` cannot train
+        on parts made by partitioner ``method``; called when a run's configuration is built,
+        before any process starts. Default: any partitioner."""
+
+    @classmethod
     def updates_per_pass(cls, options: Any, train_per_part: list[int]) -> int:
         """Optimizer updates in one epoch-equivalent (one pass over the training set) with
         ``options`` when part r owns ``train_per_part[r]`` training nodes: 1 for a full-batch

@@ -288,20 +288,21 @@ class TMA(Strategy):
         self._load_eval_graph()
         self._t_period = time.monotonic()
 
+    @classmethod
+    def check_partition(cls, options: Any, method: str, what: str = "the partitioner") -> None:
+        v = str(options.variant).lower()
+        want = VARIANTS.get(v)
+        if want is not None and method != want:
+            raise ValueError(f"options.variant = {options.variant!r} needs partition method "
+                             f"{want!r}, but {what} is {method!r}; pass --partition.method "
+                             f"{want} (or options.variant auto)")
+
     def _check_variant(self) -> None:
-        v = str(self.options.variant).lower()
-        if v == "auto":
-            return
-        want = VARIANTS[v]
         book = os.environ.get("QUIETGNN_BOOK")
-        if not book:
-            return
-        from ...partition import PartitionBook
-        got = PartitionBook.open(book).method
-        if got != want:
-            raise ValueError(f"options.variant = {self.options.variant!r} needs partition method "
-                             f"{want!r}, but the partition book was made with {got!r}; pass "
-                             f"--partition.method {want} (or options.variant auto)")
+        if book:
+            from ...partition import PartitionBook
+            self.check_partition(self.options, PartitionBook.open(book).method,
+                                 "the partition book's")
 
     def _load_eval_graph(self) -> None:
         ctx, p = self.ctx, self.ctx.part
