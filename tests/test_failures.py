@@ -218,3 +218,25 @@ def test_one_classification_for_exceptions_and_tracebacks():
     assert is_explained(ResidencyError("x")) and not is_input_error(ResidencyError("x"))
     assert not is_explained(KeyError("x")) and not is_explained("...\nKeyError: 'a'\n")
     assert not is_consequence("")
+
+
+def test_ranks_that_failed_because_a_peer_did_are_one_line_beside_the_cause(tmp_path):
+    """One rank refused its input (a damaged part); the others lost their peer in a
+    collective: the cause is named in full, the rest in one line, no transport text."""
+    from quietgnn.runtime.supervise import describe_failures
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    gone = ("Traceback (most recent call last):\nquietgnn.comm.communicator.CommError: rank {r}: "
+            "all_to_all.wait (data, round 0, epoch -1) failed: RuntimeError: Connection reset "
+            "by peer. GLHF!\n")
+    for r in (0, 2):
+        (logs / f"rank-{r}.error").write_text(gone.format(r=r))
+    (logs / "rank-1.error").write_text("Traceback (most recent call last):\nValueError: "
+                                       "partition file 'p/y.npy' does not match the checksum\n")
+    text = describe_failures(tmp_path, [(0, 1, 0.0), (1, 1, 0.0), (2, 1, 0.0)], [], 5.0)
+    assert "rank 1 exited with code 1: ValueError: partition file" in text
+    assert "rank(s) [0, 2] stopped with it" in text and "Connection reset" not in text
+    # with no cause among them (every rank lost a peer), each is still described
+    (logs / "rank-1.error").write_text(gone.format(r=1))
+    text = describe_failures(tmp_path, [(0, 1, 0.0), (1, 1, 0.0), (2, 1, 0.0)], [], 5.0)
+    assert text.count("Connection reset") == 3

@@ -169,10 +169,15 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
                      f"after the first failure, so they were terminated (stuck in a computation "
                      f"or a collective)")
     first_tb = ""
+    texts = {r: error_text(run_dir, r, pipes) for r, _, _ in failed if r not in stuck}
+    # where some rank failed of its own (an input error, a crash), the ranks that failed only
+    # because it did (a CommError with their peer gone) are one line, not a wall of gloo text
+    caused = [r for r, t in texts.items() if t and is_consequence(t)] \
+        if any(t and not is_consequence(t) for t in texts.values()) else []
     for r, rc, _ in failed:
-        if r in stuck:
+        if r in stuck or r in caused:
             continue
-        text = error_text(run_dir, r, pipes)
+        text = texts[r]
         if not is_consequence(text):   # a CommError is the symptom; show the cause's trace
             first_tb = first_tb or text
         how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else \
@@ -188,6 +193,9 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
         ep = _last_epoch(run_dir, r)
         lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
                                               " before finishing an epoch"))
+    if caused:
+        lines.append(f"rank(s) {sorted(caused)} stopped with it (a collective's peer was gone; "
+                     f"each one's error in logs/rank-<k>.error)")
     lines.append(f"Run directory: {run_dir}")
     if first_tb and not is_input_error(first_tb):
         lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ..errors import is_explained
+from ..errors import is_consequence, is_explained
 
 if TYPE_CHECKING:
     from ..partition import LocalPartition
@@ -143,7 +143,9 @@ def _report_failure(run_dir: Path, rank: int) -> str:
         except (OSError, ValueError):
             pass
     # one line on stderr when the message says everything; the traceback is in the .error file
-    if exc is not None and is_explained(exc):
+    if fd and exc is not None and is_consequence(exc):
+        pass    # a peer's failure: the local launcher names the cause and these ranks together
+    elif exc is not None and is_explained(exc):
         sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc} ({where})\n")
     else:
         sys.stderr.write(f"[rank {rank}] {tb}" + ("" if where.startswith("traceback") else
