@@ -62,7 +62,14 @@ def _config(args: argparse.Namespace, rest: list[str],
     pairs = _split_overrides(rest)
     if args.strategy:
         pairs.insert(0, ("strategy", args.strategy))
-    return load_config(args.config, parse_overrides(pairs), defaults=defaults)
+    overrides = parse_overrides(pairs)
+    cfg = load_config(args.config, overrides, defaults=defaults)
+    asked = (overrides.get("partition") or {}).get("parts")
+    if asked is not None and asked != cfg.num_parts:
+        # said, not refused: a script passes one --parts to every strategy it compares
+        print(f"quietgnn: note: {cfg.strategy} runs in {cfg.num_parts} process(es); "
+              f"--parts {asked} is not used", file=sys.stderr)
+    return cfg
 
 
 def _under_torchrun() -> bool:

@@ -95,3 +95,11 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     dirs = [_claim_dir(base) for _ in range(3)]
     assert [d.name for d in dirs] == [base.name, base.name + "-2", base.name + "-3"]
     assert all(d.is_dir() for d in dirs)
+
+
+def test_parts_a_single_process_strategy_does_not_use_are_named(capsys):
+    from quietgnn.cli import main
+    assert main(["config", "--strategy", "centralized", "--parts", "4"]) == 0
+    assert "centralized runs in 1 process(es); --parts 4 is not used" in capsys.readouterr().err
+    assert main(["config", "--strategy", "halo", "--parts", "4"]) == 0
+    assert "note" not in capsys.readouterr().err

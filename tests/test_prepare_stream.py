@@ -497,3 +497,11 @@ def test_a_label_column_of_names_becomes_classes(tmp_path):
         part = book.load_part(k, 2)
         old = g0.y[part.owned]
         assert part.y.tolist() == [want[int(c)] for c in old]
+
+
+def test_prepare_synthetic_refuses_a_node_count_it_would_ignore(tmp_path, capsys):
+    from quietgnn.cli import main
+    assert main(["prepare", "synthetic", "--edges", "1e4", "--synthetic.nodes", "500",
+                 "--out", str(tmp_path / "d")]) == 2
+    assert "leave out --synthetic.nodes" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

@@ -72,6 +72,10 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
         if args.edges is None:
             raise ValueError("quietgnn prepare synthetic needs --edges N (undirected edges, "
                              "e.g. 1e9)")
+        if any(a.split("=")[0] in ("--synthetic.nodes", "--synthetic-nodes") for a in rest):
+            raise ValueError("quietgnn prepare synthetic draws 2 edges / avg_degree nodes "
+                             "for --edges N: leave out --synthetic.nodes (set "
+                             "--synthetic.avg_degree to change the nodes per edge)")
         book = prepare_synthetic(args.out, edges=_positive_int(args.edges, "--edges"),
                                  spec=cfg.synthetic, **common)
     else:
