@@ -301,7 +301,8 @@ def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]
         # one line: the problem and where (PyYAML's message spans several, with context)
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or \
+            (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"{what} {str(p)!r} is not valid YAML{where}: {problem}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{what} {str(p)!r} must hold {holds}, got {type(loaded).__name__}")

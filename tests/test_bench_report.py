@@ -72,7 +72,7 @@ datasets:
 strategies:
   - centralized
   - halo
-  - {name: halo, label: halo-broken, set: {model.hidden: -3}}
+  - {name: halo, label: halo-broken, set: {dataset.prepared: no-such-dir}}   # fails running
 parts: [2]
 models: [gcn]
 seeds: [0]
@@ -92,7 +92,7 @@ def test_bench_resume_failures_and_report(tmp_path, capsys):
     assert set(res) == {"centralized", "halo", "halo-broken"}
     assert res["centralized"]["status"] == res["halo"]["status"] == "ok"
     bad = res["halo-broken"]
-    assert bad["status"] == "failed" and "model.hidden" in bad["error"]
+    assert bad["status"] == "failed" and "no partition book at 'no-such-dir'" in bad["error"]
     assert res["halo"]["summary"]["parts"] == 2 and res["centralized"]["parts"] == 1
     # the curve is stored a list per field
     assert len(res["halo"]["curve"]["epochs"]["hops"]) == 4
@@ -328,6 +328,11 @@ def test_a_later_study_replaces_the_earlier_ones_runs_of_the_same_cell(tmp_path,
     both = study("d", [old_tma, seed1, new_tma])
     assert {r.id for r in report.load_results([both])} == {"d-tma-old-s1", "d-tma-new"}
     assert "1 run(s) left out" in capsys.readouterr().err
+    # the later to finish, not the later in the file (a rerun keeps its run's place there)
+    late_old = dict(old_tma, finished_at="2026-11-29T02:00:00Z")
+    early_new = dict(new_tma, finished_at="2026-11-29T01:00:00Z")
+    got = {r.id for r in report.load_results([study("e", [late_old, seed1, early_new])])}
+    assert got == {"d-tma-old", "d-tma-old-s1"}
 
 
 def test_a_partial_matrix_adds_to_the_study_instead_of_replacing_it(tmp_path):
@@ -446,3 +451,28 @@ def test_a_matrix_is_checked_before_any_run_starts(matrix, message):
     with pytest.raises(ValueError) as ei:
         check_settings(build_matrix({"datasets": "cora", "strategies": "halo", **matrix}))
     assert message in str(ei.value)
+
+
+def test_a_matrix_on_a_prepared_graph_is_checked_with_its_partitioner(tmp_path):
+    """tma's random variant on a graph prepared in random parts is valid (the directory's
+    partitioner, not the strategy's default); on one not prepared yet it is left to the run."""
+    from helpers import small_graph
+    from quietgnn.analysis.matrix import check_settings
+    from quietgnn.partition import make_book
+    make_book(tmp_path / "rand", small_graph(), "random", 2)
+    for where in ("rand", "not-yet"):
+        check_settings(build_matrix({
+            "datasets": [{"name": "synthetic", "label": "p",
+                          "set": {"dataset.prepared": str(tmp_path / where)}}],
+            "strategies": [{"name": "tma", "options": {"variant": "random"}}], "parts": [2]}))
+    with pytest.raises(ValueError, match="needs partition method 'random'"):
+        check_settings(build_matrix({"datasets": "cora", "parts": [2], "strategies": [
+            {"name": "tma", "options": {"variant": "random"}}]}))
+
+
+def test_two_variants_of_a_strategy_need_labels():
+    with pytest.raises(ValueError, match="two entries run as 'halo' on cora .* own label"):
+        build_matrix({"datasets": "cora", "strategies": [
+            "halo", {"name": "halo", "options": {"lean": True}}]})
+    assert len(build_matrix({"datasets": "cora", "strategies": [
+        "halo", {"name": "halo", "label": "halo-lean", "options": {"lean": True}}]})) == 2

@@ -91,6 +91,11 @@ def _check_collectives(r, out, P):
     # waited for at once has none
     assert 0.05 <= recs["async"]["overlap_cpu_s"] < 5
     assert recs["known"]["overlap_cpu_s"] is None and recs["handshake"]["overlap_cpu_s"] is None
+    # the caller was blocked only starting and waiting: its compute in between is not
+    # communication (a GPU run's compute is wall seconds less this)
+    a = recs["async"]
+    assert 0 <= a["blocked_s"] <= a["seconds"] - 0.9 * a["overlap_cpu_s"]
+    assert recs["known"]["blocked_s"] is None
     assert recs["barrier"]["phase"] == "eval"
 
 

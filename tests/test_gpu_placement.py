@@ -206,6 +206,21 @@ def test_on_a_gpu_compute_is_synchronised_wall_time_not_the_threads_cpu(tmp_path
     assert len(syncs) >= 4 * EPOCHS       # around training and evaluation, every epoch
 
 
+def test_on_a_gpu_an_exchange_in_flight_behind_compute_is_not_taken_off_it():
+    """An exchange waited for later (pipegcn, adaqp's overlap) spans the compute it flew
+    behind: a GPU epoch's compute takes off only the seconds the caller was blocked in it."""
+    from quietgnn.comm import OpRecord
+    from quietgnn.runtime.clock import ComputeClock
+
+    def op(seconds, cpu, blocked=None):
+        return OpRecord(round=0, op="all_to_all", kind="halo_fwd", phase="train", epoch=0,
+                        bytes_sent=8, bytes_recv=8, messages=1, hops=1, seconds=seconds,
+                        cpu_seconds=cpu, blocked_s=blocked)
+    recs = [op(0.9, 0.01, blocked=0.05), op(0.2, 0.1)]     # in flight 0.9 s; waited at once
+    assert ComputeClock("cuda:0").less_comm(1.0, recs) == pytest.approx(0.75)
+    assert ComputeClock("cpu").less_comm(1.0, recs) == pytest.approx(0.89)
+
+
 # the options that take other device paths at P = 1: full-graph and sampled modes, sampled
 # evaluation, the lean forward (activation checkpointing), another sampler
 VARIANTS = [("grappa", {"mode": "full"}), ("grappa", {"eval_nodes": 50}),

@@ -87,7 +87,12 @@ def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_not_restarted(
     (run_dir / "metrics").mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps({"epochs": 4, "test_acc": 0.5}))
     cfg = load_config(None, {"train": {"epochs": 8}, "runtime": {"resume": True}})
-    with pytest.raises(ValueError, match="finished without a checkpoint .* nothing to continue"):
+    with pytest.raises(ValueError, match="ended after 4 epoch.* without a checkpoint .* nothing "
+                                         "to continue"):
+        claim_run_dir(cfg, run_dir)
+    # not "raise --epochs" first, which would only meet this refusal
+    cfg = load_config(None, {"train": {"epochs": 4}, "runtime": {"resume": True}})
+    with pytest.raises(ValueError, match="without a checkpoint"):
         claim_run_dir(cfg, run_dir)
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 4
 

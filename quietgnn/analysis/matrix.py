@@ -185,6 +185,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
             raise ValueError(f"the matrix has no {name}; give --{name} or '{name}:' in the YAML")
     specs: list[RunSpec] = []
     seen: set[str] = set()
+    cells: dict[tuple, str] = {}
     for d in datasets:
         for model in models:
             for s in strategies:
@@ -205,6 +206,14 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                         if spec.id not in seen:
                             seen.add(spec.id)
                             specs.append(spec)
+                            cell = (spec.dataset_label or spec.dataset, spec.label or
+                                    spec.strategy, p, model, seed, link)
+                            if cells.setdefault(cell, spec.id) != spec.id:
+                                # a report would take them for one cell: one result each
+                                raise ValueError(
+                                    f"strategies: two entries run as {cell[1]!r} on {cell[0]} "
+                                    f"with other settings; give each its own label "
+                                    f"(- {{name: {spec.strategy}, label: ..., ...}})")
     return specs
 
 
@@ -215,7 +224,7 @@ def _ints(values: Any, key: str) -> list[int]:
             if isinstance(v, bool) or float(v) != int(v):
                 raise ValueError
             out.append(int(v))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{key}: {v!r} is not an integer (e.g. {key}: [2, 4])") from None
     return out
 
@@ -224,12 +233,16 @@ def check_settings(specs: list[RunSpec]) -> None:
     """Each distinct strategy, options and ``set`` of the specs validated as ``quietgnn train``
     will (a misspelled strategy, option or key, a value of the wrong type): ``quietgnn bench``
     refuses them before the first run starts rather than in every run (:func:`build_matrix`
-    itself takes any name: the matrix is data). A prepared directory is checked by the run
-    itself (a matrix may name one an earlier step writes)."""
+    itself takes any name: the matrix is data). A run on a prepared directory not there yet
+    (a matrix may name one an earlier step writes) is left to check itself: its partitioner,
+    which options and residency depend on, is the directory's."""
     from ..config import load_config
     seen: set[str] = set()
     for s in specs:
-        over = {k: v for k, v in s.overrides.items() if k != "dataset.prepared"}
+        prepared = s.overrides.get("dataset.prepared")
+        if prepared is not None and not (Path(str(prepared)) / "book.json").is_file():
+            continue
+        over = {"model.arch": s.model, "partition.parts": s.parts, **s.overrides}
         key = json.dumps([s.strategy, s.options, over], sort_keys=True, default=str)
         if key in seen:
             continue

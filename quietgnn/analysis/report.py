@@ -87,17 +87,22 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
     after the study it updates (``quietgnn report headline headline-tma``) supersedes its
     runs, as a rerun of the same matrix would, even where the rerun's settings (so its ids)
     changed; a failed rerun replaces nothing. So does a later finished run of a cell within one
-    input (a second matrix written into the same folder, other settings under the same labels):
-    two settings of one seed are not two seeds of one setting. Each run so left out is named
-    on stderr."""
+    input (a second matrix written into the same folder, other settings under the same labels;
+    the later by ``finished_at``): two settings of one seed are not two seeds of one setting.
+    Each run so left out is named on stderr."""
     by_id: dict[str, Result] = {}
     for raw in paths:
         new = _load_path(Path(raw))
         cells = {_cell(r) for r in new.values() if r.ok}    # a failed rerun erases nothing
         by_id = {rid: r for rid, r in by_id.items() if rid in new or _cell(r) not in cells}
         by_id.update(new)
-    latest = {_cell(r): rid for rid, r in by_id.items() if r.ok}    # the last of each cell
-    dropped = [rid for rid, r in by_id.items() if r.ok and latest[_cell(r)] != rid]
+    # the last to finish of each cell (its file order where a result has no time)
+    latest: dict[tuple, tuple[str, int, str]] = {}
+    for i, (rid, r) in enumerate(by_id.items()):
+        if r.ok:
+            latest[_cell(r)] = max(latest.get(_cell(r), ("", -1, "")),
+                                   (r.finished_at or "", i, rid))
+    dropped = [rid for rid, r in by_id.items() if r.ok and latest[_cell(r)][2] != rid]
     if dropped:
         print(f"quietgnn report: {len(dropped)} run(s) left out, each a cell (dataset, "
               f"strategy, P, model, seed, link) run again later with other settings: "
@@ -112,9 +117,8 @@ def _load_path(p: Path) -> dict[str, Result]:
     if run_dir:
         files = [p / "summary.json"]
     elif p.is_dir():
-        # (results.jsonl is in the order the runs ended; per-run files in the order written)
         files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
-            sorted((p / "results").glob("*.json"), key=lambda f: (f.stat().st_mtime, f.name))
+            sorted((p / "results").glob("*.json"))
         if not files:
             raise ValueError(f"{str(p)!r} holds no summary.json, results.jsonl or "
                              f"results/*.json; pass a run directory, the output folder of "

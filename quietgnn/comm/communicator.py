@@ -87,6 +87,9 @@ class OpRecord:
     #: the CPU seconds the caller computed while it was in flight (what a network's transfer
     #: time can hide behind); None for an op waited for at once
     overlap_cpu_s: Optional[float] = None
+    #: such an exchange's wall seconds spent starting it and waiting for it (``seconds`` spans
+    #: its whole flight, the caller's compute meanwhile included); None: ``seconds``
+    blocked_s: Optional[float] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +112,7 @@ class PendingExchange:
 
     def wait(self) -> list[Tensor]:
         if self._result is None:
-            self.wait_cpu0 = time.thread_time()
+            self.wait_cpu0, self.wait_wall0 = time.thread_time(), time.perf_counter()
             if self._work is not None:
                 work = self._work
                 self._comm._guard(lambda: work.wait(), "all_to_all.wait",
@@ -271,7 +274,8 @@ class Communicator:
 
     def _record(self, op: str, kind: str, sent: int, recv: int, messages: int, hops: int,
                 t0: float, c0: float, round_: int, carries: Traffic = Traffic.UNDECLARED,
-                overlap_cpu_s: Optional[float] = None) -> None:
+                overlap_cpu_s: Optional[float] = None,
+                blocked_s: Optional[float] = None) -> None:
         c = Traffic(carries).value
         self.sent_by_class[c] = self.sent_by_class.get(c, 0) + int(sent)
         self.records.append(OpRecord(round=round_, op=op, kind=kind, phase=self._phase,
@@ -279,7 +283,7 @@ class Communicator:
                                      messages=int(messages), hops=int(hops),
                                      seconds=time.perf_counter() - t0,
                                      cpu_seconds=time.thread_time() - c0, carries=c,
-                                     overlap_cpu_s=overlap_cpu_s))
+                                     overlap_cpu_s=overlap_cpu_s, blocked_s=blocked_s))
 
     def declare(self, carries: Traffic | str | None, op: str, kind: str) -> Traffic:
         """The class an op carries, checked against ``residency`` before it sends (every rank
@@ -446,7 +450,7 @@ class Communicator:
         recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize + extra
         msgs = sum(1 for j in range(P) if j != self.rank and send_counts[j] > 0)
 
-        start_cpu = time.thread_time() - c0
+        start_cpu, start_wall = time.thread_time() - c0, time.perf_counter() - t0
 
         def finish(pending: PendingExchange) -> None:
             # CPU seconds of the op: starting it plus waiting for it, not what the caller
@@ -457,8 +461,10 @@ class Communicator:
             # until the garbage collector happened to run - hundreds of MB per epoch at 10^7
             # edges.
             overlap = None if _blocking else max(0.0, pending.wait_cpu0 - c0 - start_cpu)
+            blocked = None if _blocking else \
+                start_wall + time.perf_counter() - pending.wait_wall0
             self._record("all_to_all", kind, sent, recv, msgs, 2 if extra else 1, t0,
-                         pending.wait_cpu0 - start_cpu, r, cls, overlap)
+                         pending.wait_cpu0 - start_cpu, r, cls, overlap, blocked)
 
         pending = PendingExchange(self, work, flat_recv, recv_counts, row_shape, finish, home)
         pending.kind = kind   # named in the error if the wait fails

@@ -29,9 +29,8 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _BITS = 24
 #: entries hashed per slice, on a CPU and on any other device: on a CPU few enough for the
 #: int64 scratch to stay in cache (512 KiB); on a GPU enough that a layer's mask is one kernel
-#: per step, not a launch-bound train of them (Computers' 13752 x 64 hidden rows were 14
-#: slices, ~200 launches a mask), the scratch still bounded (32 MiB) on a part of any size.
-#: The masks do not depend on it.
+#: per hash step, not a launch-bound train of small ones, the scratch still bounded (32 MiB)
+#: on a part of any size. The masks do not depend on it.
 SLICE_ENTRIES = {"cpu": 1 << 16, "device": 1 << 22}
 
 

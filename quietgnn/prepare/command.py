@@ -72,7 +72,9 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
         if args.edges is None:
             raise ValueError("quietgnn prepare synthetic needs --edges N (undirected edges, "
                              "e.g. 1e9)")
-        if any(a.split("=")[0] in ("--synthetic.nodes", "--synthetic-nodes") for a in rest):
+        from ..datasets.synthetic import SyntheticSpec
+        if any(a.split("=")[0] in ("--synthetic.nodes", "--synthetic-nodes") for a in rest) \
+                or cfg.synthetic.nodes != SyntheticSpec().nodes:    # (a recipe's too)
             raise ValueError("quietgnn prepare synthetic draws 2 edges / avg_degree nodes "
                              "for --edges N: leave out --synthetic.nodes (set "
                              "--synthetic.avg_degree to change the nodes per edge)")

@@ -79,19 +79,20 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
             except (OSError, ValueError, TypeError, AttributeError):   # unreadable: resume
                 s = None
             done = s.epochs if s is not None else None
+            if not committed_checkpoints(run_dir / "checkpoints") and restart_count() == 0:
+                # starting over would replace a finished run's results under its name
+                raise ValueError(
+                    f"--resume: the run in {str(run_dir)!r} ended "
+                    + (f"after {done} epoch(s) " if isinstance(done, int) else "")
+                    + "without a checkpoint (--runtime.checkpoint_every was off), so there is "
+                    "nothing to continue from; start a new run with another --run-name, or "
+                    "pass --runtime.overwrite true (without --resume) to replace it")
             if isinstance(done, int) and done >= cfg.train.epochs:
                 raise ValueError(
                     f"--resume: the run in {str(run_dir)!r} already finished {done} "
                     f"epoch(s) (test accuracy {s.test_acc}; --epochs {cfg.train.epochs} asks "
                     f"for no more); there is nothing to resume. Raise --epochs to train it "
                     f"further, or start a new run with another --run-name")
-            if not committed_checkpoints(run_dir / "checkpoints") and restart_count() == 0:
-                # starting over would replace a finished run's results under its name
-                raise ValueError(
-                    f"--resume: the run in {str(run_dir)!r} finished without a checkpoint "
-                    f"(--runtime.checkpoint_every was off), so there is nothing to continue "
-                    f"from; start a new run with another --run-name, or pass "
-                    f"--runtime.overwrite true (without --resume) to replace it")
         check_resume_compatible(cfg, run_dir / "checkpoints")
         return
     found = _results_in(run_dir)

@@ -170,10 +170,13 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
                      f"or a collective)")
     first_tb = ""
     texts = {r: error_text(run_dir, r, pipes) for r, _, _ in failed if r not in stuck}
-    # where some rank failed of its own (an input error, a crash), the ranks that failed only
-    # because it did (a CommError with their peer gone) are one line, not a wall of gloo text
-    caused = [r for r, t in texts.items() if t and is_consequence(t)] \
-        if any(t and not is_consequence(t) for t in texts.values()) else []
+    # where some rank failed of its own (an input error, a crash, a kill without a word), the
+    # ranks that failed only because it did (a CommError: their peer gone) are one line, not a
+    # wall of gloo text; a stuck rank's peers keep theirs (which operation timed out)
+    rcs = {r: rc for r, rc, _ in failed}
+    causes = sorted(r for r, t in texts.items() if t and not is_consequence(t)) or \
+        sorted(r for r, t in texts.items() if not t and rcs[r] != -signal.SIGTERM)
+    caused = [r for r, t in texts.items() if t and is_consequence(t)] if causes else []
     for r, rc, _ in failed:
         if r in stuck or r in caused:
             continue
@@ -194,8 +197,8 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
         lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
                                               " before finishing an epoch"))
     if caused:
-        lines.append(f"rank(s) {sorted(caused)} stopped with it (a collective's peer was gone; "
-                     f"each one's error in logs/rank-<k>.error)")
+        lines.append(f"rank(s) {sorted(caused)} stopped because rank(s) {causes} did (a "
+                     f"collective's peer was gone; each one's error in logs/rank-<k>.error)")
     lines.append(f"Run directory: {run_dir}")
     if first_tb and not is_input_error(first_tb):
         lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence

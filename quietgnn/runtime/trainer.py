@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
+from .clock import ComputeClock
 from .metrics import MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops
 from .records import EpochRecord, RunSummary, SetupRecord
 from .rundir import write_json
@@ -55,7 +56,7 @@ class Trainer:
         self.ctx, self.strategy, self.cfg, self.run_dir = ctx, strategy, cfg, Path(run_dir)
         self.keep_records = keep_records
         self.comm = ctx.comm
-        self._gpu = getattr(ctx.device, "type", str(ctx.device).split(":")[0]) == "cuda"
+        self.clock = ComputeClock(ctx.device)   # what compute is measured in (clock.py)
         self.best = Selection()
         self.history: list[dict[str, Any]] = []   # this rank's per-epoch totals (for summary)
         #: with ``keep_records``: every record this run wrote to its metrics file (the set-up's
@@ -135,30 +136,13 @@ class Trainer:
         if self.keep_records:
             self.records.append(rec.to_json())
 
-    def _clock(self) -> float:
-        """What compute is measured in: on a CPU this thread's CPU seconds (one compute thread
-        per worker: waiting for a peer costs none); on a GPU wall seconds, once the device has
-        run what was queued (its kernels run beside the thread, whose CPU time says little of
-        them: a thread waiting for them may spin or sleep). Communication's share is taken
-        off in the same currency (:meth:`_compute`)."""
-        if self._gpu:
-            import torch
-            torch.cuda.synchronize(self.ctx.device)
-            return time.perf_counter()
-        return time.thread_time()
-
-    def _compute(self, clocked: float, records: Any) -> float:
-        """``clocked`` (by :meth:`_clock`) less the communication of ``records`` in it."""
-        comm = sum((r.seconds if self._gpu else r.cpu_seconds) for r in records)
-        return max(0.0, clocked - comm)
-
     def _epoch(self, epoch: int, last: bool) -> EpochRecord:
         s, comm = self.strategy, self.comm
         comm.epoch = epoch
-        t0, c0, p0 = time.perf_counter(), self._clock(), time.process_time()
+        t0, c0, p0 = time.perf_counter(), self.clock.now(), time.process_time()
         with comm.phase("train"):
             res = s.train_epoch(epoch)
-        c_train = self._clock() - c0
+        c_train = self.clock.now() - c0
         t_train = time.perf_counter() - t0
         p_train = time.process_time() - p0
         before, self.work_done = self.work_done, self.work_done + float(res.work)
@@ -168,7 +152,7 @@ class Trainer:
         how, final, t_eval, c_eval, p_eval = None, None, 0.0, 0.0, 0.0
         records = comm.take_records()
         if last or s.finished() or due:
-            te, ce, pe = time.perf_counter(), self._clock(), time.process_time()
+            te, ce, pe = time.perf_counter(), self.clock.now(), time.process_time()
             with comm.phase("eval"):
                 accs, how = self._evaluate()
                 self._select(accs, how, epoch)
@@ -182,18 +166,18 @@ class Trainer:
                     self.stop, self.stopped_by = True, "budget"
                 if last or s.finished() or self.stop:
                     final = self._final_exact()
-            c_eval = self._clock() - ce
+            c_eval = self.clock.now() - ce
             t_eval, p_eval = time.perf_counter() - te, time.process_time() - pe
             eval_records = comm.take_records()
-            c_eval = self._compute(c_eval, eval_records)
+            c_eval = self.clock.less_comm(c_eval, eval_records)
             records += eval_records
         if last or s.finished() or self.stop or self._checkpoint_due(epoch):
             # what a strategy keeps in flight lands in this epoch: the run ends here, or its
             # state is saved (and a resume would drop the next epoch's record)
-            ts, cs = time.perf_counter(), self._clock()
+            ts, cs = time.perf_counter(), self.clock.now()
             with comm.phase("train"):
                 s.settle()
-            c_train += self._clock() - cs
+            c_train += self.clock.now() - cs
             t_train += time.perf_counter() - ts
             records += comm.take_records()
         ops = summarize_ops(records)
@@ -207,7 +191,7 @@ class Trainer:
             epoch=epoch, rank=self.ctx.rank, loss=res.loss, steps=res.steps, work=res.work,
             train_acc=accs.get("train"), val_acc=accs.get("val"), test_acc=accs.get("test"),
             wall_s=t_train + t_eval,
-            compute_s=self._compute(c_train, (r for r in records if r.phase == "train")),
+            compute_s=self.clock.less_comm(c_train, (r for r in records if r.phase == "train")),
             comm_s=ops["comm_s"], eval_s=t_eval, eval_compute_s=c_eval,
             cpu_s=p_train, eval_cpu_s=p_eval, eval_mode=how, bytes=ops["bytes"],
             bytes_by_kind=ops["bytes_by_kind"], messages=ops["messages"],

@@ -41,7 +41,7 @@ from typing import Any, Optional, Sequence
 
 from .fit import (TARGET_FRAC, _work_needed, _work_to_target, build_prior, late_odds,
                   near_target)
-from .probe import _per_work, plan_extension
+from .probe import _names, _parts_of, _per_work, plan_extension
 from .phases import PHASED, PROBE_PHASE, phase_costs, phased_seconds
 from ..projection import hidden_s
 from ...comm.network import TIERS, Tier, parse_tier
@@ -199,27 +199,6 @@ def _real_period(strategy: str, option: str) -> int:
     passes no strategy options)."""
     from ...strategies import get_strategy
     return int(getattr(get_strategy(strategy).Options(), option))
-
-
-def _names(strategies: Sequence[str] | str) -> list[str]:
-    """Strategy names, from a list or a comma-separated string (``"halo,tma"``)."""
-    if isinstance(strategies, str):
-        return [s.strip() for s in strategies.split(",") if s.strip()]
-    return list(strategies)
-
-
-def _parts_of(prepared: Optional[str], parts: Optional[int]) -> int:
-    """The parts to probe at: a prepared graph's own (``parts`` must agree where given), else
-    ``parts`` (default 4)."""
-    if not prepared:
-        return 4 if parts is None else parts
-    from ...partition import PartitionBook
-    own = PartitionBook.open(prepared).num_parts
-    if parts is not None and parts != own:
-        raise ValueError(f"parts = {parts} but {str(prepared)!r} is prepared in {own} parts; "
-                         f"leave parts out (a prepared graph trains in its own parts), or "
-                         f"prepare it again with --parts {parts}")
-    return own
 
 
 def probe(dataset: str = "synthetic", *, root: Optional[str] = None,

@@ -1,5 +1,6 @@
-"""What :func:`~quietgnn.analysis.advise.probe` reads from its runs (step 1 of the advisor):
-a probe's per-epoch costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
+"""What :func:`~quietgnn.analysis.advise.probe` takes and reads from its runs (step 1 of the
+advisor): its strategies and parts (:func:`_names`, :func:`_parts_of`), a probe's per-epoch
+costs (:func:`_per_work`), and its extension (:func:`plan_extension`).
 
 The extension: on a graph where ``centralized`` ran (so the target and the work it took are
 known), every strategy but a periodic one (``grappa``, probed at another reload period than a
@@ -23,11 +24,32 @@ no extension."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from ..projection import Curve, Point
 
 __all__ = ["plan_extension"]
+
+
+def _names(strategies: Sequence[str] | str) -> list[str]:
+    """Strategy names, from a list or a comma-separated string (``"halo,tma"``)."""
+    if isinstance(strategies, str):
+        return [s.strip() for s in strategies.split(",") if s.strip()]
+    return list(strategies)
+
+
+def _parts_of(prepared: Optional[str], parts: Optional[int]) -> int:
+    """The parts to probe at: a prepared graph's own (``parts`` must agree where given), else
+    ``parts`` (default 4)."""
+    if not prepared:
+        return 4 if parts is None else parts
+    from ...partition import PartitionBook
+    own = PartitionBook.open(prepared).num_parts
+    if parts is not None and parts != own:
+        raise ValueError(f"parts = {parts} but {str(prepared)!r} is prepared in {own} parts; "
+                         f"leave parts out (a prepared graph trains in its own parts), or "
+                         f"prepare it again with --parts {parts}")
+    return own
 
 
 def _per_work(curve: Curve | Mapping[str, Any], period: int = 0,
