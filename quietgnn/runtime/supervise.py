@@ -170,12 +170,11 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
                      f"or a collective)")
     first_tb = ""
     texts = {r: error_text(run_dir, r, pipes) for r, _, _ in failed if r not in stuck}
-    # where some rank failed of its own (an input error, a crash, a kill without a word), the
-    # ranks that failed only because it did (a CommError: their peer gone) are one line, not a
-    # wall of gloo text; a stuck rank's peers keep theirs (which operation timed out)
-    rcs = {r: rc for r, rc, _ in failed}
-    causes = sorted(r for r, t in texts.items() if t and not is_consequence(t)) or \
-        sorted(r for r, t in texts.items() if not t and rcs[r] != -signal.SIGTERM)
+    # where some rank failed of its own and said why (an input error, a crash), the ranks that
+    # failed only because it did (a CommError: their peer gone) are one line, not a wall of
+    # gloo text; the peers of a rank that was killed or stuck keep theirs: which operation, in
+    # which epoch, lost it is all that is known of where it stopped
+    causes = sorted(r for r, t in texts.items() if t and not is_consequence(t))
     caused = [r for r, t in texts.items() if t and is_consequence(t)] if causes else []
     for r, rc, _ in failed:
         if r in stuck or r in caused:
