@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
+import torch
+
 __all__ = ["ComputeClock"]
 
 
@@ -23,12 +25,12 @@ class ComputeClock:
     compute."""
 
     def __init__(self, device: Any) -> None:
-        self.gpu = getattr(device, "type", str(device).split(":")[0]) == "cuda"
-        self.device = device
+        # (as train_on and metrics.peak_gpu_mb read a device: torch's own parse)
+        self.device = torch.device(device)
+        self.gpu = self.device.type == "cuda"
 
     def now(self) -> float:
         if self.gpu:
-            import torch
             torch.cuda.synchronize(self.device)
             return time.perf_counter()
         return time.thread_time()
