@@ -22,7 +22,8 @@ and duplicates are dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`
 ``label_names``) and optionally ``split`` (``train`` / ``val`` / ``test``, anything else:
 none; without it a seeded random 60/20/20 split); features are a list column ``x``, every
 other numeric column in order, or sparse: a list column ``x_indices`` of each node's
-non-zero feature ids (from 0), with a list column ``x_values`` of their values (the same lengths; without it every value is 1, as in
+non-zero feature ids (from 0), with a list column ``x_values`` of their values (the same
+lengths; without it every value is 1, as in
 one-hot and multi-hot features; a repeated id adds up). The width is the largest id + 1 (over
 every host's table in a per-host prepare). The prepared parts hold the rows dense.
 """
