@@ -152,7 +152,8 @@ def section_rows(cfg: Any, shortcuts: dict[str, str]) -> list[tuple[str, list[tu
 
 def strategy_help(name: str, cls: Any) -> str:
     """A strategy's description, partitioner and options (``--options.KEY``) with defaults."""
-    parts = "single process" if cls.fixed_parts else f"default partitioner {cls.default_partitioner}"
+    parts = ("single process" if cls.fixed_parts
+             else f"default partitioner {cls.default_partitioner}")
     lines = [f"{name}: {cls.description}", f"  ({parts}; exact: {'yes' if cls.exact else 'no'})",
              "", "options (--options.KEY VALUE, or options: in a recipe):"]
     rows = [(f"--options.{k}", d, m) for k, d, m in describe(cls.Options())]

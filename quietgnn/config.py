@@ -279,9 +279,10 @@ def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
         if len(parts) > 2:
             raise ValueError(f"config key {key!r} is nested too deeply; use section.key")
         if len(parts) == 1 and parts[0] != "strategy":
+            sections = ['synthetic', 'options'] + sorted(SECTIONS)
             raise ValueError(f"unknown config key {key!r}; use 'strategy', a shortcut "
                              f"({', '.join('--' + s for s in sorted(SHORTCUTS))}) or "
-                             f"section.key with a section in {['synthetic', 'options'] + sorted(SECTIONS)}")
+                             f"section.key with a section in {sections}")
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})

@@ -162,7 +162,8 @@ class Graph:
     def fingerprint(self) -> str:
         """Short content hash of topology, labels and splits (partition books record it)."""
         h = hashlib.sha256()
-        for t in (self.indptr, self.indices, self.y, self.train_mask, self.val_mask, self.test_mask):
+        for t in (self.indptr, self.indices, self.y, self.train_mask, self.val_mask,
+                  self.test_mask):
             h.update(memoryview(np.ascontiguousarray(t.numpy())).cast("B"))   # no copy
         h.update(str(tuple(self.x.shape)).encode())
         return h.hexdigest()[:16]
@@ -192,7 +193,8 @@ class Graph:
 
         for fname in ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask"):
             need(isinstance(getattr(self, fname), Tensor),
-                 f"field {fname} is {type(getattr(self, fname)).__name__}, expected a torch.Tensor; "
+                 f"field {fname} is {type(getattr(self, fname)).__name__}, expected a "
+                 f"torch.Tensor; "
                  f"convert with torch.as_tensor(...)", TypeError)
         need(self.indptr.dtype == torch.int64 and self.indptr.dim() == 1,
              f"indptr must be a 1-D int64 tensor, got dtype {self.indptr.dtype} shape "
@@ -266,13 +268,15 @@ class Graph:
             m = getattr(self, mname)
             need(m.dtype == torch.bool and m.dim() == 1,
                  f"{mname} has dtype {m.dtype} shape {tuple(m.shape)}, expected a 1-D bool mask; "
-                 f"index lists can be turned into masks with torch.zeros(N, dtype=bool)[idx] = True",
+                 f"index lists can be turned into masks with "
+                 f"torch.zeros(N, dtype=bool)[idx] = True",
                  TypeError)
             need(m.shape[0] == n, f"{mname} has length {m.shape[0]}, expected num_nodes = {n} "
                                   f"(split covers nodes out of range)")
         need(bool(self.train_mask.any()), "train_mask selects no node; the train set must be "
                                           "non-empty")
-        for a, b in (("train_mask", "val_mask"), ("train_mask", "test_mask"), ("val_mask", "test_mask")):
+        for a, b in (("train_mask", "val_mask"), ("train_mask", "test_mask"),
+                     ("val_mask", "test_mask")):
             both = getattr(self, a) & getattr(self, b)
             if bool(both.any()):
                 raise ValueError(f"Graph {self.name!r}: {a} and {b} overlap on {int(both.sum())} "
@@ -376,4 +380,5 @@ class Graph:
 
     def with_split(self, train_mask: Tensor, val_mask: Tensor, test_mask: Tensor) -> "Graph":
         """A copy with other split masks (validated)."""
-        return replace(self, train_mask=train_mask, val_mask=val_mask, test_mask=test_mask).validate()
+        return replace(self, train_mask=train_mask, val_mask=val_mask,
+                       test_mask=test_mask).validate()

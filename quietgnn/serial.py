@@ -209,5 +209,6 @@ def loads(data: bytes, what: str = "message") -> Any:
 def load_file(path: str | Path, what: str, fix: str) -> Any:
     """``torch.load(path, weights_only=True)`` (numpy values restored): a file holding code
     or anything else but tensors and plain data, or a damaged one, raises ``ValueError`` (one
-    line, a plain ValueError: the launcher classifies input errors by that name) naming ``what`` and ``path`` and ending with ``fix``."""
+    line, a plain ValueError: the launcher classifies input errors by that name) naming
+    ``what`` and ``path`` and ending with ``fix``."""
     return _torch_load(path, f"{what} {str(path)!r}", fix)

@@ -36,7 +36,8 @@ Every run is a subprocess ``python -m quietgnn train ... --summary-json`` with i
 directory and one compute thread per worker (``runtime.threads 1``). Output under ``--out``::
 
     results/<id>.json   one per run (a :class:`~quietgnn.analysis.matrix.Result`): spec,
-                        command, status (ok | failed), summary, error tail, and the per-epoch curve ``quietgnn report`` reads
+                        command, status (ok | failed), summary, error tail, and the
+                        per-epoch curve ``quietgnn report`` reads
                         (:class:`~quietgnn.analysis.projection.Curve`, a list per field)
     results.jsonl       every result of the study: earlier runs kept, this run's in place,
                         rewritten as each run ends

@@ -70,7 +70,8 @@ class AssignProblem:
     def bounds(self) -> tuple[float, float, float, float]:
         """``(V_8, V_2, T_8, T_2)`` (normalisation constants)."""
         v8, v2 = float(self.sigma.sum() * _INV[8]), float(self.sigma.sum() * _INV[2])
-        return v8, v2, self._time(np.full(len(self.sigma), 8)), self._time(np.full(len(self.sigma), 2))
+        n = len(self.sigma)
+        return v8, v2, self._time(np.full(n, 8)), self._time(np.full(n, 2))
 
     def _time(self, bits: np.ndarray) -> float:
         if len(self.sigma) == 0:

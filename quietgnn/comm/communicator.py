@@ -2,10 +2,10 @@
 
 Every collective goes through :class:`Communicator`, which records one :class:`OpRecord` per
 call: operation, traffic kind (``halo_fwd``, ``grad_allreduce``, ...), phase (``train``,
-``eval``, ``setup``, ``data``, ``control``), bytes sent and received by this rank, messages, the number
-of sequential latency steps ("hops"), wall and CPU seconds, and the round number. Because all
-ranks issue the same collectives in the same order, round ``r`` on one rank is round ``r`` on
-every rank: the projection (``quietgnn.analysis.projection``) lines rounds up across ranks and
+``eval``, ``setup``, ``data``, ``control``), bytes sent and received by this rank, messages, the
+number of sequential latency steps ("hops"), wall and CPU seconds, and the round number. Because
+all ranks issue the same collectives in the same order, round ``r`` on one rank is round ``r``
+on every rank: the projection (``quietgnn.analysis.projection``) lines rounds up across ranks and
 charges each round with its slowest rank.
 
 Byte accounting (payload only; what a real network would carry at minimum):

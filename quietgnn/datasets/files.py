@@ -199,7 +199,8 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
         mask_keys = ("train_mask", "val_mask", "test_mask")
         present = [k for k in mask_keys if k in keys]
         if present and len(present) != 3:
-            raise ValueError(f"{path}: has {present} but not {sorted(set(mask_keys) - set(present))};"
+            missing = sorted(set(mask_keys) - set(present))
+            raise ValueError(f"{path}: has {present} but not {missing};"
                              f" give all three masks or none (none: seeded random 60/20/20)")
         masks = [np.asarray(z[k]).astype(bool) for k in mask_keys] if present else None
         for k, m in zip(mask_keys, masks or []):

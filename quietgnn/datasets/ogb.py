@@ -138,7 +138,8 @@ def load_ogb(name: str, root: str | os.PathLike) -> Graph:
         raise ValueError(f"unknown OGB node dataset {name!r}; OGB has {sorted(table)}")
     info = table[canonical]
     if info["is hetero"] == "True" or int(info["num tasks"]) != 1:
-        raise ValueError(f"{canonical} is {'heterogeneous' if info['is hetero'] == 'True' else 'multi-label'}"
+        kind = "heterogeneous" if info["is hetero"] == "True" else "multi-label"
+        raise ValueError(f"{canonical} is {kind}"
                          f"; quietgnn trains single-label node classification on homogeneous "
                          f"graphs (ogbn-arxiv, ogbn-products, ogbn-papers100M)")
     root = Path(root).expanduser().resolve()

@@ -276,7 +276,8 @@ def make_synthetic(spec: SyntheticSpec | None = None, *, split_seed: int = 0) ->
     else:   # (the same stream as before the knob existed: balanced graphs did not change)
         y = torch.randint(0, spec.classes, (n,), generator=gen)
     # every class gets at least two nodes (small graphs could otherwise miss a class entirely)
-    y[torch.randperm(n, generator=gen)[:2 * spec.classes]] = torch.arange(2 * spec.classes) % spec.classes
+    seeded = torch.randperm(n, generator=gen)[:2 * spec.classes]
+    y[seeded] = torch.arange(2 * spec.classes) % spec.classes
     theta = _degree_weights(spec, gen)
 
     # Undirected edges wanted: N * d / 2, a fraction `homophily` of them within a class.

@@ -111,12 +111,13 @@ class PartitionBook:
         try:
             meta = json.loads(meta_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"partition book {str(meta_path)!r} is not valid JSON ({exc}); the "
-                             f"file is damaged: re-create the book with `quietgnn prepare`") from exc
+            raise ValueError(f"partition book {str(meta_path)!r} is not valid JSON ({exc}); "
+                             f"the file is damaged: re-create the book with "
+                             f"`quietgnn prepare`") from exc
         if not isinstance(meta, dict) or meta.get("format") != BOOK_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
             raise ValueError(f"{str(meta_path)!r} is not a quietgnn partition book (format "
-                             f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected "
-                             f"{BOOK_FORMAT!r})")
+                             f"{found!r}, expected {BOOK_FORMAT!r})")
         if meta.get("version") == 1:
             name = (meta.get("graph") or {}).get("name", "NAME")
             raise ValueError(f"partition book {str(path)!r} has version 1 (a pickled archive "

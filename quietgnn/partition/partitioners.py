@@ -114,10 +114,10 @@ def ldg_batch(num_nodes: int, num_parts: int) -> int:
 class LDG:
     """Streaming Linear Deterministic Greedy, batched: nodes arrive in id order in batches of
     ``batch``; each goes to the part holding most of its already-placed neighbours, weighted by
-    ``1 - size / capacity`` (capacity ``(1 + LDG_SLACK) N / P``: a full part stops attracting); nodes
-    with no placed neighbour go to the lightest parts in turn. Within a batch the nodes see the
-    placements of earlier batches only, which makes a batch one vectorised step (a batch of
-    size 1 is the sequential algorithm)."""
+    ``1 - size / capacity`` (capacity ``(1 + LDG_SLACK) N / P``: a full part stops attracting);
+    nodes with no placed neighbour go to the lightest parts in turn. Within a batch the nodes
+    see the placements of earlier batches only, which makes a batch one vectorised step (a batch
+    of size 1 is the sequential algorithm)."""
 
     def __init__(self, num_nodes: int, num_parts: int, batch: int | None = None) -> None:
         self.n, self.P = num_nodes, num_parts

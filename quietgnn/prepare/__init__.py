@@ -11,9 +11,11 @@ Three sources, one format (:mod:`quietgnn.partition.shards`):
 Out of core the graph is partitioned while streaming: ``ldg`` (the default; restreamed Linear
 Deterministic Greedy), ``hash`` or ``given`` (``--partition.file``, one part id per node), or
 ``metis`` on the adjacency read into memory (the one not streamed; refused over the memory
-budget); each gives the parts the in-memory path gives with the same partitioner. A graph that arrives split
-across hosts is prepared by one process per host under torchrun (:mod:`.dist`). Python API: :func:`prepare_tables`, :func:`quietgnn.prepare.synthetic.
-prepare_synthetic`; train on the result with ``quietgnn train --data DIR``.
+budget); each gives the parts the in-memory path gives with the same partitioner. A graph
+that arrives split across hosts is prepared by one process per host under torchrun
+(:mod:`.dist`). Python API: :func:`prepare_tables`,
+:func:`quietgnn.prepare.synthetic.prepare_synthetic`; train on the result with
+``quietgnn train --data DIR``.
 
 Tables. Edges: integer columns ``src`` and ``dst`` (a table of exactly two columns: those
 two), node ids in ``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops
@@ -252,7 +254,8 @@ def _sparse_block(batch: Any, rows: int, width: int) -> np.ndarray:
 
 
 def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, parts: int,
-                   method: str = "ldg", seed: int = 0, directed: bool = False, memory_budget: int = 4 << 30,
+                   method: str = "ldg", seed: int = 0, directed: bool = False,
+                   memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
                    progress: Callable[[str], None] = lambda s: None,
                    partition_file: Optional[str | Path] = None) -> PartitionBook:

@@ -232,8 +232,9 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
                 f"rank {j} has {e[key]!r}" for j, e in enumerate(every)) +
                 "; start every rank with the same options and the same table columns")
     if mine["lo"] < 0 or mine["hi"] >= n:
+        bad = mine["lo"] if mine["lo"] < 0 else mine["hi"]
         problem = problem or (
-            f"node table {str(nodes)!r} holds node id {mine['lo'] if mine['lo'] < 0 else mine['hi']}"
+            f"node table {str(nodes)!r} holds node id {bad}"
             f", outside [0, {n}) where {n} is the number of rows of all ranks' node tables; "
             f"node ids must be global, 0 .. N-1 over all the ranks")
     _agree(comm, problem)

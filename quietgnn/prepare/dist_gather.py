@@ -20,7 +20,8 @@ __all__ = ["gather_fingerprint"]
 
 
 def _a2a(comm: Communicator, blocks: list[np.ndarray], kind: str,
-         recv_counts: Optional[list[int]] = None, carries: Traffic = Traffic.STRUCTURE) -> list[np.ndarray]:
+         recv_counts: Optional[list[int]] = None,
+         carries: Traffic = Traffic.STRUCTURE) -> list[np.ndarray]:
     # one buffer split into the blocks: the communicator sends it without another copy
     flat = torch.from_numpy(np.concatenate(blocks))
     out = comm.all_to_all(list(torch.split(flat, [len(b) for b in blocks])), kind,

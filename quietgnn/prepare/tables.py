@@ -92,7 +92,8 @@ def _connect(work: Path, duck_bytes: int, threads: int):
 
 
 def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_parts: int,
-                   method: str = "ldg", seed: int = 0, undirected: bool = True, memory_budget: int = 4 << 30,
+                   method: str = "ldg", seed: int = 0, undirected: bool = True,
+                   memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", name: str = "graph",
                    identity: Optional[dict[str, Any]] = None, threads: int = 2,
                    progress: Callable[[str], None] = lambda s: None,
@@ -220,7 +221,8 @@ def _held_late(n: int, P: int, node_held: int) -> int:
 
 
 def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: int,
-             method: str, seed: int, undirected: bool, x_dtype: str, name: str, identity: dict[str, Any],
+             method: str, seed: int, undirected: bool, x_dtype: str, name: str,
+             identity: dict[str, Any],
              progress: Callable[[str], None], drop: tuple[str, ...],
              given: Optional[np.ndarray] = None,
              late: Callable[[], None] = lambda: None,

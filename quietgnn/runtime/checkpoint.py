@@ -95,8 +95,9 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
 
     ``train.*`` is in (a resume with another learning rate, seed or evaluation period would
     report a curve no single setting produced), except ``train.epochs``: training a run further
-    is what a resume is for. Left out on purpose: paths (``dataset.root``, ``partition.book`` / ``file``: data may move; the
-    partition-book identity checks the assignment itself) and ``runtime.*``."""
+    is what a resume is for. Left out on purpose: paths (``dataset.root``, ``partition.book``
+    / ``file``: data may move; the partition-book identity checks the assignment itself) and
+    ``runtime.*``."""
     d = _as_dict(cfg)
     parts = getattr(cfg, "num_parts", None)
     if parts is None:

@@ -29,7 +29,8 @@ from ..nn.sparse import SparseFeatures
 from .bulk import Bulk, MiniBatch
 from .rng import hash_keys
 
-__all__ = ["BulkSampler", "EpochPlan", "plan_epoch", "step_totals", "truncate_plan", "iterate_bulks"]
+__all__ = ["BulkSampler", "EpochPlan", "plan_epoch", "step_totals", "truncate_plan",
+           "iterate_bulks"]
 
 
 class BulkSampler(Protocol):

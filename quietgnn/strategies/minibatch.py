@@ -37,11 +37,12 @@ Options (``--options.KEY VALUE``):
   bytes per epoch-equivalent stay comparable.
 
 What crosses the network, per bulk: requested input-node ids and their feature rows (kind
-``feature_fetch``; mostly-zero rows as (column, value) pairs, their sizes learnt by a
-handshake of 8 bytes a peer, the form agreed once at setup, kind ``feature_form``), with ``1.5d`` also requested CSR rows (``sample_rows``) and the replica
-group's partial samples (``sample_allreduce``); per step: one all-reduce of ``|theta| + 1 + P``
-floats (with ``grad_bits`` < 32 the gradients quantized, ~b/32 of those bytes). Setup: owned ids
-and the topology (``topology``), degrees and group labels.
+``feature_fetch``; mostly-zero rows as (column, value) pairs, their sizes learnt by a handshake
+of 8 bytes a peer, the form agreed once at setup, kind ``feature_form``), with ``1.5d`` also
+requested CSR rows (``sample_rows``) and the replica group's partial samples
+(``sample_allreduce``); per step: one all-reduce of ``|theta| + 1 + P`` floats (with
+``grad_bits`` < 32 the gradients quantized, ~b/32 of those bytes). Setup: owned ids and the
+topology (``topology``), degrees and group labels.
 What it gives up: sampled neighbourhoods are an estimator of the full aggregation (the usual
 mini-batch trade), and replicated topology costs ``O(E)`` memory on every rank.
 """
@@ -237,7 +238,8 @@ class MiniBatch(Strategy):
                                f"{plan.steps} (schedule out of step)")
         self.epochs_done = epoch + 1
         return EpochResult(loss=sum(losses) / len(losses), steps=len(losses),
-                           work=plan.steps / full, extra={"sampled_edges": edges, "input_nodes": inputs,
+                           work=plan.steps / full,
+                           extra={"sampled_edges": edges, "input_nodes": inputs,
                                   "train_loop_s": time.perf_counter() - t0,
                                   "cache_hit_rate": self.fetcher.hits /
                                   max(self.fetcher.requests, 1)})

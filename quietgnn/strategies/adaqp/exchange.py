@@ -44,7 +44,8 @@ Key = tuple[str, int]  # ("f", layer) forward input of layer l, ("b", layer) its
 
 class _Start(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, ex: "QuantizedHalo", layer: int, box: dict) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+            ctx, h: Tensor, ex: "QuantizedHalo", layer: int, box: dict) -> Tensor:
         ctx.ex, ctx.layer, ctx.box = ex, layer, box
         ex._start_fwd(h.detach(), layer, box)
         return h.new_empty(0)
@@ -56,8 +57,9 @@ class _Start(torch.autograd.Function):
 
 class _Finish(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, token: Tensor, ex: "QuantizedHalo", layer: int,  # type: ignore[override]
-                box: dict, halo_only: bool) -> Tensor:
+    def forward(  # type: ignore[override]
+            ctx, h: Tensor, token: Tensor, ex: "QuantizedHalo", layer: int, box: dict,
+            halo_only: bool) -> Tensor:
         ctx.ex, ctx.layer, ctx.box, ctx.halo_only = ex, layer, box, halo_only
         halo = ex._finish_fwd(layer, box, h.dtype)
         if halo_only:

@@ -160,8 +160,8 @@ class Grappa(Strategy):
     Options = GrappaOptions
     default_partitioner = "random"
     residency_traffic = ("moves chunks of nodes with their features and edges between ranks "
-                         "(and evaluates with a halo exchange of raw features, or with eval_nodes fetches "
-                         "the sample's feature rows)")
+                         "(and evaluates with a halo exchange of raw features, or with "
+                         "eval_nodes fetches the sample's feature rows)")
 
     @classmethod
     def reads_stored_part(cls, options: Any) -> bool:

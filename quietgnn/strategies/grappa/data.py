@@ -125,9 +125,9 @@ class LocalGraph:
         ``(indptr int64 [len + 1], src int64 local ids)``; a leaf's row is empty. With
         ``fanout``, a row longer than it keeps ``fanout`` of its edges, uniformly without
         replacement and in draw order (:func:`quietgnn.sampling.sage.sample_rows`, keys
-        drawn from ``gen``), and only those are read: a hub's row costs ``fanout`` reads, not its degree (whole
-        rows read and shuffled made a step's cost the sampled nodes' degree sum, which a
-        power-law graph's hubs dominate)."""
+        drawn from ``gen``), and only those are read: a hub's row costs ``fanout`` reads, not
+        its degree (whole rows read and shuffled made a step's cost the sampled nodes' degree
+        sum, which a power-law graph's hubs dominate)."""
         counts = torch.zeros(nodes.numel(), dtype=torch.int64)
         got = []
         for r in self.pieces():
