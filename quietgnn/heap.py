@@ -24,7 +24,7 @@ import resource
 import sys
 from typing import Any
 
-__all__ = ["trim", "peak_rss_mb", "rss_mb"]
+__all__ = ["trim", "peak_rss_mb", "rss_mb", "mem_available_mb"]
 
 _libc: Any = None
 
@@ -75,3 +75,16 @@ def rss_mb() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
     except (OSError, ValueError, IndexError):
         return float("nan")
+
+
+def mem_available_mb() -> float:
+    """The machine's memory available without swapping (the kernel's ``MemAvailable``; other
+    users' memory counts), inf where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("inf")

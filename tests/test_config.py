@@ -35,6 +35,8 @@ def test_yaml_recipe_with_override(tmp_path):
     ([("model.dropout", "1.5")], r"model.dropout = 1.5"),
     ([("train.epochs", "-1")], r"train.epochs = -1"),
     ([("train.lr", "0")], r"train.lr = 0"),
+    ([("train.lr", "inf")], r"train.lr = inf; expected a finite positive number"),
+    ([("train.weight_decay", "nan")], r"train.weight_decay = nan; expected a finite"),
     ([("parts", "0")], r"partition.parts = 0"),
     ([("partition.method", "kway")], r"partition.method = 'kway'"),
     ([("strategy", "nope")], r"unknown strategy 'nope'; expected one of"),

@@ -155,3 +155,26 @@ def test_the_saved_model_is_the_one_the_run_scored(tmp_path, strategy, extra):
         assert info["test_acc"] == run.summary.test_acc
     else:                   # retexo: from the last layer's rounds on (epochs 4..7)
         assert 4 <= info["epoch"] <= 7
+
+
+def test_a_model_too_large_or_a_lying_spec_is_refused_before_allocating(tmp_path):
+    """An absurd width (a typo, an edited model.json) is named before torch tries to allocate
+    it, or overflows trying."""
+    with pytest.raises(ValueError, match=r"model.hidden = 99999999999999999999: .* GiB "
+                                         r"available here; lower model.hidden"):
+        GNN("gcn", 1433, 99999999999999999999, 7)
+    gnn = _trained_like("gcn", 8, 3)
+    save_model(tmp_path, gnn.spec(), gnn.state_dict(), {})
+    meta = json.loads((tmp_path / "model.json").read_text())
+    for key, value, named in (("hidden", -1, "model.hidden = -1"),
+                              ("hidden", 2 * 10**12, "model.hidden = 2000000000000"),
+                              ("in_dim", "8", "spec.in_dim = '8'")):
+        bad = json.loads(json.dumps(meta))
+        bad["spec"][key] = value
+        (tmp_path / "model.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="not a model description") as ei:
+            load_model(tmp_path)
+        assert named in str(ei.value) and "\n" not in str(ei.value)
+    (tmp_path / "model.json").write_text(json.dumps({**meta, "spec": ["gcn"]}))
+    with pytest.raises(ValueError, match="spec is list, expected a mapping"):
+        load_model(tmp_path)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..heap import mem_available_mb
 from .matrix import UNCAPPED, Result, RunSpec
 
 __all__ = ["run_matrix"]
@@ -21,17 +22,6 @@ __all__ = ["run_matrix"]
 
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
-
-
-def mem_available_mb() -> float:
-    """The kernel's estimate of memory available without swapping (``MemAvailable``)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("inf")
 
 
 def _group_rss_mb(pgid: int) -> list[float]:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..graph import csr_from_edges
 from .adj import SparseAdj
-from .model import GNN
+from .model import GNN, ModelConfig
 
 __all__ = ["TrainedModel", "PyGModel", "adj_from_edge_index", "save_model", "load_model",
            "MODEL_JSON", "MODEL_PT"]
@@ -177,6 +177,18 @@ def save_model(run_dir: str | os.PathLike, spec: dict[str, Any], state: dict[str
     return pt
 
 
+def _check_spec(spec: Any) -> None:
+    """The architecture a ``model.json`` names, checked as a run's ``model.*`` keys are (a
+    file edited to ``hidden: -1`` fails here, not inside torch)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec is {type(spec).__name__}, expected a mapping")
+    ModelConfig(**{k: spec[k] for k in ("arch", "hidden", "layers", "dropout", "norm", "heads")
+                   if k in spec})
+    for k in ("in_dim", "out_dim"):
+        if not isinstance(spec.get(k), int) or isinstance(spec[k], bool) or spec[k] < 1:
+            raise ValueError(f"spec.{k} = {spec.get(k)!r}, expected an int >= 1")
+
+
 def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     """The model a run wrote (:func:`save_model`), ready to predict (eval mode, CPU)."""
     from ..serial import load_file
@@ -189,8 +201,9 @@ def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     try:
         meta = json.loads(js.read_text())
         spec = meta["spec"]
+        _check_spec(spec)
         gnn = GNN(**spec)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{str(js)!r} is not a model description quietgnn wrote ({exc}); "
                          f"expected keys format, kind, spec") from None
     if meta.get("format") != _FORMAT:

@@ -71,6 +71,21 @@ class ModelConfig:
                              f"{self.heads}; GAT concatenates heads")
 
 
+def _check_fits(dims: list[int]) -> None:
+    """Refuse a model whose weight matrices alone (at least ``d_in x d_out`` floats a layer)
+    exceed the machine's available memory, before torch tries to allocate them: an absurd
+    ``model.hidden`` otherwise fails deep in an allocation, or overflows it."""
+    from ..heap import mem_available_mb
+    weights = sum(a * b for a, b in zip(dims, dims[1:]))
+    avail = mem_available_mb()
+    if weights * 4 / 2**20 > avail:
+        raise ValueError(f"model.hidden = {dims[1] if len(dims) > 2 else None!r}: the model's "
+                         f"weights alone are at least {weights:.3g} floats "
+                         f"({weights * 4 / 2**30:.3g} GiB; training holds about four times "
+                         f"that), more than the {avail / 1024:.3g} GiB available here; lower "
+                         f"model.hidden (or model.layers)")
+
+
 class GNN(nn.Module):
     """``layers`` convolutions of type ``arch`` (see :class:`ModelConfig`)."""
 
@@ -80,6 +95,7 @@ class GNN(nn.Module):
         self.arch, self.dropout, self.num_layers = arch, float(dropout), layers
         self.hidden, self.norm_kind, self.heads = hidden, norm, heads
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
+        _check_fits(dims)
         convs = []
         for i in range(layers):
             last = i == layers - 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -73,10 +74,11 @@ class TrainConfig:
             raise ValueError(f"train.eval_mode = {self.eval_mode!r}; expected 'local' (select on "
                              f"each rank's own graph, one exact evaluation at the end) or "
                              f"'exact' (every evaluation global)")
-        if not float(self.lr) > 0:
-            raise ValueError(f"train.lr = {self.lr!r}; expected a positive number")
-        if float(self.weight_decay) < 0:
-            raise ValueError(f"train.weight_decay = {self.weight_decay!r}; expected >= 0")
+        if not 0 < float(self.lr) < math.inf:
+            raise ValueError(f"train.lr = {self.lr!r}; expected a finite positive number")
+        if not 0 <= float(self.weight_decay) < math.inf:
+            raise ValueError(f"train.weight_decay = {self.weight_decay!r}; expected a finite "
+                             f"number >= 0")
         if isinstance(self.budget_s, bool) or not isinstance(self.budget_s, (int, float)) \
                 or not self.budget_s >= 0:
             raise ValueError(f"train.budget_s = {self.budget_s!r}; expected seconds >= 0 "
