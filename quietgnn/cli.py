@@ -141,7 +141,7 @@ def _torchrun_worker(plan: RunPlan) -> Optional[dict[str, Any]]:
     watch_parent(rank)
     # Before Communicator.init: no rank can have written results yet (they all wait there),
     # so every rank sees the directory as the previous invocation left it.
-    claim_run_dir(plan.cfg, run_dir)
+    claim_run_dir(plan.cfg, run_dir, lock=rank == 0)
     run_dir.mkdir(parents=True, exist_ok=True)
     tee_stderr(run_dir, rank)
     try:

@@ -195,8 +195,12 @@ VARIANTS = {"grappa[grad_rank=4,minibatch]": ("grappa", {"grad_rank": 4, "mode":
             "grappa[grad_bits=4]": ("grappa", {"grad_bits": 4}),
             "retexo[grad_rank=4]": ("retexo", {"grad_rank": 4}),
             "retexo[grad_bits=8]": ("retexo", {"grad_bits": 8}),
+            "retexo[residency=features]": ("retexo", {}),
             "adaqp[lan]": ("adaqp", {"time_model": "lan"}),
             "tma[full]": ("tma", {"mode": "full", "period_steps": 1})}
+#: variants run under a residency level: retexo's checkpoint then names layer 0's input (the
+#: raw features, which must not reach the shared run directory) and rebuilds it on resume
+RESIDENCY = {"retexo[residency=features]": "features"}
 #: tma averages once a pass here (its default is every 25): the test's 4 epochs are 4 calls
 DEFAULTS = {"tma": ("tma", {"period_epochs": 1.0})}
 
@@ -279,14 +283,26 @@ def _resume_equals_unbroken(comm, names, root):
                                     clusters=cfg.partition.clusters)
             part = build_partitions(graph, parts, ranks=[comm.rank], book_id="b")[0]
             base = Path(root) / name
+            comm.residency = RESIDENCY.get(name, "none")
             unbroken = _train(comm, cfg, part, base / "unbroken", 4, 0, False)
             _train(comm, cfg, part, base / "split", 4, 1, False, crash_at=2)  # "crash" here
+            # layer 0's epochs (retexo: 2 rounds a layer): what their shards hold as its input
+            h0 = sorted({type(_shard(base / "split", comm.rank, e)["h"]).__name__
+                         for e in (0, 1)}) if strategy == "retexo" else None
             resumed = _train(comm, cfg, part, base / "split", 4, 1, True)  # continue
             out[name] = {"unbroken": unbroken, "resumed": resumed,
                          "models": [_saved_model(comm, base / d) for d in ("unbroken", "split")]}
+            if name in RESIDENCY or name == "retexo":   # no shard holds layer 0's raw input
+                out[name]["h"] = h0
         except Exception:  # noqa: BLE001 - reported per strategy by the test
             out[name] = {"error": traceback.format_exc()}
     return out
+
+
+def _shard(run_dir: Path, rank: int, epoch: int) -> dict:
+    from quietgnn.serial import load_file
+    return load_file(run_dir / "checkpoints" / f"epoch-{epoch:06d}" / f"rank-{rank}.pt",
+                     "shard", "-")["strategy"]
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +332,10 @@ def test_resume_equals_unbroken_run(resume_results, name):
         assert len(l_res) == 4
         assert l_res == l_ref, f"{name} rank {r}: resumed losses {l_res} != unbroken {l_ref}"
         assert best_res == best_ref
+        if name in RESIDENCY:
+            assert out["h"] == ["str"], f"{name} rank {r}: a checkpoint holds raw features"
+        elif name == "retexo":        # without a residency level the input is kept
+            assert out["h"] == ["Tensor"], out["h"]
         ref, res = out["models"]   # the best-validation model survives the resume too
         assert (ref is None) == (res is None) and (ref is not None or r != 0), name
         if ref is not None:

@@ -97,6 +97,53 @@ def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_not_restarted(
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 4
 
 
+def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path):
+    """Two ``--resume`` of one run trained from each other's checkpoints into one metrics
+    file: the claim locks the directory for the claiming process, a second claim is refused."""
+    import fcntl
+
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir, release_run_dir
+    cfg = load_config(None, {"train": {"epochs": 4}})
+    run_dir = tmp_path / "r"
+    other = None
+    try:
+        claim_run_dir(cfg, run_dir)
+        claim_run_dir(cfg, run_dir)                     # this process again: allowed
+        other = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)   # another claimant's view
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        release_run_dir(run_dir)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)          # free once released
+        with pytest.raises(ValueError, match="in use by another quietgnn run .*--run-name"):
+            claim_run_dir(cfg, run_dir)
+        # torchrun's ranks other than 0 share rank 0's directory without locking it
+        claim_run_dir(cfg, run_dir, lock=False)
+    finally:
+        release_run_dir(run_dir)
+        if other is not None:
+            os.close(other)
+
+
+def test_a_symbolic_link_in_the_run_directory_is_refused(tmp_path):
+    """A link planted in place of a file quietgnn writes would make it write elsewhere."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir, release_run_dir
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep")
+    run_dir = tmp_path / "r"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-1.log").symlink_to(victim)
+    for resume in (True, False):
+        cfg = load_config(None, {"train": {"epochs": 4}, "runtime": {"resume": resume}})
+        try:
+            with pytest.raises(ValueError, match="holds a symbolic link .*rank-1.log.*remove"):
+                claim_run_dir(cfg, run_dir)
+        finally:
+            release_run_dir(run_dir)
+    assert victim.read_text() == "keep"
+
+
 def test_run_name_must_be_a_plain_name(tmp_path):
     r = _cli(["--run-name", "../elsewhere"], tmp_path)
     assert r.returncode == 2 and "expected a plain directory name" in _one_error_line(r.stderr)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
+from .rundir import release_run_dir
 from .supervise import (ErrorPipes, describe_failures, error_text, is_consequence,
                         is_input_error, supervise, terminate)
 
@@ -111,6 +112,7 @@ def launch(plan: RunPlan,
         for f in logs:
             f.close()
         pipes.close()
+        release_run_dir(run_dir)   # taken by claim_run_dir; the run is over
     summary_path = run_dir / "summary.json"
     if failed and tolerate and all(r != 0 for r, _, _ in failed) and summary_path.is_file():
         sys.stderr.write(f"note: rank(s) {[r for r, _, _ in failed]} failed during the run; "

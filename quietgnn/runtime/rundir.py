@@ -13,11 +13,18 @@ under ``torchrun``:
   nothing and report the old numbers as new); other training settings than the checkpoint's are
   refused by :func:`~quietgnn.runtime.checkpoint.check_resume_compatible` (``train.*`` is part
   of the run identity, ``train.epochs`` excepted);
-* every output path is checked writable before the (possibly long) run starts.
+* every output path is checked writable before the (possibly long) run starts;
+* one run at a time: the process that claims a run directory (the launcher; rank 0 under
+  torchrun) holds a lock on it until it exits, and a second claim is refused: two ``--resume``
+  of one run would otherwise train from each other's checkpoints into one metrics file;
+* the directory holds no symbolic link: quietgnn writes its files by name there, and a link
+  planted in place of one (``config.json`` -> ``~/.bashrc``) would make it overwrite a file
+  elsewhere.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-__all__ = ["claim_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file",
+__all__ = ["claim_run_dir", "release_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file",
            "check_outputs", "record_attempt", "attempts", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
@@ -64,12 +71,62 @@ def _clear(run_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def claim_run_dir(cfg: RunConfig, run_dir: Path) -> None:
-    """Refuse (``ValueError``) what would overwrite a run or report old numbers as new; call it
-    before anything of this run is written (see the module docstring)."""
+#: run directories this process holds locked (path -> the directory's descriptor), until exit
+_LOCKS: dict[str, int] = {}
+
+
+def _lock(run_dir: Path) -> None:
+    """Hold an exclusive ``flock`` on the directory itself (no lock file to leave behind or to
+    race on) for the rest of this process's life; the kernel drops it when the process ends,
+    however it ends. A second process's claim is refused; this process may claim again (the
+    API runs one run after another in one process)."""
+    key = os.path.realpath(run_dir)
+    if key in _LOCKS:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(f"run directory {str(run_dir)!r} is in use by another quietgnn run "
+                         f"(a process holds its lock); wait for that run to end, or give this "
+                         f"one another --run-name") from None
+    _LOCKS[key] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Drop this process's lock on ``run_dir`` (a run ended or was refused: a notebook that
+    ran it must not keep the run from being resumed elsewhere)."""
+    fd = _LOCKS.pop(os.path.realpath(run_dir), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _refuse_links(run_dir: Path) -> None:
+    """No symbolic link anywhere inside ``run_dir`` (see the module docstring)."""
+    for root, dirs, files in os.walk(run_dir):
+        for name in dirs + files:
+            p = Path(root) / name
+            if p.is_symlink():
+                raise ValueError(f"run directory {str(run_dir)!r} holds a symbolic link "
+                                 f"{str(p)!r} -> {os.readlink(p)!r}; quietgnn writes only "
+                                 f"regular files there (a link would make it write "
+                                 f"elsewhere): remove the link, or use another --run-name")
+
+
+def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
+    """Refuse (``ValueError``) what would overwrite a run or report old numbers as new, a run
+    directory another run holds, or one holding a symbolic link; call it before anything of
+    this run is written (see the module docstring). ``lock``: hold the directory for this
+    process (the launcher's; rank 0's alone under torchrun, whose ranks share it)."""
     from .checkpoint import check_resume_compatible, committed_checkpoints
     rt = cfg.runtime
     run_dir = Path(run_dir)
+    if lock:
+        _lock(run_dir)
+    if run_dir.is_dir():
+        _refuse_links(run_dir)
     if rt.resume:
         summary = run_dir / "summary.json"
         if summary.is_file():
@@ -111,6 +168,7 @@ def remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if it is empty: a run refused before it wrote anything (a dataset
     that does not load, a graph that fails validation) leaves no empty run directory behind.
     Never touches a directory holding anything."""
+    release_run_dir(run_dir)
     try:
         Path(run_dir).rmdir()      # fails on a non-empty (or missing) directory, as intended
     except OSError:

@@ -418,10 +418,15 @@ class Retexo(LeanOption, Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
+        # layer 0's frozen input is the raw features: under a residency level they must not
+        # reach the run directory (shared by every host), and they are rebuilt from the
+        # rank's own part without any traffic (_first_input), so the checkpoint names them
+        raw = self.k == 0 and self.h is not None and self.ctx.comm.residency != "none"
         return {"schedule": list(self.R), "k": self.k, "round": self.round,
                 "layers": self.layers.state_dict(), "optimizer": self.opt.state_dict(),
                 "best_val": self.best_val, "best_state": self.best_state,
-                "val_best": list(self.val_best), "h": _pack(self.h), "h_next": _pack(self.h_next),
+                "val_best": list(self.val_best), "h": "input" if raw else _pack(self.h),
+                "h_next": _pack(self.h_next),
                 "lowrank": self.lowrank.state_dict() if self.lowrank else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -432,7 +437,8 @@ class Retexo(LeanOption, Strategy):
         self.layers.load_state_dict(state["layers"])
         self.k, self.round = int(state["k"]), int(state["round"])
         dev = self.ctx.device   # a checkpoint is read to host memory
-        self.h, self.h_next = _unpack(state["h"], dev), _unpack(state["h_next"], dev)
+        self.h = self._first_input() if isinstance(state["h"], str) else _unpack(state["h"], dev)
+        self.h_next = _unpack(state["h_next"], dev)
         # the aggregates are a deterministic local function of h: recomputed, not stored
         self.pre = None if self.h is None else self._precompute(self.k, self.h)
         self._new_optimizer()
