@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -250,3 +251,41 @@ def test_all_to_all_out_made_once_the_sizes_are_known():
 def test_all_to_all_of_separate_numpy_blocks():
     res = spawn_function(_separate_blocks, 2)
     assert res == [[[], []], [[0, 2, 4, 6], [100, 102, 104, 106]]]
+
+
+def test_joining_a_group_nobody_starts_fails_in_one_line(monkeypatch):
+    """No rank 0 at MASTER_ADDR:MASTER_PORT (a typo, a stopped host): the rank says where it
+    looked and what to check, in one line, within the timeout; not torch's backtrace."""
+    import socket
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    with pytest.raises(CommError) as ei:
+        Communicator.init(1, 2, timeout_s=1)
+    msg = str(ei.value)
+    assert f"rank 1 could not join rank 0's store at 127.0.0.1:{port}" in msg
+    assert "MASTER_PORT" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"RANK": "abc", "WORLD_SIZE": "2"},
+     "RANK = 'abc' in the environment; expected an integer 0 .. 1"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK = '5'"),
+    ({"RANK": "0", "WORLD_SIZE": "-1"}, "WORLD_SIZE = '-1'"),
+    ({"WORLD_SIZE": "2"}, "RANK is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+     "MASTER_PORT = '70000'"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}, "MASTER_ADDR is not set"),
+])
+def test_rank_environment_is_checked_and_named(monkeypatch, env, named):
+    from quietgnn.runtime.worker import worker_env
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        worker_env()

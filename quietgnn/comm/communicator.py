@@ -54,7 +54,7 @@ from ..serial import dumps, loads
 from .duplex import direction_groups, post_pairs
 from .faults import Fault
 from .liveness import Liveness, watch
-from .rendezvous import _generation, _gloo_on_loopback, _tcp_store
+from .rendezvous import _generation, _gloo_on_loopback, _joining, _tcp_store
 from .traffic import Traffic, check_traffic
 
 __all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange", "Traffic"]
@@ -209,13 +209,14 @@ class Communicator:
                 agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
                 if backend == "gloo":
                     _gloo_on_loopback(os.environ["MASTER_ADDR"])
-                base = _tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  world_size, not agent and rank == 0, timeout,
-                                  multi_tenant=not agent)
-                prefix = f"quietgnn/generation-{_generation(base, world_size)}"
-                store = dist.PrefixStore(prefix, base)
-                dist.init_process_group(backend=backend, store=store, rank=rank,
-                                        world_size=world_size, timeout=timeout)
+                with _joining(rank, world_size, timeout_s, CommError):
+                    base = _tcp_store(os.environ["MASTER_ADDR"],
+                                      int(os.environ["MASTER_PORT"]), world_size,
+                                      not agent and rank == 0, timeout, multi_tenant=not agent)
+                    prefix = f"quietgnn/generation-{_generation(base, world_size)}"
+                    store = dist.PrefixStore(prefix, base)
+                    dist.init_process_group(backend=backend, store=store, rank=rank,
+                                            world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
                 comm.liveness = watch(comm, store, _connector(world_size, prefix, not agent))
                 return comm
@@ -223,9 +224,10 @@ class Communicator:
                 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
                 if backend == "gloo":
                     _gloo_on_loopback(addr)
-                store = _tcp_store(addr, port, world_size, rank == 0, timeout)
-                dist.init_process_group(backend=backend, store=store, rank=rank,
-                                        world_size=world_size, timeout=timeout)
+                with _joining(rank, world_size, timeout_s, CommError):
+                    store = _tcp_store(addr, port, world_size, rank == 0, timeout)
+                    dist.init_process_group(backend=backend, store=store, rank=rank,
+                                            world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
                 comm.liveness = watch(comm, store, _connector(world_size, None, False))
                 return comm

@@ -8,7 +8,8 @@ import ipaddress
 import os
 import socket
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
@@ -84,3 +85,23 @@ def _generation(store: Any, world_size: int) -> int:
     count; the group then fails its rendezvous within the timeout instead of hanging.)"""
     n = int(store.add("quietgnn/worker-starts", 1))
     return (n - 1) // max(1, world_size)
+
+
+@contextmanager
+def _joining(rank: int, world_size: int, timeout_s: float,
+             error: type[Exception]) -> Iterator[None]:
+    """Joining the process group: torch's failure to reach the store (nobody listens at
+    MASTER_ADDR:MASTER_PORT) or to see every rank arrive within the timeout becomes one line
+    saying which, where, and what to check (torch says it in a C++ backtrace), raised as
+    ``error`` (the communicator's CommError)."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        first = next((x.strip() for x in str(exc).splitlines() if x.strip()),
+                     type(exc).__name__)
+        who = (f"rank 0 waited for the other {world_size - 1} rank(s) at {where}"
+               if rank == 0 else f"rank {rank} could not join rank 0's store at {where}")
+        raise error(f"{who} for {timeout_s:g} s and gave up ({first[:160]}); start every "
+                    f"rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, rank 0 "
+                    f"reachable from the others (or raise --runtime.timeout_s)") from None

@@ -34,14 +34,41 @@ if TYPE_CHECKING:
 __all__ = ["run_worker", "worker_env", "load_local_partition"]
 
 
-def worker_env() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from the environment (launcher or torchrun)."""
+def _env_int(name: str, lo: int, hi: Optional[int], default: Optional[int] = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None and default is not None:
+        return default
+    span = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
+    if raw is None:
+        raise ValueError(f"{name} is not set in the environment; expected an integer {span} "
+                         f"(the local launcher and torchrun set it: start ranks with "
+                         f"`quietgnn train` or `torchrun ... -m quietgnn train`)")
     try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except KeyError as exc:
-        raise RuntimeError(f"worker started without {exc.args[0]} in the environment; start "
-                           f"workers with `quietgnn train` or torchrun") from exc
-    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+        v = int(raw)
+    except ValueError:
+        v = None
+    if v is None or v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} = {raw!r} in the environment; expected an integer {span} "
+                         f"(set by the local launcher and torchrun; unset it or fix it)")
+    return v
+
+
+def worker_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the environment (launcher or torchrun), each
+    checked, and with more than one rank the rendezvous address (``MASTER_ADDR``, a
+    ``MASTER_PORT`` in 1 .. 65535): a bad value is named here, not in a store's timeout."""
+    world = _env_int("WORLD_SIZE", 1, None)
+    rank = _env_int("RANK", 0, world - 1)
+    local = _env_int("LOCAL_RANK", 0, world - 1, default=rank)
+    if world > 1:
+        if not os.environ.get("MASTER_ADDR"):
+            raise ValueError("MASTER_ADDR is not set in the environment; expected the address "
+                             "of rank 0's host (torchrun sets it from --master-addr or "
+                             "--rdzv-endpoint)")
+        _env_int("MASTER_PORT", 1, 65535)
+        from ..comm.rendezvous import _resolve
+        _resolve(os.environ["MASTER_ADDR"])    # a host name that does not resolve, named
+    return rank, world, local
 
 
 def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition:
