@@ -365,3 +365,19 @@ def test_ranks_that_do_not_share_the_run_directory_are_refused_together(tmp_path
     apart = spawn_function(_shared, 2, args=([str(tmp_path / "a"), str(tmp_path / "b")],))
     for msg, _ in apart:
         assert "is not shared: rank(s) [1]" in msg and "the same --out" in msg
+
+
+def test_more_workers_than_the_host_can_start_are_refused_leaving_nothing(tmp_path):
+    """--parts 1000 started a thousand processes until the OOM killer stopped the launcher."""
+    from quietgnn.config import load_config
+    from quietgnn.heap import mem_available_mb
+    from quietgnn.runtime.launcher import WORKER_BASE_MB
+    from quietgnn.runtime.plan import plan_local_run
+    parts = int(mem_available_mb() / WORKER_BASE_MB) + 1
+    out = tmp_path / "out"
+    cfg = load_config(None, {"partition": {"parts": parts}, "runtime": {"out_dir": str(out)}})
+    out.mkdir()
+    with pytest.raises(ValueError, match=rf"--parts {parts} starts {parts} worker processes .* "
+                                         rf"use fewer parts"):
+        plan_local_run(cfg, lambda m: None, out_existed=False)
+    assert not out.exists()             # nothing left: not the out directory either

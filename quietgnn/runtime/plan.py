@@ -77,10 +77,13 @@ def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Option
     ``cfg`` and returns the file), then :func:`plan_run`. A run refused here leaves nothing
     behind: not the staged file, not an empty run directory, not an out directory it made
     (``out_existed``: whether ``cfg.runtime.out_dir`` existed before the run's checks)."""
+    from .launcher import check_workers_fit
     from .rundir import claim_run_dir, remove_if_empty
-    run_dir = local_run_dir(cfg, log, label)
+    run_dir: Optional[Path] = None
     staged: Optional[Path] = None
     try:
+        check_workers_fit(cfg.num_parts)      # before anything is written or partitioned
+        run_dir = local_run_dir(cfg, log, label)
         claim_run_dir(cfg, run_dir)
         if stage is not None:
             staged = stage(run_dir)
@@ -88,7 +91,8 @@ def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Option
     except BaseException:
         if staged is not None:
             staged.unlink(missing_ok=True)
-        remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
+        if run_dir is not None:
+            remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
         if not out_existed:
             remove_if_empty(Path(cfg.runtime.out_dir))
         raise
