@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import is_consequence
+from .errors import is_explained
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -360,9 +360,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if isinstance(exc, LaunchError):
             print(f"quietgnn: run failed: {exc}", file=sys.stderr)
             return 2 if exc.input_error else 1
-        if is_consequence(exc):
+        if is_explained(exc):
             # under torchrun the worker runs in this process: its one line names rank,
-            # operation and epoch; the traceback adds nothing (torchrun restarts or reports)
+            # operation and epoch (or the residency or authentication refusal); the
+            # traceback adds nothing (torchrun restarts or reports)
             print(f"quietgnn: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         raise

@@ -18,7 +18,7 @@ __all__ = ["CONSEQUENCE", "INPUT", "EXPLAINED", "class_name", "is_consequence",
 
 CONSEQUENCE = frozenset({"CommError", "NonFiniteError", "CheckpointError"})
 INPUT = frozenset({"ValueError"})
-EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError"}
+EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError"}
 
 
 def class_name(error: Union[BaseException, str]) -> str:

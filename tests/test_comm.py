@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -289,3 +290,65 @@ def test_rank_environment_is_checked_and_named(monkeypatch, env, named):
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match=re.escape(named)):
         worker_env()
+
+
+class _Store:
+    """Rank 0's view of a two-rank rendezvous store whose rank 1 posts ``peer(name, keys)``
+    when rank 0 waits for ``name`` (None: never posts)."""
+
+    def __init__(self, peer):
+        self.keys, self.peer = {}, peer
+
+    def set(self, name, value):
+        self.keys[name] = value.encode() if isinstance(value, str) else value
+
+    def wait(self, names):
+        for n in names:
+            if n not in self.keys:
+                v = self.peer(n, self.keys)
+                if v is None:
+                    raise RuntimeError("Wait timeout")
+                self.set(n, v)
+
+    def get(self, name):
+        return self.keys[name]
+
+
+def _proof(key: str, rank: int, nonces: list) -> str:
+    import hashlib
+    import hmac
+    return hmac.new(key.encode(), b"quietgnn-peer|%d|" % rank + "|".join(nonces).encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def _peer(key, nonce="ab" * 16, proof=None):
+    """Rank 1: posts ``nonce`` (and whether it has a secret), then its proof by ``key``."""
+    def answer(name, keys):
+        if name == "auth/nonce/1":
+            return json.dumps({"nonce": nonce, "secret": key is not None})
+        if name == "auth/proof/1":
+            mine = json.loads(keys["auth/nonce/0"])["nonce"]
+            return json.dumps(proof if proof is not None else _proof(key, 1, [mine, nonce]))
+    return answer
+
+
+def test_every_rank_proves_the_run_secret_before_the_group_forms():
+    """A process that took a rank's place in the store (a stranger, another job on the same
+    port) cannot answer the challenge: every rank stops naming it; honest ranks pass."""
+    from quietgnn.comm.rendezvous import AuthError, prove_peers
+
+    def run(peer, secret="s3cret"):
+        return prove_peers(_Store(peer), 0, 2, secret)
+    assert run(_peer("s3cret")) is True
+    with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove the run's secret"):
+        run(_peer("guess"))
+    with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove"):   # a replay
+        run(_peer("s3cret", proof=_proof("s3cret", 1, ["00" * 16, "ab" * 16])))
+    with pytest.raises(AuthError, match=r"rank\(s\) \[1\] answered the join with something"):
+        run(lambda name, keys: b"\x80garbage")
+    with pytest.raises(AuthError, match=r"rank 1 did not answer the join .* within the timeout"):
+        run(lambda name, keys: None)             # joined the store, never answers
+    with pytest.raises(AuthError, match=r"rank\(s\) \[0\] have no QUIETGNN_SECRET"):
+        run(_peer("s3cret"), secret=None)
+    # nobody has a secret (a torchrun job without one): unauthenticated, said by the worker
+    assert run(_peer(None), secret=None) is False

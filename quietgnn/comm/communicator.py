@@ -54,7 +54,8 @@ from ..serial import dumps, loads
 from .duplex import direction_groups, post_pairs
 from .faults import Fault
 from .liveness import Liveness, watch
-from .rendezvous import _generation, _gloo_on_loopback, _joining, _tcp_store
+from .rendezvous import SECRET_ENV, _generation, _gloo_on_loopback, _joining, _tcp_store, \
+    prove_peers
 from .traffic import Traffic, check_traffic
 
 __all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange", "Traffic"]
@@ -189,6 +190,8 @@ class Communicator:
         self.sent_by_class: dict[str, int] = {}
         #: host labels and heartbeat (set by :meth:`init` on a multi-process group)
         self.liveness: Liveness | None = None
+        #: every rank proved the run's secret at the join (rendezvous.prove_peers)
+        self.authenticated = False
         #: (lower -> higher rank, higher -> lower rank) gloo groups, set by split_duplex
         self._duplex: tuple[Any, Any] | None = None
 
@@ -215,9 +218,12 @@ class Communicator:
                                       not agent and rank == 0, timeout, multi_tenant=not agent)
                     prefix = f"quietgnn/generation-{_generation(base, world_size)}"
                     store = dist.PrefixStore(prefix, base)
+                    authenticated = prove_peers(store, rank, world_size,
+                                                os.environ.get(SECRET_ENV) or None)
                     dist.init_process_group(backend=backend, store=store, rank=rank,
                                             world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
+                comm.authenticated = authenticated
                 comm.liveness = watch(comm, store, _connector(world_size, prefix, not agent))
                 return comm
             elif init_method == "env://":
@@ -226,9 +232,12 @@ class Communicator:
                     _gloo_on_loopback(addr)
                 with _joining(rank, world_size, timeout_s, CommError):
                     store = _tcp_store(addr, port, world_size, rank == 0, timeout)
+                    authenticated = prove_peers(dist.PrefixStore("quietgnn", store), rank,
+                                                world_size, os.environ.get(SECRET_ENV) or None)
                     dist.init_process_group(backend=backend, store=store, rank=rank,
                                             world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
+                comm.authenticated = authenticated
                 comm.liveness = watch(comm, store, _connector(world_size, None, False))
                 return comm
             else:

@@ -1,11 +1,16 @@
-"""Rendezvous of the process group: the TCPStore bound to ``MASTER_ADDR`` only, and gloo kept
-on the loopback interface when every rank is on this host (see :class:`Communicator.init`)."""
+"""Rendezvous of the process group: the TCPStore bound to ``MASTER_ADDR`` only, gloo kept on
+the loopback interface when every rank is on this host, and every rank proving the run's
+secret before any data moves (see :class:`Communicator.init`)."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import ipaddress
+import json
 import os
+import secrets
 import socket
 import sys
 from contextlib import contextmanager
@@ -13,7 +18,15 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-__all__: list[str] = []
+__all__ = ["AuthError", "SECRET_ENV", "prove_peers"]
+
+#: the run's shared secret: the local launcher draws one per run; under torchrun set the same
+#: value on every host (e.g. ``export QUIETGNN_SECRET=$(openssl rand -hex 32)``)
+SECRET_ENV = "QUIETGNN_SECRET"
+
+
+class AuthError(RuntimeError):
+    """A rank of the process group did not prove the run's secret."""
 
 def _resolve(addr: str) -> tuple[int, str]:
     """(address family, numeric address) of ``addr``; ValueError when it does not resolve."""
@@ -96,6 +109,8 @@ def _joining(rank: int, world_size: int, timeout_s: float,
     ``error`` (the communicator's CommError)."""
     try:
         yield
+    except AuthError:
+        raise
     except (RuntimeError, OSError) as exc:
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         first = next((x.strip() for x in str(exc).splitlines() if x.strip()),
@@ -105,3 +120,60 @@ def _joining(rank: int, world_size: int, timeout_s: float,
         raise error(f"{who} for {timeout_s:g} s and gave up ({first[:160]}); start every "
                     f"rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, rank 0 "
                     f"reachable from the others (or raise --runtime.timeout_s)") from None
+
+
+def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> bool:
+    """Every rank proves to every other that it holds the run's ``secret`` before the process
+    group is formed: each posts a fresh nonce in the rendezvous store, then ``HMAC-SHA256``
+    of all the nonces and its rank; each checks every proof. A process that took a rank's
+    place in the store (a stray job on the same port, a stranger) cannot answer, and every
+    rank stops with :class:`AuthError` naming it before any gloo connection or data. Ranks
+    without a secret post none: all without, the group is unauthenticated (returns False);
+    some without, refused. Store traffic, like torch's own rendezvous: not data, not counted.
+    Not a defence against whoever can read and relay the traffic itself: gloo is not
+    encrypted (see the security model)."""
+    if world_size == 1:
+        return secret is not None
+    key = (secret or "").encode()
+    mine = secrets.token_hex(16)
+    store.set(f"auth/nonce/{rank}", json.dumps({"nonce": mine, "secret": bool(secret)}))
+    posted = [_posted(store, f"auth/nonce/{r}", r) for r in range(world_size)]
+    odd = [r for r, v in enumerate(posted) if not (isinstance(v, dict)
+                                                   and isinstance(v.get("nonce"), str))]
+    if odd:
+        raise AuthError(f"rank(s) {odd} answered the join with something other than a nonce: "
+                        f"not quietgnn ranks of this run; check MASTER_ADDR/MASTER_PORT")
+    without = [r for r, v in enumerate(posted) if not v.get("secret")]
+    if len(without) == world_size:
+        return False
+    if without:
+        raise AuthError(f"rank(s) {without} have no {SECRET_ENV} but the others have one: set "
+                        f"the same {SECRET_ENV} on every host of the run")
+    challenge = "|".join(v["nonce"] for v in posted).encode()
+
+    def proof(r: int) -> str:
+        return hmac.new(key, b"quietgnn-peer|%d|" % r + challenge, hashlib.sha256).hexdigest()
+    store.set(f"auth/proof/{rank}", json.dumps(proof(rank)))
+    proofs = [_posted(store, f"auth/proof/{r}", r) for r in range(world_size)]
+    bad = [r for r, p in enumerate(proofs)
+           if not (isinstance(p, str) and hmac.compare_digest(p, proof(r)))]
+    if bad:
+        raise AuthError(f"rank(s) {bad} did not prove the run's secret ({SECRET_ENV}): a "
+                        f"process that is not this run's joined in their place, or their host "
+                        f"has another {SECRET_ENV}; nothing was sent to them")
+    return True
+
+
+def _posted(store: Any, name: str, rank: int) -> Any:
+    """The JSON value rank ``rank`` posted under ``name`` (waiting for it: the store's
+    timeout); None where it is not JSON."""
+    try:
+        store.wait([name])
+    except RuntimeError:
+        raise AuthError(f"rank {rank} did not answer the join ({name}) within the timeout: "
+                        f"a process that is not a quietgnn rank of this run holds its place, "
+                        f"or it stopped; check MASTER_ADDR/MASTER_PORT") from None
+    try:
+        return json.loads(store.get(name))
+    except (ValueError, UnicodeDecodeError):
+        return None

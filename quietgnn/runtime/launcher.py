@@ -19,12 +19,14 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..comm.rendezvous import SECRET_ENV
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir
@@ -100,6 +102,9 @@ def launch(plan: RunPlan,
     port = free_port()
     extra = dict(env_extra or {})
     extra.update(plan.worker_env())
+    # the run's secret: every worker proves it to the others at the join (prove_peers), so a
+    # process that is not this run's cannot take a rank's place on 127.0.0.1
+    extra[SECRET_ENV] = secrets.token_hex(32)
     procs: list[subprocess.Popen] = []
     logs = []
     pipes = ErrorPipes(world)

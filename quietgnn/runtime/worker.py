@@ -131,6 +131,12 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
         record_attempt(run_dir)
     comm = Communicator.init(rank, world, backend=placement.backend,
                              timeout_s=cfg.runtime.timeout_s, device=device)
+    if write_config and rank == 0 and world > 1 and not comm.authenticated:
+        from ..comm.rendezvous import SECRET_ENV
+        print(f"note: the ranks did not authenticate each other ({SECRET_ENV} is not set): "
+              f"any process reaching MASTER_ADDR:MASTER_PORT could have joined as a rank; set "
+              f"the same {SECRET_ENV} on every host (openssl rand -hex 32)",
+              file=sys.stderr, flush=True)
     comm.split_duplex(cfg.runtime.duplex)
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
     if write_config:   # under torchrun, where each host may have been given its own --out
