@@ -163,3 +163,111 @@ def test_the_shchur_csr_npz_layout_loads(tmp_path):
     g = load_dataset(str(tmp_path / "amazon_like.npz"))
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (4, 6, 6, 2)
     assert torch.equal(g.x, torch.eye(4, 6))
+
+
+# ---------------------------------------------------------------------- damaged files
+class _Payload:
+    """Unpickling this creates ``path``: the proof that code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.path}",))
+
+
+def _refused(path, *needles: str) -> str:
+    """load_dataset(path) fails with one ValueError line that names ``path`` and every needle."""
+    with pytest.raises(ValueError) as ei:
+        load_dataset(path)
+    msg = str(ei.value)
+    assert "\n" not in msg and "Traceback" not in msg, msg
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+def _write_npz(path, **extra):
+    ei, x, y = _sparse_toy()
+    np.savez(path, **{"edge_index": ei, "x": x, "y": y, **extra})
+
+
+def test_damaged_npz_archives_are_named_in_one_line(tmp_path):
+    """A truncated archive, one whose bytes are corrupted, a file that is no zip archive (a
+    pickle whose payload must not run) and a .npy named .npz: one line naming the file."""
+    good = tmp_path / "good.npz"
+    _write_npz(good)
+    data = good.read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[:len(data) // 2])
+    _refused(tmp_path / "cut.npz", "cut.npz: a damaged .npz archive", "BadZipFile",
+             "write it again with np.savez")
+    # the members are stored: flip bytes inside 'x''s data -> its CRC no longer matches
+    import zipfile
+    bad = bytearray(data)
+    at = zipfile.ZipFile(good).getinfo("x.npy").header_offset + 400
+    bad[at:at + 8] = b"\xff" * 8
+    (tmp_path / "crc.npz").write_bytes(bytes(bad))
+    _refused(tmp_path / "crc.npz", "crc.npz key 'x': not a readable array", "damaged")
+    import pickle
+    marker = tmp_path / "pwned"
+    (tmp_path / "pickle.npz").write_bytes(pickle.dumps(_Payload(str(marker))))
+    _refused(tmp_path / "pickle.npz", "pickle.npz: not a .npz archive", "not a zip header",
+             "np.savez")
+    assert not marker.exists()
+    np.save(tmp_path / "single.npy", np.arange(3))
+    (tmp_path / "single.npy").rename(tmp_path / "single.npz")
+    _refused(tmp_path / "single.npz", "single.npz: a single array (.npy format)")
+
+
+def test_object_arrays_are_named_by_file_and_key_and_never_unpickled(tmp_path):
+    marker = tmp_path / "pwned"
+    objs = np.array([_Payload(str(marker))] * 40, dtype=object)
+    _write_npz(tmp_path / "obj.npz", y=objs)
+    _refused(tmp_path / "obj.npz", "obj.npz key 'y': holds Python objects",
+             "never loads", "np.asarray(v, dtype=np.int64)")
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n")
+    np.save(tmp_path / "g.labels.npy", objs[:3], allow_pickle=True)
+    _refused(tmp_path / "g.txt", "g.labels.npy: holds Python objects", "never loads")
+    assert not marker.exists()
+
+
+def test_garbage_npy_files_are_named(tmp_path):
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n")
+    (tmp_path / "g.labels.npy").write_bytes(b"id,label\n0,1\n1,0\n2,1\n")
+    _refused(tmp_path / "g.txt", "g.labels.npy: not a .npy array file", "np.save(path, array)")
+    # the magic string, then nonsense: numpy's "we only support format version ..."
+    (tmp_path / "g.labels.npy").write_bytes(b"\x93NUMPY\x07\x00" + b"\x00" * 40)
+    _refused(tmp_path / "g.txt", "g.labels.npy: not a readable .npy file",
+             "format version", "np.save(path, array)")
+    np.save(tmp_path / "g.labels.npy", np.array([0, 1, 0]))
+    np.save(tmp_path / "g.features.npy", np.ones((3, 2)))
+    data = (tmp_path / "g.features.npy").read_bytes()
+    (tmp_path / "g.features.npy").write_bytes(data[:-10])       # truncated
+    _refused(tmp_path / "g.txt", "g.features.npy: not a readable .npy file")
+
+
+def test_an_absurd_sparse_shape_is_refused_before_allocating(tmp_path):
+    """x_shape = [400, 1e9] would be a 1.46 TiB dense matrix: refused, naming the value that
+    is wrong, without trying to allocate it."""
+    rng = np.random.default_rng(0)
+    x = (rng.random((400, 30)) < 0.1).astype(np.float32)
+    m = sp.csr_matrix(x)
+    ei = rng.integers(0, 400, size=(2, 1000))
+    y = rng.integers(0, 3, 400)
+    parts = dict(edge_index=ei, y=y, x_data=m.data, x_indices=m.indices, x_indptr=m.indptr)
+    np.savez(tmp_path / "wide.npz", **parts, x_shape=np.array([400, 1e9]))
+    _refused(tmp_path / "wide.npz", "wide.npz: key x_shape = [400, 1000000000] asks for a "
+             "dense float32 matrix of 1.46 TiB", "x_shape[1] = 1000000000 is wrong",
+             f"the largest column index in x_indices is {int(m.indices.max())}")
+    np.savez(tmp_path / "tall.npz", **parts, x_shape=np.array([10 ** 9, 30]))
+    _refused(tmp_path / "tall.npz", "key x_shape says 1000000000 rows but x_indptr has 401 "
+             "entries")
+    np.savez(tmp_path / "frac.npz", **parts, x_shape=np.array([400, 2.5]))
+    _refused(tmp_path / "frac.npz", "key x_shape = [400.0, 2.5]; expected two whole numbers")
+    # the sparse feature file of an edge list: its rows must be the labelled nodes
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n")
+    np.save(tmp_path / "g.labels.npy", y[:300])
+    sp.save_npz(tmp_path / "g.features.npz", m)
+    _refused(tmp_path / "g.txt", "g.features.npz: key shape says 400 rows but the graph has "
+             "300 nodes")

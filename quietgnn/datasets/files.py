@@ -39,11 +39,18 @@ Without features, nodes get one-hot **log2 degree buckets** (16 columns: bucket
 look alike before aggregation, and degree is the one structural signal that costs nothing.
 ``meta['features']`` says which was used. Every graph is symmetrised (reverse edges added,
 self-loops and duplicates dropped).
+
+Nothing is unpickled (``allow_pickle=False``: an object array is refused), and a file that is
+damaged or not what it says (a truncated archive, a pickle named ``.npz``, a sparse shape far
+larger than its data) is one ``ValueError`` naming the file and key, before anything is
+allocated for it.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +58,10 @@ import numpy as np
 import torch
 
 from ..graph import Graph
+from ..heap import mem_available_mb
 
-__all__ = ["load_npz", "load_edge_list", "degree_features", "csr_features",
-           "EDGE_LIST_SUFFIXES"]
+__all__ = ["load_npz", "load_edge_list", "degree_features", "csr_features", "csr_edges",
+           "NpzArchive", "load_npy", "EDGE_LIST_SUFFIXES"]
 
 EDGE_LIST_SUFFIXES = (".txt", ".edges", ".csv", ".tsv")
 _DEGREE_BUCKETS = 16
@@ -71,13 +79,103 @@ def degree_features(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
     return x
 
 
+#: what numpy's errors say when a file holds a pickle (an object array or a whole pickle)
+_PICKLED = "allow_pickle"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")      # a zip member first; an empty archive
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _why(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+class NpzArchive:
+    """An open ``.npz`` (``np.load(allow_pickle=False)``, as a context manager) whose every read
+    that fails is one ``ValueError`` naming the file and the key: a file that is no zip archive,
+    a truncated or damaged one, a member holding Python objects (a pickle: never loaded)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith(_ZIP_MAGIC):
+            what = ("a single array (.npy format), not an archive: save it with np.savez("
+                    "path, key=array)" if head == _NPY_MAGIC else
+                    f"not a .npz archive (it starts with {head!r}, not a zip header; a pickle "
+                    f"is never loaded)")
+            raise ValueError(f"{self.path}: {what}; expected a file written by np.savez, "
+                             f"np.savez_compressed or scipy.sparse.save_npz")
+        try:
+            self._z = np.load(self.path, allow_pickle=False)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+            raise ValueError(f"{self.path}: a damaged .npz archive ({_why(exc)}): truncated or "
+                             f"corrupted; write it again with np.savez") from None
+        self.files: list[str] = list(self._z.files)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.files
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return self._z[key]
+        except KeyError:
+            raise
+        except ValueError as exc:
+            if _PICKLED in str(exc):
+                raise ValueError(_objects_error(f"{self.path} key {key!r}")) from None
+            raise ValueError(f"{self.path} key {key!r}: not a readable array ({_why(exc)}); "
+                             f"the archive is damaged: write it again with np.savez") from None
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, MemoryError) as exc:
+            raise ValueError(f"{self.path} key {key!r}: not a readable array ({_why(exc)}); "
+                             f"the archive is damaged: write it again with np.savez") from None
+
+    def close(self) -> None:
+        self._z.close()
+
+    def __enter__(self) -> "NpzArchive":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _objects_error(where: str) -> str:
+    return (f"{where}: holds Python objects (an object array, stored as a pickle), which "
+            f"quietgnn never loads, as it could run code; expected numbers (or strings for "
+            f"label names): save it with a numeric dtype, e.g. np.asarray(v, dtype=np.int64)")
+
+
+def load_npy(path: str | os.PathLike) -> np.ndarray:
+    """``np.load(path, allow_pickle=False)``, every failure one ``ValueError`` naming the file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head != _NPY_MAGIC:
+        raise ValueError(f"{path}: not a .npy array file (it starts with {head!r}, not "
+                         f"{_NPY_MAGIC!r}; a pickle is never loaded); expected a file written "
+                         f"by np.save(path, array)")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if _PICKLED in str(exc):
+            raise ValueError(_objects_error(str(path))) from None
+        raise ValueError(f"{path}: not a readable .npy file ({_why(exc)}); write it again with "
+                         f"np.save(path, array)") from None
+    except (EOFError, OSError, MemoryError) as exc:
+        raise ValueError(f"{path}: not a readable .npy file ({_why(exc)}); write it again with "
+                         f"np.save(path, array)") from None
+
+
 _CSR_KEYS = ("data", "indices", "indptr", "shape")
 
 
-def csr_features(arrays: Any, prefix: str, where: str) -> np.ndarray | None:
+def csr_features(arrays: Any, prefix: str, where: str,
+                 rows: int | None = None) -> np.ndarray | None:
     """Dense float32 ``[N, F]`` from the CSR keys ``<prefix>data``, ``indices``, ``indptr``,
     ``shape`` (and optional ``format``) of ``arrays`` (an open ``.npz``), as
-    :func:`scipy.sparse.save_npz` writes them with ``prefix=""``; None when they are absent."""
+    :func:`scipy.sparse.save_npz` writes them with ``prefix=""``; None when they are absent.
+    ``rows``: the number of nodes, when known. The shape is checked before the dense matrix is
+    allocated: against ``indptr``, ``rows``, the largest column index and available memory."""
     keys = set(arrays.files)
     present = [k for k in _CSR_KEYS if prefix + k in keys]
     if not present:
@@ -93,10 +191,10 @@ def csr_features(arrays: Any, prefix: str, where: str) -> np.ndarray | None:
         raise ValueError(f"{where}: sparse features in format {fmt!r}; expected 'csr' "
                          f"(convert with m.tocsr() before saving)")
     import scipy.sparse as sp
-    shape = tuple(int(v) for v in np.asarray(arrays[prefix + "shape"]).reshape(-1))
+    data, indices, indptr = (arrays[prefix + k] for k in ("data", "indices", "indptr"))
+    shape = _csr_shape(np.asarray(arrays[prefix + "shape"]), indices, indptr, prefix, where, rows)
     try:
-        m = sp.csr_matrix((arrays[prefix + "data"], arrays[prefix + "indices"],
-                           arrays[prefix + "indptr"]), shape=shape)
+        m = sp.csr_matrix((data, indices, indptr), shape=shape)
         m.check_format(full_check=True)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{where}: sparse features are not a valid CSR matrix of shape "
@@ -106,6 +204,41 @@ def csr_features(arrays: Any, prefix: str, where: str) -> np.ndarray | None:
         raise ValueError(f"{where}: sparse feature values have dtype {m.data.dtype}, expected "
                          f"numbers")
     return m.astype(np.float32).toarray()
+
+
+def _csr_shape(shape: np.ndarray, indices: np.ndarray, indptr: np.ndarray, prefix: str,
+               where: str, rows: int | None) -> tuple[int, int]:
+    """``(N, F)`` from the ``shape`` key, refused (naming the wrong value) unless it agrees with
+    ``indptr`` and ``rows`` and its dense float32 matrix fits in the memory available."""
+    key = f"{prefix}shape"
+    vals = shape.reshape(-1)
+    if vals.size != 2 or vals.dtype.kind not in "iuf" or not np.isfinite(vals).all() or \
+            (vals < 0).any() or (vals != np.round(vals)).any():
+        raise ValueError(f"{where}: key {key} = {vals.tolist()}; expected two whole numbers "
+                         f">= 0 (rows N, feature columns F)")
+    n, f = int(vals[0]), int(vals[1])
+    if indptr.ndim != 1 or indptr.size != n + 1:
+        raise ValueError(f"{where}: key {key} says {n} rows but {prefix}indptr has "
+                         f"{indptr.size} entries (expected N + 1 = {n + 1}); one of the two is "
+                         f"wrong: write the matrix again with scipy.sparse.save_npz")
+    if rows is not None and n != rows:
+        raise ValueError(f"{where}: key {key} says {n} rows but the graph has {rows} nodes (one "
+                         f"label each); expected shape [{rows}, F]")
+    need = n * f * 4
+    avail = mem_available_mb() * 2 ** 20
+    if need > avail:
+        top = int(indices.max()) + 1 if indices.size and indices.dtype.kind in "iu" else 0
+        why = (f"{key}[1] = {f} is wrong: the largest column index in {prefix}indices is "
+               f"{top - 1}, so {top} columns would do" if f > 2 * top else
+               "the graph's features do not fit in this machine's memory: use fewer feature "
+               "columns, or prepare it out of core (quietgnn prepare EDGES --nodes NODES)")
+        raise ValueError(f"{where}: key {key} = [{n}, {f}] asks for a dense float32 matrix of "
+                         f"{_size(need)}, more than the {_size(avail)} available; {why}")
+    return n, f
+
+
+def _size(b: float) -> str:
+    return f"{b / 2 ** 40:.3g} TiB" if b >= 2 ** 40 else f"{b / 2 ** 30:.3g} GiB"
 
 
 def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray,
@@ -168,10 +301,10 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
     if not path.is_file():
         raise ValueError(f"graph file {str(path)!r} not found (expected a .npz with keys "
                          f"edge_index (or src, dst), y, optional x and masks)")
-    with np.load(path, allow_pickle=False) as z:
+    with NpzArchive(path) as z:
         keys = set(z.files)
         if "adj_indptr" in keys:    # the Shchur et al. CSR layout (module docstring)
-            ei = _csr_edges(z, str(path))
+            ei = csr_edges(z, str(path))
         elif "edge_index" in keys:
             ei = np.asarray(z["edge_index"])
             if ei.ndim != 2 or ei.shape[0] != 2:
@@ -195,7 +328,7 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
                              f"{sorted(keys)}. Node classification needs a label per node")
         y, names = _labels(z[ykey], f"{path} key {ykey!r}")
         x = np.asarray(z["x"]) if "x" in keys else \
-            csr_features(z, "attr_" if "attr_data" in keys else "x_", str(path))
+            csr_features(z, "attr_" if "attr_data" in keys else "x_", str(path), y.shape[0])
         mask_keys = ("train_mask", "val_mask", "test_mask")
         present = [k for k in mask_keys if k in keys]
         if present and len(present) != 3:
@@ -207,36 +340,52 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
             if m.shape != y.shape:
                 raise ValueError(f"{path}: key {k!r} has shape {tuple(m.shape)}, expected "
                                  f"[{y.shape[0]}] (one bool per node)")
-        num_classes = int(z["num_classes"]) if "num_classes" in keys else None
+        num_classes = _scalar_int(z["num_classes"], f"{path} key 'num_classes'") \
+            if "num_classes" in keys else None
     return _finish(path, ei.astype(np.int64), x, y, masks, num_classes, split_seed,
                    f"{path} key 'x'", names)
 
 
-def _csr_edges(z: Any, where: str) -> np.ndarray:
+def _scalar_int(arr: np.ndarray, where: str) -> int:
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{where}: holds {arr.dtype} of shape {tuple(arr.shape)}; expected one "
+                         f"integer (np.int64(C))")
+    return int(arr.reshape(-1)[0])
+
+
+def csr_edges(z: Any, where: str) -> np.ndarray:
     """``[2, E]`` edges (source, destination) of the adjacency stored as ``adj_*`` CSR keys
     (row = source, as the Shchur et al. files store it; quietgnn makes the graph undirected)."""
     missing = [f"adj_{k}" for k in ("data", "indices", "indptr", "shape") if f"adj_{k}" not in z]
     if missing:
         raise ValueError(f"{where}: the CSR adjacency needs keys adj_data, adj_indices, "
                          f"adj_indptr, adj_shape; {missing} missing")
-    indptr = np.asarray(z["adj_indptr"]).astype(np.int64)
-    src = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
-    return np.stack([src, np.asarray(z["adj_indices"]).astype(np.int64)])
+    indptr, indices = np.asarray(z["adj_indptr"]), np.asarray(z["adj_indices"])
+    if indptr.ndim != 1 or indptr.size < 1 or indptr.dtype.kind not in "iu" or \
+            indices.ndim != 1 or indices.dtype.kind not in "iu" or indptr[0] != 0 or \
+            (np.diff(indptr) < 0).any() or indptr[-1] != indices.size:
+        raise ValueError(f"{where}: adj_indptr and adj_indices are not a CSR adjacency "
+                         f"(expected integer indptr [N+1] from 0, non-decreasing, ending at "
+                         f"len(adj_indices) = {indices.size}); write it with "
+                         f"scipy.sparse.save_npz")
+    src = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr.astype(np.int64)))
+    return np.stack([src, indices.astype(np.int64)])
 
 
-def _read_array(stem_path: Path, what: str, required: bool) -> tuple[np.ndarray | None, str]:
+def _read_array(stem_path: Path, what: str, required: bool,
+                rows: int | None = None) -> tuple[np.ndarray | None, str]:
     for suffix in (".npy", ".txt", ".npz"):
         p = stem_path.with_name(f"{stem_path.name}.{what}{suffix}")
         if p.is_file():
             if suffix == ".npz":    # scipy.sparse.save_npz's keys
-                with np.load(p, allow_pickle=False) as z:
-                    arr = csr_features(z, "", str(p))
+                with NpzArchive(p) as z:
+                    arr = csr_features(z, "", str(p), rows)
                 if arr is None:
                     raise ValueError(f"{p}: expected a sparse matrix written by "
                                      f"scipy.sparse.save_npz (keys data, indices, indptr, "
                                      f"shape); found keys {sorted(z.files)}")
             elif suffix == ".npy":
-                arr = np.load(p, allow_pickle=False)
+                arr = load_npy(p)
             else:
                 try:
                     arr = np.loadtxt(p, ndmin=1)
@@ -297,7 +446,7 @@ def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
     stem = path.with_suffix("")
     y_raw, where_y = _read_array(stem, "labels", required=True)
     y, names = _labels(y_raw, where_y)
-    x, where_x = _read_array(stem, "features", required=False)
+    x, where_x = _read_array(stem, "features", required=False, rows=y.shape[0])
     if x is not None and x.ndim == 1:
         x = x[:, None]
     return _finish(path, ei, x, y, None, None, split_seed, where_x, names)
