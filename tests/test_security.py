@@ -342,6 +342,114 @@ def test_nothing_listens_on_all_interfaces():
     assert len(res[0]["listening"]) > len(res[1]["listening"])
 
 
+# ---------------------------------------------------------------------- dataset files
+def _planetoid(root: Path, n: int = 540, n_train: int = 6, n_test: int = 20) -> Path:
+    """``root/Cora/raw``: a small graph in the Planetoid raw layout, pickled the way the
+    originals are (csr_matrix feature rows, one-hot ndarray labels, a defaultdict(list)
+    adjacency; pickle protocol 2), test rows listed out of id order."""
+    import collections
+    import pickle
+
+    import scipy.sparse as sp
+    rng = np.random.default_rng(0)
+    raw = root / "Cora" / "raw"
+    raw.mkdir(parents=True)
+    x = (rng.random((n, 7)) < 0.3).astype(np.float32)
+    onehot = np.eye(4)[rng.integers(0, 4, n)]
+    test = rng.permutation(np.arange(n - n_test, n))
+    adj = collections.defaultdict(list)
+    for u, v in rng.integers(0, n, size=(3 * n, 2)).tolist():
+        adj[u].append(v)
+    objs = {"x": sp.csr_matrix(x[:n_train]), "y": onehot[:n_train],
+            "allx": sp.csr_matrix(x[:n - n_test]), "ally": onehot[:n - n_test],
+            "tx": sp.csr_matrix(x[test]), "ty": onehot[test], "graph": adj}
+    for k, obj in objs.items():
+        (raw / f"ind.cora.{k}").write_bytes(pickle.dumps(obj, protocol=2))
+    (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in test))
+    return raw
+
+
+def _pyg_reference(raw: Path):
+    """What PyG's own reader builds from an honest folder (it unpickles: test files only)."""
+    from torch_geometric.io.planetoid import read_planetoid_data
+
+    from quietgnn.graph import Graph
+    return Graph.from_pyg(read_planetoid_data(str(raw), "cora"), name="cora")
+
+
+def _same_graph(a, b) -> None:
+    for f in ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_planted_planetoid_raw_file_is_refused_and_does_not_run(tmp_path, monkeypatch):
+    """PyG unpickles Planetoid's raw files; quietgnn admits only the numpy/scipy classes they
+    hold, so a planted one is refused, naming the file, and its payload never runs."""
+    from quietgnn.datasets import load_dataset
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    raw = _planetoid(tmp_path / "data")
+    _same_graph(load_dataset("cora", tmp_path / "data"), _pyg_reference(raw))
+    marker = tmp_path / "pwned"
+    for name in ("x", "ally", "graph"):
+        f = raw / f"ind.cora.{name}"
+        honest = f.read_bytes()
+        f.write_bytes(__import__("pickle").dumps({"rows": Payload(str(marker))}, protocol=2))
+        with pytest.raises(ValueError) as ei:
+            load_dataset("cora", tmp_path / "data")
+        msg = str(ei.value)
+        assert "\n" not in msg and msg.startswith(f"{f}: refused: this pickle calls "
+                                                   f"{os.system.__module__}.system"), msg
+        assert "Replace the file with the original" in msg
+        f.write_bytes(honest)
+    assert not marker.exists()
+    # a damaged file (cut short) is one line naming it too
+    f = raw / "ind.cora.tx"
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"ind\.cora\.tx: not a readable Planetoid file \(\w+"
+                                         r"Error: .*\); replace it with the original"):
+        load_dataset("cora", tmp_path / "data")
+
+
+def test_cli_exits_2_on_a_planted_planetoid_file(tmp_path, monkeypatch, capsys):
+    from quietgnn.cli import main
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    raw = _planetoid(tmp_path / "data")
+    marker = tmp_path / "pwned"
+    (raw / "ind.cora.graph").write_bytes(__import__("pickle").dumps(Payload(str(marker))))
+    rc = main(["prepare", "--dataset", "cora", "--root", str(tmp_path / "data"), "--parts", "2",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"quietgnn: error: {raw / 'ind.cora.graph'}: refused")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_planted_pyg_processed_cache_is_never_loaded(tmp_path, monkeypatch):
+    """PyG loads its processed/data.pt with weights_only=False when the safe load fails: quietgnn
+    neither reads nor writes that cache (downloads are all it caches), so a planted one in the
+    cache's dataset folder never runs."""
+    from quietgnn.datasets import load_dataset
+    from quietgnn.datasets.pyg import PYG_DATASETS, _cache_entry
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("QUIETGNN_CACHE", str(cache))
+    monkeypatch.setenv("QUIETGNN_OFFLINE", "1")
+    marker = tmp_path / "pwned"
+    # the raw files were downloaded into the cache (the root holds none)
+    root = tmp_path / "empty"
+    root.mkdir()
+    entry = _cache_entry(PYG_DATASETS["cora"], root.resolve())
+    raw = _planetoid(entry)
+    processed = entry / "Cora" / "processed"
+    processed.mkdir()
+    for f in ("data.pt", "pre_filter.pt", "pre_transform.pt"):
+        (processed / f).write_bytes(_torch_bytes({"data": Payload(str(marker))}))
+    _same_graph(load_dataset("cora", root), _pyg_reference(raw))
+    assert not marker.exists()
+    # nothing was added to the cache either: the graph is built from the raw files each time
+    assert sorted(p.name for p in processed.iterdir()) == ["data.pt", "pre_filter.pt",
+                                                          "pre_transform.pt"]
+
+
 # ---------------------------------------------------------------------- item 4 + CLI resume
 def _cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

@@ -4,7 +4,8 @@
 
 * ``synthetic`` - seeded degree-corrected contextual SBM (:mod:`.synthetic`), no files needed;
 * ``cora``, ``citeseer``, ``pubmed``, ``computers``, ``photo``, ``cs``, ``physics`` - PyG's
-  raw layouts under ``root`` (:mod:`.pyg`), copied to a cache so ``root`` may be read-only;
+  raw layouts under ``root`` (:mod:`.pyg`), read where they are (``root`` may be read-only)
+  without unpickling anything but numpy/scipy arrays;
 * ``ogbn-arxiv``, ``ogbn-products``, ... - OGB under ``root`` (:mod:`.ogb`);
 * a path ending in ``.npz``, or ``.txt``/``.edges``/``.csv``/``.tsv`` (edge list) - your own
   files (:mod:`.files`).

@@ -1,13 +1,18 @@
 """Planetoid (Cora, CiteSeer, PubMed), Amazon (Computers, Photo) and Coauthor (CS, Physics)
-through PyG's own dataset classes, without ever writing into the user's data folder.
+from the raw files PyG's dataset classes read, without writing into the user's data folder and
+without running anything those files hold.
 
-PyG writes a ``processed/`` folder next to ``raw/``, which fails on a read-only root (a shared
-data folder) and litters one that is not. So the dataset's ``raw/`` files are copied into a
-cache directory (``$QUIETGNN_CACHE`` or ``~/.cache/quietgnn``, under ``pyg/<key>/``, the key
-derived from the resolved root so two roots never share a cache entry) and PyG reads, and
-processes, only that copy. The copy is refreshed when the source files change (size/mtime).
+The raw files are read where they are (a read-only shared folder is fine): Planetoid's pickles
+through an unpickler that admits only the numpy/scipy classes they hold
+(:mod:`.planetoid`), the Amazon/Coauthor ``.npz`` with ``allow_pickle=False``
+(:mod:`.files`). The graph is built as PyG's classes build it (the tests compare the two on
+the real datasets), but PyG's ``processed/data.pt`` cache is never written nor read: PyG loads
+it with ``torch.load(weights_only=False)`` when the safe load fails, so a planted one would run
+code. Converting the raw files takes a second or less, so only downloads are cached:
+raw files missing under the root are downloaded (PyG's URLs) into ``$QUIETGNN_CACHE`` (or
+``~/.cache/quietgnn``), under ``pyg/<key>/``, the key derived from the resolved root.
 
-``torch_geometric`` is imported inside functions: it takes seconds to import and
+``torch_geometric`` is imported only to download: it takes seconds to import and
 ``import quietgnn`` must stay cheap.
 """
 
@@ -21,7 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from ..graph import Graph
+from .files import NpzArchive, csr_edges, csr_features
+from .planetoid import PLANETOID_FILES, read_planetoid
 
 __all__ = ["PYG_DATASETS", "load_pyg", "cache_root"]
 
@@ -41,8 +51,7 @@ class _Spec:
 
 def _planetoid(folder: str, desc: str) -> _Spec:
     stem = folder.lower()
-    files = tuple(f"ind.{stem}.{p}" for p in ("x", "tx", "allx", "y", "ty", "ally", "graph",
-                                              "test.index"))
+    files = tuple(f"ind.{stem}.{p}" for p in PLANETOID_FILES)
     return _Spec("Planetoid", folder, "planetoid", files, desc)
 
 
@@ -101,28 +110,6 @@ def find_raw_dir(spec: _Spec, root: Path) -> Path | None:
     return None
 
 
-def _sync_raw(src: Path, dst_ds: Path, files: tuple[str, ...]) -> None:
-    """Copy ``files`` from ``src`` into ``dst_ds/raw`` unless an identical copy is there; a
-    changed source also drops the stale ``processed/`` folder."""
-    stamp = "\n".join(f"{f} {(src / f).stat().st_size} {(src / f).stat().st_mtime_ns}"
-                      for f in files)
-    stamp_file = dst_ds / "source.txt"
-    if stamp_file.is_file() and stamp_file.read_text() == stamp and \
-            all((dst_ds / "raw" / f).is_file() for f in files):
-        return
-    shutil.rmtree(dst_ds, ignore_errors=True)
-    tmp = dst_ds.with_name(dst_ds.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "raw").mkdir(parents=True)
-    for f in files:
-        shutil.copyfile(src / f, tmp / "raw" / f)   # copyfile: no permission bits (read-only src)
-    (tmp / "source.txt").write_text(stamp)
-    try:
-        tmp.rename(dst_ds)       # atomic: concurrent workers never see a half-copied folder
-    except OSError:              # another process won the race; its copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _missing_error(spec: _Spec, root: Path, cause: BaseException | None) -> ValueError:
     expected = root / spec.folder / "raw"
     why = f" (download failed: {type(cause).__name__}: {cause})" if cause else ""
@@ -140,10 +127,9 @@ def _cache_entry(spec: _Spec, source: Path) -> Path:
 
 @contextmanager
 def _locked(cache: Path):
-    """Hold an exclusive lock on ``cache`` while its raw copy is refreshed and PyG processes
-    it: ranks of one run (or runs on emulated hosts) that share a cache and start together
-    would otherwise read a ``processed/`` file another rank is still writing (an ``EOFError``
-    from ``torch.load``), or delete a copy another rank is reading."""
+    """Hold an exclusive lock on ``cache`` while raw files are downloaded into it: ranks of
+    one run (or runs on emulated hosts) that share a cache and start together would otherwise
+    download the same files at once."""
     try:
         import fcntl
     except ImportError:          # not POSIX: no lock (the race stays, as PyG has it)
@@ -157,18 +143,67 @@ def _locked(cache: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _open(spec: _Spec, cache: Path, root: Path, raw: Path | None):
-    import torch_geometric.datasets as pyg_datasets
-    cls = getattr(pyg_datasets, spec.family)
-    try:
-        # with raw/ in place PyG only processes; without it, this is where it downloads
-        return cls(str(cache), spec.folder)
-    except Exception as exc:  # noqa: BLE001 - offline downloads fail in many ways (URLError,
-        # socket errors, fsspec/aiohttp errors): all mean "the raw files are not there"
-        if raw is None:
-            shutil.rmtree(cache / spec.folder, ignore_errors=True)   # no half-downloads kept
+
+
+def _downloaded(spec: _Spec, root: Path) -> Path:
+    """The raw folder in the cache, downloaded into it (from PyG's URLs) unless it is there:
+    all files or none (a temporary folder renamed into place), one process at a time."""
+    entry = _cache_entry(spec, root)
+    raw = entry / spec.folder / "raw"
+    entry.mkdir(parents=True, exist_ok=True)
+    with _locked(entry):
+        if all((raw / f).is_file() for f in spec.raw_files):
+            return raw
+        if os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
+            raise _missing_error(spec, root, None)
+        tmp = entry / f"download.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            import torch_geometric.datasets as pyg_datasets
+            from torch_geometric.data import download_url
+            url = getattr(pyg_datasets, spec.family).url.rstrip("/")
+            print(f"quietgnn: downloading {spec.folder} into {raw}", file=sys.stderr, flush=True)
+            for f in spec.raw_files:
+                download_url(f"{url}/{f}", str(tmp), log=False)
+            shutil.rmtree(raw, ignore_errors=True)
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            tmp.rename(raw)
+        except Exception as exc:  # noqa: BLE001 - offline downloads fail in many ways (URLError,
+            # socket errors, fsspec/aiohttp errors): all mean "the raw files are not there"
             raise _missing_error(spec, root, exc) from exc
-        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)       # no half-downloads kept
+    return raw
+
+
+def _planetoid_graph(spec: _Spec, raw: Path) -> Graph:
+    a = read_planetoid(raw, spec.folder)
+    return Graph.from_edge_index(a.edge_index, a.x, a.y, train_mask=a.train_mask,
+                                 val_mask=a.val_mask, test_mask=a.test_mask, undirected=True,
+                                 name=spec.folder.lower())
+
+
+def _shchur_graph(spec: _Spec, raw: Path, split_seed: int) -> Graph:
+    """PyG's ``read_npz`` (Amazon, Coauthor): the ``adj_*`` CSR adjacency, the ``attr_*`` CSR
+    features binarised (``x > 0`` -> 1), ``labels``; no split."""
+    path = raw / spec.raw_files[0]
+    with NpzArchive(path) as z:
+        missing = [k for k in ("labels", "attr_data", "adj_indptr") if k not in z]
+        if missing:
+            raise ValueError(f"{path}: keys {missing} missing (found {sorted(z.files)}); "
+                             f"expected the Shchur et al. layout: adj_*, attr_* (CSR) and "
+                             f"labels. Replace it with the original ({spec.family} in PyG)")
+        y = np.asarray(z["labels"])
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise ValueError(f"{path}: key 'labels' holds {y.dtype} of shape {y.shape}; "
+                             f"expected integer class ids [N]")
+        x = csr_features(z, "attr_", str(path), rows=y.size)
+        ei = csr_edges(z, str(path))
+    x[x > 0] = 1
+    return Graph.from_edge_index(torch.from_numpy(ei), torch.from_numpy(x),
+                                 torch.from_numpy(y.astype(np.int64)), undirected=True,
+                                 name=spec.folder.lower(), split_seed=split_seed)
 
 
 def load_pyg(name: str, root: str | os.PathLike, *, split_seed: int = 0) -> Graph:
@@ -181,28 +216,12 @@ def load_pyg(name: str, root: str | os.PathLike, *, split_seed: int = 0) -> Grap
     """
     spec = PYG_DATASETS[name.lower()]
     root = Path(root).expanduser().resolve()
-    raw = find_raw_dir(spec, root)
-    cache = _cache_entry(spec, raw or root)
-    cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache):
-        if raw is not None:
-            _sync_raw(raw, cache / spec.folder, spec.raw_files)
-        elif not all((cache / spec.folder / "raw" / f).is_file() for f in spec.raw_files) and \
-                os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
-            raise _missing_error(spec, root, None)
-        if not (cache / spec.folder / "processed").is_dir():
-            # PyG prints its own "Processing..." / "Done!" below: say what it is, once
-            print(f"quietgnn: first use of {spec.folder} in this cache ({cache}): PyG converts "
-                  f"its raw files once", file=sys.stderr, flush=True)
-        dataset = _open(spec, cache, root, raw)
-    data = dataset[0]
+    raw = find_raw_dir(spec, root) or _downloaded(spec, root)
     if spec.split == "public":
-        graph = Graph.from_pyg(data, name=spec.folder.lower())   # keeps PyG's public masks
-        meta = {"split": "public"}
+        graph = _planetoid_graph(spec, raw)
+        meta: dict[str, object] = {"split": "public"}
     else:
-        data.train_mask = data.val_mask = data.test_mask = None   # none exist; be explicit
-        graph = Graph.from_pyg(data, name=spec.folder.lower(), split_seed=split_seed)
+        graph = _shchur_graph(spec, raw, split_seed)
         meta = {"split": "random", "split_seed": split_seed, "split_fractions": [0.6, 0.2, 0.2]}
-    graph.meta.update(meta, source=f"pyg:{spec.family}", undirected=True,
-                      raw_dir=str(raw or cache / spec.folder / "raw"))
+    graph.meta.update(meta, source=f"pyg:{spec.family}", undirected=True, raw_dir=str(raw))
     return graph
