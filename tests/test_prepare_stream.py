@@ -231,6 +231,31 @@ def _unnamed_endpoints(tmp_path):
                    tmp_path / "e.parquet")
 
 
+def _repeated_id(tmp_path):
+    """Ten rows, ids 0 .. 9 but 8 twice and no 3 (the count and the range look right)."""
+    ids = [0, 1, 2, 4, 5, 6, 7, 8, 8, 9]
+    pq.write_table(pa.table({"id": ids, "y": [0, 1] * 5, "f0": [1.0] * 10}),
+                   tmp_path / "n.parquet")
+    pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+
+
+def _non_finite(column, value):
+    def make(tmp_path):
+        f1 = [0.5, 1.5, 2.5]
+        f1[1] = value
+        pq.write_table(pa.table({"id": [0, 1, 2], "y": [0, 1, 0], "f0": [1.0, 2.0, 3.0],
+                                 column: f1}), tmp_path / "n.parquet")
+        pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+    return make
+
+
+def _nan_in_a_list(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 2], "y": [0, 1, 0],
+                             "x": [[1.0, 2.0], [3.0, 4.0], [5.0, float("-inf")]]}),
+                   tmp_path / "n.parquet")
+    pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
+
+
 def _no_label(tmp_path):
     pq.write_table(pa.table({"id": [0, 1, 2], "f0": [1.0, 2.0, 3.0]}), tmp_path / "n.parquet")
     pq.write_table(pa.table({"src": [0], "dst": [1]}), tmp_path / "e.parquet")
@@ -253,6 +278,13 @@ def _sparse_nodes(**cols):
     (_sparse_nodes(x_indices=pa.array([[], [], []], pa.list_(pa.int32()))),
      "x_indices lists no feature id on any row"),
     (_bad_nodes, "has 3 rows with ids 0 .. 3; expected ids 0 .. N-1, one row each"),
+    (_repeated_id, "n.parquet': id 8 appears more than once (drop the repeated row); id 3 has "
+                   "no row (add it); expected ids 0 .. N-1 (N = 10), one row each"),
+    (_non_finite("f1", float("nan")), "n.parquet': x has NaN/Inf value(s), first at node 1, "
+                                      "feature 1 (column 'f1') (value nan); clean or impute"),
+    (_non_finite("weight", float("inf")), "first at node 1, feature 1 (column 'weight') "
+                                          "(value inf)"),
+    (_nan_in_a_list, "x has NaN/Inf value(s), first at node 2, feature 1 (value -inf)"),
     (_bad_edges, "holds node id 7, outside [0, 3)"),
     (_no_label, "it needs a label column y (or label)"),
     (_unnamed_endpoints, "has columns ['weight', 'from', 'to']; expected src and dst"),
@@ -265,6 +297,29 @@ def test_bad_tables_are_named(tmp_path, make, message):
     assert message in str(ei.value)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_ids_wrong_across_blocks_are_named_reading_ids_only_as_far_as_needed():
+    """The node table streams in blocks: a repeat at a block boundary and a gap in a later
+    block are both named; blocks after the one that names the last are not read."""
+    from types import SimpleNamespace
+
+    from quietgnn.prepare.tables import NodeBlock, _id_error
+    nodes = SimpleNamespace(num_nodes=12, path="n.parquet")
+    read = []
+
+    def later():
+        for ids in ([6, 7, 9], [10, 11], [12]):
+            read.append(ids)
+            yield NodeBlock(np.array(ids), np.zeros((len(ids), 1)), np.zeros(len(ids)),
+                            np.zeros(len(ids)))
+    # block [0..5] went through: the next starts again at 5
+    err = _id_error(nodes, np.array([5]), 6, later())
+    assert str(err) == ("node table 'n.parquet': id 5 appears more than once (drop the repeated "
+                        "row); id 8 has no row (add it); expected ids 0 .. N-1 (N = 12), one "
+                        "row each")
+    assert read == [[6, 7, 9]]
+    assert "id 3 has no row" in str(_id_error(nodes, np.array([4, 5]), 3, iter([])))
 
 
 def test_budget_too_small_names_the_size(tmp_path):

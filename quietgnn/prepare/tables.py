@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import shutil
 from dataclasses import dataclass
@@ -365,13 +366,14 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     nxt = 0
     assignment = NpyWriter(tmp / "assignment.npy", np.int64, (n,))
     digest = FeaturesDigest(F)
-    for blk in nodes.blocks(con):
+    blocks = iter(nodes.blocks(con))
+    for blk in blocks:
         ids = np.asarray(blk.ids, dtype=np.int64)
         if ids.size == 0:
             continue
         if ids[0] != nxt or (ids.size > 1 and not (np.diff(ids) == 1).all()):
-            raise ValueError(f"the node table must list ids 0 .. N-1 once each, in order; "
-                             f"found id {int(ids[0])} where {nxt} was expected")
+            raise _id_error(nodes, ids, nxt, blocks)
+        _check_finite(nodes, ids, blk.x)
         nxt = int(ids[-1]) + 1
         digest.update(blk.x, int(ids[0]))
         gy.write(blk.y)
@@ -400,6 +402,46 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
     for w in (gy, gs, assignment):
         w.close()
     return {c: int(codes[c]) for c in (TRAIN, VAL, TEST)}, digest.hexdigest()
+
+
+def _id_error(nodes: NodeSource, ids: np.ndarray, nxt: int,
+              rest: Iterator[NodeBlock]) -> ValueError:
+    """For ids that do not go on from ``nxt`` one by one: names the first repeated id and the
+    first missing one (reading on, the ids of the later blocks only, until both are found)."""
+    repeated = missing = None
+    prev = nxt - 1
+    for block in itertools.chain([ids], (np.asarray(b.ids, dtype=np.int64) for b in rest)):
+        step = np.diff(block, prepend=prev)
+        if repeated is None and (step <= 0).any():
+            repeated = int(block[np.argmax(step <= 0)])
+        if missing is None and (step > 1).any():
+            at = int(np.argmax(step > 1))
+            missing = int(block[at] - step[at]) + 1        # the id before the gap, plus one
+        prev = int(block[-1]) if block.size else prev
+        if repeated is not None and missing is not None:
+            break
+    missing = prev + 1 if missing is None and prev < nodes.num_nodes - 1 else missing
+    found = [f"id {repeated} appears more than once (drop the repeated row)"] * \
+        (repeated is not None) + [f"id {missing} has no row (add it)"] * (missing is not None)
+    return ValueError(f"{_where(nodes)}: {'; '.join(found)}; expected ids 0 .. N-1 "
+                      f"(N = {nodes.num_nodes}), one row each")
+
+
+def _check_finite(nodes: NodeSource, ids: np.ndarray, x: np.ndarray) -> None:
+    """NaN/Inf features are refused as the in-memory path refuses them (Graph.validate)."""
+    bad = ~np.isfinite(x)
+    if bad.any():
+        r, c = (int(v) for v in np.argwhere(bad)[0])
+        col = f" (column {nodes.x_cols[c]!r})" if getattr(nodes, "x_form", "") == "columns" \
+            else ""
+        raise ValueError(f"{_where(nodes)}: x has NaN/Inf value(s), first at node "
+                         f"{int(ids[r])}, feature {c}{col} (value {float(x[r, c])}); clean or "
+                         f"impute features first")
+
+
+def _where(nodes: NodeSource) -> str:
+    path = getattr(nodes, "path", None)
+    return f"node table {str(path)!r}" if path is not None else "the node source"
 
 
 def _fingerprint(edges: Path, tmp: Path, in_deg: np.ndarray, nodes: NodeSource) -> str:
