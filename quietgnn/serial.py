@@ -14,6 +14,10 @@ tagged dict holding their bytes in a uint8 tensor (:func:`to_plain`) and restore
 with their dtype (:func:`from_plain`): ``np.random.get_state()`` round-trips exactly. Anything
 else fails when it is *saved*, naming where it sits, so a checkpoint that was written can
 always be read back.
+
+File names that a manifest lists (``book.json``, a checkpoint's ``COMMIT.json``) are data too:
+:func:`outside` says why one would lead out of its directory (an absolute path, ``..``, a
+symbolic link pointing elsewhere), and such a name is never opened.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 import torch
 
 __all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes",
-           "load_file"]
+           "load_file", "outside"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -212,3 +216,27 @@ def load_file(path: str | Path, what: str, fix: str) -> Any:
     line, a plain ValueError: the launcher classifies input errors by that name) naming
     ``what`` and ``path`` and ending with ``fix``."""
     return _torch_load(path, f"{what} {str(path)!r}", fix)
+
+
+def outside(root: str | Path, name: Any, subdirs: bool = False) -> str:
+    """Why the file ``name`` read from a manifest in ``root`` is not confined to ``root``
+    ("" when it is): it must be a string holding a plain relative name (``subdirs``: a
+    relative POSIX path such as ``part-0/x.npy``), with no ``..``, ``.`` or empty component,
+    not absolute, and no symbolic link on its way may lead out of ``root`` (the link's target
+    is resolved; a name that does not exist yet is judged by its spelling alone)."""
+    if not isinstance(name, str):
+        return f"{name!r} is a {type(name).__name__}, expected a file name (a string)"
+    comps = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name or \
+            any(c in ("", ".", "..") for c in comps) or (len(comps) > 1 and not subdirs):
+        kind = "a relative path inside its directory" if subdirs else \
+            "a plain file name inside its directory"
+        return f"{name!r} is not {kind} (no '..', no absolute path)"
+    base = Path(root).resolve()
+    try:
+        real = (Path(root) / name).resolve()
+    except (OSError, RuntimeError) as exc:       # a link loop
+        return f"{name!r} cannot be resolved ({exc})"
+    if not real.is_relative_to(base):
+        return f"{name!r} leads out of {str(base)!r} (to {str(real)!r}, through a symbolic link)"
+    return ""

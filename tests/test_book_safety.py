@@ -271,6 +271,63 @@ def test_stats_that_disagree_with_num_parts_are_named(tmp_path, syn_book):
         PartitionBook.open(book)
 
 
+@pytest.mark.parametrize("field, value, said", [
+    ("graph", "x", 'graph = "x" (str), expected a JSON object'),
+    ("seed", "abc", 'seed = "abc" (str), expected an integer'),
+    ("method", 3, "method = 3 (int), expected a string"),
+    ("book_id", None, "book_id = null (NoneType), expected a string"),
+    ("graph.num_nodes", "300", 'graph.num_nodes = "300" (str), expected an integer'),
+    ("files.part-0/x.npy", [1], 'files[\'part-0/x.npy\'] = [1], expected {"bytes": int'),
+])
+def test_a_book_json_of_the_wrong_types_is_named(capsys, tmp_path, syn_book, field, value,
+                                                 said):
+    """book.json with "graph": "x" gave a raw AttributeError, "seed": "abc" an "invalid
+    literal for int()" that named no file: one line naming book.json and the field."""
+    book = tmp_path / "book"
+    shutil.copytree(syn_book, book)
+    meta = json.loads((book / "book.json").read_text())
+    *path, key = field.split(".", 1) if field.startswith(("graph.", "files.")) else [field]
+    (meta[path[0]] if path else meta)[key] = value
+    (book / "book.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as exc:
+        PartitionBook.open(book)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(book / "book.json") in msg and said in msg, msg
+    out = tmp_path / "runs"
+    rc, err = _run(capsys, TINY + ["--book", str(book), "--out", str(out)])
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert rc == 2 and len(lines) == 1 and said in lines[0] and "Traceback" not in err, err
+    if field == "graph":            # the version-1 refusal reads the graph's name too
+        meta["version"] = 1
+        (book / "book.json").write_text(json.dumps(meta))
+        with pytest.raises(ValueError, match=r"has version 1 .* --dataset NAME"):
+            PartitionBook.open(book)
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link"])
+def test_book_file_names_stay_inside_the_book(tmp_path, syn_book, how):
+    """A name in book.json, or a part file replaced by a link, must not lead out of the book:
+    refused by name, and the file outside is never read."""
+    book = tmp_path / "book"
+    shutil.copytree(syn_book, book)
+    outside = tmp_path / "outside.npy"
+    outside.write_bytes((book / "part-1" / "x.npy").read_bytes())
+    meta = json.loads((book / "book.json").read_text())
+    if how == "link":
+        (book / "part-1" / "x.npy").unlink()
+        os.symlink(outside, book / "part-1" / "x.npy")
+        name, said = "part-1/x.npy", "leads out of"
+    else:
+        name = "../outside.npy" if how == "dotdot" else str(outside)
+        meta["files"][name] = dict(meta["files"]["part-1/x.npy"])
+        said = "no '..', no absolute path"
+        (book / "book.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as exc:
+        PartitionBook.open(book).load_part(1, 2)
+    msg = str(exc.value)
+    assert "\n" not in msg and f"file name {name!r}" in msg and said in msg, msg
+
+
 def test_edited_cached_book_is_rebuilt(tmp_path):
     cfg = _cfg(synthetic=SYN, partition={"method": "random", "parts": 2})
     path = prepare_book(cfg, log=lambda m: None)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from quietgnn.runtime.checkpoint import (MARKER, Checkpointer, check_resume_compatible,
-                                         identity_differences, run_identity)
+                                         check_resume_features, identity_differences,
+                                         run_identity)
 from quietgnn.runtime.spawn import spawn_function
 from quietgnn.seeds import rank_seed
 
@@ -383,3 +384,114 @@ def test_fresh_run_moves_an_earlier_runs_checkpoints_aside(tmp_path):
     ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})   # not pruned by epochs 7, 8
     assert ck.load_latest(CFG, None)["epoch"] == 0
     assert ck.start_fresh() is not None and ck.start_fresh() is None
+
+
+# ---------------------------------------------------------------------- markers that lie
+@pytest.mark.parametrize("field, value, said", [
+    ("identity", "x", "field 'identity' is str \"x\", expected a mapping"),
+    ("shards", [1, 2], "field 'shards' is list [1, 2], expected a mapping"),
+    ("epoch", "0", "field 'epoch' is str \"0\", expected 0 (its directory)"),
+    ("world_size", None, "field 'world_size' is NoneType null, expected an int >= 1"),
+    ("shards", {"0": {"file": "rank-0.pt", "bytes": "9", "sha256": "0"}},
+     "shards['0'] is dict"),
+])
+def test_a_marker_of_the_wrong_types_is_named_not_a_traceback(tmp_path, field, value, said):
+    """COMMIT.json edited to other types: the CLI's pre-flight and the workers said
+    AttributeError ('str' object has no attribute 'get'); now one line naming the marker and
+    the field, and an older intact checkpoint is resumed instead (the damaged one named)."""
+    ck = Checkpointer(tmp_path, 0, 1, log=lambda m: None)
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})
+    marker = tmp_path / "epoch-000000" / MARKER
+    meta = json.loads(marker.read_text())
+    meta[field] = value
+    marker.write_text(json.dumps(meta))
+    for refuse in (lambda: check_resume_compatible(CFG, tmp_path),
+                   lambda: ck.load_latest(CFG, None)):
+        with pytest.raises(ValueError) as ei:
+            refuse()
+        msg = str(ei.value)
+        assert "\n" not in msg and "no usable checkpoint" in msg, msg
+        assert str(marker) in msg and said in msg, msg
+    shutil.copytree(tmp_path / "epoch-000000", tmp_path / "epoch-000001")   # the damaged one
+    shutil.rmtree(tmp_path / "epoch-000000")
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}})                # an intact older
+    m1 = tmp_path / "epoch-000001" / MARKER
+    meta = json.loads(m1.read_text())
+    meta["epoch"] = 1 if field != "epoch" else "1"
+    m1.write_text(json.dumps(meta))
+    logged = []
+    ck._log = logged.append
+    assert check_resume_compatible(CFG, tmp_path) == 0
+    assert ck.load_latest(CFG, None)["epoch"] == 0
+    assert any("skipping epoch 1" in m and str(m1) in m for m in logged), logged
+
+
+def test_a_failed_checkpoint_names_the_newest_intact_one(tmp_path, monkeypatch):
+    """The disk fills at epoch 5 with epochs 3 and 4 committed: the message named epoch 3 (the
+    oldest; the list is newest first) though --resume continues from 4."""
+    import errno
+
+    from quietgnn.runtime import checkpoint as ckpt_mod
+    from quietgnn.runtime.checkpoint import CheckpointError
+    ck = Checkpointer(tmp_path, 0, 1, keep=3, log=lambda m: None)
+    for e in (3, 4):
+        ck.save(e, {"epoch": e, "config": CFG, "strategy": {}})
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, f"could not write {str(path)!r}: No space left on device")
+    monkeypatch.setattr(ckpt_mod, "atomic_write", full)
+    with pytest.raises(CheckpointError, match=r"No space left on device.*the checkpoint of "
+                                              r"epoch 4 is intact"):
+        ck.save(5, {"epoch": 5, "config": CFG, "strategy": {}})
+    assert ck.load_latest(CFG, None)["epoch"] == 4
+
+
+# ---------------------------------------------------------------------- features changed
+def test_resume_after_the_features_changed_is_refused(tmp_path):
+    """An own-data graph's x rewritten as 2x+1 at the same path, then --resume: it went on
+    'from the checkpoint of epoch 9' (the book identity covers topology, labels, splits and
+    x's shape only). The checkpoint records the book's features digest (free: the book has
+    it) and a resume on other features is refused by name; the same features resume."""
+    import dataclasses
+
+    from quietgnn.comm import Communicator
+    from quietgnn.config import load_config
+    from quietgnn.partition import PartitionBook, build_partitions, make_book
+
+    from helpers import small_graph
+    g = small_graph()
+    changed = dataclasses.replace(g, x=2 * g.x + 1)
+    books = [make_book(tmp_path / name, graph, "random", 1)
+             for name, graph in (("b", g), ("b2", changed))]
+    parts = [PartitionBook.open(b.path).load_part(0, 1) for b in books]
+    assert parts[0].book_id == parts[1].book_id                  # what let it through
+    assert parts[0].features_identity().startswith("graph:")
+    assert parts[0].features_identity() != parts[1].features_identity()
+    cfg = load_config(None, {"strategy": "halo", "partition": {"parts": 1},
+                             "model": {"hidden": 8}, "runtime": {"progress": False}})
+    comm = Communicator(0, 1)
+    assert _train(comm, cfg, parts[0], tmp_path / "run", 2, 1, False) is not None
+    with pytest.raises(ValueError) as ei:
+        _train(comm, cfg, parts[1], tmp_path / "run", 3, 1, True)
+    msg = str(ei.value)
+    assert "\n" not in msg and "features: checkpoint 'graph:" in msg, msg
+    assert "edited or replaced" in msg
+    # the launcher's pre-flight says the same once, before any worker starts
+    with pytest.raises(ValueError, match=r"features: checkpoint 'graph:[0-9a-f]+', this run "
+                                         r"'graph:[0-9a-f]+' \(the same graph"):
+        check_resume_features(tmp_path / "run" / "checkpoints",
+                              [books[1].features_identity(0)])
+    check_resume_features(tmp_path / "run" / "checkpoints", [books[0].features_identity(0)])
+    losses, _ = _train(comm, cfg, PartitionBook.open(books[0].path).load_part(0, 1),
+                       tmp_path / "run", 3, 1, True)
+    assert len(losses) == 3                                      # the same features resume
+    # without a book (a worker partitioning in process): the part's own rows, hashed once
+    zero = np.zeros(g.num_nodes, dtype=np.int64)
+    own = [build_partitions(graph, zero)[0].features_identity() for graph in (g, changed, g)]
+    assert own[0].startswith("part:") and own[0] == own[2] != own[1]
+    ck = Checkpointer(tmp_path / "own", 0, 1, log=lambda m: None)
+    ck.save(0, {"epoch": 0, "config": CFG, "strategy": {}, "features": own[0]})
+    with pytest.raises(ValueError, match=r"features \(rank 0\): checkpoint 'part:"):
+        ck.load_latest(CFG, None, own[1])
+    assert ck.load_latest(CFG, None, own[2])["epoch"] == 0
+    assert ck.load_latest(CFG, None, "graph:0")["epoch"] == 0    # another kind: not compared

@@ -69,6 +69,45 @@ def test_given_partitioner_and_its_errors(graph, tmp_path):
         partition_nodes(graph, "random", 500)
 
 
+class _Payload:
+    """Unpickling this creates ``path`` (via os.system): the proof that code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_partition_file_holding_anything_but_part_ids_is_one_line(graph, tmp_path):
+    """--partition.file as .pt: a crafted pickle got torch's multi-line refusal with its advice
+    to retry with weights_only=False; a dict a raw 'Could not infer dtype of dict'."""
+    from quietgnn.partition.partitioners import check_assignment
+    a = torch.arange(graph.num_nodes) % 3
+    torch.save(a, tmp_path / "p.pt")
+    assert np.array_equal(partition_nodes(graph, "given", 3, file=str(tmp_path / "p.pt")), a)
+    ran = tmp_path / "ran"
+    torch.save({"parts": _Payload(str(ran))}, tmp_path / "evil.pt")
+    torch.save({"parts": a}, tmp_path / "dict.pt")
+    for name, said in (("evil.pt", "holds something other than tensors and plain data"),
+                       ("dict.pt", "holds a dict, expected a tensor of part ids")):
+        with pytest.raises(ValueError) as ei:
+            partition_nodes(graph, "given", 3, file=str(tmp_path / name))
+        msg = str(ei.value)
+        assert "\n" not in msg and str(tmp_path / name) in msg and said in msg, msg
+        assert "weights_only" not in msg
+    assert not ran.exists()
+    (tmp_path / "bad.txt").write_text("0\n1\nx\n")
+    with pytest.raises(ValueError, match=r"could not read partition file .*bad\.txt.*ValueError"):
+        partition_nodes(graph, "given", 3, file=str(tmp_path / "bad.txt"))
+    for bad, said in (({"parts": 1}, "given partition is a dict of dtype object"),
+                      (np.zeros((graph.num_nodes, 2), np.int64), r"shape \[200, 2\]"),
+                      ([[0], [1, 2]], "given partition is a list")):
+        with pytest.raises(ValueError, match=said):
+            check_assignment(bad, graph.num_nodes, 3)
+
+
 @pytest.mark.parametrize("P", [1, 3, 4])
 def test_local_partition_invariants(graph, P):
     parts = partition_nodes(graph, "random", P, seed=1)

@@ -5,7 +5,9 @@ refused with the file and the fix named."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -31,7 +33,7 @@ def _cli(*args, cwd=None):
 def _same_part(a, b):
     for f in a.__dataclass_fields__:
         x, y = getattr(a, f), getattr(b, f)
-        if f == "book_id":
+        if f in ("book_id", "features_id"):     # set from the book it was read from
             continue
         if isinstance(x, torch.Tensor):
             assert x.dtype == y.dtype and torch.equal(x, y), f
@@ -197,3 +199,125 @@ def test_prepare_refuses_to_replace_a_prepared_graph_unless_asked(tmp_path, caps
     err = capsys.readouterr().err
     assert "holds files that are not a prepared graph" in err and "choose another --out" in err
     assert (mine / "important.txt").read_text() == "keep"
+
+
+def test_overwrite_replaces_only_what_prepare_wrote(tmp_path, capsys):
+    """`prepare --overwrite` deleted a directory that merely held a file named book.json
+    (beside the user's IMPORTANT.txt), and without --overwrite called it "a prepared graph
+    (None parts, None, ? nodes ...)". Only a quietgnn book holding nothing but what prepare
+    writes is replaced; anything else is refused naming the directory and what is in it, by
+    the command and again where the old directory would be moved aside (finish_book)."""
+    from quietgnn.cli import main
+    from quietgnn.partition.book import finish_book, new_book_dir
+    small = ["prepare", "--dataset", "synthetic", "--synthetic.nodes", "200", "--parts", "2"]
+    u = tmp_path / "U"
+    u.mkdir()
+    (u / "book.json").write_text("{}")
+    (u / "IMPORTANT.txt").write_text("x")
+    capsys.readouterr()
+    for extra in ([], ["--overwrite"]):
+        assert main(small + ["--out", str(u)] + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(u) in err and "'IMPORTANT.txt'" in err, err
+        assert "not a quietgnn partition book" in err and "None parts" not in err
+    tmp = new_book_dir(u)
+    with pytest.raises(ValueError, match=r"U' holds 2 entries .*'IMPORTANT\.txt'.* left as it"):
+        finish_book(tmp, u, {"num_parts": 1})
+    assert (u / "IMPORTANT.txt").read_text() == "x"
+    # a real prepared graph with a file of the user's inside is not replaced either
+    d = tmp_path / "d"
+    assert main(small + ["--out", str(d)]) == 0
+    (d / "part-0" / "notes.txt").write_text("mine")
+    (d / "part-1" / "link").symlink_to(tmp_path / "U")
+    capsys.readouterr()
+    assert main(small + ["--out", str(d), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "2 entries ('part-0/notes.txt', 'part-1/link/')" in err, err
+    (d / "part-0" / "notes.txt").unlink()
+    (d / "part-1" / "link").unlink()
+    assert main(small + ["--out", str(d)]) == 2           # a prepared graph: described
+    assert "already holds a prepared graph (2 parts, metis, 200 nodes" in \
+        capsys.readouterr().err
+    assert main(small + ["--out", str(d), "--overwrite"]) == 0
+
+
+def _lie(book, k, name, edit):
+    """Rewrite ``part-k/<name>`` through ``edit`` and update its size and sha256 in book.json,
+    as a tamperer with write access would (the checksums then prove nothing)."""
+    f = book / f"part-{k}" / name
+    if name == "part.json":
+        meta = json.loads(f.read_text())
+        edit(meta)
+        f.write_text(json.dumps(meta))
+    else:
+        np.save(f, edit(np.load(f)))
+    manifest = json.loads((book / "book.json").read_text())
+    manifest["files"][f"part-{k}/{name}"].update(
+        bytes=f.stat().st_size, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
+    (book / "book.json").write_text(json.dumps(manifest))
+
+
+def _set(key, value):
+    def edit(meta):
+        meta[key] = value
+    return edit
+
+
+def _at(i, value):
+    def edit(a):
+        a = a.copy()
+        a[i] = value
+        return a
+    return edit
+
+
+#: (file, edit, what the one line says): each reached an IndexError in a kernel, a gloo
+#: abort (SIGABRT) or a TypeError before
+LIES = {
+    "label 99": ("y.npy", _at(3, 99), r"y.npy' holds values in \[0, 99\], expected labels "
+                                       r"\(num_classes = 3 in part.json\) in \[0, 3\)"),
+    "num_classes 2": ("part.json", _set("num_classes", 2), r"y.npy' holds values in \[0, 2\]"),
+    "num_classes '7'": ("part.json", _set("num_classes", "7"),
+                        r"part.json': num_classes = \"7\", expected an int >= 2"),
+    "num_classes 5": ("part.json", _set("num_classes", 5),
+                      r"has num_classes = 5 but book.json says 3"),
+    "rank 7": ("part.json", _set("rank", 7), r"rank = 7 is not below num_parts = 2"),
+    "index out of range": ("indices.npy", _at(0, 10 ** 6),
+                           r"indices.npy' holds values in \[0, 1000000\], expected local node"),
+    "x truncated": ("x.npy", lambda a: a[:-1], r"x.npy' has \d+ rows, expected \d+ \(this part"),
+    "halo shifted": ("halo.npy", lambda a: np.roll(a, 1), r"halo.npy' is not in \(owner, id\)"),
+    "halo one short": ("halo.npy", lambda a: a[1:], r"halo_owner.npy' has \d+ rows, expected"),
+    "send plan": ("send_idx.npy", _at(0, -1), r"send_idx.npy' holds values in \[-1, "),
+    "indptr": ("indptr.npy", _at(-1, 5), r"indptr.npy' runs from 0 to 5"),
+    "mask type": ("train_mask.npy", lambda a: a.astype(np.int64),
+                  r"train_mask.npy' has dtype int64 .*expected bool"),
+    "owned order": ("owned.npy", lambda a: a[::-1].copy(), r"owned.npy' is not strictly"),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_book(tmp_path_factory):
+    return make_book(tmp_path_factory.mktemp("lies") / "d", small_graph(n=200, seed=4),
+                     "metis", 2).path
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_a_part_that_lies_is_one_line_naming_the_file(tmp_path, clean_book, lie):
+    """The arrays of a prepared part, edited with their checksums updated, are checked on
+    read as Graph.validate checks a graph (vectorised, over the mapped arrays): one
+    ValueError naming the file and the value instead of a traceback from deep inside."""
+    import shutil
+
+    from quietgnn.partition import PartitionBook
+    name, edit, said = LIES[lie]
+    book = tmp_path / "d"
+    shutil.copytree(clean_book, book)
+    _lie(book, 1, name, edit)
+    opened = PartitionBook.open(book)
+    opened.load_part(0, 2)                                  # the other part is fine
+    for stored in (False, True):
+        with pytest.raises(ValueError) as ei:
+            opened.load_part(1, 2, stored=stored)
+        msg = str(ei.value)
+        assert "\n" not in msg and re.search(said, msg), msg
+        assert str(book / "part-1") in msg and "quietgnn prepare" in msg

@@ -130,6 +130,35 @@ def test_planted_checkpoint_shard_is_refused_and_does_not_run(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "link"])
+def test_a_marker_naming_a_file_outside_its_checkpoint_is_refused_unread(tmp_path, monkeypatch,
+                                                                         how):
+    """A shard's "file" in COMMIT.json of "/etc/passwd" or "../../../etc/passwd" was read and
+    hashed (and, its checksum matching, loaded): a name must stay inside its checkpoint
+    directory (plain, no '..', not absolute, no link leading out), or nothing is read."""
+    ck = Checkpointer(tmp_path / "ck", 0, 1, log=lambda m: None)
+    ck.save(0, _state(0))
+    d = tmp_path / "ck" / "epoch-000000"
+    secret = tmp_path / "secret.pt"                 # outside the checkpoint, checksum matched
+    secret.write_bytes((d / "rank-0.pt").read_bytes())
+    name = {"absolute": str(secret), "dotdot": "../../secret.pt", "link": "rank-9.pt"}[how]
+    if how == "link":
+        os.symlink(secret, d / name)
+    meta = json.loads((d / MARKER).read_text())
+    meta["shards"]["0"]["file"] = name
+    (d / MARKER).write_text(json.dumps(meta))
+    read = []
+    real = ckpt_mod._sha256_file
+    monkeypatch.setattr(ckpt_mod, "_sha256_file", lambda p: read.append(p) or real(p))
+    monkeypatch.setattr(ckpt_mod, "load_file", lambda *a: read.append(a) or {})
+    with pytest.raises(ValueError) as ei:
+        ck.load_latest(CFG, "b")
+    msg = str(ei.value)
+    assert "\n" not in msg and f"shards['0'].file {name!r}" in msg, msg
+    assert ("leads out of" if how == "link" else "no '..', no absolute path") in msg
+    assert read == []                               # neither hashed nor loaded
+
+
 def test_failed_shard_write_leaves_no_temp_file_and_names_the_path(tmp_path, monkeypatch):
     real_open = open
 

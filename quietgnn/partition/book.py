@@ -30,12 +30,13 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..graph import Graph
+from ..serial import outside
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 from .shards import PART_ARRAYS, read_part, write_part
 
 __all__ = ["PartitionBook", "BOOK_FORMAT", "BOOK_VERSION", "make_book", "new_book_dir",
-           "finish_book", "book_id_of"]
+           "finish_book", "book_id_of", "replace_problem"]
 
 BOOK_FORMAT = "quietgnn-partition-book"
 BOOK_VERSION = 2
@@ -119,7 +120,8 @@ class PartitionBook:
             raise ValueError(f"{str(meta_path)!r} is not a quietgnn partition book (format "
                              f"{found!r}, expected {BOOK_FORMAT!r})")
         if meta.get("version") == 1:
-            name = (meta.get("graph") or {}).get("name", "NAME")
+            graph = meta.get("graph")
+            name = graph.get("name", "NAME") if isinstance(graph, dict) else "NAME"
             raise ValueError(f"partition book {str(path)!r} has version 1 (a pickled archive "
                              f"per part), this quietgnn reads version {BOOK_VERSION} "
                              f"(memory-mapped arrays); rewrite it with `quietgnn prepare "
@@ -133,9 +135,10 @@ class PartitionBook:
             if key not in meta:
                 raise ValueError(f"partition book {str(meta_path)!r} lacks field {key!r}; "
                                  f"re-create it with `quietgnn prepare`")
+        _check_fields(meta_path, meta)
         _check_manifest(meta_path, meta)
-        return PartitionBook(path=path, num_parts=int(meta["num_parts"]), method=meta["method"],
-                             seed=int(meta["seed"]), graph=meta["graph"], stats=meta["stats"],
+        return PartitionBook(path=path, num_parts=meta["num_parts"], method=meta["method"],
+                             seed=meta["seed"], graph=meta["graph"], stats=meta["stats"],
                              files=meta["files"], book_id=meta["book_id"])
 
     def _checked_file(self, name: str) -> Path:
@@ -143,6 +146,11 @@ class PartitionBook:
         info = self.files.get(name)
         if info is None:
             raise ValueError(f"partition book {str(self.path)!r} does not list {name!r}")
+        away = outside(self.path, name, subdirs=True)
+        if away:        # a part file replaced by a link to elsewhere is never read
+            raise ValueError(f"partition book {str(self.path)!r}: file name {away}; a book "
+                             f"reads only files inside its directory: re-copy the book or "
+                             f"re-run `quietgnn prepare`")
         if not f.is_file():
             raise ValueError(f"partition file {str(f)!r} is missing; copy it from where the book "
                              f"was created or re-run `quietgnn prepare`")
@@ -185,7 +193,43 @@ class PartitionBook:
                                  f"book.json was edited or is from another version: re-run "
                                  f"`quietgnn prepare`")
             self._checked_file(name)
-        return read_part(self.path / prefix, stored=stored)
+        part = read_part(self.path / prefix, stored=stored)
+        self._check_part(part, rank)
+        part.features_id = self.features_identity(rank)
+        return part
+
+    def features_identity(self, rank: int) -> str:
+        """What a checkpoint records of rank ``rank``'s features, so that a resume on other
+        features is refused (:meth:`LocalPartition.features_identity`): ``graph:`` and the
+        whole graph's features digest, or ``x.npy:`` and the part file's sha256 for a book
+        without one; both are in ``book.json`` already (nothing is read)."""
+        digest = self.graph.get("features_digest")
+        info = self.files.get(f"part-{rank}/x.npy") or {}
+        return f"graph:{digest}" if isinstance(digest, str) else f"x.npy:{info.get('sha256')}"
+
+    def _check_part(self, part: LocalPartition, rank: int) -> None:
+        """A part's scalars against ``book.json`` (the part may be consistent in itself and
+        still belong to another book, or have been edited with its checksums)."""
+        g = self.graph
+
+        def stat(key: str) -> Any:
+            v = self.stats.get(key)
+            return v[rank] if isinstance(v, list) and len(v) == self.num_parts else None
+        pairs = [("rank", part.rank, rank), ("num_parts", part.num_parts, self.num_parts),
+                 ("num_nodes_global", part.num_nodes_global, g.get("num_nodes")),
+                 ("num_edges_global", part.num_edges_global, g.get("num_edges")),
+                 ("num_classes", part.num_classes, g.get("num_classes")),
+                 ("features (x.npy columns)", part.num_features, g.get("num_features")),
+                 ("owned nodes (owned.npy)", part.n_own, stat("nodes")),
+                 ("halo nodes (halo.npy)", part.n_halo, stat("halo")),
+                 ("edges (indices.npy)", int(part.indices.numel()), stat("edges")),
+                 ("graph_fingerprint", part.graph_fingerprint, g.get("fingerprint")),
+                 ("book_id", part.book_id, self.book_id)]
+        for what, have, want in pairs:
+            if want is not None and have != want:
+                raise ValueError(f"partition part {str(self.path / f'part-{rank}')!r} has "
+                                 f"{what} = {have!r} but book.json says {want!r}: the part was "
+                                 f"edited or comes from another book; re-run `quietgnn prepare`")
 
 
 def new_book_dir(path: Path) -> Path:
@@ -206,6 +250,11 @@ def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
                                                  "sha256": _sha256(f)}
                  for f in sorted(tmp.rglob("*")) if f.is_file()}
     files = dict(sorted(files.items()))
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        why = replace_problem(path)
+        if why:     # found there since the command checked --out: never delete it
+            raise ValueError(f"{str(path)!r} {why}; it was left as it is: move those files "
+                             f"away, or choose another output directory")
     meta = {"format": BOOK_FORMAT, "version": BOOK_VERSION, **meta, "files": files,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (tmp / "book.json").write_text(json.dumps(meta, indent=1))
@@ -218,6 +267,54 @@ def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
     os.replace(path, old / "graph")
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_problem(path: Path) -> str:
+    """Why the existing directory ``path`` is not a prepared graph that may be replaced by a
+    new one ("" when it is): its ``book.json`` must parse as a quietgnn partition book (this
+    version's or version 1) and the directory hold nothing but what a prepare writes (the
+    files the book lists, their directories and ``book.json``; no symbolic link). Anything
+    else may be the user's own files, which a replacement would delete."""
+    if path.is_symlink() or not path.is_dir():
+        return "is a symbolic link or no directory (prepare replaces only a directory it wrote)"
+    meta: Any = None
+    try:
+        meta = json.loads((path / "book.json").read_text())
+        why = "" if isinstance(meta, dict) and meta.get("format") == BOOK_FORMAT and \
+            meta.get("version") in (1, BOOK_VERSION) and isinstance(meta.get("files"), dict) \
+            else (f"format {meta.get('format') if isinstance(meta, dict) else None!r}, "
+                  f"expected {BOOK_FORMAT!r} of version 1 or {BOOK_VERSION} with its files")
+    except FileNotFoundError:
+        return f"holds {_entries(path, set(), set())} and no book.json"
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = f"unreadable: {type(exc).__name__}"
+    if why:         # not a book: every entry is the user's as far as anyone knows
+        return (f"holds {_entries(path, set(), set())}, and its book.json is not a quietgnn "
+                f"partition book ({why})")
+    files = {n for n in meta["files"] if not outside(path, n, subdirs=True)} | {"book.json"}
+    dirs = {Path(n).parent.as_posix() for n in files} - {"."}
+    extra = _entries(path, files, dirs)
+    return f"holds {extra} beside its prepared graph, which prepare does not write" \
+        if extra else ""
+
+
+def _entries(path: Path, files: set[str], dirs: set[str]) -> str:
+    """The entries under ``path`` other than ``files`` and ``dirs`` (relative POSIX names;
+    symbolic links always count), said in a few words ("" when there are none)."""
+    extra = []
+    for top, subdirs, names in os.walk(path):       # links to directories are not followed
+        rel = Path(top).relative_to(path)
+        for name in sorted(subdirs) + sorted(names):
+            r, full = (rel / name).as_posix(), Path(top) / name
+            known = dirs if name in subdirs else files
+            if r not in known or full.is_symlink():
+                extra.append(r + ("/" if name in subdirs else ""))
+        subdirs[:] = [d for d in subdirs if (rel / d).as_posix() in dirs]
+    if not extra:
+        return ""
+    shown = ", ".join(repr(e) for e in extra[:5]) + (f" and {len(extra) - 5} more"
+                                                     if len(extra) > 5 else "")
+    return f"{len(extra)} entr{'y' if len(extra) == 1 else 'ies'} ({shown})"
 
 
 def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
@@ -234,6 +331,42 @@ def _graph_identity(graph: Graph, fingerprint: str) -> dict[str, Any]:
     if isinstance(graph.meta.get("synthetic"), dict):
         ident["synthetic"] = graph.meta["synthetic"]        # the name alone does not say which
     return ident
+
+
+#: the types of ``book.json``'s fields and of its ``graph`` entry's (where present)
+_FIELDS = {"method": str, "seed": int, "graph": dict, "stats": dict, "files": dict,
+           "book_id": str}
+_GRAPH_FIELDS = {"name": str, "num_nodes": int, "num_edges": int, "num_features": int,
+                 "num_classes": int, "fingerprint": str, "features_digest": str}
+
+
+def _check_fields(meta_path: Path, meta: dict[str, Any]) -> None:
+    """Every field of ``book.json`` of its type, and every file it lists a plain relative
+    name inside the book with a size and checksum (one line naming the file and the field)."""
+    fix = "book.json was edited or is damaged: restore it, or re-create the book with " \
+          "`quietgnn prepare`"
+
+    def check(key: str, v: Any, want: type) -> None:
+        if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise ValueError(f"partition book {str(meta_path)!r}: {key} = {json.dumps(v)[:60]} "
+                             f"({type(v).__name__}), expected {_TYPE_WORDS[want]}; {fix}")
+    for key, want in _FIELDS.items():
+        check(key, meta[key], want)
+    for key, want in _GRAPH_FIELDS.items():
+        if key in meta["graph"]:
+            check(f"graph.{key}", meta["graph"][key], want)
+    for name, info in meta["files"].items():
+        away = outside(meta_path.parent, name, subdirs=True)
+        if away:
+            raise ValueError(f"partition book {str(meta_path)!r}: file name {away}; {fix}")
+        if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or \
+                not isinstance(info.get("sha256"), str):
+            raise ValueError(f"partition book {str(meta_path)!r}: files[{name!r}] = "
+                             f"{json.dumps(info)[:60]}, expected {{\"bytes\": int, \"sha256\": "
+                             f"str}}; {fix}")
+
+
+_TYPE_WORDS = {str: "a string", int: "an integer", dict: "a JSON object"}
 
 
 def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..graph import Graph
+from ..graph import FeaturesDigest, Graph
 from ..rows import chunk_bounds, cumsum0
 
 __all__ = ["LocalPartition", "build_partitions", "iter_partitions", "gather_rows"]
@@ -89,6 +89,8 @@ class LocalPartition:
     graph_fingerprint: str = ""
     book_id: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    #: what a checkpoint records of the features (:meth:`features_identity`); "" until known
+    features_id: str = ""
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -163,6 +165,21 @@ class LocalPartition:
             cols = self.indices[int(self.indptr[r0]):int(self.indptr[r1])]
             indices[int(indptr[r0]):int(indptr[r1])] = cols[cols < n]
         return indptr, indices
+
+    def features_identity(self) -> str:
+        """The features this rank trains on, as a checkpoint records them so that a resume
+        after they changed is refused: set by :meth:`PartitionBook.load_part` from the book
+        (``graph:`` its whole-graph features digest, or ``x.npy:`` the part file's sha256;
+        both free), else ``part:`` this part's rows hashed by global id
+        (:class:`~quietgnn.graph.FeaturesDigest`: one pass over ``x``, done once)."""
+        if not self.features_id:
+            d = FeaturesDigest(int(self.x[0].numel()) if self.x.shape[0] else 0)
+            step = max(1, (1 << 22) // max(1, d.width))
+            ids = self.owned.cpu().numpy()
+            for a in range(0, self.n_own, step):
+                d.update(self.x[a:a + step].detach().cpu().numpy(), ids[a:a + step])
+            self.features_id = f"part:{d.hexdigest()}"
+        return self.features_id
 
     def stats(self) -> dict[str, int]:
         return {"rank": self.rank, "owned": self.n_own, "halo": self.n_halo,

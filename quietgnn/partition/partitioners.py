@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..graph import Graph
+from ..serial import load_file
 
 __all__ = ["PARTITIONERS", "partition_nodes", "metis_parts", "random_parts", "supernode_parts",
            "given_parts", "read_assignment", "check_assignment", "hash_parts", "hash_part_of",
@@ -191,25 +192,48 @@ def supernode_parts(graph: Graph, num_parts: int, seed: int = 0,
 
 
 def read_assignment(file: str | Path) -> np.ndarray:
-    """A partition file (``.npy``, ``.pt`` or text with one part id per line) as an array."""
+    """A partition file (``.npy``, ``.pt`` or text with one part id per line) as an array.
+    Nothing is unpickled: ``.npy`` without pickles, ``.pt`` weights-only
+    (:func:`quietgnn.serial.load_file`); a file holding anything but part ids is one
+    ``ValueError`` naming it."""
     path = Path(file)
     if not path.is_file():
         raise ValueError(f"partition file {str(path)!r} does not exist; expected a .npy, .pt "
                          f"or text file with one part id per node")
+    fix = "write the assignment as one integer part id per node (.npy, .pt or text)"
+    if path.suffix == ".pt":
+        got = load_file(path, "partition file", fix)
+        if isinstance(got, torch.Tensor):
+            return got.numpy()
+        if isinstance(got, np.ndarray) and got.dtype != object:
+            return got
+        raise ValueError(f"partition file {str(path)!r} holds a {type(got).__name__}, expected "
+                         f"a tensor of part ids; {fix}")
     try:
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False)
-        if path.suffix == ".pt":
-            return torch.load(path, weights_only=True)
         return np.loadtxt(path, dtype=np.int64, ndmin=1)
-    except Exception as exc:  # corrupt/truncated files: say which file and why
-        raise ValueError(f"could not read partition file {str(path)!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - corrupt/truncated files: say which and why
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise ValueError(f"could not read partition file {str(path)!r} ({type(exc).__name__}: "
+                         f"{first}); {fix}") from None
 
 
 def check_assignment(assignment: Any, num_nodes: int, num_parts: int) -> np.ndarray:
     """``assignment`` as int64 part ids, one per node, every part non-empty (else ValueError
     naming what is wrong)."""
-    parts = np.asarray(torch.as_tensor(assignment).numpy()).reshape(-1)
+    if isinstance(assignment, torch.Tensor):
+        assignment = assignment.detach().cpu().numpy()
+    try:
+        parts = np.asarray(assignment)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"given partition is a {type(assignment).__name__} that is no array "
+                         f"({exc}); expected one integer part id per node") from None
+    if parts.dtype == object or (parts.ndim > 1 and parts.size != parts.shape[0]):
+        raise ValueError(f"given partition is a {type(assignment).__name__} of dtype "
+                         f"{parts.dtype} shape {list(parts.shape)}, expected a 1-D array of "
+                         f"integer part ids, one per node")
+    parts = parts.reshape(-1)
     if not np.issubdtype(parts.dtype, np.integer):
         raise ValueError(f"given partition has dtype {parts.dtype}, expected integer part ids")
     parts = parts.astype(np.int64)

@@ -16,11 +16,13 @@ Why plain arrays: ``np.load(mmap_mode="c")`` maps them without copying (copy-on-
 nothing a worker does writes back), no file can hold code (``allow_pickle=False``), and any tool
 that reads ``.npy`` can inspect a part. The book's manifest holds every file's size and sha256,
 which :meth:`PartitionBook.load_part` checks (one sequential read of the part, which also warms
-the page cache) before this module maps it. The worker then widens the edges to int64 and
-float16 features to float32 (the strategies index and compute in those): those two arrays are
-copies in its memory; the rest stays mapped. A strategy that converts what it reads (the
-mini-batch paths gather a few rows per step) asks for the part as stored (``stored=True``):
-nothing is copied, the edges and features stay mapped.
+the page cache) before this module maps it; what the part says is then checked too
+(:func:`check_part_arrays`: dtypes, shapes, ids, labels and plans in range, counts that add
+up), since a checksum updated with the data proves nothing. The worker then widens the edges
+to int64 and float16 features to float32 (the strategies index and compute in those): those
+two arrays are copies in its memory; the rest stays mapped. A strategy that converts what it
+reads (the mini-batch paths gather a few rows per step) asks for the part as stored
+(``stored=True``): nothing is copied, the edges and features stay mapped.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 
 from .local import LocalPartition
 
-__all__ = ["write_part", "read_part", "advise_access", "PART_ARRAYS"]
+__all__ = ["write_part", "read_part", "check_part_arrays", "advise_access", "PART_ARRAYS"]
 
 #: array files of a part, in the order they are written
 PART_ARRAYS = ("owned", "halo", "halo_owner", "indptr", "indices", "in_degree", "out_degree",
@@ -69,7 +71,7 @@ def write_part(path: Path, lp: LocalPartition, x_dtype: str = "float32") -> None
     (path / "part.json").write_text(json.dumps(scalars, indent=1))
 
 
-def _array(path: Path, name: str) -> torch.Tensor:
+def _array(path: Path, name: str) -> np.ndarray:
     f = path / f"{name}.npy"
     try:
         # "c": mapped copy-on-write (writable for torch, never written back); no pickles
@@ -81,36 +83,156 @@ def _array(path: Path, name: str) -> torch.Tensor:
                              f"prepare` from the data") from None
         raise ValueError(f"partition file {str(f)!r} is not a readable .npy array ({exc}); "
                          f"re-run `quietgnn prepare`") from None
+    return a
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a) if a.size else torch.from_numpy(np.array(a))
 
 
 def read_part(path: Path, stored: bool = False) -> LocalPartition:
-    """The :class:`LocalPartition` stored in ``path`` (arrays memory-mapped, not read).
-    ``stored``: ``indices`` and ``x`` keep the file's dtypes (int32 edges, float16 features)
-    and stay mapped instead of being widened to int64 / float32 copies."""
+    """The :class:`LocalPartition` stored in ``path`` (arrays memory-mapped, not copied;
+    ``part.json`` and the arrays checked first: :func:`check_part_arrays`). ``stored``:
+    ``indices`` and ``x`` keep the file's dtypes (int32 edges, float16 features) and stay
+    mapped instead of being widened to int64 / float32 copies."""
     try:
         scalars: dict[str, Any] = json.loads((path / "part.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"partition file {str(path / 'part.json')!r} is unreadable ({exc}); "
                          f"re-run `quietgnn prepare`") from None
-    missing = [k for k in _SCALARS if k not in scalars]
-    if missing:
-        raise ValueError(f"partition file {str(path / 'part.json')!r} lacks {missing}; it was "
-                         f"written by another version or edited: re-run `quietgnn prepare`")
+    _check_scalars(path / "part.json", scalars)
+    scalars = {k: scalars[k] for k in _SCALARS}
     a = {name: _array(path, name) for name in PART_ARRAYS}
-    counts = [int(c) for c in a.pop("send_counts")]
-    send_all = a.pop("send_idx")
-    if sum(counts) != send_all.numel() or len(counts) != scalars["num_parts"]:
-        raise ValueError(f"partition files in {str(path)!r} disagree: send_counts sum to "
-                         f"{sum(counts)} over {len(counts)} peers, send_idx has "
-                         f"{send_all.numel()} entries for {scalars['num_parts']} parts; re-run "
-                         f"`quietgnn prepare`")
+    check_part_arrays(path, scalars, a)
+    t = {name: _tensor(v) for name, v in a.items()}
+    counts = [int(c) for c in a["send_counts"]]
+    send_all = t.pop("send_idx")
+    del t["send_counts"]
     if not stored:
         # Most strategies index with int64 and compute in fp32: widen here (one copy of the
         # part's edges; the mapped int32 file is what stays on disk and in the page cache).
-        a["indices"] = a["indices"].to(torch.int64)
-        a["x"] = a["x"].to(torch.float32)
-    return LocalPartition(send_idx=list(torch.split(send_all, counts)), **a, **scalars)
+        t["indices"] = t["indices"].to(torch.int64)
+        t["x"] = t["x"].to(torch.float32)
+    return LocalPartition(send_idx=list(torch.split(send_all, counts)), **t, **scalars)
+
+
+def _check_scalars(f: Path, scalars: Any) -> None:
+    """``part.json``: every scalar present with its type and range (one line naming it)."""
+    fix = "the part was edited or is damaged: re-run `quietgnn prepare`"
+    if not isinstance(scalars, dict):
+        raise ValueError(f"partition file {str(f)!r} holds a {type(scalars).__name__}, "
+                         f"expected a JSON object of the part's scalars; {fix}")
+    missing = [k for k in _SCALARS if k not in scalars]
+    if missing:
+        raise ValueError(f"partition file {str(f)!r} lacks {missing}; it was written by "
+                         f"another version or edited: re-run `quietgnn prepare`")
+    for key in _SCALARS:
+        v, low = scalars[key], _LOW.get(key)
+        want = "an object" if key == "meta" else "a string" if low is None else \
+            f"an int >= {low}"
+        ok = isinstance(v, dict) if key == "meta" else isinstance(v, str) if low is None \
+            else isinstance(v, int) and not isinstance(v, bool) and v >= low
+        if not ok:
+            raise ValueError(f"partition file {str(f)!r}: {key} = {json.dumps(v)[:60]}, "
+                             f"expected {want}; {fix}")
+    if scalars["rank"] >= scalars["num_parts"]:
+        raise ValueError(f"partition file {str(f)!r}: rank = {scalars['rank']} is not below "
+                         f"num_parts = {scalars['num_parts']}; {fix}")
+
+
+#: the least value of every integer scalar of ``part.json`` (the others are strings)
+_LOW = {"rank": 0, "num_parts": 1, "num_nodes_global": 1, "num_edges_global": 0,
+        "num_classes": 2, "num_train_global": 0, "num_val_global": 0, "num_test_global": 0}
+#: dtypes of a part's arrays (``x``: float32 or float16; ``indices``: int32 or int64)
+_DTYPES = {**{k: ("int64",) for k in PART_ARRAYS}, "indices": ("int32", "int64"),
+           "x": ("float32", "float16"), "train_mask": ("bool",), "val_mask": ("bool",),
+           "test_mask": ("bool",)}
+
+
+def check_part_arrays(path: Path, sc: dict[str, Any], a: dict[str, np.ndarray]) -> None:
+    """A part's arrays against each other and its scalars, as :meth:`Graph.validate` checks a
+    graph: dtypes, shapes, ids, labels and plans in range, counts that add up. Vectorised
+    over the mapped arrays (min / max and a few per-node passes; the edges are scanned for
+    their range, nothing of edge size is allocated), so a part that lies is one
+    ``ValueError`` naming the file and the value, not an ``IndexError`` in a kernel or a
+    collective that aborts the process. Not checked: finite features (a NaN reaches the
+    loss, which the trainer's finite-value check stops on every rank) and what only the
+    peers know (that a send plan matches the peer's halo)."""
+    def bad(name: str, what: str) -> ValueError:
+        return ValueError(f"partition file {str(path / (name + '.npy'))!r} {what}; the part "
+                          f"is damaged or was edited: re-run `quietgnn prepare`")
+
+    for name, v in a.items():
+        if str(v.dtype) not in _DTYPES[name] or v.ndim != (2 if name == "x" else 1):
+            raise bad(name, f"has dtype {v.dtype} shape {list(v.shape)}, expected "
+                            f"{' or '.join(_DTYPES[name])} with {2 if name == 'x' else 1} "
+                            f"dimension(s)")
+    P, N, n_own, n_halo = sc["num_parts"], sc["num_nodes_global"], a["owned"].size, a["halo"].size
+    n_local = n_own + n_halo
+    sizes = {"halo_owner": n_halo, "indptr": n_own + 1, "in_degree": n_local,
+             "out_degree": n_local, "x": n_own, "y": n_own, "train_mask": n_own,
+             "val_mask": n_own, "test_mask": n_own, "recv_counts": P, "send_counts": P}
+    for name, want in sizes.items():
+        if a[name].shape[0] != want:
+            raise bad(name, f"has {a[name].shape[0]} rows, expected {want} (this part owns "
+                            f"{n_own} nodes (owned.npy) and has {n_halo} halo nodes "
+                            f"(halo.npy), of {P} parts)")
+
+    def within(name: str, lo: int, hi: int, what: str) -> None:
+        v = a[name]
+        if v.size and (int(v.min()) < lo or int(v.max()) >= hi):
+            raise bad(name, f"holds values in [{int(v.min())}, {int(v.max())}], expected "
+                            f"{what} in [{lo}, {hi})")
+    within("owned", 0, N, "node ids")
+    within("halo", 0, N, "node ids")
+    within("halo_owner", 0, P, "part ids")
+    within("indices", 0, n_local, "local node ids (owned + halo)")
+    within("send_idx", 0, n_own, "owned rows")
+    within("y", 0, sc["num_classes"], f"labels (num_classes = {sc['num_classes']} in "
+                                      f"part.json)")
+    for name in ("in_degree", "out_degree", "send_counts"):
+        if a[name].size and int(a[name].min()) < 0:
+            raise bad(name, f"holds the count {int(a[name].min())}, expected counts >= 0")
+    if n_own > 1 and not bool((np.diff(a["owned"]) > 0).all()):
+        raise bad("owned", "is not strictly ascending (the local numbering needs it)")
+    ptr = a["indptr"]
+    if int(ptr[0]) != 0 or int(ptr[-1]) != a["indices"].size or \
+            not bool((np.diff(ptr) >= 0).all()):
+        raise bad("indptr", f"runs from {int(ptr[0])} to {int(ptr[-1])} (or decreases), "
+                            f"expected a non-decreasing 0 .. {a['indices'].size} (indices.npy)")
+    if a["indices"].size > sc["num_edges_global"]:
+        raise bad("indices", f"holds {a['indices'].size} edges, more than num_edges_global = "
+                             f"{sc['num_edges_global']} (part.json)")
+    if bool((a["halo_owner"] == sc["rank"]).any()):
+        raise bad("halo_owner", f"names this part ({sc['rank']}) as a halo node's owner")
+    step = np.diff(a["halo_owner"])
+    if not bool(((step > 0) | ((step == 0) & (np.diff(a["halo"]) > 0))).all()):
+        raise bad("halo", "is not in (owner, id) order (halo_owner.npy), which is the order "
+                          "its rows arrive in")
+    have = np.bincount(a["halo_owner"], minlength=P)
+    if not np.array_equal(have, a["recv_counts"]):
+        raise bad("recv_counts", f"says {a['recv_counts'].tolist()[:8]} rows arrive from each "
+                                 f"peer, halo_owner.npy says {have.tolist()[:8]}")
+    if int(a["send_counts"].sum()) != a["send_idx"].size:
+        raise bad("send_counts", f"sums to {int(a['send_counts'].sum())} but send_idx.npy has "
+                                 f"{a['send_idx'].size} entries")
+    rises = np.diff(a["send_idx"]) > 0          # ascending within each peer's plan
+    ends = np.cumsum(a["send_counts"])[:-1] - 1
+    rises[ends[(ends >= 0) & (ends < rises.size)]] = True
+    if not bool(rises.all()):
+        raise bad("send_idx", "is not ascending within each peer's plan (the order the peer "
+                              "stores the rows in)")
+    masks = [a[m] for m in ("train_mask", "val_mask", "test_mask")]
+    for m, name in zip(masks, ("train", "val", "test")):
+        if int(m.sum()) > sc[f"num_{name}_global"]:
+            raise bad(f"{name}_mask", f"selects {int(m.sum())} nodes, more than "
+                                      f"num_{name}_global = {sc[f'num_{name}_global']} "
+                                      f"(part.json)")
+    if bool((masks[0] & masks[1]).any() | (masks[0] & masks[2]).any() |
+            (masks[1] & masks[2]).any()):
+        raise bad("train_mask", "overlaps val_mask or test_mask (the splits must be disjoint)")
+    if a["x"].shape[1] < 1:
+        raise bad("x", f"has shape {list(a['x'].shape)}, expected at least one feature")
 
 
 _libc: Any = None

@@ -101,28 +101,31 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
 def check_out(out: str, overwrite: bool) -> None:
     """Refuse (``ValueError``: exit 2) to replace what is at ``--out`` unless asked: a prepared
     graph can be hours of work. An empty directory is used as it is; one holding anything but
-    a prepared graph is never replaced (``--overwrite`` would delete the user's files)."""
+    a prepared graph (:func:`~quietgnn.partition.book.replace_problem`: a quietgnn book and
+    only the files it lists) is never replaced (``--overwrite`` would delete the user's
+    files)."""
+    from ..partition.book import replace_problem
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file; the prepared graph is a directory: choose "
                          f"another --out")
     if not path.is_dir() or not any(path.iterdir()):
         return
-    if not (path / "book.json").is_file():
-        raise ValueError(f"--out {out} exists and holds files that are not a prepared graph; "
-                         f"choose another --out (prepare replaces only a prepared graph, with "
-                         f"--overwrite)")
+    why = replace_problem(path)
+    if why:
+        raise ValueError(f"--out {out} exists and holds files that are not a prepared graph "
+                         f"(it {why}); choose another --out, or move them away (prepare "
+                         f"replaces only a prepared graph, with --overwrite)")
     if overwrite:
         return
-    what = "a prepared graph"
-    try:
-        meta = json.loads((path / "book.json").read_text())
-        graph = meta.get("graph", {})
-        what = (f"a prepared graph ({meta.get('num_parts')} parts, {meta.get('method')}, "
-                f"{graph.get('num_nodes', '?')} nodes, {graph.get('num_edges', '?')} stored "
-                f"edges, written {meta.get('created', '?')})")
-    except (OSError, ValueError, AttributeError):
-        pass
+    meta = json.loads((path / "book.json").read_text())     # a book: replace_problem read it
+    graph = meta.get("graph") if isinstance(meta.get("graph"), dict) else {}
+
+    def said(v: Any) -> str:
+        return str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else "?"
+    what = (f"a prepared graph ({said(meta.get('num_parts'))} parts, {said(meta.get('method'))}, "
+            f"{said(graph.get('num_nodes'))} nodes, {said(graph.get('num_edges'))} stored edges, "
+            f"written {said(meta.get('created'))})")
     raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace it (the "
                      f"old one stays until the new one is complete), or choose another --out")
 

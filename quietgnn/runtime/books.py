@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -84,12 +85,14 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
         return Path(cfg.partition.book), None
     key = partition_key(cfg)
     path = cached_book_path(cfg, key)
-    if (path / "book.json").is_file():
+    if path.is_dir():
         try:
             PartitionBook.open(path)
             return path, key
         except ValueError:
-            pass  # damaged cache entry: rebuild below
+            # a damaged entry of quietgnn's own cache: rebuilt below, from nothing (writing
+            # a book never replaces a directory that is not a whole book: it may be a user's)
+            shutil.rmtree(path, ignore_errors=True)
     t0 = time.perf_counter()
     name, nodes, edges = _build_book(cfg, path)
     # The graph is gone (it lived in _build_book); hand its pages back to the OS so that the

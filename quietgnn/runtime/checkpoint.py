@@ -8,8 +8,9 @@ Layout (``<run>/checkpoints``)::
                                       plain data, see below)
         COMMIT.json                   written by rank 0 once every shard is durable: format,
                                       version, epoch, world size, the run identity (config
-                                      fields that must not change across a resume) and the
-                                      size + sha256 of every shard
+                                      fields that must not change across a resume), the
+                                      size + sha256 of every shard and the features every
+                                      rank trained on (a digest)
 
 A shard holds what this rank needs to continue bit-for-bit: the trainer's state (epoch, best
 accuracies, per-epoch history), the strategy's ``state_dict()`` (model, optimizer, scheduler
@@ -30,13 +31,15 @@ Save protocol (:meth:`Checkpointer.save`), crash-safe at every step:
 4. a second gather: ``save`` returns on every rank only once the checkpoint is committed.
 
 Load protocol (:meth:`Checkpointer.load_latest`): each rank lists the checkpoints usable from
-its point of view (marker present and readable, same format version and world size, its own
+its point of view (marker present and readable, every field of its type and every shard name
+a plain file inside the checkpoint's directory, same format version and world size, its own
 shard present with the recorded size and checksum); one ``all_gather_object`` intersects the
 lists and every rank loads the same, newest epoch. Torn checkpoints (no marker, a missing or
 truncated shard) are skipped with a warning. A resume with an incompatible run (other dataset,
-number of parts, model shape, strategy or options, other partition assignment) fails with a
-``ValueError`` naming every differing field. Checkpoints newer than the one resumed from (from
-the abandoned attempt) are deleted so they can never be mixed with the new ones.
+number of parts, model shape, strategy or options, other partition assignment, other feature
+values) fails with a ``ValueError`` naming every differing field. Checkpoints newer than the
+one resumed from (from the abandoned attempt) are deleted so they can never be mixed with the
+new ones.
 
 The directory must be visible to every rank under the same path (one host, or a shared file
 system). Shards hold tensors and plain data only and are loaded with
@@ -62,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 import numpy as np
 import torch
 
-from ..serial import load_file, save_bytes
+from ..serial import load_file, outside, save_bytes
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -72,7 +75,7 @@ ConfigLike = Union["RunConfig", Mapping[str, Any]]
 
 __all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "run_identity",
            "identity_differences", "capture_rng", "restore_rng", "committed_checkpoints",
-           "check_resume_compatible"]
+           "check_resume_compatible", "check_resume_features"]
 
 CKPT_FORMAT = "quietgnn-checkpoint"
 #: 2: shards hold tensors and plain data only (numpy tagged), loaded with weights_only=True;
@@ -161,11 +164,43 @@ def identity_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str
     return out
 
 
+def _features_differ(rank: int, saved: Any, now: Optional[str]) -> list[str]:
+    """The features this rank trains on against those its checkpoint was trained on (a
+    digest: ``graph:``, ``x.npy:`` or ``part:`` and the hash), compared when both are of one
+    kind; a checkpoint from before features were recorded has none."""
+    kind = now.split(":", 1)[0] if now else None
+    if not isinstance(saved, str) or saved == now or saved.split(":", 1)[0] != kind:
+        return []
+    whose = "" if kind == "graph" else f" (rank {rank})"     # the whole graph's: every rank's
+    return [f"features{whose}: checkpoint {saved!r}, this run {now!r} (the same graph, labels "
+            f"and split with other feature values: the feature file was edited or replaced "
+            f"since; resume with the features the checkpoint was trained on)"]
+
+
+def check_resume_features(ckpt_dir: str | Path, features: list[str]) -> None:
+    """Pre-flight for the launcher once the book is known (``features``: every rank's
+    :meth:`~quietgnn.partition.PartitionBook.features_identity`): raise ``ValueError``, one
+    line, when the newest committed checkpoint in ``ckpt_dir`` was trained on other features
+    (each worker checks again when it loads its shard)."""
+    found = committed_checkpoints(ckpt_dir)
+    if not found:
+        return
+    _, d, meta = found[0]
+    diffs: list[str] = []
+    for rank, now in enumerate(features):
+        for diff in _features_differ(rank, (meta.get("features") or {}).get(str(rank)), now):
+            if diff not in diffs:
+                diffs.append(diff)
+    if diffs:
+        raise _incompatible(d, diffs)
+
+
 def _incompatible(where: Path, diffs: list[str]) -> ValueError:
     return ValueError(
         f"cannot resume from {str(where)!r}: the checkpoint was written by a different run "
-        f"configuration ({'; '.join(diffs)}). Resume with the checkpoint's settings, or start a "
-        f"fresh run (another --run-name or --out, without --resume)")
+        f"configuration or on other data ({'; '.join(diffs)}). Resume with the checkpoint's "
+        f"settings and data, or start a fresh run (another --run-name or --out, without "
+        f"--resume)")
 
 
 # ---------------------------------------------------------------------- RNG
@@ -245,7 +280,7 @@ def _read_marker(d: Path) -> tuple[Optional[dict[str, Any]], str]:
         return None, "no commit marker (torn: a rank stopped while writing it)"
     try:
         meta = json.loads(m.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         return None, f"commit marker unreadable ({type(exc).__name__})"
     if not isinstance(meta, dict) or meta.get("format") != CKPT_FORMAT:
         return None, f"{MARKER} is not a quietgnn checkpoint marker"
@@ -255,7 +290,35 @@ def _read_marker(d: Path) -> tuple[Optional[dict[str, Any]], str]:
     for key in ("epoch", "world_size", "shards", "identity"):
         if key not in meta:
             return None, f"commit marker lacks field {key!r}"
-    return meta, ""
+    why = _marker_problem(d, meta)
+    return (None, f"{str(m)!r}: {why} (edited or damaged)") if why else (meta, "")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _marker_problem(d: Path, meta: dict[str, Any]) -> str:
+    """What in a parsed marker has the wrong type or leads out of ``d`` ("" if nothing): the
+    fields are used as they are, so each is checked before anything trusts it."""
+    def shown(v: Any) -> str:
+        return f"{type(v).__name__} {json.dumps(v)[:60]}"
+    if not _is_int(meta["epoch"]) or meta["epoch"] != _epoch_of(d):
+        return f"field 'epoch' is {shown(meta['epoch'])}, expected {_epoch_of(d)} (its directory)"
+    if not _is_int(meta["world_size"]) or meta["world_size"] < 1:
+        return f"field 'world_size' is {shown(meta['world_size'])}, expected an int >= 1"
+    for key in ("identity", "shards", "book_ids", "features"):
+        if key in meta and not isinstance(meta[key], dict):
+            return f"field {key!r} is {shown(meta[key])}, expected a mapping"
+    for rank, info in meta["shards"].items():
+        if not isinstance(info, dict) or not _is_int(info.get("bytes")) or \
+                not isinstance(info.get("sha256"), str):
+            return (f"shards[{rank!r}] is {shown(info)}, expected a mapping with 'file', "
+                    f"'bytes' (int) and 'sha256' (str)")
+        bad = outside(d, info.get("file"))
+        if bad:
+            return f"shards[{rank!r}].file {bad}"
+    return ""
 
 
 def committed_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path, dict[str, Any]]]:
@@ -280,6 +343,14 @@ def check_resume_compatible(cfg: ConfigLike, ckpt_dir: str | Path) -> Optional[i
     configuration; returns its epoch (None when there is none)."""
     found = committed_checkpoints(ckpt_dir)
     if not found:
+        root = Path(ckpt_dir)
+        damaged = [f"epoch {_epoch_of(d)} ({_read_marker(d)[1]})" for d in
+                   sorted(root.iterdir() if root.is_dir() else []) if _epoch_of(d) is not None
+                   and (d / MARKER).is_file()]
+        if damaged:     # what the workers would refuse, said before any of them starts
+            raise ValueError(f"--resume: no usable checkpoint in {str(root)!r}; every "
+                             f"committed one is damaged or incompatible: "
+                             f"{' | '.join(damaged)}. Delete {str(root)!r} to start afresh")
         return None
     epoch, d, meta = found[0]
     diffs = identity_differences(meta["identity"], run_identity(cfg))
@@ -339,7 +410,7 @@ class Checkpointer:
             name = f"rank-{self.rank}.pt"
             atomic_write(d / name, data)
             info.update(file=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                        book_id=state.get("book_id"))
+                        book_id=state.get("book_id"), features=state.get("features"))
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             info.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         everyone = self._gather(info)
@@ -360,6 +431,7 @@ class Checkpointer:
                                                                           "sha256")}
                                      for i in everyone},
                           "book_ids": {str(i["rank"]): i.get("book_id") for i in everyone},
+                          "features": {str(i["rank"]): i.get("features") for i in everyone},
                           "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
                 atomic_write(d / MARKER, json.dumps(marker, indent=1).encode())
                 self._prune()
@@ -377,8 +449,8 @@ class Checkpointer:
     def _left(self, epoch: int) -> str:
         """What a failed checkpoint of ``epoch`` leaves to resume from, said as it is."""
         earlier = [e for e, _, _ in committed_checkpoints(self.dir) if e < epoch]
-        if earlier:
-            return (f"the checkpoint of epoch {earlier[-1]} is intact: --runtime.resume true "
+        if earlier:     # newest first: the one a resume continues from
+            return (f"the checkpoint of epoch {earlier[0]} is intact: --runtime.resume true "
                     f"continues from it")
         return "there is no earlier checkpoint: a rerun starts over"
 
@@ -435,13 +507,15 @@ class Checkpointer:
             return False, f"shard {f.name} does not match its checksum (damaged)", meta
         return True, "", meta
 
-    def load_latest(self, cfg: Optional[ConfigLike],
-                    book_id: Optional[str] = None) -> Optional[dict[str, Any]]:
+    def load_latest(self, cfg: Optional[ConfigLike], book_id: Optional[str] = None,
+                    features: Optional[str] = None) -> Optional[dict[str, Any]]:
         """This rank's shard of the newest checkpoint usable on every rank, or None when there
-        is none (a fresh start). Collective. Raises ``ValueError`` when the run configuration
-        or partition-book identity differs from the checkpoint's, or when committed
-        checkpoints exist but none is usable on every rank (rather than silently starting
-        over)."""
+        is none (a fresh start). Collective. Raises ``ValueError`` (on every rank together)
+        when the run configuration, the partition-book identity or the features
+        (``features``: :meth:`~quietgnn.partition.LocalPartition.features_identity`, compared
+        when the checkpoint recorded one of the same kind) differ from the checkpoint's, or
+        when committed checkpoints exist but none is usable on every rank (rather than
+        silently starting over)."""
         mine: dict[int, str] = {}   # epoch -> "" (usable) or the reason it is not
         metas: dict[int, tuple[Path, Optional[dict[str, Any]]]] = {}
         if self.dir.is_dir():
@@ -492,18 +566,19 @@ class Checkpointer:
         if book_id is not None and saved_book is not None and saved_book != book_id:
             diffs.append(f"partition book identity (rank {self.rank}): checkpoint "
                          f"{saved_book!r}, this run {book_id!r} (other graph or node assignment)")
-        if diffs:
-            raise _incompatible(d, diffs)
+        diffs += _features_differ(self.rank, (meta.get("features") or {}).get(str(self.rank)),
+                                  features)
         f = d / meta["shards"][str(self.rank)]["file"]
-        state, error = None, None
-        try:
-            state = load_file(f, "checkpoint shard",
-                              f"delete {str(d)!r} to resume from an older checkpoint, or "
-                              f"resume only from run directories you trust")
-            if not isinstance(state, dict) or state.get("epoch") != chosen:
-                raise ValueError(f"checkpoint shard {str(f)!r} does not hold epoch {chosen}")
-        except ValueError as exc:
-            error = str(exc)
+        state, error = None, (str(_incompatible(d, diffs)) if diffs else None)
+        if error is None:
+            try:
+                state = load_file(f, "checkpoint shard",
+                                  f"delete {str(d)!r} to resume from an older checkpoint, or "
+                                  f"resume only from run directories you trust")
+                if not isinstance(state, dict) or state.get("epoch") != chosen:
+                    raise ValueError(f"checkpoint shard {str(f)!r} does not hold epoch {chosen}")
+            except ValueError as exc:
+                error = str(exc)
         # Every rank raises together (rather than the others waiting for a rank that stopped)
         errors = [e for e in self._gather(error) if e]
         if errors:

@@ -66,6 +66,12 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     cfg.runtime.backend = placement.backend
     identity = dataset_identity_of(cfg)
     book, key = resolve_book(cfg, log, identity)
+    if cfg.runtime.resume:      # features edited since the checkpoint: refused before launch
+        from ..partition import PartitionBook
+        from .checkpoint import check_resume_features
+        opened = PartitionBook.open(book)
+        check_resume_features(Path(run_dir) / "checkpoints",
+                              [opened.features_identity(r) for r in range(opened.num_parts)])
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=identity, book=book,
                    partition_key=key, book_checked=True)
 

@@ -80,6 +80,8 @@ class Trainer:
             self.checkpointer = Checkpointer(self.run_dir / "checkpoints", ctx.rank,
                                              ctx.world_size, keep=rt.keep_checkpoints,
                                              comm=self.comm, log=ctx.log)
+            # the features a resume must find unchanged (free from a book; else one pass)
+            self.features = ctx.part.features_identity()
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> Optional[RunSummary]:
@@ -260,7 +262,8 @@ class Trainer:
                 "selected": self.selected,
                 "strategy": self.strategy.state_dict(), "config": self.cfg.to_dict(),
                 "sent_by_class": dict(self.comm.sent_by_class),
-                "book_id": self.ctx.part.book_id, "model_best": self.model_best}
+                "book_id": self.ctx.part.book_id, "features": self.features,
+                "model_best": self.model_best}
 
     def _maybe_resume(self) -> int:
         if not self.checkpointer:
@@ -269,7 +272,7 @@ class Trainer:
             self.checkpointer.start_fresh()   # an earlier run's checkpoints must not mix in
             return 0
         from .checkpoint import restore_rng
-        state = self.checkpointer.load_latest(self.cfg, self.ctx.part.book_id)
+        state = self.checkpointer.load_latest(self.cfg, self.ctx.part.book_id, self.features)
         if state is None:
             if self.ctx.rank == 0:
                 self.ctx.log("--resume: no checkpoint yet, starting at epoch 0")
