@@ -5,8 +5,9 @@
   with every rank (a NaN, a checkpoint that could not be written): its one line says it all,
   and the cause is another rank's error;
 * *input*: bad input (``ValueError``): the message names the value and the fix; exit code 2;
-* *explained*: one line on stderr suffices (the two above, and a residency violation, whose
-  message names the traffic and the level); anything else is a bug, and its traceback is shown.
+* *explained*: one line on stderr suffices (the two above, a residency violation, whose
+  message names the traffic and the level, a rank that failed to authenticate, and a file
+  that could not be written); anything else is a bug, and its traceback is shown.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ __all__ = ["CONSEQUENCE", "INPUT", "EXPLAINED", "class_name", "is_consequence",
 
 CONSEQUENCE = frozenset({"CommError", "NonFiniteError", "CheckpointError"})
 INPUT = frozenset({"ValueError"})
-EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError"}
+#: OSError by that name alone: the file writes' own (serial.atomic_write: "could not write
+#: '<path>': No space left on device"), not its subclasses (FileNotFoundError, ...)
+EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "OSError"}
 
 
 def class_name(error: Union[BaseException, str]) -> str:

@@ -23,6 +23,7 @@ symbolic link pointing elsewhere), and such a name is never opened.
 from __future__ import annotations
 
 import io
+import os
 import json
 import pickle
 import re
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 __all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes",
-           "load_file", "outside"]
+           "load_file", "outside", "atomic_write", "fsync_dir"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -240,3 +241,38 @@ def outside(root: str | Path, name: Any, subdirs: bool = False) -> str:
     if not real.is_relative_to(base):
         return f"{name!r} leads out of {str(base)!r} (to {str(real)!r}, through a symbolic link)"
     return ""
+
+
+# ---------------------------------------------------------------------- writing files
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
+    write (disk full) removes its partial temp file and raises ``OSError`` naming ``path``:
+    a full disk must not be made fuller by every failed attempt."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise OSError(exc.errno, f"could not write {str(path)!r}: "
+                                 f"{exc.strerror or exc}") from exc
+    fsync_dir(path.parent)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from quietgnn.runtime.checkpoint import (MARKER, Checkpointer, check_resume_compatible,
-                                         check_resume_features, identity_differences,
-                                         run_identity)
+                                         check_resume_features)
+from quietgnn.runtime.identity import identity_differences, run_identity
 from quietgnn.runtime.spawn import spawn_function
 from quietgnn.seeds import rank_seed
 

@@ -178,3 +178,22 @@ def test_a_model_too_large_or_a_lying_spec_is_refused_before_allocating(tmp_path
     (tmp_path / "model.json").write_text(json.dumps({**meta, "spec": ["gcn"]}))
     with pytest.raises(ValueError, match="spec is list, expected a mapping"):
         load_model(tmp_path)
+
+
+def test_a_model_that_cannot_be_written_is_named_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """A full disk at the end of a run: the error names the file and the reason, in one line
+    the launcher shows as is (errors.is_explained), and no temporary file is left."""
+    import errno
+
+    from quietgnn.errors import is_explained
+    gnn = _trained_like("gcn", 8, 3)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as ei:
+        save_model(tmp_path, gnn.spec(), gnn.state_dict(), {})
+    assert f"could not write {str(tmp_path / 'model.pt')!r}: No space left on device" in \
+        str(ei.value)
+    assert is_explained(ei.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

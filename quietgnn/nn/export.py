@@ -164,16 +164,14 @@ class PyGModel(nn.Module):
 def save_model(run_dir: str | os.PathLike, spec: dict[str, Any], state: dict[str, Tensor],
                info: dict[str, Any]) -> Path:
     """Write ``model.pt`` (tensors only) then ``model.json`` into ``run_dir``, each through a
-    temporary file and a rename, so a reader never finds half a model."""
+    temporary file and a rename, so a reader never finds half a model; a failed write (a full
+    disk) leaves no temporary file and raises ``OSError`` naming the file."""
+    from ..serial import atomic_write, save_bytes
     run_dir = Path(run_dir)
     pt, js = run_dir / MODEL_PT, run_dir / MODEL_JSON
-    tmp = pt.with_name(f".{MODEL_PT}.tmp")
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
-    tmp.replace(pt)
-    tmp = js.with_name(f".{MODEL_JSON}.tmp")
-    tmp.write_text(json.dumps({"format": _FORMAT, "kind": "gnn", "spec": spec, **info},
-                              indent=1))
-    tmp.replace(js)
+    atomic_write(pt, save_bytes({k: v.detach().cpu() for k, v in state.items()}, "model"))
+    atomic_write(js, json.dumps({"format": _FORMAT, "kind": "gnn", "spec": spec, **info},
+                                indent=1).encode())
     return pt
 
 

@@ -60,22 +60,19 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from ..serial import load_file, outside, save_bytes
+from ..serial import atomic_write, load_file, outside, save_bytes
 
-if TYPE_CHECKING:
-    from ..config import RunConfig
+from .identity import (ConfigLike, _features_differ, _incompatible, identity_differences,
+                       run_identity)
 
-#: a run's config, or its plain dictionary (``RunConfig.to_dict()``, as a checkpoint keeps it)
-ConfigLike = Union["RunConfig", Mapping[str, Any]]
-
-__all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "run_identity",
-           "identity_differences", "capture_rng", "restore_rng", "committed_checkpoints",
-           "check_resume_compatible", "check_resume_features"]
+__all__ = ["Checkpointer", "CheckpointError", "CKPT_FORMAT", "CKPT_VERSION", "capture_rng",
+           "restore_rng", "committed_checkpoints", "check_resume_compatible",
+           "check_resume_features"]
 
 CKPT_FORMAT = "quietgnn-checkpoint"
 #: 2: shards hold tensors and plain data only (numpy tagged), loaded with weights_only=True;
@@ -86,95 +83,6 @@ MARKER = "COMMIT.json"
 
 class CheckpointError(RuntimeError):
     """Writing a checkpoint failed on some rank (raised on every rank together)."""
-
-
-# ---------------------------------------------------------------------- run identity
-def _as_dict(cfg: ConfigLike) -> dict[str, Any]:
-    return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-
-
-def run_identity(cfg: ConfigLike) -> dict[str, Any]:
-    """The config fields a checkpoint is only valid for, flattened to ``section.key``.
-
-    ``train.*`` is in (a resume with another learning rate, seed or evaluation period would
-    report a curve no single setting produced), except ``train.epochs``: training a run further
-    is what a resume is for. Left out on purpose: paths (``dataset.root``, ``partition.book``
-    / ``file``: data may move; the partition-book identity checks the assignment itself) and
-    ``runtime.*``."""
-    d = _as_dict(cfg)
-    parts = getattr(cfg, "num_parts", None)
-    if parts is None:
-        parts = (d.get("partition") or {}).get("parts")
-    method = getattr(cfg, "partition_method", None) or (d.get("partition") or {}).get("method")
-    if method is None or parts is None:   # a plain dict: resolve what the config would
-        try:
-            from ..strategies.base import get_strategy
-            cls = get_strategy(d.get("strategy"))
-            method = method or cls.default_partitioner
-            parts = cls.fixed_parts or parts
-        except (ValueError, TypeError):
-            pass
-    ident: dict[str, Any] = {"strategy": d.get("strategy"), "parts": parts,
-                             "partition.method": method}
-    part = d.get("partition") or {}
-    for k in ("seed", "clusters"):
-        ident[f"partition.{k}"] = part.get(k)
-    data = d.get("dataset") or {}
-    ident["dataset.name"] = data.get("name")
-    ident["dataset.split_seed"] = data.get("split_seed")
-    if data.get("split", "standard") != "standard":    # absent before dataset.split existed
-        ident["dataset.split"] = data["split"]
-    if data.get("name") == "synthetic":
-        for k, v in sorted((d.get("synthetic") or {}).items()):
-            ident[f"synthetic.{k}"] = v
-    for k, v in sorted((d.get("model") or {}).items()):
-        ident[f"model.{k}"] = v
-    for k, v in sorted((d.get("train") or {}).items()):
-        if k != "epochs":
-            ident[f"train.{k}"] = v
-    for k, v in sorted((d.get("options") or {}).items()):
-        ident[f"options.{k}"] = v
-    return json.loads(json.dumps(ident, default=str))   # plain JSON values (tuples -> lists)
-
-
-def _default_identity(strategy: Any) -> dict[str, Any]:
-    """The identity of a run of ``strategy`` left at every default ({} for an unknown one)."""
-    try:
-        from ..config import RunConfig
-        return run_identity(RunConfig(strategy=strategy))
-    except (ValueError, TypeError):
-        return {}
-
-
-def identity_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``["model.hidden: checkpoint 16, this run 32", ...]`` (empty when compatible). A key
-    the checkpoint lacks because it predates that setting (a knob added since) is compatible
-    when this run leaves it at its default: the checkpoint's run behaved as that default."""
-    out = []
-    defaults: Optional[dict[str, Any]] = None
-    for k in sorted(set(saved) | set(now)):
-        a, b = saved.get(k, "<unset>"), now.get(k, "<unset>")
-        if k not in saved and k in now:
-            if defaults is None:
-                defaults = _default_identity(now.get("strategy"))
-            if k in defaults and defaults[k] == b:
-                continue
-        if a != b:
-            out.append(f"{k}: checkpoint {a!r}, this run {b!r}")
-    return out
-
-
-def _features_differ(rank: int, saved: Any, now: Optional[str]) -> list[str]:
-    """The features this rank trains on against those its checkpoint was trained on (a
-    digest: ``graph:``, ``x.npy:`` or ``part:`` and the hash), compared when both are of one
-    kind; a checkpoint from before features were recorded has none."""
-    kind = now.split(":", 1)[0] if now else None
-    if not isinstance(saved, str) or saved == now or saved.split(":", 1)[0] != kind:
-        return []
-    whose = "" if kind == "graph" else f" (rank {rank})"     # the whole graph's: every rank's
-    return [f"features{whose}: checkpoint {saved!r}, this run {now!r} (the same graph, labels "
-            f"and split with other feature values: the feature file was edited or replaced "
-            f"since; resume with the features the checkpoint was trained on)"]
 
 
 def check_resume_features(ckpt_dir: str | Path, features: list[str]) -> None:
@@ -193,14 +101,6 @@ def check_resume_features(ckpt_dir: str | Path, features: list[str]) -> None:
                 diffs.append(diff)
     if diffs:
         raise _incompatible(d, diffs)
-
-
-def _incompatible(where: Path, diffs: list[str]) -> ValueError:
-    return ValueError(
-        f"cannot resume from {str(where)!r}: the checkpoint was written by a different run "
-        f"configuration or on other data ({'; '.join(diffs)}). Resume with the checkpoint's "
-        f"settings and data, or start a fresh run (another --run-name or --out, without "
-        f"--resume)")
 
 
 # ---------------------------------------------------------------------- RNG
@@ -222,40 +122,6 @@ def restore_rng(st: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- files
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
-    write (disk full) removes its partial temp file and raises ``OSError`` naming ``path``:
-    a full disk must not be made fuller by every failed attempt."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise OSError(exc.errno, f"could not write {str(path)!r}: "
-                                 f"{exc.strerror or exc}") from exc
-    _fsync_dir(path.parent)
-
-
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -113,7 +113,7 @@ class Trainer:
             metrics.write(rec)
             self._progress(rec)
             if self._checkpoint_due(epoch):
-                from .checkpoint import run_identity
+                from .identity import run_identity
                 self.checkpointer.save(epoch, self._state(epoch), identity=run_identity(cfg))
             if s.finished() or self.stop:
                 break
