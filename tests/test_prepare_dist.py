@@ -295,4 +295,14 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
                                    "--partitioner", "given"],
                            tmp_path):
         assert rc == 2 and "--runtime.residency features" in e and "rank 0" in e, e
+    # a NaN feature in one rank's node table: refused on every rank, as one process refuses it
+    _slices(tmp_path, n=60, seed=1)
+    t1 = pq.read_table(tmp_path / "nodes-1.parquet")
+    x = t1.column("x").to_pylist()
+    x[2] = [float("nan")] + x[2][1:]
+    pq.write_table(t1.set_column(t1.column_names.index("x"), "x", pa.array(x)),
+                   tmp_path / "nodes-1.parquet")
+    bad = int(t1.column("id")[2].as_py())
+    for rc, o, e in _ranks(argv, tmp_path):
+        assert rc == 2 and f"x has NaN/Inf value(s), first at node {bad}, feature 0" in e, e
     assert not (tmp_path / "d").exists()

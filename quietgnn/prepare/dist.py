@@ -63,7 +63,7 @@ from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
 from .arrays import BATCH_ROWS, NpyWriter, lookup
 from .edges import _check_sorted
-from .tables import TEST, TRAIN, VAL, _connect
+from .tables import TEST, TRAIN, VAL, _check_finite, _connect
 
 __all__ = ["prepare_distributed", "slice_path"]
 
@@ -339,7 +339,8 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     np.save(d / "owned.npy", owned)
     np.save(d / "halo.npy", halo)
     np.save(d / "halo_owner.npy", halo_owner)
-    own_y, own_split, digest = _write_nodes(con, d, src_nodes, owned, x_dtype)
+    own_y, own_split, digest, problem = _write_nodes(con, d, src_nodes, owned, x_dtype)
+    _agree(comm, problem)      # NaN/Inf features on one rank: refused on every rank
     indptr = np.zeros(n_own + 1, dtype=np.int64)
     np.cumsum(in_deg, out=indptr[1:])
     _write_indices(con, d, owned, halo, halo_owner, r, n, int(indptr[-1]), B)
@@ -416,11 +417,13 @@ def _load_received(con: Any, work: Path, k: int) -> None:
     con.execute("CHECKPOINT")
 
 
-def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray,
-                 x_dtype: str) -> tuple[np.ndarray, np.ndarray, FeaturesDigest]:
+def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray, x_dtype: str
+                 ) -> tuple[np.ndarray, np.ndarray, FeaturesDigest, Optional[str]]:
     """x, y and the masks of this rank's nodes (its node table in id order); returns y and
-    the split codes (kept for the fingerprint) and this rank's share of the features' digest
-    (the rows as read, before any narrowing to ``x_dtype``)."""
+    the split codes (kept for the fingerprint), this rank's share of the features' digest
+    (the rows as read, before any narrowing to ``x_dtype``) and the first NaN/Inf feature
+    found, in the words of the single-process prepare (None: all finite)."""
+    problem = None
     c = owned.size
     digest = FeaturesDigest(src_nodes.num_features)
     xw = NpyWriter(d / "x.npy", x_dtype, (c, src_nodes.num_features))
@@ -431,6 +434,11 @@ def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray,
         k = blk.ids.size
         if not (blk.ids == owned[at:at + k]).all():
             raise RuntimeError("the node table changed while it was read")
+        if problem is None:
+            try:
+                _check_finite(src_nodes, blk.ids, blk.x)
+            except ValueError as exc:
+                problem = str(exc)
         xw.write(blk.x)
         digest.update(blk.x, blk.ids)
         y[at:at + k], split[at:at + k] = blk.y, blk.split
@@ -439,7 +447,7 @@ def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray,
     np.save(d / "y.npy", y)
     for code, mask in ((TRAIN, "train_mask"), (VAL, "val_mask"), (TEST, "test_mask")):
         np.save(d / f"{mask}.npy", split == code)
-    return y, split, digest
+    return y, split, digest, problem
 
 
 def _write_indices(con: Any, d: Path, owned: np.ndarray, halo: np.ndarray,
