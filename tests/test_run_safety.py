@@ -125,6 +125,26 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path):
             os.close(other)
 
 
+def test_a_run_directory_that_cannot_be_locked_is_used_unlocked(tmp_path, monkeypatch, capsys):
+    """A file system that cannot lock a directory (some network mounts) must not refuse every
+    run: the claim goes on and says that concurrent runs would not be refused."""
+    import errno
+    import fcntl
+
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir, release_run_dir
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run_dir = tmp_path / "r"
+    try:
+        claim_run_dir(load_config(None, {"train": {"epochs": 4}}), run_dir)
+    finally:
+        release_run_dir(run_dir)
+    assert "cannot be locked (No locks available)" in capsys.readouterr().err
+
+
 def test_a_symbolic_link_in_the_run_directory_is_refused(tmp_path):
     """A link planted in place of a file quietgnn writes would make it write elsewhere."""
     from quietgnn.config import load_config

@@ -24,6 +24,7 @@ under ``torchrun``:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -87,8 +88,15 @@ def _lock(run_dir: Path) -> None:
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            # a file system that cannot lock a directory (some network mounts): go on
+            # unlocked rather than refuse every run there
+            sys.stderr.write(f"note: run directory {str(run_dir)!r} cannot be locked "
+                             f"({exc.strerror or exc}); two runs into it at once would not be "
+                             f"refused\n")
+            return
         raise ValueError(f"run directory {str(run_dir)!r} is in use by another quietgnn run "
                          f"(a process holds its lock); wait for that run to end, or give this "
                          f"one another --run-name") from None
