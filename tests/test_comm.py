@@ -296,8 +296,8 @@ class _Store:
     """Rank 0's view of a two-rank rendezvous store whose rank 1 posts ``peer(name, keys)``
     when rank 0 waits for ``name`` (None: never posts)."""
 
-    def __init__(self, peer):
-        self.keys, self.peer = {}, peer
+    def __init__(self, peer, forge=False):
+        self.keys, self.peer, self.forge = {}, peer, forge
 
     def set(self, name, value):
         self.keys[name] = value.encode() if isinstance(value, str) else value
@@ -311,6 +311,8 @@ class _Store:
                 self.set(n, v)
 
     def get(self, name):
+        if name == "auth/nonce/0" and self.forge:     # a stranger rewrote rank 0's entry
+            return json.dumps({"nonce": "cd" * 16, "secret": False}).encode()
         return self.keys[name]
 
 
@@ -337,18 +339,27 @@ def test_every_rank_proves_the_run_secret_before_the_group_forms():
     port) cannot answer the challenge: every rank stops naming it; honest ranks pass."""
     from quietgnn.comm.rendezvous import AuthError, prove_peers
 
-    def run(peer, secret="s3cret"):
+    def run(peer, secret="s3cret-s3cret-s3cret"):
         return prove_peers(_Store(peer), 0, 2, secret)
-    assert run(_peer("s3cret")) is True
+    assert run(_peer("s3cret-s3cret-s3cret")) is True
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove the run's secret"):
         run(_peer("guess"))
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove"):   # a replay
-        run(_peer("s3cret", proof=_proof("s3cret", 1, ["00" * 16, "ab" * 16])))
+        run(_peer("s3cret-s3cret-s3cret",
+                  proof=_proof("s3cret-s3cret-s3cret", 1, ["00" * 16, "ab" * 16])))
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] answered the join with something"):
         run(lambda name, keys: b"\x80garbage")
     with pytest.raises(AuthError, match=r"rank 1 did not answer the join .* within the timeout"):
         run(lambda name, keys: None)             # joined the store, never answers
     with pytest.raises(AuthError, match=r"rank\(s\) \[0\] have no QUIETGNN_SECRET"):
-        run(_peer("s3cret"), secret=None)
+        run(_peer("s3cret-s3cret-s3cret"), secret=None)
     # nobody has a secret (a torchrun job without one): unauthenticated, said by the worker
     assert run(_peer(None), secret=None) is False
+    # a rank holding a secret never goes on unauthenticated: not when a peer claims to have
+    # none, not when the store is rewritten to say that this rank has none either
+    with pytest.raises(AuthError, match=r"rank\(s\) \[1\] have no QUIETGNN_SECRET"):
+        run(_peer(None))
+    with pytest.raises(AuthError, match=r"rank\(s\) \[1\] have no QUIETGNN_SECRET"):
+        prove_peers(_Store(_peer(None), forge=True), 0, 2, "s3cret-s3cret-s3cret")
+    with pytest.raises(ValueError, match="QUIETGNN_SECRET is 3 character.* at least 16"):
+        run(_peer("abc"), secret="abc")

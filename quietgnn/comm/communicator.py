@@ -220,6 +220,7 @@ class Communicator:
                     store = dist.PrefixStore(prefix, base)
                     authenticated = prove_peers(store, rank, world_size,
                                                 os.environ.get(SECRET_ENV) or None)
+                with _joining(rank, world_size, timeout_s, CommError, gloo=True):
                     dist.init_process_group(backend=backend, store=store, rank=rank,
                                             world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
@@ -234,6 +235,7 @@ class Communicator:
                     store = _tcp_store(addr, port, world_size, rank == 0, timeout)
                     authenticated = prove_peers(dist.PrefixStore("quietgnn", store), rank,
                                                 world_size, os.environ.get(SECRET_ENV) or None)
+                with _joining(rank, world_size, timeout_s, CommError, gloo=True):
                     dist.init_process_group(backend=backend, store=store, rank=rank,
                                             world_size=world_size, timeout=timeout)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)

@@ -10,6 +10,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -23,10 +24,13 @@ __all__ = ["AuthError", "SECRET_ENV", "prove_peers"]
 #: the run's shared secret: the local launcher draws one per run; under torchrun set the same
 #: value on every host (e.g. ``export QUIETGNN_SECRET=$(openssl rand -hex 32)``)
 SECRET_ENV = "QUIETGNN_SECRET"
+#: the shortest secret accepted (characters)
+MIN_SECRET = 16
 
 
 class AuthError(RuntimeError):
     """A rank of the process group did not prove the run's secret."""
+
 
 def _resolve(addr: str) -> tuple[int, str]:
     """(address family, numeric address) of ``addr``; ValueError when it does not resolve."""
@@ -101,12 +105,13 @@ def _generation(store: Any, world_size: int) -> int:
 
 
 @contextmanager
-def _joining(rank: int, world_size: int, timeout_s: float,
-             error: type[Exception]) -> Iterator[None]:
+def _joining(rank: int, world_size: int, timeout_s: float, error: type[Exception],
+             gloo: bool = False) -> Iterator[None]:
     """Joining the process group: torch's failure to reach the store (nobody listens at
-    MASTER_ADDR:MASTER_PORT) or to see every rank arrive within the timeout becomes one line
-    saying which, where, and what to check (torch says it in a C++ backtrace), raised as
-    ``error`` (the communicator's CommError)."""
+    MASTER_ADDR:MASTER_PORT) or to see every rank arrive within the timeout, or (``gloo``)
+    gloo's failure to connect the ranks to each other, becomes one line saying which, where,
+    and what to check (torch says it in a C++ backtrace), raised as ``error`` (the
+    communicator's CommError)."""
     try:
         yield
     except AuthError:
@@ -115,6 +120,11 @@ def _joining(rank: int, world_size: int, timeout_s: float,
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         first = next((x.strip() for x in str(exc).splitlines() if x.strip()),
                      type(exc).__name__)
+        if gloo:
+            raise error(f"rank {rank}: gloo could not connect the ranks to each other "
+                        f"({first[:160]}); every host must reach the others on gloo's ports "
+                        f"(a firewall?), over the interface GLOO_SOCKET_IFNAME names (unset: "
+                        f"the address the host name resolves to)") from None
         who = (f"rank 0 waited for the other {world_size - 1} rank(s) at {where}"
                if rank == 0 else f"rank {rank} could not join rank 0's store at {where}")
         raise error(f"{who} for {timeout_s:g} s and gave up ({first[:160]}); start every "
@@ -132,22 +142,31 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> b
     some without, refused. Store traffic, like torch's own rendezvous: not data, not counted.
     Not a defence against whoever can read and relay the traffic itself: gloo is not
     encrypted (see the security model)."""
+    if secret is not None and len(secret) < MIN_SECRET:
+        raise ValueError(f"{SECRET_ENV} is {len(secret)} character(s) long; expected at least "
+                         f"{MIN_SECRET} (the store shows every proof: a short secret can be "
+                         f"guessed offline); make one with: openssl rand -hex 32")
     if world_size == 1:
         return secret is not None
     key = (secret or "").encode()
-    mine = secrets.token_hex(16)
-    store.set(f"auth/nonce/{rank}", json.dumps({"nonce": mine, "secret": bool(secret)}))
-    posted = [_posted(store, f"auth/nonce/{r}", r) for r in range(world_size)]
-    odd = [r for r, v in enumerate(posted) if not (isinstance(v, dict)
-                                                   and isinstance(v.get("nonce"), str))]
+    me = {"nonce": secrets.token_hex(16), "secret": bool(secret)}
+    store.set(f"auth/nonce/{rank}", json.dumps(me))
+    # this rank's own entry is what it posted, not what the store says now (a stranger could
+    # overwrite it: "no secret here" would otherwise turn the check off)
+    posted = [me if r == rank else _posted(store, f"auth/nonce/{r}", r)
+              for r in range(world_size)]
+    odd = [r for r, v in enumerate(posted) if not (isinstance(v, dict) and isinstance(
+        v.get("nonce"), str) and re.fullmatch(r"[0-9a-f]{32}", v["nonce"]))]
     if odd:
         raise AuthError(f"rank(s) {odd} answered the join with something other than a nonce: "
                         f"not quietgnn ranks of this run; check MASTER_ADDR/MASTER_PORT")
-    without = [r for r, v in enumerate(posted) if not v.get("secret")]
-    if len(without) == world_size:
+    without = [r for r, v in enumerate(posted) if v.get("secret") is not True]
+    if secret is None and len(without) == world_size:
         return False
     if without:
-        raise AuthError(f"rank(s) {without} have no {SECRET_ENV} but the others have one: set "
+        # a rank holding a secret never goes on unauthenticated, whatever the store claims
+        raise AuthError(f"rank(s) {without} have no {SECRET_ENV} but rank(s) "
+                        f"{[r for r in range(world_size) if r not in without]} have one: set "
                         f"the same {SECRET_ENV} on every host of the run")
     challenge = "|".join(v["nonce"] for v in posted).encode()
 
