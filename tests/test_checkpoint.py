@@ -137,6 +137,11 @@ def test_incompatible_config_names_the_fields(tmp_path):
                for d in diffs)
     assert any(d.startswith("strategy:") for d in diffs)
     assert not any(d.startswith(("train.", "dataset.root")) for d in diffs)
+    # a residency level changes what retexo computes from: part of the identity
+    kept = json.loads(json.dumps(CFG))
+    kept.setdefault("runtime", {})["residency"] = "features"
+    assert identity_differences(run_identity(CFG), run_identity(kept)) == [
+        "runtime.residency: checkpoint 'none', this run 'features'"]
     for fn in (lambda: ck.load_latest(other, "b"), lambda: check_resume_compatible(other, tmp_path)):
         with pytest.raises(ValueError, match=r"model\.hidden: checkpoint 16, this run 32"):
             fn()

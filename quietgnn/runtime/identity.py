@@ -28,7 +28,9 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
     report a curve no single setting produced), except ``train.epochs``: training a run further
     is what a resume is for. Left out on purpose: paths (``dataset.root``, ``partition.book``
     / ``file``: data may move; the partition-book identity checks the assignment itself) and
-    ``runtime.*``."""
+    ``runtime.*`` but ``runtime.residency``, which changes what a strategy may compute from
+    (``retexo`` rebuilds its first input from the rank's own rows under a level, fetches the
+    halo's without one)."""
     d = _as_dict(cfg)
     parts = getattr(cfg, "num_parts", None)
     if parts is None:
@@ -62,6 +64,7 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
             ident[f"train.{k}"] = v
     for k, v in sorted((d.get("options") or {}).items()):
         ident[f"options.{k}"] = v
+    ident["runtime.residency"] = (d.get("runtime") or {}).get("residency", "none")
     return json.loads(json.dumps(ident, default=str))   # plain JSON values (tuples -> lists)
 
 
