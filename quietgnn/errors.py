@@ -19,9 +19,10 @@ __all__ = ["CONSEQUENCE", "INPUT", "EXPLAINED", "class_name", "is_consequence",
 
 CONSEQUENCE = frozenset({"CommError", "NonFiniteError", "CheckpointError"})
 INPUT = frozenset({"ValueError"})
-#: OSError by that name alone: the file writes' own (serial.atomic_write: "could not write
-#: '<path>': No space left on device"), not its subclasses (FileNotFoundError, ...)
-EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "OSError"}
+#: WriteError: a file write's own (serial.atomic_write: "could not write '<path>': No space
+#: left on device"); other OSErrors (too many open files, a library that will not load) are
+#: bugs or environments whose traceback helps
+EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "WriteError"}
 
 
 def class_name(error: Union[BaseException, str]) -> str:

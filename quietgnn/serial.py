@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 __all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes",
-           "load_file", "outside", "atomic_write", "fsync_dir"]
+           "load_file", "outside", "atomic_write", "fsync_dir",
+           "WriteError", "no_follow"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -257,13 +258,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def no_follow(path: str, flags: int) -> int:
+    """``open(..., opener=no_follow)``: never through a symbolic link planted at ``path`` (a
+    run directory is writable by whoever may plant one: the write fails, ELOOP, instead of
+    overwriting the link's target)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+class WriteError(OSError):
+    """A file could not be written (:func:`atomic_write`): the message names the file and the
+    reason (a full disk, a read-only file system); one line says it all."""
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
-    write (disk full) removes its partial temp file and raises ``OSError`` naming ``path``:
+    write (disk full) removes its partial temp file and raises :class:`WriteError` naming ``path``:
     a full disk must not be made fuller by every failed attempt."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=no_follow) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -273,6 +286,6 @@ def atomic_write(path: Path, data: bytes) -> None:
             tmp.unlink()
         except OSError:
             pass
-        raise OSError(exc.errno, f"could not write {str(path)!r}: "
-                                 f"{exc.strerror or exc}") from exc
+        raise WriteError(exc.errno, f"could not write {str(path)!r}: "
+                                    f"{exc.strerror or exc}") from exc
     fsync_dir(path.parent)

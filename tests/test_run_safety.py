@@ -137,12 +137,67 @@ def test_a_run_directory_that_cannot_be_locked_is_used_unlocked(tmp_path, monkey
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
     monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
     run_dir = tmp_path / "r"
     try:
         claim_run_dir(load_config(None, {"train": {"epochs": 4}}), run_dir)
     finally:
         release_run_dir(run_dir)
     assert "cannot be locked (No locks available)" in capsys.readouterr().err
+
+
+def test_where_a_directory_cannot_be_flocked_a_lock_file_holds_it(tmp_path, monkeypatch):
+    """NFS emulates flock with POSIX locks, which want a file open for writing (EBADF on a
+    directory): a lock file then holds the run directory, against another process too."""
+    import errno
+    import fcntl
+
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import LOCK_FILE, claim_run_dir, release_run_dir
+
+    def nfs_like(fd, op):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+    monkeypatch.setattr(fcntl, "flock", nfs_like)
+    cfg = load_config(None, {"train": {"epochs": 4}})
+    run_dir = tmp_path / "r"
+    try:
+        claim_run_dir(cfg, run_dir)
+        assert (run_dir / LOCK_FILE).is_file()
+        pid = os.fork()          # POSIX locks are per process: ask from another one
+        if pid == 0:
+            import quietgnn.runtime.rundir as rundir
+            rundir._LOCKS.clear()     # a new process (fork copies the table, not the lock)
+            try:
+                claim_run_dir(cfg, run_dir)
+                code = 0
+            except ValueError as exc:
+                code = 3 if "in use by another quietgnn run" in str(exc) else 4
+            os._exit(code)
+        assert os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 3
+    finally:
+        release_run_dir(run_dir)
+
+
+def test_a_refused_claim_leaves_the_holders_empty_directory(tmp_path):
+    """Run A holds its named directory, still empty while it builds its book; run B with the
+    same name is refused and must not remove A's directory (A would recreate it unlocked)."""
+    import fcntl
+
+    from quietgnn.config import load_config
+    from quietgnn.runtime.plan import plan_local_run
+    out = tmp_path / "out"
+    run_dir = out / "same"
+    run_dir.mkdir(parents=True)
+    holder = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)     # run A's lock
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        cfg = load_config(None, {"partition": {"parts": 2},
+                                 "runtime": {"out_dir": str(out), "run_name": "same"}})
+        with pytest.raises(ValueError, match="in use by another quietgnn run"):
+            plan_local_run(cfg, lambda m: None, out_existed=True)
+        assert run_dir.is_dir()
+    finally:
+        os.close(holder)
 
 
 def test_a_symbolic_link_in_the_run_directory_is_refused(tmp_path):
@@ -401,3 +456,18 @@ def test_more_workers_than_the_host_can_start_are_refused_leaving_nothing(tmp_pa
                                          rf"use fewer parts"):
         plan_local_run(cfg, lambda m: None, out_existed=False)
     assert not out.exists()             # nothing left: not the out directory either
+
+
+def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
+    """The claim's check runs once; a link planted later where quietgnn writes (a temporary
+    file's predictable name, a log) makes the write fail instead of overwriting its target."""
+    from quietgnn.errors import is_explained
+    from quietgnn.serial import WriteError, atomic_write
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep")
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / f".summary.json.tmp-{os.getpid()}").symlink_to(victim)
+    with pytest.raises(WriteError, match="could not write .*summary.json") as ei:
+        atomic_write(run_dir / "summary.json", b"{}")
+    assert is_explained(ei.value) and victim.read_text() == "keep"

@@ -165,7 +165,7 @@ def save_model(run_dir: str | os.PathLike, spec: dict[str, Any], state: dict[str
                info: dict[str, Any]) -> Path:
     """Write ``model.pt`` (tensors only) then ``model.json`` into ``run_dir``, each through a
     temporary file and a rename, so a reader never finds half a model; a failed write (a full
-    disk) leaves no temporary file and raises ``OSError`` naming the file."""
+    disk) leaves no temporary file and raises ``serial.WriteError`` naming the file."""
     from ..serial import atomic_write, save_bytes
     run_dir = Path(run_dir)
     pt, js = run_dir / MODEL_PT, run_dir / MODEL_JSON

@@ -27,6 +27,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..comm.rendezvous import SECRET_ENV
+from ..serial import no_follow
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir
@@ -114,7 +115,7 @@ def launch(plan: RunPlan,
             env = _worker_env(r, world, port, cfg.runtime.threads, extra)
             env["QUIETGNN_ERROR_FD"] = str(pipes.write_fds[r])
             if r != 0:
-                f = open(run_dir / "logs" / f"rank-{r}.log", "w")
+                f = open(run_dir / "logs" / f"rank-{r}.log", "w", opener=no_follow)
                 logs.append(f)
                 out = f
             else:

@@ -84,7 +84,7 @@ def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Option
     behind: not the staged file, not an empty run directory, not an out directory it made
     (``out_existed``: whether ``cfg.runtime.out_dir`` existed before the run's checks)."""
     from .launcher import check_workers_fit
-    from .rundir import claim_run_dir, remove_if_empty
+    from .rundir import claim_run_dir, holds_run_dir, remove_if_empty
     run_dir: Optional[Path] = None
     staged: Optional[Path] = None
     try:
@@ -97,8 +97,10 @@ def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Option
     except BaseException:
         if staged is not None:
             staged.unlink(missing_ok=True)
-        if run_dir is not None:
-            remove_if_empty(run_dir)   # the unnamed run's directory _claim_dir just made
+        if run_dir is not None and holds_run_dir(run_dir):
+            # the unnamed run's directory _claim_dir just made; never another run's, which
+            # may be empty still while that run builds its book
+            remove_if_empty(run_dir)
         if not out_existed:
             remove_if_empty(Path(cfg.runtime.out_dir))
         raise

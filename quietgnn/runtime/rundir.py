@@ -34,11 +34,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from ..serial import no_follow
+
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-__all__ = ["claim_run_dir", "release_run_dir", "remove_if_empty", "check_writable_dir", "check_writable_file",
-           "check_outputs", "record_attempt", "attempts", "tee_stderr", "restart_count"]
+__all__ = ["claim_run_dir", "release_run_dir", "holds_run_dir", "remove_if_empty",
+           "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt", "attempts", "tee_stderr",
+           "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
@@ -72,41 +75,80 @@ def _clear(run_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-#: run directories this process holds locked (path -> the directory's descriptor), until exit
-_LOCKS: dict[str, int] = {}
+#: run directories this process claimed (path -> (descriptor holding the lock, the lock file
+#: where one was needed); (None, None): claimed on a file system that cannot lock)
+_LOCKS: dict[str, tuple[Optional[int], Optional[Path]]] = {}
+#: the lock file, where the directory itself cannot be locked (NFS: see _lock)
+LOCK_FILE = ".quietgnn-lock"
+#: a restarted rank 0 may find its dead predecessor's lock still held by a network file
+#: system's server until that host's lease runs out (NFSv4: 90 s by default)
+RESTART_LOCK_WAIT_S = 120.0
+
+
+def _in_use(run_dir: Path) -> ValueError:
+    return ValueError(f"run directory {str(run_dir)!r} is in use by another quietgnn run (a "
+                      f"process holds its lock); wait for that run to end, or give this one "
+                      f"another --run-name")
+
+
+def _try_lock(run_dir: Path) -> Optional[tuple[Optional[int], Optional[Path]]]:
+    """One attempt: the lock's (descriptor, lock file), or None while another process holds
+    it. An ``flock`` on the directory itself leaves nothing behind; where that cannot be had
+    (NFS emulates ``flock`` with POSIX locks, which want a file open for writing: EBADF on a
+    directory) a POSIX lock on ``LOCK_FILE``, which stays. Where neither works, unlocked,
+    said once."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd, None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, path
+        except OSError:
+            os.close(fd)
+            raise
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        sys.stderr.write(f"note: run directory {str(run_dir)!r} cannot be locked "
+                         f"({exc.strerror or exc}); two runs into it at once would not be "
+                         f"refused\n")
+        return None, None
 
 
 def _lock(run_dir: Path) -> None:
-    """Hold an exclusive ``flock`` on the directory itself (no lock file to leave behind or to
-    race on) for the rest of this process's life; the kernel drops it when the process ends,
-    however it ends. A second process's claim is refused; this process may claim again (the
-    API runs one run after another in one process)."""
+    """Hold the run directory for the rest of this process's life (:func:`_try_lock`); the
+    kernel drops the lock when the process ends, however it ends. A second process's claim is
+    refused; this process may claim again (the API runs one run after another in one
+    process). A torchrun restart retries for a while (a dead host's lease)."""
     key = os.path.realpath(run_dir)
     if key in _LOCKS:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            # a file system that cannot lock a directory (some network mounts): go on
-            # unlocked rather than refuse every run there
-            sys.stderr.write(f"note: run directory {str(run_dir)!r} cannot be locked "
-                             f"({exc.strerror or exc}); two runs into it at once would not be "
-                             f"refused\n")
-            return
-        raise ValueError(f"run directory {str(run_dir)!r} is in use by another quietgnn run "
-                         f"(a process holds its lock); wait for that run to end, or give this "
-                         f"one another --run-name") from None
-    _LOCKS[key] = fd
+    deadline = time.monotonic() + (RESTART_LOCK_WAIT_S if restart_count() > 0 else 0.0)
+    while (got := _try_lock(run_dir)) is None:
+        if time.monotonic() >= deadline:
+            raise _in_use(run_dir)
+        time.sleep(2.0)
+    _LOCKS[key] = got
+
+
+def holds_run_dir(run_dir: Path) -> bool:
+    """Whether this process claimed ``run_dir`` (and may remove it when refused empty)."""
+    return os.path.realpath(run_dir) in _LOCKS
 
 
 def release_run_dir(run_dir: Path) -> None:
     """Drop this process's lock on ``run_dir`` (a run ended or was refused: a notebook that
     ran it must not keep the run from being resumed elsewhere)."""
-    fd = _LOCKS.pop(os.path.realpath(run_dir), None)
+    fd, _ = _LOCKS.pop(os.path.realpath(run_dir), (None, None))
     if fd is not None:
         os.close(fd)
 
@@ -175,8 +217,11 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
 def remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if it is empty: a run refused before it wrote anything (a dataset
     that does not load, a graph that fails validation) leaves no empty run directory behind.
-    Never touches a directory holding anything."""
+    Never touches a directory holding anything but the lock file this process made."""
+    _, lock_file = _LOCKS.get(os.path.realpath(run_dir), (None, None))
     release_run_dir(run_dir)
+    if lock_file is not None and [p.name for p in Path(run_dir).iterdir()] == [LOCK_FILE]:
+        lock_file.unlink(missing_ok=True)
     try:
         Path(run_dir).rmdir()      # fails on a non-empty (or missing) directory, as intended
     except OSError:
@@ -284,7 +329,7 @@ def tee_stderr(run_dir: Path, rank: int) -> Optional[Path]:
     path = Path(run_dir) / "logs" / f"rank-{rank}.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(path, "a" if restart_count() > 0 else "w", buffering=1)
+        log = open(path, "a" if restart_count() > 0 else "w", buffering=1, opener=no_follow)
     except OSError:
         return None
     sys.stderr = _Tee(sys.stderr, log)   # type: ignore[assignment]
