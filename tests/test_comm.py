@@ -341,7 +341,7 @@ def test_every_rank_proves_the_run_secret_before_the_group_forms():
 
     def run(peer, secret="s3cret-s3cret-s3cret"):
         return prove_peers(_Store(peer), 0, 2, secret)
-    assert run(_peer("s3cret-s3cret-s3cret")) is True
+    assert run(_peer("s3cret-s3cret-s3cret")) is not None    # the challenge, for the links
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove the run's secret"):
         run(_peer("guess"))
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] did not prove"):   # a replay
@@ -354,7 +354,7 @@ def test_every_rank_proves_the_run_secret_before_the_group_forms():
     with pytest.raises(AuthError, match=r"rank\(s\) \[0\] have no QUIETGNN_SECRET"):
         run(_peer("s3cret-s3cret-s3cret"), secret=None)
     # nobody has a secret (a torchrun job without one): unauthenticated, said by the worker
-    assert run(_peer(None), secret=None) is False
+    assert run(_peer(None), secret=None) is None
     # a rank holding a secret never goes on unauthenticated: not when a peer claims to have
     # none, not when the store is rewritten to say that this rank has none either
     with pytest.raises(AuthError, match=r"rank\(s\) \[1\] have no QUIETGNN_SECRET"):
@@ -363,3 +363,30 @@ def test_every_rank_proves_the_run_secret_before_the_group_forms():
         prove_peers(_Store(_peer(None), forge=True), 0, 2, "s3cret-s3cret-s3cret")
     with pytest.raises(ValueError, match="QUIETGNN_SECRET is 3 character.* at least 16"):
         run(_peer("abc"), secret="abc")
+
+
+def test_the_connected_peers_prove_the_secret_over_the_group():
+    """gloo finds its peers' addresses in the unauthenticated store: a process whose address
+    replaced a rank's there after the proofs is caught over the connection itself."""
+    import hashlib
+    import hmac
+
+    from quietgnn.comm.rendezvous import AuthError, confirm_links
+    secret, challenge = "s3cret-s3cret-s3cret", b"nonces"
+
+    class Group:
+        rank, world_size = 0, 2
+
+        def __init__(self, key):
+            self.key, self.kinds = key, []
+
+        def all_gather_object(self, obj, kind="control", *, carries=None):
+            self.kinds.append((kind, carries))
+            peer = hmac.new(self.key.encode(), b"quietgnn-link|1|" + challenge,
+                            hashlib.sha256).hexdigest()
+            return [obj, peer]
+    honest = Group(secret)
+    confirm_links(honest, secret, challenge)
+    assert honest.kinds == [("peer_auth", "control")]        # counted, as control traffic
+    with pytest.raises(AuthError, match=r"connected as rank\(s\) \[1\] does not hold"):
+        confirm_links(Group("another-secret-here"), secret, challenge)

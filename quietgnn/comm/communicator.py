@@ -54,8 +54,7 @@ from ..serial import dumps, loads
 from .duplex import direction_groups, post_pairs
 from .faults import Fault
 from .liveness import Liveness, watch
-from .rendezvous import SECRET_ENV, _generation, _gloo_on_loopback, _joining, _tcp_store, \
-    prove_peers
+from .rendezvous import confirmed, join
 from .traffic import Traffic, check_traffic
 
 __all__ = ["Communicator", "CommError", "OpRecord", "PendingExchange", "Traffic"]
@@ -202,49 +201,14 @@ class Communicator:
         """Join the process group (``env://``: MASTER_ADDR/MASTER_PORT as set by our launcher
         or by torchrun). World size 1 needs no process group."""
         if world_size > 1 and not dist.is_initialized():
-            timeout = timedelta(seconds=timeout_s)
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-            if attempt is not None and init_method == "env://":
-                # torchrun keeps one store (same port) across restarts: the keys the previous
-                # attempt left behind (e.g. a dead rank's gloo address) could be read before
-                # they are overwritten, failing the restart with "connection refused". A key
-                # space per start of the group avoids that (one every agent agrees on).
-                agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-                if backend == "gloo":
-                    _gloo_on_loopback(os.environ["MASTER_ADDR"])
-                with _joining(rank, world_size, timeout_s, CommError):
-                    base = _tcp_store(os.environ["MASTER_ADDR"],
-                                      int(os.environ["MASTER_PORT"]), world_size,
-                                      not agent and rank == 0, timeout, multi_tenant=not agent)
-                    prefix = f"quietgnn/generation-{_generation(base, world_size)}"
-                    store = dist.PrefixStore(prefix, base)
-                    authenticated = prove_peers(store, rank, world_size,
-                                                os.environ.get(SECRET_ENV) or None)
-                with _joining(rank, world_size, timeout_s, CommError, gloo=True):
-                    dist.init_process_group(backend=backend, store=store, rank=rank,
-                                            world_size=world_size, timeout=timeout)
+            if init_method == "env://":
+                j = join(rank, world_size, backend, timeout_s, CommError)
                 comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
-                comm.authenticated = authenticated
-                comm.liveness = watch(comm, store, _connector(world_size, prefix, not agent))
+                comm.authenticated = confirmed(comm, j.challenge)
+                comm.liveness = watch(comm, j.store, _connector(world_size, j.prefix, j.own))
                 return comm
-            elif init_method == "env://":
-                addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-                if backend == "gloo":
-                    _gloo_on_loopback(addr)
-                with _joining(rank, world_size, timeout_s, CommError):
-                    store = _tcp_store(addr, port, world_size, rank == 0, timeout)
-                    authenticated = prove_peers(dist.PrefixStore("quietgnn", store), rank,
-                                                world_size, os.environ.get(SECRET_ENV) or None)
-                with _joining(rank, world_size, timeout_s, CommError, gloo=True):
-                    dist.init_process_group(backend=backend, store=store, rank=rank,
-                                            world_size=world_size, timeout=timeout)
-                comm = cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
-                comm.authenticated = authenticated
-                comm.liveness = watch(comm, store, _connector(world_size, None, False))
-                return comm
-            else:
-                dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
-                                        world_size=world_size, timeout=timeout)
+            dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
+                                    world_size=world_size, timeout=timedelta(seconds=timeout_s))
         return cls(rank, world_size, timeout_s=timeout_s, device=device, backend=backend)
 
     def split_duplex(self, mode: str = "auto") -> bool:

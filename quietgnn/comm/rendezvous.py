@@ -15,11 +15,14 @@ import secrets
 import socket
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Optional
 
 import torch.distributed as dist
 
-__all__ = ["AuthError", "SECRET_ENV", "prove_peers"]
+__all__ = ["AuthError", "SECRET_ENV", "Joined", "join", "prove_peers", "confirm_links",
+           "confirmed"]
 
 #: the run's shared secret: the local launcher draws one per run; under torchrun set the same
 #: value on every host (e.g. ``export QUIETGNN_SECRET=$(openssl rand -hex 32)``)
@@ -132,14 +135,15 @@ def _joining(rank: int, world_size: int, timeout_s: float, error: type[Exception
                     f"reachable from the others (or raise --runtime.timeout_s)") from None
 
 
-def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> bool:
+def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> Optional[bytes]:
     """Every rank proves to every other that it holds the run's ``secret`` before the process
     group is formed: each posts a fresh nonce in the rendezvous store, then ``HMAC-SHA256``
     of all the nonces and its rank; each checks every proof. A process that took a rank's
     place in the store (a stray job on the same port, a stranger) cannot answer, and every
     rank stops with :class:`AuthError` naming it before any gloo connection or data. Ranks
-    without a secret post none: all without, the group is unauthenticated (returns False);
-    some without, refused. Store traffic, like torch's own rendezvous: not data, not counted.
+    without a secret post none: all without, the group is unauthenticated (returns None);
+    some without, refused. Returns the challenge (every rank's nonce), which
+    :func:`confirm_links` binds to the group's own connections once it has formed. Store traffic, like torch's own rendezvous: not data, not counted.
     Not a defence against whoever can read and relay the traffic itself: gloo is not
     encrypted (see the security model)."""
     if secret is not None and len(secret) < MIN_SECRET:
@@ -147,7 +151,7 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> b
                          f"{MIN_SECRET} (the store shows every proof: a short secret can be "
                          f"guessed offline); make one with: openssl rand -hex 32")
     if world_size == 1:
-        return secret is not None
+        return b"" if secret is not None else None
     key = (secret or "").encode()
     me = {"nonce": secrets.token_hex(16), "secret": bool(secret)}
     store.set(f"auth/nonce/{rank}", json.dumps(me))
@@ -162,7 +166,7 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> b
                         f"not quietgnn ranks of this run; check MASTER_ADDR/MASTER_PORT")
     without = [r for r, v in enumerate(posted) if v.get("secret") is not True]
     if secret is None and len(without) == world_size:
-        return False
+        return None
     if without:
         # a rank holding a secret never goes on unauthenticated, whatever the store claims
         raise AuthError(f"rank(s) {without} have no {SECRET_ENV} but rank(s) "
@@ -180,7 +184,28 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> b
         raise AuthError(f"rank(s) {bad} did not prove the run's secret ({SECRET_ENV}): a "
                         f"process that is not this run's joined in their place, or their host "
                         f"has another {SECRET_ENV}; nothing was sent to them")
-    return True
+    return challenge
+
+
+def confirm_links(comm: Any, secret: str, challenge: bytes) -> None:
+    """Once the process group has formed: every rank sends every other, over the group's own
+    connections (one gather, kind ``peer_auth``, counted), an HMAC of the join's challenge
+    and its rank under a key of its own purpose. The proofs in the store show that each rank
+    knows the secret; this shows that the process at the other end of each connection does
+    (gloo found its peers' addresses in the same unauthenticated store: one swapped there
+    after the proofs would otherwise receive a rank's data). A relay that passes the bytes
+    on unchanged is not caught: only encryption would."""
+    key = secret.encode()
+
+    def mac(r: int) -> str:
+        return hmac.new(key, b"quietgnn-link|%d|" % r + challenge, hashlib.sha256).hexdigest()
+    got = comm.all_gather_object(mac(comm.rank), "peer_auth", carries="control")
+    bad = [r for r, p in enumerate(got)
+           if not (isinstance(p, str) and hmac.compare_digest(p, mac(r)))]
+    if bad:
+        raise AuthError(f"the process connected as rank(s) {bad} does not hold the run's secret "
+                        f"({SECRET_ENV}), though rank(s) {bad} proved it at the join: their "
+                        f"address in the rendezvous store was replaced; stopped before any data")
 
 
 def _posted(store: Any, name: str, rank: int) -> Any:
@@ -196,3 +221,60 @@ def _posted(store: Any, name: str, rank: int) -> Any:
         return json.loads(store.get(name))
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+@dataclass
+class Joined:
+    """What :func:`join` leaves: the store the ranks met in (the liveness watch uses it), its
+    key prefix (a torchrun group's generation), whether the ranks run their own store (not
+    the torchrun agent's), and the join's challenge (None: not authenticated)."""
+
+    store: Any
+    prefix: Optional[str]
+    own: bool
+    challenge: Optional[bytes]
+
+
+def join(rank: int, world_size: int, backend: str, timeout_s: float,
+         error: type[Exception]) -> Joined:
+    """Join the process group from the environment (``MASTER_ADDR``/``MASTER_PORT``, as the
+    launcher or torchrun set them): the store, the ranks' proofs (:func:`prove_peers`),
+    then gloo's connections; a failure is one line (:func:`_joining`, as ``error``).
+
+    Under torchrun the store keeps one port across restarts: the keys the previous attempt
+    left behind (e.g. a dead rank's gloo address) could be read before they are overwritten,
+    failing the restart with "connection refused". A key space per start of the group
+    (:func:`_generation`, one every agent agrees on) avoids that."""
+    timeout = timedelta(seconds=timeout_s)
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    secret = os.environ.get(SECRET_ENV) or None
+    torchrun = os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None
+    agent = torchrun and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if backend == "gloo":
+        _gloo_on_loopback(addr)
+    with _joining(rank, world_size, timeout_s, error):
+        if torchrun:
+            base = _tcp_store(addr, port, world_size, not agent and rank == 0, timeout,
+                              multi_tenant=not agent)
+            prefix: Optional[str] = f"quietgnn/generation-{_generation(base, world_size)}"
+            store = dist.PrefixStore(prefix, base)
+            challenge = prove_peers(store, rank, world_size, secret)
+        else:
+            prefix = None
+            store = _tcp_store(addr, port, world_size, rank == 0, timeout)
+            challenge = prove_peers(dist.PrefixStore("quietgnn", store), rank, world_size,
+                                    secret)
+    with _joining(rank, world_size, timeout_s, error, gloo=True):
+        dist.init_process_group(backend=backend, store=store, rank=rank,
+                                world_size=world_size, timeout=timeout)
+    return Joined(store, prefix, torchrun and not agent, challenge)
+
+
+def confirmed(comm: Any, challenge: Optional[bytes]) -> bool:
+    """Whether the ranks authenticated each other, their connections confirmed
+    (:func:`confirm_links`) where they did."""
+    if challenge is None:
+        return False
+    if comm.world_size > 1:
+        confirm_links(comm, os.environ[SECRET_ENV], challenge)
+    return True
