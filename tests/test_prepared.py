@@ -292,6 +292,8 @@ LIES = {
     "mask type": ("train_mask.npy", lambda a: a.astype(np.int64),
                   r"train_mask.npy' has dtype int64 .*expected bool"),
     "owned order": ("owned.npy", lambda a: a[::-1].copy(), r"owned.npy' is not strictly"),
+    # silent before: the GCN norm reads the degrees (a wrong weight, no error)
+    "in_degree": ("in_degree.npy", lambda a: a + 1, r"in_degree.npy' disagrees with indptr"),
 }
 
 

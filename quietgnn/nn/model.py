@@ -79,11 +79,13 @@ def _check_fits(dims: list[int]) -> None:
     weights = sum(a * b for a, b in zip(dims, dims[1:]))
     avail = mem_available_mb()
     if weights * 4 / 2**20 > avail:
-        raise ValueError(f"model.hidden = {dims[1] if len(dims) > 2 else None!r}: the model's "
-                         f"weights alone are at least {weights:.3g} floats "
+        what, fix = ((f"model.hidden = {dims[1]!r}", "lower model.hidden (or model.layers)")
+                     if len(dims) > 2 else
+                     (f"a one-layer model of {dims[0]} input features and {dims[1]} classes",
+                      "the input is too wide for this machine: reduce its features"))
+        raise ValueError(f"{what}: the model's weights alone are at least {weights:.3g} floats "
                          f"({weights * 4 / 2**30:.3g} GiB; training holds about four times "
-                         f"that), more than the {avail / 1024:.3g} GiB available here; lower "
-                         f"model.hidden (or model.layers)")
+                         f"that), more than the {avail / 1024:.3g} GiB available here; {fix}")
 
 
 class GNN(nn.Module):

@@ -200,6 +200,11 @@ def check_part_arrays(path: Path, sc: dict[str, Any], a: dict[str, np.ndarray]) 
             not bool((np.diff(ptr) >= 0).all()):
         raise bad("indptr", f"runs from {int(ptr[0])} to {int(ptr[-1])} (or decreases), "
                             f"expected a non-decreasing 0 .. {a['indices'].size} (indices.npy)")
+    if not np.array_equal(np.diff(ptr), a["in_degree"][:n_own]):
+        # an owned row's in-edges are all in this part: its degree is its row's length (the
+        # GCN norm reads the degrees; edited ones would weigh the edges wrongly, silently)
+        raise bad("in_degree", "disagrees with indptr.npy on an owned row's in-edges (every "
+                               "in-edge of an owned node is in its part)")
     if a["indices"].size > sc["num_edges_global"]:
         raise bad("indices", f"holds {a['indices'].size} edges, more than num_edges_global = "
                              f"{sc['num_edges_global']} (part.json)")
