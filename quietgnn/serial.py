@@ -220,12 +220,14 @@ def load_file(path: str | Path, what: str, fix: str) -> Any:
     return _torch_load(path, f"{what} {str(path)!r}", fix)
 
 
-def outside(root: str | Path, name: Any, subdirs: bool = False) -> str:
+def outside(root: str | Path, name: Any, subdirs: bool = False, resolve: bool = True) -> str:
     """Why the file ``name`` read from a manifest in ``root`` is not confined to ``root``
     ("" when it is): it must be a string holding a plain relative name (``subdirs``: a
     relative POSIX path such as ``part-0/x.npy``), with no ``..``, ``.`` or empty component,
-    not absolute, and no symbolic link on its way may lead out of ``root`` (the link's target
-    is resolved; a name that does not exist yet is judged by its spelling alone)."""
+    not absolute, and (``resolve``, where the file is about to be read) no symbolic link on
+    its way may lead out of ``root`` (the link's target is resolved; a name that does not
+    exist yet is judged by its spelling alone). Without ``resolve`` the spelling alone: a
+    manifest of many files is checked without a file-system walk per name."""
     if not isinstance(name, str):
         return f"{name!r} is a {type(name).__name__}, expected a file name (a string)"
     comps = name.split("/")
@@ -234,6 +236,8 @@ def outside(root: str | Path, name: Any, subdirs: bool = False) -> str:
         kind = "a relative path inside its directory" if subdirs else \
             "a plain file name inside its directory"
         return f"{name!r} is not {kind} (no '..', no absolute path)"
+    if not resolve:
+        return ""
     base = Path(root).resolve()
     try:
         real = (Path(root) / name).resolve()
