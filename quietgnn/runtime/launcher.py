@@ -27,7 +27,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..comm.rendezvous import SECRET_ENV
-from ..serial import no_follow
+from ..serial import atomic_write, no_follow
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir
@@ -94,11 +94,19 @@ def _worker_env(rank: int, world: int, port: int, threads: int, extra: dict[str,
 def launch(plan: RunPlan,
            env_extra: Optional[dict[str, str]] = None) -> Optional[dict[str, Any]]:
     """Run ``plan`` on ``plan.cfg.num_parts`` local processes; returns the summary (rank
-    0's). The workers rebuild the plan from ``config.json`` and :meth:`RunPlan.worker_env`."""
+    0's). The workers rebuild the plan from ``config.json`` and :meth:`RunPlan.worker_env`.
+    The run directory's lock (taken by claim_run_dir) is dropped however this ends."""
+    try:
+        return _launch(plan, env_extra)
+    finally:
+        release_run_dir(plan.run_dir)
+
+
+def _launch(plan: RunPlan, env_extra: Optional[dict[str, str]]) -> Optional[dict[str, Any]]:
     cfg, run_dir = plan.cfg, plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "config.json").write_text(cfg.to_json())
+    atomic_write(run_dir / "config.json", cfg.to_json().encode())
     world = cfg.num_parts
     port = free_port()
     extra = dict(env_extra or {})
@@ -137,7 +145,6 @@ def launch(plan: RunPlan,
         for f in logs:
             f.close()
         pipes.close()
-        release_run_dir(run_dir)   # taken by claim_run_dir; the run is over
     summary_path = run_dir / "summary.json"
     if failed and tolerate and all(r != 0 for r, _, _ in failed) and summary_path.is_file():
         sys.stderr.write(f"note: rank(s) {[r for r, _, _ in failed]} failed during the run; "
