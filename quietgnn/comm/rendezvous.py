@@ -173,13 +173,9 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> O
                         f"{[r for r in range(world_size) if r not in without]} have one: set "
                         f"the same {SECRET_ENV} on every host of the run")
     challenge = "|".join(v["nonce"] for v in posted).encode()
-
-    def proof(r: int) -> str:
-        return hmac.new(key, b"quietgnn-peer|%d|" % r + challenge, hashlib.sha256).hexdigest()
-    store.set(f"auth/proof/{rank}", json.dumps(proof(rank)))
+    store.set(f"auth/proof/{rank}", json.dumps(_mac(key, b"peer", rank, challenge)))
     proofs = [_posted(store, f"auth/proof/{r}", r) for r in range(world_size)]
-    bad = [r for r, p in enumerate(proofs)
-           if not (isinstance(p, str) and hmac.compare_digest(p, proof(r)))]
+    bad = _unproven(proofs, key, b"peer", challenge)
     if bad:
         raise AuthError(f"rank(s) {bad} did not prove the run's secret ({SECRET_ENV}): a "
                         f"process that is not this run's joined in their place, or their host "
@@ -196,16 +192,28 @@ def confirm_links(comm: Any, secret: str, challenge: bytes) -> None:
     after the proofs would otherwise receive a rank's data). A relay that passes the bytes
     on unchanged is not caught: only encryption would."""
     key = secret.encode()
-
-    def mac(r: int) -> str:
-        return hmac.new(key, b"quietgnn-link|%d|" % r + challenge, hashlib.sha256).hexdigest()
-    got = comm.all_gather_object(mac(comm.rank), "peer_auth", carries="control")
-    bad = [r for r, p in enumerate(got)
-           if not (isinstance(p, str) and hmac.compare_digest(p, mac(r)))]
+    got = comm.all_gather_object(_mac(key, b"link", comm.rank, challenge), "peer_auth",
+                                 carries="control")
+    bad = _unproven(got, key, b"link", challenge)
     if bad:
         raise AuthError(f"the process connected as rank(s) {bad} does not hold the run's secret "
                         f"({SECRET_ENV}), though rank(s) {bad} proved it at the join: their "
                         f"address in the rendezvous store was replaced; stopped before any data")
+
+
+def _mac(key: bytes, purpose: bytes, rank: int, challenge: bytes) -> str:
+    """Rank ``rank``'s proof for ``purpose`` (the store's ``peer``, the connections' ``link``:
+    one never passes for the other)."""
+    return hmac.new(key, b"quietgnn-%s|%d|" % (purpose, rank) + challenge,
+                    hashlib.sha256).hexdigest()
+
+
+def _unproven(proofs: list[Any], key: bytes, purpose: bytes, challenge: bytes) -> list[int]:
+    """The ranks whose proof (``proofs[r]``, as received) is not theirs; compared in constant
+    time."""
+    return [r for r, p in enumerate(proofs)
+            if not (isinstance(p, str) and hmac.compare_digest(p, _mac(key, purpose, r,
+                                                                        challenge)))]
 
 
 def _posted(store: Any, name: str, rank: int) -> Any:
