@@ -4,11 +4,16 @@ one-line input error. Every payload here is real: unpickled, it would create a m
 
 from __future__ import annotations
 
+import codecs
+import collections
+import copyreg
 import errno
 import hashlib
 import io
 import json
 import os
+import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -19,9 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from quietgnn import serial
+from quietgnn.datasets import planetoid
+from quietgnn.datasets.planetoid import _ORIGINAL, read_planetoid
 from quietgnn.runtime import checkpoint as ckpt_mod
 from quietgnn.runtime.checkpoint import MARKER, CheckpointError, Checkpointer
 from quietgnn.runtime.spawn import spawn_function
@@ -452,6 +460,189 @@ def test_cli_exits_2_on_a_planted_planetoid_file(tmp_path, monkeypatch, capsys):
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith(f"quietgnn: error: {raw / 'ind.cora.graph'}: refused")
     assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+class _Reduce:
+    """Pickles as exactly the ``__reduce__`` tuple given: how a planted file is written."""
+
+    def __init__(self, *reduce) -> None:
+        self.reduce = reduce
+
+    def __reduce__(self):
+        return self.reduce
+
+
+class _NewObj:
+    """Pickles as NEWOBJ ``cls`` then BUILD ``state``: a ``cls`` instance with any state."""
+
+    def __init__(self, cls, state) -> None:
+        self.cls, self.state = cls, state
+
+    @property
+    def __class__(self):        # what the pickler checks NEWOBJ's class against
+        return self.cls
+
+    def __reduce__(self):
+        return copyreg.__newobj__, (self.cls,), self.state
+
+
+def _dump(path: Path, obj) -> None:
+    path.write_bytes(pickle.dumps(obj, protocol=2))
+
+
+def _read(raw: Path):
+    return read_planetoid(raw, "cora")
+
+
+def _csr_state(raw: Path, bad_index: int) -> dict:
+    """``ind.cora.allx``'s csr_matrix attributes (this test's own file), one index made bad."""
+    state = dict(vars(pickle.loads((raw / "ind.cora.allx").read_bytes())))
+    state["indices"] = state["indices"].copy()
+    state["indices"][0] = bad_index
+    return state
+
+
+@pytest.mark.parametrize("case, bad, expected", [
+    # the reviewer's file: check_format shadowed by a callable that checks nothing, then an
+    # index one past the last column, which scipy's C todense wrote into the next row
+    ("shadowed", 7, r"refused: holds a sparse matrix with attribute\(s\) 'check_format'; a "
+                    r"csr_matrix's pickle holds data, indices, indptr, _shape"),
+    ("slot state", 7, r"holds sparse matrix state of type tuple; scipy writes one dict"),
+    ("plain", 7, r"not a valid sparse matrix \(ValueError: indices must be < 7\)"),
+    ("plain", -1, r"not a valid sparse matrix \(ValueError: indices must be >= 0\)"),
+])
+def test_a_sparse_matrix_is_rebuilt_from_its_arrays_and_checked_first(tmp_path, case, bad,
+                                                                    expected):
+    """No method of an unpickled object runs: the matrix is rebuilt from data/indices/indptr/
+    _shape and its indices checked by scipy's class method before anything densifies it."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / "ind.cora.allx"
+    state = _csr_state(raw, bad)
+    shadow = {"check_format": collections.defaultdict}
+    build = {"shadowed": {**state, **shadow}, "slot state": (state, shadow)}.get(case, state)
+    _dump(f, _NewObj(sp.csr_matrix, build))
+    with pytest.raises(ValueError) as ei:
+        _read(raw)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: "), msg
+    assert re.search(expected, msg) and msg.endswith(f"original ({_ORIGINAL})"), msg
+
+
+@pytest.mark.parametrize("name, expected", [("allx", "refused: holds a sparse matrix with "
+                                                     "attribute(s) 'check_format'"),
+                                            ("graph", "builds more than 1000 tuples")])
+def test_files_that_crashed_the_reader_are_one_line_errors(tmp_path, name, expected):
+    """Each of these killed the process (exit 139), so it runs in a child, which must end with
+    the one-line error: column index 10**8 behind a shadowed check_format (scipy's C todense
+    wrote far outside its array), and a 200,000-deep tuple as a dict key (hashing it overflows
+    the C stack)."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / f"ind.cora.{name}"
+    if name == "allx":
+        state = {**_csr_state(raw, 10 ** 8), "check_format": collections.defaultdict}
+        _dump(f, _NewObj(sp.csr_matrix, state))
+    else:           # {((((),),),...): 1}: EMPTY_DICT MARK EMPTY_TUPLE TUPLE1... BININT1 SETITEMS
+        f.write_bytes(b"\x80\x02}()" + b"\x85" * 200_000 + b"K\x01u.")
+    code = ("import sys; from pathlib import Path; from quietgnn.datasets.planetoid import "
+            "read_planetoid; read_planetoid(Path(sys.argv[1]), 'cora')")
+    out = subprocess.run([sys.executable, "-c", code, str(raw)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    last = out.stderr.strip().splitlines()[-1:]
+    assert out.returncode == 1 and last[0].startswith(f"ValueError: {f}: {expected}"), out
+
+
+_BIG = (10 ** 6, 10 ** 5)       # float32: 372 GiB
+
+
+@pytest.mark.parametrize("name, payload, expected", [
+    # a strided view of 4 bytes as 372 GiB, which torch.cat materialised
+    ("allx", _Reduce(np.ndarray, (_BIG, np.dtype("f4"), b"\0" * 4, 0, (0, 0))),
+     "refused: this pickle calls numpy.ndarray directly, which no Planetoid file does"),
+    # numpy's own two paths, with a shape the data does not fill
+    ("ally", _Reduce(np.zeros(0).__reduce__()[0], (np.ndarray, (0,), b"b"),
+                     (1, _BIG, np.dtype("f4"), False, b"\0" * 4)),
+     r"holds a float32 array of shape \(1000000, 100000\), 400000000000 bytes, whose data "
+     r"is 4 bytes; it is not a Planetoid file"),
+    ("ally", _Reduce(np.zeros(1).__reduce_ex__(5)[0], (b"\0" * 4, np.dtype("f4"), _BIG, "C")),
+     r"holds a float32 array of shape \(1000000, 100000\), 400000000000 bytes, whose data "
+     r"is 4 bytes"),
+    ("ally", _Reduce(np.zeros(0).__reduce__()[0], (np.ndarray, (0,), b"b"),
+                     (1, (1,), np.dtype("O"), False, [None])),
+     r"holds an array type 'O8'; Planetoid arrays are numbers"),
+    # list(L) once per node copied one shared list into 10**5 lists while unpickling
+    ("graph", _Reduce(list, ([1, 2],)), "refused: this pickle calls builtins.list directly"),
+    ("graph", _Reduce(collections.defaultdict, (collections.defaultdict,)),
+     r"refused: this pickle calls collections.defaultdict with a default other than list"),
+])
+def test_no_admitted_global_makes_more_than_the_file_holds(tmp_path, name, payload, expected):
+    """numpy.ndarray and list are admitted as the arguments numpy's and defaultdict's pickles
+    pass, never as callables; every array's size is exactly its data's."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / f"ind.cora.{name}"
+    if name == "ally" and "frombuffer" in repr(payload.reduce[0]):
+        f.write_bytes(pickle.dumps(payload, protocol=5))
+    else:
+        _dump(f, payload)
+    with pytest.raises(ValueError) as ei:
+        _read(raw)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: ") and re.search(expected, msg), msg
+    assert msg.endswith(f"original ({_ORIGINAL})"), msg
+
+
+def test_one_string_decoded_many_times_is_refused(tmp_path):
+    """_codecs.encode (protocol 2's bytes) on one memoised string, many times: each copy costs
+    the file a few bytes; more copied bytes than the file holds is refused."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / "ind.cora.ty"
+    args = ("\0" * 10_000, "latin1")
+    _dump(f, [_Reduce(codecs.encode, args) for _ in range(1000)])
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(f))}: decodes more bytes than the "
+                                         rf"file holds \(one string used many times\)"):
+        _read(raw)
+
+
+def test_a_memo_slot_far_beyond_the_pickle_is_refused_unallocated(tmp_path):
+    """CPython sizes its memo by the largest slot a PUT names (2 x 8 bytes a slot)."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / "ind.cora.graph"
+    f.write_bytes(b"\x80\x02]r" + (2 ** 24).to_bytes(4, "little") + b".")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(f))}: names memo slot 16777216 "
+                                         rf"at byte 3, after 2 opcodes"):
+        _read(raw)
+
+
+def test_a_graph_of_shared_lists_is_refused_before_it_is_built(tmp_path):
+    """Every node's list is the same list (the pickle's memo): a few bytes each on disk, all
+    of it in the edge list. More entries than the file has bytes is refused unbuilt."""
+    raw = _planetoid(tmp_path / "data")
+    f = raw / "ind.cora.graph"
+    shared = list(range(540))
+    _dump(f, {k: shared for k in range(540)})
+    size = f.stat().st_size
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(f))}: its adjacency lists hold "
+                                         rf"291600 entries in a {size}-byte file, so they "
+                                         rf"share lists"):
+        _read(raw)
+    # the same lists, each its own: read (and every id checked)
+    _dump(f, {k: list(shared[:10]) for k in range(540)})
+    assert _read(raw).edge_index.shape == (2, 5400)
+
+
+def test_dense_matrices_are_checked_against_available_memory(tmp_path, monkeypatch):
+    raw = _planetoid(tmp_path / "data")
+    monkeypatch.setattr(planetoid, "mem_available_mb", lambda: 1e-6)
+    f = raw / "ind.cora.x"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(f))}: a sparse matrix of shape "
+                                         rf"\(6, 7\), dense, would need 0 MiB, more than the 0 "
+                                         rf"MiB available"):
+        _read(raw)
+    _dump(f, pickle.loads(f.read_bytes()).toarray())      # the same rows, as an ndarray
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(f))}: a float32 array of shape "
+                                         rf"\(6, 7\), as float32, would need"):
+        _read(raw)
+    monkeypatch.undo()
+    assert _read(raw).x.shape == (540, 7)
 
 
 def test_a_planted_pyg_processed_cache_is_never_loaded(tmp_path, monkeypatch):
