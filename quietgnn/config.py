@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -106,8 +107,9 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"runtime.threads = {self.threads!r}; expected an int >= 1")
-        if not float(self.timeout_s) > 0:
-            raise ValueError(f"runtime.timeout_s = {self.timeout_s!r}; expected seconds > 0")
+        if not 0 < float(self.timeout_s) < math.inf:
+            raise ValueError(f"runtime.timeout_s = {self.timeout_s!r}; expected a finite "
+                             f"number of seconds > 0")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"runtime.backend = {self.backend!r}; expected auto, gloo or nccl")
         if self.device not in ("cpu", "cuda"):

@@ -42,6 +42,7 @@ def test_yaml_recipe_with_override(tmp_path):
     ([("strategy", "nope")], r"unknown strategy 'nope'; expected one of"),
     ([("options.bits", "4")], r"unknown option\(s\) \['bits'\] for strategy 'halo'"),
     ([("runtime.timeout_s", "0")], r"runtime.timeout_s = 0"),
+    ([("runtime.timeout_s", "inf")], r"runtime.timeout_s = inf; expected a finite"),
     ([("runtime.keep_checkpoints", "1")], r"runtime.keep_checkpoints = 1"),
     ([("model.norm", "batch")], r"model.norm = 'batch'"),
 ])

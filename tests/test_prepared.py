@@ -294,6 +294,8 @@ LIES = {
     "owned order": ("owned.npy", lambda a: a[::-1].copy(), r"owned.npy' is not strictly"),
     # silent before: the GCN norm reads the degrees (a wrong weight, no error)
     "in_degree": ("in_degree.npy", lambda a: a + 1, r"in_degree.npy' disagrees with indptr"),
+    # gloo aborted (SIGABRT) on the mismatched sizes, or other strategies trained silently
+    "halo owned here": ("halo.npy", lambda a: a - 1, r"halo.npy' lists a node this part owns"),
 }
 
 

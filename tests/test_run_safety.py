@@ -217,6 +217,16 @@ def test_a_symbolic_link_in_the_run_directory_is_refused(tmp_path):
         finally:
             release_run_dir(run_dir)
     assert victim.read_text() == "keep"
+    # a hard link reaches the file elsewhere just as well (a log is opened with truncation)
+    (run_dir / "logs" / "rank-1.log").unlink()
+    os.link(victim, run_dir / "logs" / "rank-1.log")
+    cfg = load_config(None, {"train": {"epochs": 4}, "runtime": {"resume": True}})
+    try:
+        with pytest.raises(ValueError, match="rank-1.log', a file with 2 names"):
+            claim_run_dir(cfg, run_dir)
+    finally:
+        release_run_dir(run_dir)
+    assert victim.read_text() == "keep"
 
 
 def test_run_name_must_be_a_plain_name(tmp_path):

@@ -208,6 +208,13 @@ def check_part_arrays(path: Path, sc: dict[str, Any], a: dict[str, np.ndarray]) 
     if a["indices"].size > sc["num_edges_global"]:
         raise bad("indices", f"holds {a['indices'].size} edges, more than num_edges_global = "
                              f"{sc['num_edges_global']} (part.json)")
+    if n_own and a["halo"].size:
+        # a halo node is another part's: one this part owns means the halo was edited (its
+        # rows would be received for a node held here; the peers' send plans would not fit)
+        at = np.minimum(np.searchsorted(a["owned"], a["halo"]), n_own - 1)
+        if bool((a["owned"][at] == a["halo"]).any()):
+            raise bad("halo", "lists a node this part owns (owned.npy): a halo node is "
+                              "another part's")
     if bool((a["halo_owner"] == sc["rank"]).any()):
         raise bad("halo_owner", f"names this part ({sc['rank']}) as a halo node's owner")
     step = np.diff(a["halo_owner"])

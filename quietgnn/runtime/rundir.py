@@ -163,6 +163,11 @@ def _refuse_links(run_dir: Path) -> None:
                                  f"{str(p)!r} -> {os.readlink(p)!r}; quietgnn writes only "
                                  f"regular files there (a link would make it write "
                                  f"elsewhere): remove the link, or use another --run-name")
+            if name in files and p.stat().st_nlink > 1:   # a hard link: the same, for logs
+                raise ValueError(f"run directory {str(run_dir)!r} holds {str(p)!r}, a file "
+                                 f"with {p.stat().st_nlink} names (a hard link: a write there "
+                                 f"reaches a file elsewhere); remove it, or use another "
+                                 f"--run-name")
 
 
 def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
@@ -288,9 +293,11 @@ def attempts(run_dir: Path) -> list[dict[str, Any]]:
     try:
         for line in (Path(run_dir) / "logs" / "attempts.jsonl").read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(rec, dict):        # an edited line of another shape is skipped
+                out.append(rec)
     except OSError:
         pass
     return out

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import is_consequence, is_input_error
+from ..errors import is_consequence, is_explained, is_input_error
 
 __all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
            "is_consequence", "is_input_error"]
@@ -199,6 +199,6 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
         lines.append(f"rank(s) {sorted(caused)} stopped because rank(s) {causes} did (a "
                      f"collective's peer was gone; each one's error in logs/rank-<k>.error)")
     lines.append(f"Run directory: {run_dir}")
-    if first_tb and not is_input_error(first_tb):
+    if first_tb and not is_explained(first_tb):
         lines.append(first_tb.rstrip())   # a bug or a crash: the traceback is the evidence
     return "\n".join(lines)
