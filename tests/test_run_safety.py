@@ -200,32 +200,27 @@ def test_a_refused_claim_leaves_the_holders_empty_directory(tmp_path):
         os.close(holder)
 
 
-def test_a_symbolic_link_in_the_run_directory_is_refused(tmp_path):
-    """A link planted in place of a file quietgnn writes would make it write elsewhere."""
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_link_in_the_run_directory_is_refused(tmp_path, link):
+    """A link planted in place of a file quietgnn writes would make it write elsewhere (a
+    log is opened with truncation): a symbolic one, or a hard one, its second name."""
     from quietgnn.config import load_config
     from quietgnn.runtime.rundir import claim_run_dir, release_run_dir
     victim = tmp_path / "precious.txt"
     victim.write_text("keep")
     run_dir = tmp_path / "r"
     (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "logs" / "rank-1.log").symlink_to(victim)
+    planted = run_dir / "logs" / "rank-1.log"
+    planted.symlink_to(victim) if link == "symbolic" else os.link(victim, planted)
+    said = "holds a symbolic link .*rank-1.log.*remove" if link == "symbolic" else \
+        "rank-1.log', a file with 2 names"
     for resume in (True, False):
         cfg = load_config(None, {"train": {"epochs": 4}, "runtime": {"resume": resume}})
         try:
-            with pytest.raises(ValueError, match="holds a symbolic link .*rank-1.log.*remove"):
+            with pytest.raises(ValueError, match=said):
                 claim_run_dir(cfg, run_dir)
         finally:
             release_run_dir(run_dir)
-    assert victim.read_text() == "keep"
-    # a hard link reaches the file elsewhere just as well (a log is opened with truncation)
-    (run_dir / "logs" / "rank-1.log").unlink()
-    os.link(victim, run_dir / "logs" / "rank-1.log")
-    cfg = load_config(None, {"train": {"epochs": 4}, "runtime": {"resume": True}})
-    try:
-        with pytest.raises(ValueError, match="rank-1.log', a file with 2 names"):
-            claim_run_dir(cfg, run_dir)
-    finally:
-        release_run_dir(run_dir)
     assert victim.read_text() == "keep"
 
 

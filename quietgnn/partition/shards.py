@@ -196,11 +196,11 @@ def check_part_arrays(path: Path, sc: dict[str, Any], a: dict[str, np.ndarray]) 
     if n_own > 1 and not bool((np.diff(a["owned"]) > 0).all()):
         raise bad("owned", "is not strictly ascending (the local numbering needs it)")
     ptr = a["indptr"]
-    if int(ptr[0]) != 0 or int(ptr[-1]) != a["indices"].size or \
-            not bool((np.diff(ptr) >= 0).all()):
+    rows = np.diff(ptr)                 # each owned row's in-edges (read twice below)
+    if int(ptr[0]) != 0 or int(ptr[-1]) != a["indices"].size or not bool((rows >= 0).all()):
         raise bad("indptr", f"runs from {int(ptr[0])} to {int(ptr[-1])} (or decreases), "
                             f"expected a non-decreasing 0 .. {a['indices'].size} (indices.npy)")
-    if not np.array_equal(np.diff(ptr), a["in_degree"][:n_own]):
+    if not np.array_equal(rows, a["in_degree"][:n_own]):
         # an owned row's in-edges are all in this part: its degree is its row's length (the
         # GCN norm reads the degrees; edited ones would weigh the edges wrongly, silently)
         raise bad("in_degree", "disagrees with indptr.npy on an owned row's in-edges (every "
