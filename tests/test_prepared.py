@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -239,6 +240,17 @@ def test_overwrite_replaces_only_what_prepare_wrote(tmp_path, capsys):
     assert "already holds a prepared graph (2 parts, metis, 200 nodes" in \
         capsys.readouterr().err
     assert main(small + ["--out", str(d), "--overwrite"]) == 0
+    # a crafted book listing the user's files with their right sizes and checksums does not
+    # make them prepare's: only the names a prepare writes count
+    (u / "book.json").unlink()
+    meta = json.loads((d / "book.json").read_text())
+    meta["files"]["IMPORTANT.txt"] = {"bytes": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    shutil.copytree(d, u, dirs_exist_ok=True)
+    (u / "book.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(small + ["--out", str(u), "--overwrite"]) == 2
+    assert "'IMPORTANT.txt'" in capsys.readouterr().err
+    assert (u / "IMPORTANT.txt").read_text() == "x"
 
 
 def _lie(book, k, name, edit):

@@ -291,11 +291,19 @@ def replace_problem(path: Path) -> str:
     if why:         # not a book: every entry is the user's as far as anyone knows
         return (f"holds {_entries(path, set(), set())}, and its book.json is not a quietgnn "
                 f"partition book ({why})")
-    files = {n for n in meta["files"] if not outside(path, n, subdirs=True)} | {"book.json"}
+    # only the names a prepare writes count as its own: a crafted book listing the user's
+    # files (with their right checksums) must not make --overwrite delete them
+    files = {n for n in meta["files"] if isinstance(n, str) and _PREPARED.fullmatch(n) and
+             not outside(path, n, subdirs=True)} | {"book.json"}
     dirs = {Path(n).parent.as_posix() for n in files} - {"."}
     extra = _entries(path, files, dirs)
     return f"holds {extra} beside its prepared graph, which prepare does not write" \
         if extra else ""
+
+
+#: every file name a prepare writes (this version's part directories, version 1's archives)
+_PREPARED = re.compile(r"assignment\.npy|part-\d+\.pt|part-\d+/(part\.json|(%s)\.npy)"
+                       % "|".join(PART_ARRAYS))
 
 
 def _entries(path: Path, files: set[str], dirs: set[str]) -> str:
@@ -386,7 +394,8 @@ def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
                          f"{type(files).__name__}, expected a mapping of file names; {fix}")
     listed = sorted(int(m.group(1)) for m in
                     (re.fullmatch(r"part-(\d+)/part\.json", f) for f in files) if m)
-    if listed != list(range(n)):
+    # compared without building range(n): an edited num_parts of 10**12 must not allocate
+    if len(listed) != n or any(k != i for i, k in enumerate(listed)):
         shown = ", ".join(f"part-{k}/" for k in listed[:6]) + (", ..." if len(listed) > 6 else "")
         raise ValueError(f"partition book {str(meta_path)!r} says num_parts = {n} but lists "
                          f"{len(listed)} part(s) ({shown or 'none'}), expected part-0/ .. "
