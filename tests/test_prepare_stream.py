@@ -285,6 +285,9 @@ def _sparse_nodes(**cols):
     (_non_finite("weight", float("inf")), "first at node 1, feature 1 (column 'weight') "
                                           "(value inf)"),
     (_nan_in_a_list, "x has NaN/Inf value(s), first at node 2, feature 1 (value -inf)"),
+    (_non_finite("f1", 1e5), "x has value(s) beyond float16's range (|x| <= 65504), first at "
+                             "node 1, feature 1 (column 'f1') (value 100000.0); prepare with "
+                             "--x-dtype float32"),
     (_bad_edges, "holds node id 7, outside [0, 3)"),
     (_no_label, "it needs a label column y (or label)"),
     (_unnamed_endpoints, "has columns ['weight', 'from', 'to']; expected src and dst"),
@@ -293,7 +296,8 @@ def test_bad_tables_are_named(tmp_path, make, message):
     make(tmp_path)
     with pytest.raises(ValueError) as ei:
         prepare_tables(tmp_path / "e.parquet", tmp_path / "n.parquet", tmp_path / "out",
-                       parts=2, memory_budget=TINY_BUDGET)
+                       parts=2, memory_budget=TINY_BUDGET,
+                       x_dtype="float16" if "float16" in message else "float32")
     assert message in str(ei.value)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []

@@ -65,6 +65,13 @@ def test_half_precision_features(tmp_path):
     assert np.load(tmp_path / "d" / "part-1" / "x.npy", mmap_mode="r").dtype == np.float16
     assert part.x.dtype == torch.float32
     assert torch.equal(part.x, ref[1].x.half().float())
+    # a value float16 cannot hold (it would be stored as inf) is named before anything is
+    # written
+    g.x[7, 2] = -70000.0
+    with pytest.raises(ValueError, match=r"beyond float16's range \(\|x\| <= 65504\), first at "
+                       r"node 7, feature 2 \(value -70000.0\); prepare with --x-dtype float32"):
+        make_book(tmp_path / "e", g, "random", 2, x_dtype="float16")
+    assert not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize("P", [2, 4])

@@ -83,6 +83,7 @@ class PartitionBook:
         path = Path(path)
         parts = np.asarray(parts, dtype=np.int64)
         num_parts = int(parts.max()) + 1
+        _check_range(graph, x_dtype)
         fingerprint = graph.fingerprint()
         book_id = book_id_of(fingerprint, [parts])
         tmp = new_book_dir(path)
@@ -230,6 +231,17 @@ class PartitionBook:
                 raise ValueError(f"partition part {str(self.path / f'part-{rank}')!r} has "
                                  f"{what} = {have!r} but book.json says {want!r}: the part was "
                                  f"edited or comes from another book; re-run `quietgnn prepare`")
+
+
+def _check_range(graph: Graph, x_dtype: str) -> None:
+    """Features past ``x_dtype``'s range are refused before anything is written (float16
+    would store 70000 as inf, and training would fail far from the cause)."""
+    big = float(np.finfo(x_dtype).max)
+    if graph.x.is_floating_point() and graph.x.numel() and graph.x.abs().max() > big:
+        r, c = (int(v) for v in (graph.x.abs() > big).nonzero()[0])
+        raise ValueError(f"x has value(s) beyond {x_dtype}'s range (|x| <= {big:g}), first at "
+                         f"node {r}, feature {c} (value {float(graph.x[r, c])}); prepare with "
+                         f"--x-dtype float32, or scale the features")
 
 
 def new_book_dir(path: Path) -> Path:

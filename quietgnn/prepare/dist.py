@@ -436,7 +436,7 @@ def _write_nodes(con: Any, d: Path, src_nodes: Any, owned: np.ndarray, x_dtype: 
             raise RuntimeError("the node table changed while it was read")
         if problem is None:
             try:
-                _check_finite(src_nodes, blk.ids, blk.x)
+                _check_finite(src_nodes, blk.ids, blk.x, x_dtype)
             except ValueError as exc:
                 problem = str(exc)
         xw.write(blk.x)

@@ -373,7 +373,7 @@ def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
             continue
         if ids[0] != nxt or (ids.size > 1 and not (np.diff(ids) == 1).all()):
             raise _id_error(nodes, ids, nxt, blocks)
-        _check_finite(nodes, ids, blk.x)
+        _check_finite(nodes, ids, blk.x, x_dtype)
         nxt = int(ids[-1]) + 1
         digest.update(blk.x, int(ids[0]))
         gy.write(blk.y)
@@ -427,16 +427,23 @@ def _id_error(nodes: NodeSource, ids: np.ndarray, nxt: int,
                       f"(N = {nodes.num_nodes}), one row each")
 
 
-def _check_finite(nodes: NodeSource, ids: np.ndarray, x: np.ndarray) -> None:
-    """NaN/Inf features are refused as the in-memory path refuses them (Graph.validate)."""
+def _check_finite(nodes: NodeSource, ids: np.ndarray, x: np.ndarray,
+                  x_dtype: str = "float32") -> None:
+    """NaN/Inf features are refused as the in-memory path refuses them (Graph.validate), and
+    so are values past ``x_dtype``'s range (float16 stores 70000 as inf)."""
     bad = ~np.isfinite(x)
+    what, fix = "NaN/Inf value(s)", "clean or impute features first"
+    if not bad.any():
+        big = float(np.finfo(x_dtype).max)
+        bad = np.abs(x) > big
+        what, fix = (f"value(s) beyond {x_dtype}'s range (|x| <= {big:g})",
+                     "prepare with --x-dtype float32, or scale the features")
     if bad.any():
         r, c = (int(v) for v in np.argwhere(bad)[0])
         col = f" (column {nodes.x_cols[c]!r})" if getattr(nodes, "x_form", "") == "columns" \
             else ""
-        raise ValueError(f"{_where(nodes)}: x has NaN/Inf value(s), first at node "
-                         f"{int(ids[r])}, feature {c}{col} (value {float(x[r, c])}); clean or "
-                         f"impute features first")
+        raise ValueError(f"{_where(nodes)}: x has {what}, first at node {int(ids[r])}, "
+                         f"feature {c}{col} (value {float(x[r, c])}); {fix}")
 
 
 def _where(nodes: NodeSource) -> str:
