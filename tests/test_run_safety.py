@@ -275,6 +275,25 @@ def test_metrics_record_is_whole_or_absent(tmp_path, monkeypatch):
     assert [json.loads(x)["epoch"] for x in lines] == [0, 2]
 
 
+def test_metrics_lines_of_another_shape_are_skipped_like_torn_ones(tmp_path):
+    """An edited metrics line of valid JSON but another shape ([1, 2], "x", 3, an epoch that
+    is no integer) or bytes that are not UTF-8 gave a traceback at --resume (when the trainer
+    truncates the file) and in the launcher's failure report; each is dropped as a torn line
+    is, by every reader."""
+    from quietgnn.runtime.metrics import read_metrics, truncate_metrics
+    from quietgnn.runtime.supervise import _last_epoch
+    good = [json.dumps({"epoch": e, "rank": 0}).encode() for e in (-1, 0, 1, 2)]
+    bad = [b"[1,2]", b'"x"', b"3", b"null", b'{"epoch":"x"}', b'{"epoch":true}', b"\xff\xfe",
+           b'{"epoch":4', b"{}"]
+    f = tmp_path / "metrics" / "rank-0.jsonl"
+    f.parent.mkdir()
+    f.write_bytes(b"\n".join(good[:2] + bad + good[2:] + bad) + b"\n")
+    assert _last_epoch(tmp_path, 0) == 2
+    assert [r["epoch"] for r in read_metrics(tmp_path)[0]] == [-1, 0, 1, 2]
+    truncate_metrics(tmp_path, 0, 1)
+    assert f.read_bytes().splitlines() == good[:3]
+
+
 def test_unwritable_error_file_still_reports_the_reason(tmp_path):
     # rank 1's .error cannot be written (a directory in its way, as a full disk would do):
     # the launcher must show the real reason, not guess "killed, out of memory"

@@ -30,14 +30,14 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from ..comm import OpRecord
 from ..heap import peak_rss_mb
 from .records import EpochRecord, SetupRecord, metrics_line
 
 __all__ = ["MetricsWriter", "peak_rss_mb", "peak_gpu_mb", "summarize_ops", "read_metrics",
-           "read_records"]
+           "read_records", "metrics_lines", "truncate_metrics"]
 
 
 def peak_gpu_mb(device: Any) -> Optional[float]:
@@ -129,19 +129,41 @@ def to_records(lines: Iterable[Any]) -> tuple[list[EpochRecord], Optional[SetupR
     return epochs, setup
 
 
+def metrics_lines(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """The lines of one metrics file that are records, each as (its bytes, its JSON object).
+    A line torn by a crash, not UTF-8, or edited to another shape (``[1, 2]``, ``"x"``, an
+    object whose ``epoch`` is no integer) is skipped: every reader (``--resume``, the
+    launcher's failure report, :func:`read_metrics`) treats a damaged line alike."""
+    for line in path.read_bytes().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:          # JSONDecodeError and UnicodeDecodeError alike
+            continue
+        epoch = rec.get("epoch") if isinstance(rec, dict) else None
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            yield line, rec
+
+
+def truncate_metrics(run_dir: Path, rank: int, epoch: int) -> None:
+    """Drop rank ``rank``'s metric lines of epochs after ``epoch`` (written by an interrupted
+    attempt; they are about to be trained again) so every epoch appears once; damaged lines
+    (:func:`metrics_lines`) go too."""
+    path = Path(run_dir) / "metrics" / f"rank-{rank}.jsonl"
+    if not path.is_file():
+        return
+    keep = [line for line, rec in metrics_lines(path) if rec["epoch"] <= epoch]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(x + b"\n" for x in keep))
+    tmp.replace(path)
+
+
 def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """All ranks' metrics lines as JSON objects: ``{rank: [line, ...]}`` (torn last lines
-    skipped); :func:`read_records` reads them as records."""
+    """All ranks' metrics lines as JSON objects: ``{rank: [line, ...]}`` (damaged lines
+    skipped: :func:`metrics_lines`); :func:`read_records` reads them as records."""
     out: dict[int, list[dict[str, Any]]] = {}
     for f in sorted((Path(run_dir) / "metrics").glob("rank-*.jsonl")):
         rank = int(f.stem.split("-")[1])
-        recs = []
-        for line in f.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line torn by a crash
-        out[rank] = recs
+        out[rank] = [rec for _, rec in metrics_lines(f)]
     return out
 
 

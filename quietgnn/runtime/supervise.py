@@ -9,7 +9,6 @@ it cannot be written, and the reason must not turn into "killed, out of memory".
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import is_consequence, is_explained, is_input_error
+from .metrics import metrics_lines
 
 __all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
            "is_consequence", "is_input_error"]
@@ -132,17 +132,13 @@ def _last_line(text: str) -> str:
 
 def _last_epoch(run_dir: Path, rank: int) -> Optional[int]:
     """The last epoch this rank finished (from its metrics file), None if none."""
-    f = run_dir / "metrics" / f"rank-{rank}.jsonl"
     last = None
     try:
-        for line in f.read_text().splitlines():
-            try:
-                last = json.loads(line).get("epoch", last)
-            except json.JSONDecodeError:
-                continue
+        for _, rec in metrics_lines(run_dir / "metrics" / f"rank-{rank}.jsonl"):
+            last = rec["epoch"]
     except OSError:
         return None
-    return last if isinstance(last, int) and last >= 0 else None
+    return last if last is not None and last >= 0 else None
 
 
 def error_text(run_dir: Path, rank: int, pipes: Optional[ErrorPipes] = None) -> str:

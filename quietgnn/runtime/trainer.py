@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -28,7 +27,8 @@ from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
 from .clock import ComputeClock
-from .metrics import MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops
+from .metrics import (MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops,
+                      truncate_metrics)
 from .records import EpochRecord, RunSummary, SetupRecord
 from .rundir import write_json
 
@@ -297,27 +297,11 @@ class Trainer:
         if "comm_round" in state:
             self.comm.round = int(state["comm_round"])   # rounds line up with an unbroken run
         epoch = int(state["epoch"])
-        self._truncate_metrics(epoch)
+        # this attempt trains the epochs after it again
+        truncate_metrics(self.run_dir, self.ctx.rank, epoch)
         if self.ctx.rank == 0:
             self.ctx.log(f"resumed from checkpoint of epoch {epoch}")
         return epoch + 1
-
-    def _truncate_metrics(self, epoch: int) -> None:
-        """Drop this rank's metric lines of epochs after ``epoch`` (written by the interrupted
-        attempt; they are about to be trained again) so every epoch appears once."""
-        path = self.run_dir / "metrics" / f"rank-{self.ctx.rank}.jsonl"
-        if not path.is_file():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line).get("epoch", -1) <= epoch:
-                    keep.append(line)
-            except json.JSONDecodeError:
-                continue   # a line torn by the crash
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(x + "\n" for x in keep))
-        tmp.replace(path)
 
     # ------------------------------------------------------------------ the trained model
     def _snapshot_best(self, epoch: int, accs: dict[str, float]) -> None:
