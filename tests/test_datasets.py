@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import os
 import shutil
 import subprocess
 import sys
@@ -267,6 +268,12 @@ def test_missing_raw_files_are_downloaded_into_the_cache_once(shared, tmp_path, 
     assert load_dataset("cora", root).fingerprint() == g.fingerprint() and len(calls) == 8
     assert g.fingerprint() == load_dataset("cora", shared).fingerprint()
     assert not list(root.iterdir())
+    # the cached copy is what the run reads, so it is what a cached book's key hashes (a raw
+    # file replaced in the cache reused the book of the old one)
+    from quietgnn.datasets import dataset_files
+    raw = Path(g.meta["raw_dir"])
+    assert sorted(dataset_files("cora", root)) == sorted(raw / f for f in os.listdir(raw))
+    assert len(os.listdir(raw)) == 8
 
 
 def test_pyg_name_needs_root():

@@ -242,18 +242,19 @@ def dataset_files(name: str | os.PathLike, root: str | os.PathLike | None = None
     """The files ``load_dataset(name, root)`` reads, those that exist (for cache keys that
     must change when a file's content does): a ``.npz``; an edge list with its
     ``<stem>.labels`` / ``<stem>.features`` companions; a PyG dataset's raw files under
-    ``root``; an OGB dataset's raw and split files. ``synthetic`` (and names not found)
+    ``root`` (or their downloaded copy in the cache); an OGB dataset's raw and split files. ``synthetic`` (and names not found)
     read none: ``[]``."""
     raw_name = os.fspath(name)
     key = raw_name.strip().lower()
     if key == "synthetic":
         return []
-    from .pyg import PYG_DATASETS, find_raw_dir
+    from .pyg import PYG_DATASETS, raw_dir_of
     if key in PYG_DATASETS:
         if root is None:
             return []
         spec = PYG_DATASETS[key]
-        raw = find_raw_dir(spec, Path(root).expanduser().resolve())
+        # the downloaded copy counts too: a file replaced in the cache must not reuse a book
+        raw = raw_dir_of(spec, Path(root).expanduser().resolve())
         return [raw / f for f in spec.raw_files] if raw is not None else []
     if key.startswith("ogbn-"):
         if root is None:

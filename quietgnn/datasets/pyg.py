@@ -110,6 +110,16 @@ def find_raw_dir(spec: _Spec, root: Path) -> Path | None:
     return None
 
 
+def raw_dir_of(spec: _Spec, root: Path) -> Path | None:
+    """The raw folder :func:`load_pyg` reads for ``root`` (under it, or else the downloaded
+    copy in the cache), or None when neither is complete."""
+    raw = find_raw_dir(spec, root)
+    if raw is None:
+        cached = _cache_entry(spec, root) / spec.folder / "raw"
+        raw = cached if all((cached / f).is_file() for f in spec.raw_files) else None
+    return raw
+
+
 def _missing_error(spec: _Spec, root: Path, cause: BaseException | None) -> ValueError:
     expected = root / spec.folder / "raw"
     why = f" (download failed: {type(cause).__name__}: {cause})" if cause else ""
