@@ -470,7 +470,7 @@ def test_resume_after_the_features_changed_is_refused(tmp_path):
              for name, graph in (("b", g), ("b2", changed))]
     parts = [PartitionBook.open(b.path).load_part(0, 1) for b in books]
     assert parts[0].book_id == parts[1].book_id                  # what let it through
-    assert parts[0].features_identity().startswith("graph:")
+    assert parts[0].features_identity().startswith("x.npy:")
     assert parts[0].features_identity() != parts[1].features_identity()
     cfg = load_config(None, {"strategy": "halo", "partition": {"parts": 1},
                              "model": {"hidden": 8}, "runtime": {"progress": False}})
@@ -479,14 +479,27 @@ def test_resume_after_the_features_changed_is_refused(tmp_path):
     with pytest.raises(ValueError) as ei:
         _train(comm, cfg, parts[1], tmp_path / "run", 3, 1, True)
     msg = str(ei.value)
-    assert "\n" not in msg and "features: checkpoint 'graph:" in msg, msg
+    assert "\n" not in msg and "features (rank 0): checkpoint 'x.npy:" in msg, msg
     assert "edited or replaced" in msg
     # the launcher's pre-flight says the same once, before any worker starts
-    with pytest.raises(ValueError, match=r"features: checkpoint 'graph:[0-9a-f]+', this run "
-                                         r"'graph:[0-9a-f]+' \(the same graph"):
+    with pytest.raises(ValueError, match=r"features \(rank 0\): checkpoint 'x.npy:[0-9a-f]+', "
+                                         r"this run 'x.npy:[0-9a-f]+' \(the same graph"):
         check_resume_features(tmp_path / "run" / "checkpoints",
                               [books[1].features_identity(0)])
     check_resume_features(tmp_path / "run" / "checkpoints", [books[0].features_identity(0)])
+    # x.npy edited in place and re-hashed in book.json (the graph's digest left as it was)
+    import hashlib
+    import json
+    import shutil
+    edited = shutil.copytree(books[0].path, tmp_path / "b3")
+    f = edited / "part-0" / "x.npy"
+    np.save(f, np.load(f) + 1)
+    meta = json.loads((edited / "book.json").read_text())
+    meta["files"]["part-0/x.npy"]["sha256"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    (edited / "book.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"features \(rank 0\): checkpoint 'x.npy:"):
+        check_resume_features(tmp_path / "run" / "checkpoints",
+                              [PartitionBook.open(edited).features_identity(0)])
     losses, _ = _train(comm, cfg, PartitionBook.open(books[0].path).load_part(0, 1),
                        tmp_path / "run", 3, 1, True)
     assert len(losses) == 3                                      # the same features resume

@@ -201,12 +201,15 @@ class PartitionBook:
 
     def features_identity(self, rank: int) -> str:
         """What a checkpoint records of rank ``rank``'s features, so that a resume on other
-        features is refused (:meth:`LocalPartition.features_identity`): ``graph:`` and the
-        whole graph's features digest, or ``x.npy:`` and the part file's sha256 for a book
-        without one; both are in ``book.json`` already (nothing is read)."""
+        features is refused (:meth:`LocalPartition.features_identity`): ``x.npy:`` and the
+        part file's sha256, or ``graph:`` and the whole graph's features digest for a book
+        without it; both are in ``book.json`` already (nothing is read). The file's checksum
+        comes first: it is verified against the file, so an ``x.npy`` edited and re-hashed
+        in the book is caught, where the graph's digest (written once by prepare) is not."""
+        sha = (self.files.get(f"part-{rank}/x.npy") or {}).get("sha256")
         digest = self.graph.get("features_digest")
-        info = self.files.get(f"part-{rank}/x.npy") or {}
-        return f"graph:{digest}" if isinstance(digest, str) else f"x.npy:{info.get('sha256')}"
+        return f"x.npy:{sha}" if isinstance(sha, str) or not isinstance(digest, str) \
+            else f"graph:{digest}"
 
     def _check_part(self, part: LocalPartition, rank: int) -> None:
         """A part's scalars against ``book.json`` (the part may be consistent in itself and

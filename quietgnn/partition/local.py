@@ -169,7 +169,7 @@ class LocalPartition:
     def features_identity(self) -> str:
         """The features this rank trains on, as a checkpoint records them so that a resume
         after they changed is refused: set by :meth:`PartitionBook.load_part` from the book
-        (``graph:`` its whole-graph features digest, or ``x.npy:`` the part file's sha256;
+        (``x.npy:`` the part file's sha256, or ``graph:`` its whole-graph features digest;
         both free), else ``part:`` this part's rows hashed by global id
         (:class:`~quietgnn.graph.FeaturesDigest`: one pass over ``x``, done once)."""
         if not self.features_id:
