@@ -308,7 +308,7 @@ def test_ids_wrong_across_blocks_are_named_reading_ids_only_as_far_as_needed():
     block are both named; blocks after the one that names the last are not read."""
     from types import SimpleNamespace
 
-    from quietgnn.prepare.tables import NodeBlock, _id_error
+    from quietgnn.prepare.nodes import NodeBlock, _id_error
     nodes = SimpleNamespace(num_nodes=12, path="n.parquet")
     read = []
 

@@ -40,7 +40,8 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from ..partition.book import PartitionBook
-from .tables import TEST, TRAIN, VAL, NodeBlock, sql_name, sql_str, write_prepared
+from .nodes import TEST, TRAIN, VAL, NodeBlock
+from .tables import sql_name, sql_str, write_prepared
 
 __all__ = ["prepare_tables", "parse_size", "TableNodes"]
 

@@ -63,7 +63,8 @@ from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
 from .arrays import BATCH_ROWS, NpyWriter, lookup
 from .edges import _check_sorted
-from .tables import TEST, TRAIN, VAL, _check_finite, _connect
+from .nodes import TEST, TRAIN, VAL, _check_finite
+from .tables import _connect
 
 __all__ = ["prepare_distributed", "slice_path"]
 

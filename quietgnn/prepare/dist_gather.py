@@ -14,7 +14,7 @@ from ..comm.communicator import Communicator
 from ..comm.traffic import Traffic
 from .arrays import NpyWriter, npy_chunks
 from ..partition.book import book_id_of
-from .tables import TEST, TRAIN, VAL
+from .nodes import TEST, TRAIN, VAL
 
 __all__ = ["gather_fingerprint"]
 

@@ -26,7 +26,8 @@ import torch
 
 from ..datasets.synthetic import SyntheticSpec, class_means, class_weights
 from ..partition.book import PartitionBook
-from .tables import TEST, TRAIN, VAL, NodeBlock, write_prepared
+from .nodes import TEST, TRAIN, VAL, NodeBlock
+from .tables import write_prepared
 
 __all__ = ["prepare_synthetic", "SyntheticNodes"]
 
