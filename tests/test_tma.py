@@ -253,7 +253,7 @@ def test_local_lr_is_the_papers_unless_zero(runs):
 
 
 def test_assemble_graph_rebuilds_the_whole_graph(graph):
-    from quietgnn.strategies.tma import _part_pieces
+    from quietgnn.strategies.tma.data import _part_pieces
     parts = partition_nodes(graph, "random", 3, seed=0)
     full = assemble_graph([_part_pieces(p) for p in build_partitions(graph, parts)],
                           graph.num_nodes)
@@ -269,7 +269,7 @@ def test_assemble_graph_keeps_sparse_features_sparse(graph):
     """Mostly-zero features are gathered as CSR and rebuilt sparse on rank 0, row for row the
     dense matrix; a mix of sparse and dense parts is rebuilt dense."""
     from quietgnn.nn import SparseFeatures
-    from quietgnn.strategies.tma import _part_pieces
+    from quietgnn.strategies.tma.data import _part_pieces
     x = graph.x * (torch.rand(graph.x.shape, generator=torch.Generator().manual_seed(0)) < 0.1)
     g = replace(graph, x=x)
     lps = build_partitions(g, partition_nodes(g, "random", 3, seed=0))

@@ -117,7 +117,7 @@ from ...sampling.fanouts import parse_fanouts
 from ...sampling.local import LocalSampler
 from ...seeds import stream_seed
 from ..base import EpochResult, Strategy, register
-from .data import _part_pieces, assemble_graph, open_book_eval
+from .data import assemble_graph, open_book_eval, open_whole_graph
 
 __all__ = ["TMA", "TMAOptions", "LocalSampler", "assemble_graph"]
 
@@ -284,7 +284,6 @@ class TMA(Strategy):
         self.history: list[dict[str, Any]] = []     # rank 0: survivors per average
         timeout = o.fail_timeout_s or ctx.comm.timeout_s
         self.chan = StarChannel.open(ctx.comm, timeout_s=timeout)
-        self.full: Optional[dict[str, Any]] = None
         self._load_eval_graph()
         self._t_period = time.monotonic()
 
@@ -305,9 +304,9 @@ class TMA(Strategy):
                                  "the partition book's")
 
     def _load_eval_graph(self) -> None:
-        ctx, p = self.ctx, self.ctx.part
-        how = self.options.eval_graph
-        book = os.environ.get("QUIETGNN_BOOK")
+        """Rank 0's evaluator (``self.evaluator``; None elsewhere): the whole graph, or with
+        ``eval_nodes`` a fixed sample read from the partition book."""
+        how, book = self.options.eval_graph, os.environ.get("QUIETGNN_BOOK")
         if how == "auto":
             how = "book" if book else "gather"
         if how == "book" and not book:
@@ -318,27 +317,11 @@ class TMA(Strategy):
                 raise ValueError("options.eval_nodes > 0 reads the evaluation sample from the "
                                  "partition book, and this run has none (QUIETGNN_BOOK unset): "
                                  "run through `quietgnn train` or use eval_nodes 0")
-            self.book_eval = open_book_eval(self.ctx, self.chan, book,
+            self.evaluator = open_book_eval(self.ctx, self.chan, book,
                                             self._eval_fanouts, self.options)
-            return
-        if how == "book":
-            if ctx.rank == 0:
-                from ...partition import PartitionBook
-                pb = PartitionBook.open(book)
-                pieces = [_part_pieces(p)] + [_part_pieces(pb.load_part(j))
-                                              for j in range(1, ctx.world_size)]
-                self.full = assemble_graph(pieces, p.num_nodes_global)
         else:
-            got = self.chan.gather_object(_part_pieces(p), kind="eval_graph",
-                                         carries=Traffic.FEATURES)   # with labels and edges
-            if ctx.rank == 0:
-                self.full = assemble_graph(list(got.values()), p.num_nodes_global)
-        if self.full is not None:
-            deg = self.full["indptr"][1:] - self.full["indptr"][:-1]
-            self.full_adj = SparseAdj(self.full["indptr"], self.full["indices"],
-                                      p.num_nodes_global, deg, deg).to(ctx.device)
-            x = self.full["x"]
-            self.full["x"] = ctx.put(x if isinstance(x, SparseFeatures) else maybe_sparse(x))
+            self.evaluator = open_whole_graph(self.ctx, self.chan, book if how == "book"
+                                              else None)
 
     # ------------------------------------------------------------------ training
     def _step(self) -> float:
@@ -445,21 +428,7 @@ class TMA(Strategy):
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        accs = None
-        if self.ctx.rank == 0 and self.options.eval_nodes:
-            accs = self.book_eval.evaluate(self.model)
-        elif self.ctx.rank == 0:
-            f = self.full
-            self.model.eval()
-            try:
-                pred = self.model(f["x"], self.full_adj).argmax(-1).cpu()
-            finally:
-                self.model.train()
-            accs = {}
-            for split in SPLITS:
-                m = f[split]
-                accs[split] = float((pred[m] == f["y"][m]).float().mean()) if m.any() \
-                    else float("nan")
+        accs = self.evaluator.evaluate(self.model) if self.ctx.rank == 0 else None
         # as fixed-width IEEE bits, not JSON numbers (whose length follows the digits): the
         # bytes a run sends must not depend on the values (a GPU run's records equal the CPU's)
         packed = struct.pack("<3d", *(accs[k] for k in SPLITS)).hex() if accs else None

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ...comm.communicator import CommError
 from ...comm.traffic import Traffic
-from ...nn import SparseFeatures, maybe_sparse
+from ...nn import SparseAdj, SparseFeatures, maybe_sparse
+from ...sampling.evaluate import SPLITS
 
 
 # ---------------------------------------------------------------------- whole graph on rank 0
@@ -69,6 +70,47 @@ def assemble_graph(pieces: list[dict[str, Tensor]], num_nodes: int) -> dict[str,
         for k in masks:
             masks[k][p["owned"]] = p[k]
     return {"indptr": indptr, "indices": src[order], "x": x, "y": y, **masks}
+
+
+class WholeGraphEval:
+    """Rank 0's exact evaluation on the whole graph (:func:`assemble_graph`), on its device."""
+
+    def __init__(self, ctx: Any, full: dict[str, Any]) -> None:
+        deg = full["indptr"][1:] - full["indptr"][:-1]
+        self.adj = SparseAdj(full["indptr"], full["indices"], deg.numel(), deg,
+                             deg).to(ctx.device)
+        x = full["x"]
+        self.x = ctx.put(x if isinstance(x, SparseFeatures) else maybe_sparse(x))
+        self.y, self.masks = full["y"], {k: full[k] for k in SPLITS}
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        model.eval()
+        try:
+            pred = model(self.x, self.adj).argmax(-1).cpu()
+        finally:
+            model.train()
+        return {k: float((pred[m] == self.y[m]).float().mean()) if m.any() else float("nan")
+                for k, m in self.masks.items()}
+
+
+def open_whole_graph(ctx: Any, chan: Any, book: str | None) -> WholeGraphEval | None:
+    """Rank 0: the whole-graph evaluator, the other parts read from the partition book
+    ``book``, or (``None``) gathered from every rank once (setup traffic ``eval_graph``);
+    elsewhere None."""
+    p, full = ctx.part, None
+    if book is not None:
+        if ctx.rank == 0:
+            from ...partition import PartitionBook
+            pb = PartitionBook.open(book)
+            pieces = [_part_pieces(p)] + [_part_pieces(pb.load_part(j))
+                                          for j in range(1, ctx.world_size)]
+            full = assemble_graph(pieces, p.num_nodes_global)
+    else:
+        got = chan.gather_object(_part_pieces(p), kind="eval_graph",
+                                 carries=Traffic.FEATURES)   # with labels and edges
+        if ctx.rank == 0:
+            full = assemble_graph(list(got.values()), p.num_nodes_global)
+    return WholeGraphEval(ctx, full) if full is not None else None
 
 
 # ---------------------------------------------------------------------- the sample, from the book
