@@ -180,6 +180,42 @@ def test_a_model_too_large_or_a_lying_spec_is_refused_before_allocating(tmp_path
         load_model(tmp_path)
 
 
+def test_training_counts_four_copies_on_every_local_rank_and_names_the_width(monkeypatch):
+    """One copy of the weights was compared with the memory available, though training holds
+    four (weights, gradients, two Adam moments) on every rank of the host: a model a quarter
+    of the memory passed, then each rank allocated until the kernel killed it. A million
+    layers passed too (a million tiny modules built first)."""
+    from quietgnn.nn.model import MAX_LAYERS, ModelConfig, build_model, check_model_fits
+    monkeypatch.setattr("quietgnn.heap.mem_available_mb", lambda: 1000.0)
+    weights_mb = (64 * 10**6 + 10**6 * 8) * 4 / 2**20           # 275 MiB: one copy fits
+    assert weights_mb < 1000 < 4 * weights_mb
+    check_model_fits("gcn", 64, 10**6, 8, 2)                   # holding it (predict) is fine
+    with pytest.raises(ValueError, match=r"^model.hidden = 1000000: .*4 copies\), on each of "
+                                         r"the 2 ranks of this host, needs 2.15 GiB, more than "
+                                         r"the 0.977 GiB available here; lower model.hidden$"):
+        check_model_fits("gcn", 64, 10**6, 8, 2, copies=4, ranks=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")                 # what a worker builds with
+    with pytest.raises(ValueError, match=r"model.hidden = 1000000: .*4 copies\) needs 1.07 GiB"):
+        build_model(ModelConfig(hidden=10**6), 64, 8, seed=0)
+    # the message blames the width that is absurd: classes (labels that are no class ids),
+    # input features, or hidden with layers
+    for args, named in ((("gcn", 64, 16, 10**9, 2), "1000000000 classes (the model's output "
+                                                      "width)"),
+                        (("gcn", 10**9, 16, 8, 3), "1000000000 input features"),
+                        (("sage", 64, 10**4, 8, 900), "model.hidden = 10000 with model.layers "
+                                                      "= 900"),
+                        (("gcn", 10**9, 16, 8, 1), "1000000000 input features")):
+        with pytest.raises(ValueError) as ei:
+            check_model_fits(*args)
+        assert str(ei.value).startswith(named + ":"), str(ei.value)
+    assert "labels must be class ids 0..C-1" in str(pytest.raises(
+        ValueError, check_model_fits, "gcn", 64, 16, 10**9, 2).value)
+    for build in (lambda: ModelConfig(layers=10**6), lambda: GNN("gcn", 8, 16, 3, layers=10**6)):
+        with pytest.raises(ValueError, match=rf"^model.layers = 1000000; expected at most "
+                                             rf"{MAX_LAYERS} .*: lower model.layers$"):
+            build()
+
+
 def test_a_model_that_cannot_be_written_is_named_and_leaves_no_temp_file(tmp_path, monkeypatch):
     """A full disk at the end of a run: the error names the file and the reason, in one line
     the launcher shows as is (errors.is_explained), and no temporary file is left."""

@@ -23,6 +23,7 @@ train them separately (RETEXO).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -35,9 +36,16 @@ from .keyed import keyed_dropout, mix_key
 from .layers import CONVS, GATConv
 from .sparse import SparseFeatures
 
-__all__ = ["GNN", "ModelConfig", "build_model"]
+__all__ = ["GNN", "ModelConfig", "build_model", "check_model_fits", "MAX_LAYERS",
+           "TRAINING_COPIES"]
 
 Exchange = Callable[[Tensor, int], Tensor]
+
+#: more convolutions than any published GNN trains (RevGNN-Deep: 1001); beyond, model.layers
+#: is a typo, and a million layers build a million modules before memory could say no
+MAX_LAYERS = 4096
+#: copies of the weights that training holds: the weights, their gradients, Adam's two moments
+TRAINING_COPIES = 4
 
 
 @dataclass
@@ -57,6 +65,7 @@ class ModelConfig:
             raise ValueError(f"model.arch = {self.arch!r}; expected one of {sorted(CONVS)}")
         if not isinstance(self.layers, int) or self.layers < 1:
             raise ValueError(f"model.layers = {self.layers!r}; expected an int >= 1")
+        _check_layers(self.layers)
         if not isinstance(self.hidden, int) or self.hidden < 1:
             raise ValueError(f"model.hidden = {self.hidden!r}; expected an int >= 1")
         if not 0.0 <= float(self.dropout) < 1.0:
@@ -71,21 +80,75 @@ class ModelConfig:
                              f"{self.heads}; GAT concatenates heads")
 
 
-def _check_fits(dims: list[int]) -> None:
-    """Refuse a model whose weight matrices alone (at least ``d_in x d_out`` floats a layer)
-    exceed the machine's available memory, before torch tries to allocate them: an absurd
-    ``model.hidden`` otherwise fails deep in an allocation, or overflows it."""
+def _check_layers(layers: int) -> None:
+    if layers > MAX_LAYERS:
+        raise ValueError(f"model.layers = {layers!r}; expected at most {MAX_LAYERS} (the deepest "
+                         f"published GNNs have about 1000 layers): lower model.layers")
+
+
+def _layer_weights(arch: str, a: int, b: int) -> int:
+    """Weights of one convolution from ``a`` to ``b`` features, its weight matrices only
+    (biases, GAT's attention vectors and GIN's eps left out: a lower bound)."""
+    return {"sage": 2 * a * b, "gin": a * b + b * b}.get(arch, a * b)
+
+
+def local_ranks() -> int:
+    """Ranks on this host (``LOCAL_WORLD_SIZE``, which the launcher and torchrun set), 1 where
+    it is not set or not a positive integer: each of them holds its own model."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def check_model_fits(arch: str, in_dim: int, hidden: int, out_dim: int, layers: int, *,
+                     copies: int = 1, ranks: int = 1) -> None:
+    """Refuse (``ValueError``, one line) a model whose weight matrices, ``copies`` times (1 to
+    hold the model, :data:`TRAINING_COPIES` to train it), on each of ``ranks`` processes of this
+    host, exceed the machine's available memory, before torch tries to allocate them: an absurd
+    ``model.hidden`` (or number of classes) otherwise fails deep in an allocation, overflows
+    it, or allocates until the kernel kills the run. The message names the dimension to blame."""
     from ..heap import mem_available_mb
-    weights = sum(a * b for a, b in zip(dims, dims[1:]))
+    _check_layers(layers)       # before any list of `layers` entries is built
+    if layers == 1:
+        first, mid, last = _layer_weights(arch, in_dim, out_dim), 0, 0
+    else:
+        first, last = _layer_weights(arch, in_dim, hidden), _layer_weights(arch, hidden, out_dim)
+        mid = (layers - 2) * _layer_weights(arch, hidden, hidden)
+    weights = first + mid + last
+    need_mb = weights * 4 * copies * ranks / 2**20
     avail = mem_available_mb()
-    if weights * 4 / 2**20 > avail:
-        what, fix = ((f"model.hidden = {dims[1]!r}", "lower model.hidden (or model.layers)")
-                     if len(dims) > 2 else
-                     (f"a one-layer model of {dims[0]} input features and {dims[1]} classes",
-                      "the input is too wide for this machine: reduce its features"))
-        raise ValueError(f"{what}: the model's weights alone are at least {weights:.3g} floats "
-                         f"({weights * 4 / 2**30:.3g} GiB; training holds about four times "
-                         f"that), more than the {avail / 1024:.3g} GiB available here; {fix}")
+    if need_mb <= avail:
+        return
+    # blame the width that makes the largest term large: a typo in model.hidden, a graph with
+    # too many input features, or labels that are not class ids 0..C-1 (C = largest label + 1)
+    if layers == 1:
+        blame = "classes" if out_dim >= in_dim else "input"
+    elif last >= max(first, mid) and out_dim > hidden:
+        blame = "classes"
+    elif first >= max(mid, last) and in_dim > hidden:
+        blame = "input"
+    else:
+        blame = "hidden"
+    if blame == "classes":
+        what = f"{out_dim} classes (the model's output width)"
+        fix = ("check the labels: the number of classes is the largest label + 1, so labels "
+               "must be class ids 0..C-1, not raw values")
+    elif blame == "hidden":
+        what = f"model.hidden = {hidden!r}" + (f" with model.layers = {layers}"
+                                               if layers > 2 else "")
+        fix = "lower model.hidden" + (" or model.layers" if layers > 2 else "")
+    else:
+        what = f"{in_dim} input features"
+        fix = "the input is too wide for this machine: reduce its features" + \
+            (" or lower model.hidden" if layers > 1 else "")
+    held = "the model" if copies == 1 else \
+        f"training (weights, gradients, two Adam moments: {copies} copies)"
+    per = f", on each of the {ranks} ranks of this host," if ranks > 1 else ""
+    raise ValueError(f"{what}: the model's weight matrices alone are at least {weights:.3g} "
+                     f"floats ({weights * 4 / 2**30:.3g} GiB); {held}{per} needs "
+                     f"{need_mb / 1024:.3g} GiB, more than the {avail / 1024:.3g} GiB "
+                     f"available here; {fix}")
 
 
 class GNN(nn.Module):
@@ -96,8 +159,8 @@ class GNN(nn.Module):
         super().__init__()
         self.arch, self.dropout, self.num_layers = arch, float(dropout), layers
         self.hidden, self.norm_kind, self.heads = hidden, norm, heads
+        check_model_fits(arch, in_dim, hidden, out_dim, layers)   # before any allocation
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
-        _check_fits(dims)
         convs = []
         for i in range(layers):
             last = i == layers - 1
@@ -179,6 +242,9 @@ class GNN(nn.Module):
 def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, seed: int) -> GNN:
     """Build the model with weights drawn from ``seed`` alone, so every rank that calls this
     with the same arguments holds identical weights without any communication."""
+    # to train it, every rank of this host holds the weights, gradients and Adam's moments
+    check_model_fits(cfg.arch, in_dim, cfg.hidden, out_dim, cfg.layers,
+                     copies=TRAINING_COPIES, ranks=local_ranks())
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
