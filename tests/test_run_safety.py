@@ -482,6 +482,26 @@ def test_more_workers_than_the_host_can_start_are_refused_leaving_nothing(tmp_pa
     assert not out.exists()             # nothing left: not the out directory either
 
 
+def test_a_model_too_large_to_train_is_refused_before_the_run_directory_is_written(
+        tmp_path, monkeypatch):
+    """Refused in the workers, the model left the launcher's config.json behind, and a rerun
+    with the same --run-name found a run there. The launcher checks the book's widths first:
+    the same refusal twice, and no run directory."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.plan import plan_local_run
+    monkeypatch.setattr("quietgnn.heap.mem_available_mb", lambda: 1000.0)
+    out = tmp_path / "out"
+    # one copy (64 x 10**6 floats, 0.25 GiB) fits; four copies on each of 2 ranks do not
+    cfg = {"partition": {"parts": 2}, "model": {"hidden": 10**6},
+           "synthetic": {"nodes": 300, "feature_dim": 64},
+           "runtime": {"out_dir": str(out), "run_name": "big"}}
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^model.hidden = 1000000: .* on each of the 2 "
+                                             r"ranks of this host, needs"):
+            plan_local_run(load_config(None, cfg), lambda m: None, out_existed=False)
+        assert not out.exists()
+
+
 def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
     """The claim's check runs once; a link planted later where quietgnn writes (a temporary
     file's predictable name, a log) makes the write fail instead of overwriting its target."""

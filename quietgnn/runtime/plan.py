@@ -23,7 +23,7 @@ from ..config import RunConfig
 from .books import dataset_identity_of, resolve_book
 
 __all__ = ["RunPlan", "plan_run", "plan_local_run", "plan_worker", "local_run_dir",
-           "torchrun_run_dir", "BOOK_ENV"]
+           "torchrun_run_dir", "check_model_fits_book", "BOOK_ENV"]
 
 #: how the launcher hands the book it resolved (and checked) to its workers
 BOOK_ENV = "QUIETGNN_BOOK"
@@ -66,6 +66,7 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     cfg.runtime.backend = placement.backend
     identity = dataset_identity_of(cfg)
     book, key = resolve_book(cfg, log, identity)
+    check_model_fits_book(cfg, book)
     if cfg.runtime.resume:      # features edited since the checkpoint: refused before launch
         from ..partition import PartitionBook
         from .checkpoint import check_resume_features
@@ -74,6 +75,20 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
                               [opened.features_identity(r) for r in range(opened.num_parts)])
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=identity, book=book,
                    partition_key=key, book_checked=True)
+
+
+def check_model_fits_book(cfg: RunConfig, book: Path) -> None:
+    """Refuse (``ValueError``) a model that every rank of this host cannot train in the memory
+    available, before a worker starts or anything is written into the run directory: refused
+    in the workers instead, the run left its ``config.json`` behind, and a rerun under the same
+    ``--run-name`` found a run there. The book knows the graph's widths without loading it (a
+    book too old to say is left to the workers' own check)."""
+    from ..nn.model import TRAINING_COPIES, check_model_fits
+    from ..partition import PartitionBook
+    g, m = PartitionBook.open(book).graph, cfg.model
+    if isinstance(g.get("num_features"), int) and isinstance(g.get("num_classes"), int):
+        check_model_fits(m.arch, g["num_features"], m.hidden, g["num_classes"], m.layers,
+                         copies=TRAINING_COPIES, ranks=cfg.num_parts)
 
 
 def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Optional[str] = None,
