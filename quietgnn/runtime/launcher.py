@@ -62,9 +62,13 @@ def _die_with_parent() -> None:
         pass
 
 
-#: a worker's resident memory before it holds any data: Python, torch and quietgnn imported
-#: (about 220 MiB measured on Linux with torch's CPU build; a lower bound, so a refusal is sure)
-WORKER_BASE_MB = 200.0
+#: a worker's memory before it holds any data: Python, torch and quietgnn imported. Measured
+#: (Linux x86-64, Python 3.11, torch 2.13.0 CPU build) as /proc/<pid>/smaps_rollup's Pss of one
+#: python process that imported torch, quietgnn, its worker, trainer, comm and strategies, and
+#: nothing else ran: 224 MiB (Rss 226 MiB, 149 MiB of it private and dirty); a training worker
+#: of a 300-node graph, one of two: Pss 258 MiB, 221 MiB private. Rounded down to stay a lower
+#: bound, so that a refusal is sure
+WORKER_BASE_MB = 216.0
 
 
 def check_workers_fit(world: int) -> None:
