@@ -97,6 +97,32 @@ def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_not_restarted(
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 4
 
 
+def test_resume_of_a_finished_run_whose_commit_markers_are_gone_says_what_is_there(tmp_path):
+    """Shards left but every COMMIT.json removed: the refusal said checkpointing had been off.
+    It names the checkpoint files found without a marker, and what to do."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir
+    run_dir = tmp_path / "r"
+    for e in (1, 2):
+        (run_dir / "checkpoints" / f"epoch-00000{e}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"epoch-00000{e}" / "rank-0.pt").write_bytes(b"x")
+    (run_dir / "summary.json").write_text(json.dumps({"epochs": 3, "test_acc": 0.5}))
+    cfg = load_config(None, {"train": {"epochs": 5}, "runtime": {"resume": True}})
+    with pytest.raises(ValueError) as ei:
+        claim_run_dir(cfg, run_dir, lock=False)
+    msg = str(ei.value)
+    assert "checkpoint_every was off" not in msg, msg
+    assert (f"ended after 3 epoch(s) with checkpoint files in "
+            f"{str(run_dir / 'checkpoints')!r} but no complete checkpoint: no COMMIT.json in "
+            f"epoch-000001, epoch-000002" in msg), msg
+    assert "restore the COMMIT.json files if they were moved or edited, start a new run" in msg
+    (run_dir / "checkpoints" / "epoch-000002" / "COMMIT.json").write_text('{"format": 1}')
+    with pytest.raises(ValueError, match=r"no COMMIT.json in epoch-000001 and a damaged "
+                                         r"COMMIT.json in epoch-000002 \(COMMIT.json is not a "
+                                         r"quietgnn checkpoint marker\)"):
+        claim_run_dir(cfg, run_dir, lock=False)
+
+
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path):
     """Two ``--resume`` of one run trained from each other's checkpoints into one metrics
     file: the claim locks the directory for the claiming process, a second claim is refused."""

@@ -193,12 +193,13 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
             done = s.epochs if s is not None else None
             if not committed_checkpoints(run_dir / "checkpoints") and restart_count() == 0:
                 # starting over would replace a finished run's results under its name
+                why, fix = _no_checkpoint(run_dir / "checkpoints")
                 raise ValueError(
                     f"--resume: the run in {str(run_dir)!r} ended "
                     + (f"after {done} epoch(s) " if isinstance(done, int) else "")
-                    + "without a checkpoint (--runtime.checkpoint_every was off), so there is "
-                    "nothing to continue from; start a new run with another --run-name, or "
-                    "pass --runtime.overwrite true (without --resume) to replace it")
+                    + f"{why}, so there is nothing to continue from; {fix}start a new run "
+                    f"with another --run-name, or pass --runtime.overwrite true (without "
+                    f"--resume) to replace it")
             if isinstance(done, int) and done >= cfg.train.epochs:
                 raise ValueError(
                     f"--resume: the run in {str(run_dir)!r} already finished {done} "
@@ -217,6 +218,25 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
         f"run directory {str(run_dir)!r} already holds a run ({', '.join(found)}); pass "
         f"--resume to continue it, another --run-name (or --out) for a new run, or "
         f"--runtime.overwrite true to replace it")
+
+
+def _no_checkpoint(ckpt_dir: Path) -> tuple[str, str]:
+    """Why a finished run has no checkpoint to resume, and a first fix: none was written, or
+    what is there is not a whole one (its ``COMMIT.json``, which rank 0 writes once every
+    rank's shard has landed, missing or damaged). The first three of each kind are named."""
+    from .checkpoint import MARKER, _epoch_of, _read_marker
+    found = sorted(d for d in (ckpt_dir.iterdir() if ckpt_dir.is_dir() else [])
+                   if _epoch_of(d) is not None)
+    if not found:
+        return "without a checkpoint (--runtime.checkpoint_every was off)", ""
+    missing = [d.name for d in found if not (d / MARKER).is_file()]
+    damaged = [f"{d.name} ({_read_marker(d)[1]})" for d in found if (d / MARKER).is_file()]
+    said = ([f"no {MARKER} in {', '.join(missing[-3:])}"] if missing else []) + \
+        ([f"a damaged {MARKER} in {'; '.join(damaged[-3:])}"] if damaged else [])
+    return (f"with checkpoint files in {str(ckpt_dir)!r} but no complete checkpoint: "
+            f"{' and '.join(said)} (rank 0 writes it once every rank's shard has landed; "
+            f"without a valid one a checkpoint does not count)",
+            f"restore the {MARKER} files if they were moved or edited, ")
 
 
 def remove_if_empty(run_dir: Path) -> None:
