@@ -157,7 +157,8 @@ def check_part_arrays(path: Path, sc: dict[str, Any], a: dict[str, np.ndarray]) 
     ``ValueError`` naming the file and the value, not an ``IndexError`` in a kernel or a
     collective that aborts the process. Not checked: finite features (a NaN reaches the
     loss, which the trainer's finite-value check stops on every rank) and what only the
-    peers know (that a send plan matches the peer's halo)."""
+    peers know (that a send plan matches the peer's halo: :mod:`.plans` checks it at set-up,
+    on every rank)."""
     def bad(name: str, what: str) -> ValueError:
         return ValueError(f"partition file {str(path / (name + '.npy'))!r} {what}; the part "
                           f"is damaged or was edited: re-run `quietgnn prepare`")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
+from ..partition.plans import check_plans
 from .clock import ComputeClock
 from .metrics import (MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops,
                       truncate_metrics)
@@ -88,6 +89,10 @@ class Trainer:
         cfg, s, comm, rank = self.cfg, self.strategy, self.comm, self.ctx.rank
         t_start = self.t_start = time.perf_counter()
         with comm.phase("setup"):
+            # the parts must agree on the rows that cross between them before a strategy
+            # exchanges any (one part edited trains silently on wrong rows otherwise); a
+            # disagreement stops every rank here together (partition/plans.py)
+            check_plans(comm, self.ctx.part)
             s.setup()
         heap.trim()   # the set-up's freed temporaries (quietgnn/heap.py)
         self._ledger("setup")
