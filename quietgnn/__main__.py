@@ -1,7 +1,5 @@
 """``python -m quietgnn`` == ``quietgnn`` (also what torchrun's ``-m quietgnn`` runs)."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

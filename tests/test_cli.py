@@ -103,3 +103,31 @@ def test_parts_a_single_process_strategy_does_not_use_are_named(capsys):
     assert "centralized runs in 1 process(es); --parts 4 is not used" in capsys.readouterr().err
     assert main(["config", "--strategy", "halo", "--parts", "4"]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("code, rank", [(0, True), (2, True), (0, False), (None, False)])
+def test_a_rank_leaves_through_os_exit_after_flushing(monkeypatch, code, rank):
+    """A rank started with torchrun's variables ended 9 times in 80 with 'terminate called
+    without an active exception' (exit 134) after a run that succeeded: gloo's threads
+    outlived destroy_process_group and raced the interpreter's finalisation. `entry` leaves a
+    rank through os._exit with main's code, as the launcher's workers do; other processes
+    exit normally."""
+    from quietgnn import cli
+    for k in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    if rank:
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(c):
+        raise Exited(c)
+    monkeypatch.setattr(cli, "main", lambda: code)
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    with pytest.raises(Exited if rank else SystemExit) as ei:
+        cli.entry()
+    got = ei.value.args[0] if rank else ei.value.code
+    assert got == (code or 0)
