@@ -513,3 +513,33 @@ def test_resume_after_the_features_changed_is_refused(tmp_path):
         ck.load_latest(CFG, None, own[1])
     assert ck.load_latest(CFG, None, own[2])["epoch"] == 0
     assert ck.load_latest(CFG, None, "graph:0")["epoch"] == 0    # another kind: not compared
+
+
+def test_a_resume_with_no_epochs_left_is_refused(tmp_path):
+    """`--resume --epochs 10` on a checkpoint of epoch 39 trained nothing and reported epoch
+    14's local selection as the run's test accuracy, labelled exact (the final exact
+    evaluation never ran). Refused by name; a resume that trains further goes on, and one of
+    the run's own last checkpoint (it died before its summary) finishes as it was."""
+    from quietgnn.comm import Communicator
+    from quietgnn.config import load_config
+    from quietgnn.partition import build_partitions
+
+    from helpers import small_graph
+    g = small_graph()
+    part = build_partitions(g, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    cfg = load_config(None, {"strategy": "halo", "partition": {"parts": 1},
+                             "model": {"hidden": 8}, "runtime": {"progress": False}})
+    comm = Communicator(0, 1)
+    run = tmp_path / "run"
+    assert _train(comm, cfg, part, run, 8, 2, False, crash_at=6) is None   # checkpoint: 5
+    with pytest.raises(ValueError, match=r"--resume: the newest checkpoint is of epoch 5 \(of "
+                                         r"a run of --epochs 8\), and this run asks for "
+                                         r"--epochs 4: it would train nothing; pass --epochs "
+                                         r"above 6"):
+        _train(comm, cfg, part, run, 4, 2, True)
+    with pytest.raises(ValueError, match="asks for --epochs 6: it would train nothing"):
+        _train(comm, cfg, part, run, 6, 2, True)      # epoch 5 was not trained as the last
+    losses, _ = _train(comm, cfg, part, run, 8, 2, True)
+    assert len(losses) == 8                           # epochs 6 and 7 trained after 0 .. 5
+    again, _ = _train(comm, cfg, part, run, 8, 2, True)
+    assert again == losses                            # the last checkpoint: nothing left

@@ -114,3 +114,21 @@ def _incompatible(where: Path, diffs: list[str]) -> ValueError:
         f"configuration or on other data ({'; '.join(diffs)}). Resume with the checkpoint's "
         f"settings and data, or start a fresh run (another --run-name or --out, without "
         f"--resume)")
+
+
+def check_resume_epochs(saved: ConfigLike, cfg: ConfigLike, epoch: int, calls: int) -> None:
+    """A resume from the checkpoint of ``epoch`` (written under the config ``saved``) by a run
+    of ``calls`` trainer calls (``Strategy.max_calls(train.epochs)``) must have epochs left
+    to train, or be the run's own last one: otherwise it would train nothing and report the
+    checkpoint's local selection as the run's result, without the final exact evaluation
+    (``--epochs 10`` on a checkpoint of epoch 39). Raises ``ValueError`` (one line; the same
+    on every rank: they loaded one checkpoint)."""
+    was = (_as_dict(saved).get("train") or {}).get("epochs")
+    now = (_as_dict(cfg).get("train") or {}).get("epochs")
+    if epoch + 1 < calls or (epoch + 1 == calls and was == now):
+        return
+    raise ValueError(f"--resume: the newest checkpoint is of epoch {epoch} (of a run of "
+                     f"--epochs {was}), and this run asks for --epochs {now}: it would train "
+                     f"nothing; pass --epochs above {epoch + 1} to train further, or use what "
+                     f"the run has (its checkpoints, or a fresh run)")
+

@@ -28,6 +28,7 @@ from ..strategies.base import Strategy, WorkerContext
 from .. import heap
 from ..partition.plans import check_plans
 from .clock import ComputeClock
+from .identity import check_resume_epochs
 from .metrics import (MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops,
                       truncate_metrics)
 from .records import EpochRecord, RunSummary, SetupRecord
@@ -283,6 +284,8 @@ class Trainer:
                 self.ctx.log("--resume: no checkpoint yet, starting at epoch 0")
             self.checkpointer.start_fresh()
             return 0
+        check_resume_epochs(state["config"], self.cfg, int(state["epoch"]),
+                            self.strategy.max_calls(self.cfg.train.epochs))
         self.strategy.load_state_dict(state["strategy"])
         names = {f.name for f in dataclasses.fields(Selection)}
         self.best = Selection(**{k: v for k, v in state["best"].items() if k in names})
