@@ -179,3 +179,42 @@ def test_bad_graph_arrays_are_named():
     bad[1, 2] = float("nan")
     with pytest.raises(ValueError, match=r"x has 1 NaN/Inf value\(s\), first at node 1"):
         Graph.from_edge_index(ei, bad, y, num_classes=2)
+
+
+@pytest.mark.parametrize("empty", ["val_mask", "test_mask"])
+def test_a_graph_without_validation_or_test_nodes_is_refused(capsys, tmp_path, monkeypatch,
+                                                             empty):
+    """An own graph with an empty val (or test) mask trained and ended with "test accuracy nan
+    (best val -1.0000 at epoch -1)", summary.json holding val_acc -1. Refused by name before
+    any worker starts, nothing left behind; and by the trainer itself (under torchrun, the
+    API), on every rank alike."""
+    import numpy as np
+
+    from quietgnn.datasets import load_dataset
+    from quietgnn.graph import check_trainable_split
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    g = load_dataset("synthetic", synthetic={"nodes": 300, "feature_dim": 8})
+    masks = {m: getattr(g, m).numpy() for m in ("train_mask", "val_mask", "test_mask")}
+    masks[empty] = np.zeros(g.num_nodes, dtype=bool)
+    np.savez(tmp_path / "g.npz", edge_index=g.edge_index().numpy(), x=g.x.numpy(),
+             y=g.y.numpy(), **masks)
+    argv = TINY[:TINY.index("--dataset")] + ["--dataset", str(tmp_path / "g.npz")] + \
+        TINY[TINY.index("--synthetic.feature_dim") + 2:] + ["--out", str(tmp_path / "runs")]
+    rc, err = _run(capsys, argv)
+    word = "validation" if empty == "val_mask" else "test"
+    assert rc == 2 and f"has no {word} nodes" in err and "--dataset.split" in err, err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ValueError, match="no validation and no test nodes"):
+        check_trainable_split(10, 0, 0, "g")
+    # the trainer itself (a worker under torchrun, the API): before any traffic
+    from quietgnn.comm import Communicator
+    from quietgnn.config import load_config
+    from quietgnn.partition import build_partitions
+    from test_checkpoint import _train
+    bad = g.with_split(*(torch.from_numpy(masks[m]) for m in ("train_mask", "val_mask",
+                                                                "test_mask")))
+    part = build_partitions(bad, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    cfg = load_config(None, {"strategy": "halo", "partition": {"parts": 1},
+                             "model": {"hidden": 8}, "runtime": {"progress": False}})
+    with pytest.raises(ValueError, match=f"has no {word} nodes"):
+        _train(Communicator(0, 1), cfg, part, tmp_path / "run", 2, 0, False)

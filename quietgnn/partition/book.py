@@ -211,6 +211,13 @@ class PartitionBook:
         return f"x.npy:{sha}" if isinstance(sha, str) or not isinstance(digest, str) \
             else f"graph:{digest}"
 
+    def split_counts(self) -> tuple[int, int, int]:
+        """The whole graph's train / val / test node counts, from ``part-0/part.json`` (a few
+        bytes, checked against the manifest; the arrays are not read)."""
+        meta = json.loads(self._checked_file("part-0/part.json").read_text())
+        return tuple(int(meta.get(f"num_{s}_global", 0))     # type: ignore[return-value]
+                     for s in ("train", "val", "test"))
+
     def _check_part(self, part: LocalPartition, rank: int) -> None:
         """A part's scalars against ``book.json`` (the part may be consistent in itself and
         still belong to another book, or have been edited with its checksums)."""

@@ -67,10 +67,12 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     identity = dataset_identity_of(cfg)
     book, key = resolve_book(cfg, log, identity)
     check_model_fits_book(cfg, book)
+    from ..graph import check_trainable_split
+    from ..partition import PartitionBook
+    opened = PartitionBook.open(book)
+    check_trainable_split(*opened.split_counts(), str(opened.graph.get("name")))
     if cfg.runtime.resume:      # features edited since the checkpoint: refused before launch
-        from ..partition import PartitionBook
         from .checkpoint import check_resume_features
-        opened = PartitionBook.open(book)
         check_resume_features(Path(run_dir) / "checkpoints",
                               [opened.features_identity(r) for r in range(opened.num_parts)])
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=identity, book=book,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..seeds import rank_seed
 from ..strategies.base import Strategy, WorkerContext
 from .. import heap
+from ..graph import check_trainable_split
 from ..partition.plans import check_plans
 from .clock import ComputeClock
 from .identity import check_resume_epochs
@@ -88,6 +89,9 @@ class Trainer:
     # ------------------------------------------------------------------ main loop
     def run(self) -> Optional[RunSummary]:
         cfg, s, comm, rank = self.cfg, self.strategy, self.comm, self.ctx.rank
+        p = self.ctx.part      # the global counts: every rank refuses alike, before any traffic
+        check_trainable_split(p.num_train_global, p.num_val_global, p.num_test_global,
+                              p.graph_name)
         t_start = self.t_start = time.perf_counter()
         with comm.phase("setup"):
             # the parts must agree on the rows that cross between them before a strategy
