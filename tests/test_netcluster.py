@@ -96,6 +96,37 @@ def test_teardown_leaves_nothing_behind_even_after_a_failure():
     assert p.poll() is not None        # the process in the namespace is gone
 
 
+def test_a_killed_cluster_leaves_no_process_and_its_namespaces_are_swept():
+    """`quietgnn bench` SIGKILLed during a run on emulated hosts left its namespaces, torchrun
+    agents and trainers running (no close() runs on SIGKILL). The hosts' processes now die
+    with the process that started them, and the next cluster deletes the empty namespaces."""
+    import os
+
+    from quietgnn.runtime.netcluster import sweep_stale
+    code = ("import sys, time\n"
+            "from quietgnn.runtime.netcluster import Cluster\n"
+            "c = Cluster(2).__enter__()\n"
+            "p = c.popen(1, ['sleep', '300'])\n"
+            "print(c.prefix, p.pid, flush=True)\n"
+            "time.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    prefix, pid = owner.stdout.readline().split()
+    owner.kill()
+    owner.wait()
+
+    def gone():
+        try:
+            os.kill(int(pid), 0)
+            return False
+        except ProcessLookupError:
+            return True
+    assert _until(gone, 10), "the host's process outlived the killed cluster"
+    swept = sweep_stale()
+    assert sorted(swept) == sorted([f"{prefix}-br", f"{prefix}-h0", f"{prefix}-h1"])
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in listed
+
+
 def _until(pred, timeout):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

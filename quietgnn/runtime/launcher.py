@@ -16,11 +16,9 @@ orphaned.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -31,8 +29,8 @@ from ..serial import atomic_write, no_follow
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir
-from .supervise import (ErrorPipes, describe_failures, error_text, is_consequence,
-                        is_input_error, supervise, terminate)
+from .supervise import (ErrorPipes, describe_failures, die_with_parent, error_text,
+                        is_consequence, is_input_error, supervise, terminate)
 
 if TYPE_CHECKING:
     from .plan import RunPlan
@@ -53,13 +51,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 #: a worker's memory before it holds any data: Python, torch and quietgnn imported. Measured
@@ -134,7 +125,7 @@ def _launch(plan: RunPlan, env_extra: Optional[dict[str, str]]) -> Optional[dict
                 env["QUIETGNN_TEE_LOG"] = "1"   # rank 0 talks to the terminal and to its log
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "quietgnn.runtime.worker", "--run-dir", str(run_dir)],
-                env=env, stdout=out, stderr=out, preexec_fn=_die_with_parent,
+                env=env, stdout=out, stderr=out, preexec_fn=die_with_parent,
                 pass_fds=(pipes.write_fds[r],)))
             pipes.child_started(r)
         grace = min(float(cfg.runtime.timeout_s), 10.0)

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import IO, Optional, Sequence
 
+from .supervise import die_with_parent
+
 SUBNET = "10.213.0"
 
 
@@ -100,6 +102,7 @@ class Cluster:
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
 
     def _build(self) -> None:
+        sweep_stale()
         _ip("netns", "add", self.bridge)
         self._made.append(self.bridge)
         _ip("link", "add", "br0", "type", "bridge", ns=self.bridge)
@@ -165,8 +168,10 @@ class Cluster:
     def popen(self, host: int, cmd: Sequence[str], **kw: object) -> subprocess.Popen:
         """Run ``cmd`` inside ``host``'s namespace (own process group: close kills it)."""
         env = dict(os.environ, **kw.pop("env", {}))  # type: ignore[arg-type]
+        # dies with this process even when it is SIGKILLed (the agent's workers then see
+        # their agent gone: worker.watch_parent); close() is for every other ending
         p = subprocess.Popen(_in(self.names[host], *cmd), env=env, start_new_session=True,
-                             **kw)  # type: ignore[arg-type]
+                             preexec_fn=die_with_parent, **kw)  # type: ignore[arg-type]
         self.procs.append(p)
         return p
 
@@ -254,6 +259,26 @@ class Cluster:
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         return [ln.split()[0] for ln in ns.splitlines() if ln.startswith(self.prefix)] + \
             [ln.split(":")[1].strip() for ln in links.splitlines() if self.prefix in ln]
+
+
+def sweep_stale() -> list[str]:
+    """Delete the namespaces a killed cluster left (``qg<pid>-…`` whose creating process is
+    gone and which hold no process): SIGKILL runs no :meth:`Cluster.close`, and its hosts'
+    processes die with it (``die_with_parent``) but namespaces are files, not processes.
+    Returns the names deleted."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    alive = {int(d) % 100000 for d in os.listdir("/proc") if d.isdigit()}
+    gone = []
+    for ns in (ln.split()[0] for ln in listed.splitlines() if ln.strip()):
+        m = re.fullmatch(r"qg(\d+)-(br|h\d+)", ns)
+        if m is None or int(m.group(1)) in alive:
+            continue
+        if subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                          text=True).stdout.split():
+            continue        # something still runs in it: not ours to judge
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        gone.append(ns)
+    return gone
 
 
 def run_on_hosts(args: Sequence[str], hosts: int, rate: Optional[str], run_id: str,

@@ -9,6 +9,7 @@ it cannot be written, and the reason must not turn into "killed, out of memory".
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,8 +20,18 @@ from typing import Optional, Sequence
 from ..errors import is_consequence, is_explained, is_input_error
 from .metrics import metrics_lines
 
-__all__ = ["ErrorPipes", "supervise", "terminate", "describe_failures", "error_text",
+__all__ = ["ErrorPipes", "die_with_parent", "supervise", "terminate", "describe_failures", "error_text",
            "is_consequence", "is_input_error"]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of a child that must not outlive the process starting it, even when
+    that one is killed outright (SIGKILL, the OOM killer): the kernel sends the child SIGKILL
+    then (PR_SET_PDEATHSIG; kept across the child's exec)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 class ErrorPipes:
