@@ -96,6 +96,19 @@ def test_teardown_leaves_nothing_behind_even_after_a_failure():
     assert p.poll() is not None        # the process in the namespace is gone
 
 
+def test_a_slow_link_is_shaped_and_one_below_what_tc_can_shape_is_refused():
+    """`--links 8kbit` passed the up-front check, then every run failed with tc's '"rate" is
+    required' (the acknowledgement class took the whole rate); 0.5bit likewise."""
+    from quietgnn.runtime.netcluster import rate_bps
+    with Cluster(1, rate="8kbit") as c:
+        out = subprocess.run(["ip", "netns", "exec", c.names[0], "tc", "class", "show", "dev",
+                              "eth0"], capture_output=True, text=True).stdout
+    assert "rate 4Kbit" in out, out            # acknowledgements and data: half each
+    for bad in ("0.5bit", "1kbit"):
+        with pytest.raises(ValueError, match="below 2kbit, which tc cannot shape"):
+            rate_bps(bad)
+
+
 def test_a_killed_cluster_leaves_no_process_and_its_namespaces_are_swept():
     """`quietgnn bench` SIGKILLed during a run on emulated hosts left its namespaces, torchrun
     agents and trainers running (no close() runs on SIGKILL). The hosts' processes now die

@@ -139,7 +139,9 @@ class Cluster:
         packets = str(max(16, int(bps / 8 * 0.100 / 1514)))
         ns = self.names[host]
         subprocess.run(_in(ns, "tc", "qdisc", "del", "dev", "eth0", "root"), capture_output=True)
-        acks = max(8000, int(bps // 20))  # guaranteed to the acknowledgements; both may use all
+        # guaranteed to the acknowledgements (both classes may use all of it); at most half
+        # the rate, so that a slow link (64kbit) keeps a data class with a rate of its own
+        acks = min(max(8000, int(bps // 20)), int(bps // 2))
         steps = [
             ["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20"],
             ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb",
@@ -342,4 +344,7 @@ def rate_bps(rate: str) -> float:
     if not bps > 0:
         raise ValueError(f"rate {rate!r}: expected a positive tc rate such as 10mbit, 100mbit "
                          f"or 1gbit")
+    if bps < 2000:      # tc shapes whole bits per second, and the link is split in two classes
+        raise ValueError(f"rate {rate!r}: below 2kbit, which tc cannot shape; expected at "
+                         f"least 2kbit (e.g. 64kbit, 10mbit)")
     return bps
