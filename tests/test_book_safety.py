@@ -340,6 +340,34 @@ def test_edited_cached_book_is_rebuilt(tmp_path):
     assert PartitionBook.open(path).num_parts == 2
 
 
+def test_a_cache_that_cannot_hold_books_is_named(tmp_path, monkeypatch):
+    """QUIETGNN_CACHE set but empty wrote ./books into the working directory; a file or an
+    unwritable directory failed the run with a bare errno line that named no setting."""
+    from quietgnn.runtime import books
+    cfg = _cfg(synthetic=SYN, partition={"method": "random", "parts": 2})
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("QUIETGNN_CACHE", "")
+    monkeypatch.chdir(tmp_path)
+    path = prepare_book(cfg, log=lambda m: None)
+    assert path.is_relative_to(tmp_path / "home" / ".cache" / "quietgnn" / "books")
+    assert not (tmp_path / "books").exists()
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(ValueError, match=r"QUIETGNN_CACHE = '.*afile' is a file; expected a "
+                                         r"directory"):
+        prepare_book(cfg, log=lambda m: None)
+    cache = tmp_path / "ro"
+    monkeypatch.setenv("QUIETGNN_CACHE", str(cache))
+
+    def refused(cfg, path):          # as root, permission bits cannot make it read-only
+        raise PermissionError(13, "Permission denied", str(path.parent))
+    monkeypatch.setattr(books, "_build_book", refused)
+    with pytest.raises(ValueError, match=r"cannot write the partition book into the cache "
+                                         r".*ro/books' \(Permission denied\): set "
+                                         r"QUIETGNN_CACHE to a directory you may write"):
+        prepare_book(cfg, log=lambda m: None)
+
+
 def test_a_book_refuses_a_dataset_whose_features_were_edited(tmp_path):
     """--book with the dataset the book was made from, but its features edited in place (the
     same graph, labels and split): refused by name, not trained on the book's old features."""

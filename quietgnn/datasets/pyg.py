@@ -74,8 +74,17 @@ PYG_DATASETS: dict[str, _Spec] = {
 
 
 def cache_root() -> Path:
-    """``$QUIETGNN_CACHE`` or ``~/.cache/quietgnn`` (the same rule as the launcher's cache)."""
-    return Path(os.environ.get("QUIETGNN_CACHE", Path.home() / ".cache" / "quietgnn"))
+    """``$QUIETGNN_CACHE`` or (unset or empty) ``~/.cache/quietgnn``: downloads, the
+    launcher's partition books. ``ValueError`` when it names something that is not a
+    directory (an empty value wrote ``./books`` into the working directory before)."""
+    env = os.environ.get("QUIETGNN_CACHE", "")
+    path = Path(env).expanduser() if env.strip() else Path.home() / ".cache" / "quietgnn"
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"QUIETGNN_CACHE = {env!r} is a file; expected a directory quietgnn "
+                         f"may write its cache into (or unset it: ~/.cache/quietgnn)"
+                         if env.strip() else f"the cache {str(path)!r} is a file; expected a "
+                         f"directory: move it away, or set QUIETGNN_CACHE to a directory")
+    return path
 
 
 def _child(parent: Path, name: str) -> Path | None:

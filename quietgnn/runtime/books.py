@@ -29,7 +29,9 @@ __all__ = ["cache_dir", "dataset_identity_of", "partition_key", "cached_book_pat
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("QUIETGNN_CACHE", Path.home() / ".cache" / "quietgnn"))
+    """Where the launcher keeps partition books (:func:`quietgnn.datasets.pyg.cache_root`)."""
+    from ..datasets.pyg import cache_root
+    return cache_root()
 
 
 def dataset_identity_of(cfg: RunConfig) -> dict[str, Any]:
@@ -94,7 +96,15 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
             # a book never replaces a directory that is not a whole book: it may be a user's)
             shutil.rmtree(path, ignore_errors=True)
     t0 = time.perf_counter()
-    name, nodes, edges = _build_book(cfg, path)
+    try:
+        name, nodes, edges = _build_book(cfg, path)
+    except OSError as exc:
+        if not str(exc.filename or "").startswith(str(cache_dir())):
+            raise
+        # the cache, not the run or its data: say which setting moves it
+        raise ValueError(f"cannot write the partition book into the cache {str(path.parent)!r} "
+                         f"({exc.strerror}): set QUIETGNN_CACHE to a directory you may write "
+                         f"(or pass --book DIR of a prepared graph)") from exc
     # The graph is gone (it lived in _build_book); hand its pages back to the OS so that the
     # launcher, which idles while the workers train, does not sit on the heap that loading
     # and partitioning left behind (hundreds of MiB at 10^7 edges).
