@@ -344,3 +344,27 @@ def test_a_part_that_lies_is_one_line_naming_the_file(tmp_path, clean_book, lie)
         msg = str(ei.value)
         assert "\n" not in msg and re.search(said, msg), msg
         assert str(book / "part-1") in msg and "quietgnn prepare" in msg
+
+
+@pytest.mark.parametrize("raised", [
+    OSError("64000 requested and 48096 written"),            # numpy's short write
+    OSError(28, "No space left on device"),
+    RuntimeError('TransactionException: Failed to commit: could not write file "x.tmp": No '
+                 'space left on device'),                    # DuckDB's words for it
+])
+def test_a_full_disk_during_prepare_is_one_line(tmp_path, capsys, monkeypatch, raised):
+    """A prepare onto a full disk printed "error: 64000 requested and 48096 written" (no path,
+    no reason) in memory, a DuckDB TransactionException traceback out of core. Checked by
+    hand on a 300 KiB tmpfs for both; here each writer's words for it."""
+    import quietgnn.partition
+    from quietgnn.cli import main
+
+    def full(*a, **k):
+        raise raised
+    monkeypatch.setattr(quietgnn.partition, "make_book", full)
+    rc = main(["prepare", "--dataset", "synthetic", "--synthetic.nodes", "200", "--parts", "2",
+               "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"could not write the prepared graph '{tmp_path / 'd'}': No space left on device" \
+        in err and "MiB free there" in err

@@ -5,12 +5,15 @@ per host under ``torchrun``."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ..heap import peak_rss_mb, rss_mb
 
@@ -21,8 +24,6 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
                 under_torchrun: bool) -> int:
     """Write a prepared directory (partition book, one memory-mappable part per rank) from a
     dataset quietgnn loads (``--dataset``)."""
-    from ..datasets import load_dataset
-    from ..partition import make_book
     if not args.out:
         raise ValueError(f"quietgnn {args.cmd} needs --out DIR (where the prepared graph goes)")
     check_out(args.out, bool(getattr(args, "overwrite", False)))
@@ -34,10 +35,47 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
         raise ValueError(f"--dataset.split {cfg.dataset.split}: an out-of-core prepare "
                          f"draws the standard split as it streams; prepare in memory (a "
                          f"dataset name, no --edges / --nodes) for another split")
-    if under_torchrun:
-        return _prepare_distributed(args, cfg, rest)
-    if args.source is not None or args.edges is not None:
-        return _prepare_streamed(args, cfg, rest)
+    try:
+        if under_torchrun:
+            return _prepare_distributed(args, cfg, rest)
+        if args.source is not None or args.edges is not None:
+            return _prepare_streamed(args, cfg, rest)
+        return _prepare_in_memory(args, cfg)
+    except Exception as exc:
+        full = _disk_full(args.out, exc)
+        if full is None:
+            raise
+        raise full from exc
+
+
+def _disk_full(out: str, exc: BaseException) -> Optional[OSError]:
+    """The one-line error for a prepare that ran out of disk (or hit a read-only file system)
+    while writing beside ``out``, or None for any other failure. Needed because the writers
+    say it in their own words: numpy's short write ("64000 requested and 48096 written", no
+    errno), DuckDB's IO or transaction errors (the OS message inside their text)."""
+    from ..serial import WriteError
+    text = str(exc)
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        reason = os.strerror(code)
+    elif "No space left on device" in text or re.search(r"\d+ requested and \d+ written", text):
+        reason, code = os.strerror(errno.ENOSPC), errno.ENOSPC
+    else:
+        return None
+    where = Path(out).absolute().parent
+    try:
+        free = f"; {shutil.disk_usage(where).free >> 20} MiB free there"
+    except OSError:
+        free = ""
+    return WriteError(code, f"could not write the prepared graph {out!r}: {reason}{free}; "
+                            f"free space or choose another --out (nothing half-written is "
+                            f"left)")
+
+
+def _prepare_in_memory(args: argparse.Namespace, cfg: Any) -> int:
+    """``prepare --dataset NAME``: the graph loaded, partitioned and written by one process."""
+    from ..datasets import load_dataset
+    from ..partition import make_book
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
     t0 = time.perf_counter()
