@@ -35,3 +35,23 @@ def test_every_sampling_strategy_parses_the_same_way(strategy, ok, bad):
     assert opts(fanouts=ok).fanouts == parse_fanouts(ok)
     with pytest.raises(ValueError, match=r"options\.fanouts"):
         opts(fanouts=bad)
+
+
+@pytest.mark.parametrize("strategy, fits", [("minibatch", "25"), ("tma", "10")])
+def test_default_fanouts_that_do_not_fit_the_model_are_named_before_launch(strategy, fits):
+    """`--layers 1` with minibatch or tma failed after launch, blaming options.fanouts the
+    user never set; now refused when the config is built, saying they are the default and
+    giving a list that fits."""
+    from quietgnn.config import load_config
+    with pytest.raises(ValueError) as ei:
+        load_config(None, {"strategy": strategy, "model": {"layers": 1}})
+    msg = str(ei.value)
+    assert "(the default, made for 2 layers) has 2 entries but model.layers = 1" in msg, msg
+    assert msg.endswith(f"e.g. --options.fanouts {fits}")
+    cfg = load_config(None, {"strategy": strategy, "model": {"layers": 1},
+                             "options": {"fanouts": fits}})
+    assert cfg.model.layers == 1
+    with pytest.raises(ValueError, match=r"options.fanouts = \[5, 5\] has 2 entries but "
+                                         r"model.layers = 3; .* --options.fanouts"):
+        load_config(None, {"strategy": strategy, "model": {"layers": 3},
+                           "options": {"fanouts": "5,5"}})

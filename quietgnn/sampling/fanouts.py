@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["parse_fanouts"]
+__all__ = ["parse_fanouts", "fanouts_for"]
 
 
 def parse_fanouts(value: Any, *, allow_all: bool = True) -> list[int]:
@@ -31,3 +31,20 @@ def parse_fanouts(value: Any, *, allow_all: bool = True) -> list[int]:
         raise ValueError(f"options.fanouts = {raw!r}; expected {allowed}, one per layer, e.g. "
                          f"'15,10' or [25, 10]")
     return out
+
+
+def fanouts_for(fanouts: list[int], layers: int, default: list[int],
+                one_for_all: bool = False) -> list[int]:
+    """``fanouts`` for a model of ``layers`` layers (``one_for_all``: one value serves every
+    layer), or a ValueError naming the values, whether they are the strategy's ``default``
+    (made for two layers: a user who set only ``--layers 1`` never chose them) and a list
+    that fits."""
+    fan = list(fanouts) * layers if one_for_all and len(fanouts) == 1 else list(fanouts)
+    if len(fan) == layers:
+        return fan
+    said = " (the default, made for 2 layers)" if list(fanouts) == list(default) else ""
+    fits = ",".join(str(default[min(i, len(default) - 1)]) for i in range(layers))
+    raise ValueError(f"options.fanouts = {list(fanouts)}{said} has {len(fanouts)} entries but "
+                     f"model.layers = {layers}; give one fanout per layer, e.g. "
+                     f"--options.fanouts {fits}")
+

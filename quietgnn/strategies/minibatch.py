@@ -61,7 +61,7 @@ from ..sampling import NeighborSampler
 from ..sampling.bulk import expand_rows
 from ..sampling.dist import FeatureFetcher, Sampler15D, fetch_topology
 from ..sampling.evaluate import SampledEvaluator, global_in_degree
-from ..sampling.fanouts import parse_fanouts
+from ..sampling.fanouts import fanouts_for, parse_fanouts
 from ..sampling.ladies import LadiesSampler
 from ..sampling.loader import (iterate_bulks, plan_epoch, step_totals, steps_per_epoch,
                                truncate_plan)
@@ -125,13 +125,15 @@ class MiniBatch(Strategy):
             if self.sampler == "ladies" and min(self.fanouts) < 1:
                 raise ValueError(f"LADIES fanouts are nodes per layer; got {self.fanouts}")
 
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: Any) -> None:
+        fanouts_for(options.fanouts, model_cfg.layers, parse_fanouts(cls.Options.fanouts))
+
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         ctx, o = self.ctx, self.options
         comm, part, P = ctx.comm, ctx.part, ctx.world_size
-        if len(o.fanouts) != ctx.model_cfg.layers:
-            raise ValueError(f"options.fanouts = {o.fanouts} has {len(o.fanouts)} entries but "
-                             f"model.layers = {ctx.model_cfg.layers}; give one fanout per layer")
+        self.check_model(o, ctx.model_cfg)
         self.c = o.replication if o.topology == "1.5d" else 1
         if P % self.c:
             raise ValueError(f"options.replication = {self.c} must divide the number of ranks "

@@ -113,7 +113,7 @@ from ...comm.store import StarChannel
 from ...comm.traffic import Traffic
 from ...nn import SparseAdj, SparseFeatures, maybe_sparse
 from ...sampling.evaluate import SPLITS
-from ...sampling.fanouts import parse_fanouts
+from ...sampling.fanouts import fanouts_for, parse_fanouts
 from ...sampling.local import LocalSampler
 from ...seeds import stream_seed
 from ..base import EpochResult, Strategy, register
@@ -257,10 +257,8 @@ class TMA(Strategy):
         if o.mode == "full":   # mini-batches gather their rows on the host and hand them over
             self.x, self.y = ctx.put(self.x), ctx.put(self.y)
             self._train_idx_dev = ctx.put(self.train_idx)
+        self.check_model(o, ctx.model_cfg)
         fanouts = o.fanouts if len(o.fanouts) > 1 else o.fanouts * ctx.model_cfg.layers
-        if o.mode == "minibatch" and len(fanouts) != ctx.model_cfg.layers:
-            raise ValueError(f"options.fanouts = {o.fanouts} has {len(fanouts)} entries but the "
-                             f"model has {ctx.model_cfg.layers} layers; give one per layer")
         self.sampler = LocalSampler(indptr, indices, fanouts,
                                     seed=stream_seed(ctx.seed, "tma.sampler", ctx.rank))
         self._eval_fanouts = fanouts if o.mode == "minibatch" else [-1] * ctx.model_cfg.layers
@@ -286,6 +284,12 @@ class TMA(Strategy):
         self.chan = StarChannel.open(ctx.comm, timeout_s=timeout)
         self._load_eval_graph()
         self._t_period = time.monotonic()
+
+    @classmethod
+    def check_model(cls, options: Any, model_cfg: Any) -> None:
+        if options.mode == "minibatch":
+            fanouts_for(options.fanouts, model_cfg.layers, parse_fanouts(cls.Options.fanouts),
+                        one_for_all=True)
 
     @classmethod
     def check_partition(cls, options: Any, method: str, what: str = "the partitioner") -> None:
