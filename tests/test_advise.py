@@ -153,6 +153,8 @@ def test_bad_arguments_say_what_is_expected():
     assert r.returncode == 2 and "parts = 1" in r.stderr and "centralized" in r.stderr
     r = _cli("--strategies", "halo,nope")
     assert r.returncode == 2 and "nope" in r.stderr
+    r = _cli("--strategies", "")          # ran the reference alone, then "every probe failed"
+    assert r.returncode == 2 and "--strategies '' names no strategy" in r.stderr
 
 
 def test_traffic_above_the_last_epoch_is_charged_once_not_per_epoch():

@@ -32,10 +32,14 @@ __all__ = ["plan_extension"]
 
 
 def _names(strategies: Sequence[str] | str) -> list[str]:
-    """Strategy names, from a list or a comma-separated string (``"halo,tma"``)."""
-    if isinstance(strategies, str):
-        return [s.strip() for s in strategies.split(",") if s.strip()]
-    return list(strategies)
+    """Strategy names, from a list or a comma-separated string (``"halo,tma"``); at least one
+    (an empty list ran the centralized reference alone, then said every probe failed)."""
+    names = [s.strip() for s in strategies.split(",") if s.strip()] \
+        if isinstance(strategies, str) else list(strategies)
+    if not names:
+        raise ValueError(f"--strategies {','.join(strategies)!r} names no strategy to "
+                         f"compare; expected names, e.g. halo,adaqp,tma (or all)")
+    return names
 
 
 def _parts_of(prepared: Optional[str], parts: Optional[int]) -> int:
