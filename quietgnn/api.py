@@ -159,24 +159,46 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
                     embed: bool = False) -> Path:
     """``quietgnn predict``: per-node class probabilities (``embed``: the last hidden layer)
     of the run's model on ``dataset``, one row per node in node order, as ``.npy`` or, when
-    ``out`` ends in ``.parquet``, a table with columns ``node``, ``p0..`` (``h0..``)."""
+    ``out`` ends in ``.parquet``, a table with columns ``node``, ``p0..`` (``h0..``).
+
+    A file inside the run directory (the default ``<run_dir>/predict-<dataset>.npy``) is
+    written as training writes there: never through a symbolic link planted on its way (one is
+    refused by name) and through a temporary file renamed over its name."""
+    from .serial import below, check_below, write_below
     model = load_model(run_dir)
+    if out is not None and Path(out).suffix not in (".npy", ".parquet"):
+        raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
     graph = load_dataset(dataset, root)
+    path = Path(out) if out else Path(run_dir) / f"{'embed' if embed else 'predict'}-" \
+                                                 f"{graph.name}.npy"
+    inside = below(run_dir, path)
+    fix = ", or pass --out a file outside the run directory"
+    if inside is not None:
+        if not inside:
+            raise ValueError(f"--out {str(path)!r} is the run directory itself; expected a file "
+                             f"ending in .npy or .parquet")
+        check_below(run_dir, inside, fix)     # before the work, and again as it writes
     with torch.no_grad():
         arr = (model.embed if embed else model.predict_proba)(graph.x, graph.edge_index())
     arr = arr.numpy()
-    path = Path(out) if out else Path(run_dir) / f"{'embed' if embed else 'predict'}-" \
-                                                 f"{graph.name}.npy"
-    if path.suffix not in (".npy", ".parquet"):
-        raise ValueError(f"--out {str(path)!r}: expected a file ending in .npy or .parquet")
+    if inside is not None:
+        with write_below(run_dir, inside, fix) as f:
+            _write_array(f, arr, path.suffix, embed)
+        return path
+    # a path the user chose outside the run directory: a link on it is theirs to have made
+    # (e.g. into a shared results folder), not one planted in a run, so it is followed
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".npy":
-        np.save(path, arr)
-    elif path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        cols = {"node": pa.array(np.arange(arr.shape[0], dtype=np.int64))}
-        cols.update({f"{'h' if embed else 'p'}{j}": pa.array(arr[:, j])
-                     for j in range(arr.shape[1])})
-        pq.write_table(pa.table(cols), path)
+    with open(path, "wb") as f:
+        _write_array(f, arr, path.suffix, embed)
     return path
+
+
+def _write_array(f: Any, arr: np.ndarray, suffix: str, embed: bool) -> None:
+    if suffix == ".npy":
+        np.save(f, arr)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    cols = {"node": pa.array(np.arange(arr.shape[0], dtype=np.int64))}
+    cols.update({f"{'h' if embed else 'p'}{j}": pa.array(arr[:, j]) for j in range(arr.shape[1])})
+    pq.write_table(pa.table(cols), f)

@@ -22,22 +22,25 @@ symbolic link pointing elsewhere), and such a name is never opened.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import json
 import pickle
 import re
+import stat
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 __all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes",
            "load_file", "outside", "atomic_write", "fsync_dir",
-           "WriteError", "no_follow"]
+           "WriteError", "no_follow", "below", "check_below", "write_below",
+           "open_no_follow"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -212,12 +215,13 @@ def loads(data: bytes, what: str = "message") -> Any:
                           f"the sender is not a quietgnn rank of this version")
 
 
-def load_file(path: str | Path, what: str, fix: str) -> Any:
+def load_file(path: str | Path, what: str, fix: str, src: Optional[IO[bytes]] = None) -> Any:
     """``torch.load(path, weights_only=True)`` (numpy values restored): a file holding code
     or anything else but tensors and plain data, or a damaged one, raises ``ValueError`` (one
     line, a plain ValueError: the launcher classifies input errors by that name) naming
-    ``what`` and ``path`` and ending with ``fix``."""
-    return _torch_load(path, f"{what} {str(path)!r}", fix)
+    ``what`` and ``path`` and ending with ``fix``. ``src``: ``path`` already open (e.g. by
+    :func:`open_no_follow`)."""
+    return _torch_load(path if src is None else src, f"{what} {str(path)!r}", fix)
 
 
 def outside(root: str | Path, name: Any, subdirs: bool = False, resolve: bool = True) -> str:
@@ -293,3 +297,139 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise WriteError(exc.errno, f"could not write {str(path)!r}: "
                                     f"{exc.strerror or exc}") from exc
     fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------- inside a run directory
+# `predict` and `report` write into a run directory by default, which whoever may plant a link
+# there can write to: every directory below the one the user named is opened relative to its
+# parent with O_NOFOLLOW, and the file is written beside its name and renamed over it, so no
+# link planted there, before or during the write, redirects it (a hard link at the name is
+# replaced, its other name untouched).
+def below(root: str | Path, path: str | Path) -> Optional[list[str]]:
+    """The components of ``path`` below the directory ``root``, or None when it lies elsewhere:
+    judged on the absolute spelling with ``..`` folded (how the file is then reached), else
+    with both resolved (a run named by another spelling)."""
+    r, p = os.path.abspath(root), os.path.abspath(path)
+    real = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+    for r, p in ((r, p), (os.path.realpath(r), real)):
+        if p == r or p.startswith(r.rstrip("/") + "/"):
+            return [c for c in p[len(r):].split("/") if c]
+    return None
+
+
+def _planted(path: str, root: str | Path, fix: str) -> ValueError:
+    try:
+        to = f" -> {os.readlink(path)!r}"
+    except OSError:
+        to = ""
+    return ValueError(f"{path!r}{to} is a symbolic link inside {str(root)!r}; quietgnn never "
+                      f"writes or reads a run directory's files through a link (one planted "
+                      f"there would redirect it elsewhere): remove the link{fix}")
+
+
+def _open_dirs(root: str | Path, parts: list[str], create: bool, fix: str) -> Optional[int]:
+    """A descriptor of ``root/parts...`` reached without following a link below ``root``
+    (``create``: making what is missing; else None when something is missing)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)   # the user's own path: may be a link
+    here = str(root)
+    try:
+        for name in parts:
+            here = os.path.join(here, name)
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    return None
+                os.mkdir(name, dir_fd=fd)
+                st = os.lstat(name, dir_fd=fd)
+            if stat.S_ISLNK(st.st_mode):
+                raise _planted(here, root, fix)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ValueError(f"{here!r} is a file, expected a folder; remove it{fix}")
+            # O_NOFOLLOW: a link swapped in since the lstat fails here (ELOOP / ENOTDIR)
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _target(dfd: int, name: str, path: str, root: str | Path, fix: str) -> None:
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _planted(path, root, fix)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path!r} exists and is not a regular file; remove it{fix}")
+
+
+def check_below(root: str | Path, parts: list[str], fix: str = "") -> None:
+    """Refuse (``ValueError`` naming it) a link, or a file where a folder belongs, on the way to
+    ``root/parts...`` or at it: :func:`write_below`'s checks, made before the work is done."""
+    fd = _open_dirs(root, parts[:-1], False, fix)
+    if fd is not None:
+        try:
+            _target(fd, parts[-1], os.path.join(str(root), *parts), root, fix)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def write_below(root: str | Path, parts: list[str], fix: str = "") -> Iterator[IO[bytes]]:
+    """A binary file that becomes ``root/parts...`` once the block ends without error (missing
+    folders made): nothing below ``root`` is reached through a symbolic link, and one at the
+    way or the name is refused (``ValueError`` naming it, ending with ``fix``); a failed write
+    leaves no temporary file and raises :class:`WriteError` naming the file."""
+    path = os.path.join(str(root), *parts)
+    try:
+        dfd = _open_dirs(root, parts[:-1], True, fix)
+    except OSError as exc:
+        raise WriteError(exc.errno, f"could not write {path!r}: {exc.strerror or exc}") from exc
+    assert dfd is not None
+    name, tmp = parts[-1], f".{parts[-1]}.tmp-{os.getpid()}"
+    try:
+        _target(dfd, name, path, root, fix)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)     # a stale one; O_EXCL below: never someone's file
+        ffd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666,
+                      dir_fd=dfd)
+        try:
+            with os.fdopen(ffd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+                raise WriteError(exc.errno, f"could not write {path!r}: "
+                                            f"{exc.strerror or exc}") from exc
+            raise
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def open_no_follow(path: str | Path) -> IO[bytes]:
+    """The regular file ``path`` of a run directory, opened to read, not through a symbolic
+    link planted at its name (``ValueError`` naming it), nor a FIFO or device (which could
+    block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        if os.path.islink(path):
+            raise _planted(str(path), os.path.dirname(str(path)) or ".", "") from None
+        raise
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise ValueError(f"{str(path)!r} is not a regular file (a FIFO or a device); "
+                         f"restore the file the run wrote")
+    return f

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, ContextManager, Optional
 
 from ..comm.network import Tier
+from ..serial import write_below
 from ..runtime.metrics import human_bytes
 from .matrix import Result
 from .projection import Curve, curve_work as _work, project
@@ -51,7 +52,11 @@ def _log_x(ax: Any, fmt: Any = None) -> None:
 
 
 def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
-               out: Path, speedup: float = 1.0) -> list[str]:
+               out: Path, speedup: float = 1.0,
+               open_out: Optional[Callable[[str], ContextManager[IO[bytes]]]] = None
+               ) -> list[str]:
+    """The group's PNGs in ``out`` (their paths); ``open_out(name)`` opens one to write
+    (default :func:`~quietgnn.serial.write_below` in ``out``: never through a link there)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -67,11 +72,14 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
     files = []
 
     def finish(fig: Any, name: str) -> None:
-        path = out / f"{stem}-{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(str(path))
+        fname = f"{stem}-{name}.png"
+        try:
+            fig.tight_layout()
+            with (open_out or (lambda n: write_below(out, [n])))(fname) as f:
+                fig.savefig(f, format="png", dpi=110)
+        finally:
+            plt.close(fig)
+        files.append(str(out / fname))
 
     def target_lines(ax: Any) -> None:
         if g.target_acc is not None:

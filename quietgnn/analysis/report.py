@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -44,6 +45,7 @@ from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
 from ..runtime.records import RunSummary
+from ..serial import below, check_below, write_below
 from .matrix import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
 from .projection import (Curve, curve_work as _work, epoch_curve, measured_epoch_s,
@@ -436,6 +438,7 @@ def cli_main(argv: Sequence[str]) -> int:
                 raise ValueError("--out is needed unless the only input is a run or bench "
                                  "directory (the report then goes to DIR/report)")
             args.out = str(Path(args.results[0]) / "report")
+        root, parts = _out_place(args.out, args.results)
         results = load_results(args.results)
         reference = load_results(args.reference) if args.reference else []
     except ValueError as exc:
@@ -446,18 +449,56 @@ def cli_main(argv: Sequence[str]) -> int:
                        with_setup=args.with_setup, without_eval=args.without_eval)
     rep.by_class = args.by_class
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    plots: dict[str, list[str]] = {}
-    if not args.no_plots:
-        from .plots import plot_group
-        for g in rep.groups:
-            plots[f"{g.dataset}/{g.model}"] = plot_group(g, results, tiers, out,
-                                                         args.compute_speedup)
-    md = markdown(rep, table_tiers, plots)
-    (out / "report.md").write_text(md)
-    rep.plots = plots
-    (out / "report.json").write_text(json.dumps(rep.to_json(), indent=1, default=str))
+
+    def open_out(name: str) -> Any:
+        return write_below(root, parts + [name], _OUT_FIX)
+    try:
+        plots: dict[str, list[str]] = {}
+        if not args.no_plots:
+            from .plots import plot_group
+            for g in rep.groups:
+                plots[f"{g.dataset}/{g.model}"] = plot_group(g, results, tiers, out,
+                                                             args.compute_speedup, open_out)
+        md = markdown(rep, table_tiers, plots)
+        with open_out("report.md") as f:
+            f.write(md.encode())
+        rep.plots = plots
+        with open_out("report.json") as f:
+            f.write(json.dumps(rep.to_json(), indent=1, default=str).encode())
+    except ValueError as exc:      # a link or a file planted since the check
+        print(f"quietgnn report: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:         # serial.WriteError: a full disk, a read-only folder
+        print(f"quietgnn report: error: {exc}", file=sys.stderr)
+        return 1
     print(md)
     print(f"quietgnn report: {out / 'report.md'}, {out / 'report.json'}, "
           f"{sum(len(v) for v in plots.values())} plot(s)", file=sys.stderr)
     return 0
+
+
+_OUT_FIX = ", or pass --out a folder outside the results' folders"
+
+
+def _out_place(out: str, inputs: Sequence[str]) -> tuple[str, list[str]]:
+    """Where the report's files go, as ``(root, parts)`` for :func:`serial.write_below`,
+    checked before the work. Inside an input's folder (a run directory, a bench folder: the
+    default ``DIR/report``), from that folder down: a link planted there (``report`` -> a
+    folder elsewhere) is refused, never followed. Elsewhere, from ``--out`` itself: a folder
+    the user named, which may be a link they made (followed), made when missing."""
+    folders = [str(p if p.is_dir() else p.parent) for p in map(Path, inputs)]
+    inside = [(f, below(f, out)) for f in folders]
+    inside = [(f, parts) for f, parts in inside if parts is not None]
+    if inside:
+        root, parts = max(inside, key=lambda fp: len(fp[1]))    # the outermost folder
+        check_below(root, parts + ["report.md"], _OUT_FIX)
+        return root, parts
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file; expected a folder for report.md, "
+                         f"report.json and the plots: name another")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out!r}: cannot make the folder ({exc.strerror or exc}); "
+                         f"name a folder you can write") from None
+    return out, []

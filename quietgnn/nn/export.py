@@ -188,16 +188,19 @@ def _check_spec(spec: Any) -> None:
 
 
 def load_model(run_dir: str | os.PathLike) -> TrainedModel:
-    """The model a run wrote (:func:`save_model`), ready to predict (eval mode, CPU)."""
-    from ..serial import load_file
+    """The model a run wrote (:func:`save_model`), ready to predict (eval mode, CPU). Its files
+    are read as regular files of the run directory, never through a link planted there."""
+    from ..serial import load_file, open_no_follow
     run_dir = Path(run_dir)
     js, pt = run_dir / MODEL_JSON, run_dir / MODEL_PT
-    if not js.is_file() or not pt.is_file():
+    if not os.path.lexists(js) or not os.path.lexists(pt):
         raise ValueError(f"{str(run_dir)!r} holds no trained model ({MODEL_JSON} and {MODEL_PT} "
                          f"are written at the end of every run); pass the directory of a "
                          f"finished run, e.g. runs/<time>-<strategy>-<dataset>-p<P>")
+    with open_no_follow(js) as f:
+        raw = f.read()
     try:
-        meta = json.loads(js.read_text())
+        meta = json.loads(raw)
         spec = meta["spec"]
         _check_spec(spec)
         gnn = GNN(**spec)
@@ -207,7 +210,8 @@ def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{str(js)!r} has format {meta.get('format')!r}; this quietgnn reads "
                          f"format {_FORMAT}")
-    state = load_file(pt, "model weights", "pass the model.pt a run wrote")
+    with open_no_follow(pt) as f:
+        state = load_file(pt, "model weights", "pass the model.pt a run wrote", src=f)
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"model weights {str(pt)!r} are not a state_dict (a mapping of names to "
                          f"tensors); pass the model.pt a run wrote")
