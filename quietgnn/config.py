@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -51,8 +52,8 @@ class DataConfig:
         from .datasets import parse_split
         parse_split(self.split)      # a clear error before any process starts
         if self.prepared and self.split != "standard":
-            raise ValueError(f"dataset.split = {self.split!r} with dataset.prepared: a prepared "
-                             f"directory holds the split it was prepared with; leave "
+            raise ValueError(f"dataset.split = {brief(self.split)} with dataset.prepared: a "
+                             f"prepared directory holds the split it was prepared with; leave "
                              f"dataset.split out (or train from the dataset itself)")
 
 
@@ -69,13 +70,13 @@ class PartitionConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.parts, int) or self.parts < 1:
-            raise ValueError(f"partition.parts = {self.parts!r}; expected an int >= 1")
+            raise ValueError(f"partition.parts = {brief(self.parts)}; expected an int >= 1")
         from .partition import PARTITIONERS
         if self.method is not None and self.method not in PARTITIONERS:
-            raise ValueError(f"partition.method = {self.method!r}; expected one of "
+            raise ValueError(f"partition.method = {brief(self.method)}; expected one of "
                              f"{sorted(PARTITIONERS)}")
         if self.clusters is not None and (not isinstance(self.clusters, int) or self.clusters < 1):
-            raise ValueError(f"partition.clusters = {self.clusters!r}; expected an int >= 1")
+            raise ValueError(f"partition.clusters = {brief(self.clusters)}; expected an int >= 1")
 
 
 @dataclass
@@ -106,34 +107,37 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 1:
-            raise ValueError(f"runtime.threads = {self.threads!r}; expected an int >= 1")
+            raise ValueError(f"runtime.threads = {brief(self.threads)}; expected an int >= 1")
         if not 0 < float(self.timeout_s) < math.inf:
-            raise ValueError(f"runtime.timeout_s = {self.timeout_s!r}; expected a finite "
+            raise ValueError(f"runtime.timeout_s = {brief(self.timeout_s)}; expected a finite "
                              f"number of seconds > 0")
         if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"runtime.backend = {self.backend!r}; expected auto, gloo or nccl")
+            raise ValueError(f"runtime.backend = {brief(self.backend)}; expected auto, gloo "
+                             f"or nccl")
         if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"runtime.device = {self.device!r}; expected cpu or cuda")
+            raise ValueError(f"runtime.device = {brief(self.device)}; expected cpu or cuda")
         if self.duplex not in ("auto", "on", "off"):
-            raise ValueError(f"runtime.duplex = {self.duplex!r}; expected auto (split the "
+            raise ValueError(f"runtime.duplex = {brief(self.duplex)}; expected auto (split the "
                              f"all-to-all's directions when the ranks span hosts), on or off")
         from .comm.traffic import LEVELS
         if self.residency not in LEVELS:
-            raise ValueError(f"runtime.residency = {self.residency!r}; expected one of "
+            raise ValueError(f"runtime.residency = {brief(self.residency)}; expected one of "
                              f"{list(LEVELS)} (features: raw features and labels never leave "
                              f"their rank; strict: only learned embeddings, parameters, "
                              f"gradients and counts cross)")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            raise ValueError(f"runtime.checkpoint_every = {self.checkpoint_every!r}; expected an "
-                             f"int >= 0 (0 disables checkpoints)")
+            raise ValueError(f"runtime.checkpoint_every = {brief(self.checkpoint_every)}; "
+                             f"expected an int >= 0 (0 disables checkpoints)")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
-            raise ValueError(f"runtime.keep_checkpoints = {self.keep_checkpoints!r}; expected an "
-                             f"int >= 2 (a torn newest checkpoint must leave an older one)")
+            raise ValueError(f"runtime.keep_checkpoints = {brief(self.keep_checkpoints)}; "
+                             f"expected an int >= 2 (a torn newest checkpoint must leave an "
+                             f"older one)")
         if self.run_name is not None and (not str(self.run_name).strip() or
                                           Path(str(self.run_name)).name != str(self.run_name)
                                           or str(self.run_name) in (".", "..")):
-            raise ValueError(f"runtime.run_name = {self.run_name!r}; expected a plain directory "
-                             f"name (no '/'), e.g. cora-halo-1; use --out for the parent directory")
+            raise ValueError(f"runtime.run_name = {brief(self.run_name)}; expected a plain "
+                             f"directory name (no '/'), e.g. cora-halo-1; use --out for the "
+                             f"parent directory")
 
 
 def _synthetic_spec(values: dict[str, Any]) -> Any:
@@ -144,7 +148,7 @@ def _synthetic_spec(values: dict[str, Any]) -> Any:
         values = dict(values)
         name = values.pop("preset")
         if not isinstance(name, str) or name not in PRESETS:
-            raise ValueError(f"synthetic.preset = {name!r}; expected one of {sorted(PRESETS)} "
+            raise ValueError(f"synthetic.preset = {brief(name)}; expected one of {sorted(PRESETS)} "
                              f"(or leave it out and set the synthetic.* keys one by one)")
         values = {**PRESETS[name], **values}
     return _build(SyntheticSpec, values, "synthetic")
@@ -217,11 +221,12 @@ SHORTCUTS = {"dataset": "dataset.name", "root": "dataset.root", "parts": "partit
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     if not isinstance(values, dict):
         raise ValueError(f"config section {section!r} must be a mapping, got "
-                         f"{type(values).__name__}: {values!r}")
+                         f"{type(values).__name__}: {brief(values)}")
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in unknown]}; valid keys in "
+        raise ValueError(f"unknown key(s) {brief([f'{section}.{k}' for k in unknown], 300)}; "
+                         f"valid keys in "
                          f"{section!r}: {sorted(names)}")
     values = {k: _typed(names[k], v, section) for k, v in values.items()}
     try:
@@ -252,7 +257,7 @@ def _typed(f: Any, value: Any, section: str) -> Any:
     else:
         return value
     if not ok:
-        raise ValueError(f"{section}.{f.name} = {value!r} ({type(value).__name__}); expected "
+        raise ValueError(f"{section}.{f.name} = {brief(value)} ({type(value).__name__}); expected "
                          f"{want}")
     return value
 
@@ -274,15 +279,17 @@ def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     for key, raw in pairs:
         key = SHORTCUTS.get(key, key)
         try:
-            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            value = yaml_value(raw) if isinstance(raw, str) else raw
+        except YamlRefused as exc:   # not taken as a plain string: it was meant as YAML
+            raise ValueError(f"--{key} {brief(raw)}{yaml_problem(exc)}") from None
         except yaml.YAMLError:
             value = raw
         parts = key.split(".")
         if len(parts) > 2:
-            raise ValueError(f"config key {key!r} is nested too deeply; use section.key")
+            raise ValueError(f"config key {brief(key)} is nested too deeply; use section.key")
         if len(parts) == 1 and parts[0] != "strategy":
             sections = ['synthetic', 'options'] + sorted(SECTIONS)
-            raise ValueError(f"unknown config key {key!r}; use 'strategy', a shortcut "
+            raise ValueError(f"unknown config key {brief(key)}; use 'strategy', a shortcut "
                              f"({', '.join('--' + s for s in sorted(SHORTCUTS))}) or "
                              f"section.key with a section in {sections}")
         node = out
@@ -292,21 +299,77 @@ def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
+#: the longest a value is echoed in an error message: a message stays one readable line
+#: whatever a file holds
+ECHO_CHARS = 80
+
+
+def brief(value: Any, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages that echo what a user
+    gave: a value of a megabyte must not become a megabyte of message (:mod:`reprlib` writes
+    only the start of a long list or string, so a huge value is never formatted whole)."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
+
+
+_ECHO = reprlib.Repr()
+_ECHO.maxlevel, _ECHO.maxstring, _ECHO.maxother = 3, ECHO_CHARS, ECHO_CHARS
+_ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 12
+
+
+class YamlRefused(yaml.MarkedYAMLError):
+    """Something :class:`_StrictLoader` will not read (valid YAML, refused by quietgnn)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` (plain data, no code) without anchors and aliases: an alias is a
+    reference, so ``&a [*b, *b, ...]`` six levels deep is a 400-byte file that expands to
+    millions of values wherever it is copied, hashed or echoed (the billion laughs). No
+    recipe or matrix needs them: a repeated value is written out."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            raise YamlRefused(None, None, f"YAML {'alias' if sign == '*' else 'anchor'} "
+                              f"{sign}{event.anchor[:40]} refused: quietgnn reads no "
+                              f"anchors or aliases (a few bytes of them can expand to "
+                              f"gigabytes); write the value out where it is used",
+                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def yaml_value(text: str) -> Any:
+    """``text`` read as YAML by :class:`_StrictLoader` (raises ``yaml.YAMLError``, a
+    :class:`YamlRefused` for what quietgnn will not read)."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where and what (PyYAML's own message spans several, with context)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or \
+        (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{where}: {problem}"
+
+
 def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]:
-    """The mapping a YAML file holds (``yaml.safe_load``: plain data, no code), or a
-    ValueError that names the file as ``what`` and says what it should hold."""
+    """The mapping a YAML file holds (:func:`yaml_value`: plain data, no code, no aliases),
+    or a ValueError that names the file as ``what`` and says what it should hold."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{what} {str(p)!r} does not exist")
     try:
-        loaded = yaml.safe_load(p.read_text()) or {}
+        loaded = yaml_value(p.read_text()) or {}
+    except YamlRefused as exc:
+        raise ValueError(f"{what} {str(p)!r}{yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        # one line: the problem and where (PyYAML's message spans several, with context)
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or \
-            (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"{what} {str(p)!r} is not valid YAML{where}: {problem}") from None
+        raise ValueError(f"{what} {str(p)!r} is not valid YAML{yaml_problem(exc)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{what} {str(p)!r} must hold {holds}, got {type(loaded).__name__}")
     return loaded
@@ -319,13 +382,31 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     raw = (read_yaml_mapping(path, "config file", "a mapping of sections")
            if path is not None else {})
     raw = _merge(_merge(defaults or {}, raw), overrides or {})
+    try:
+        return _resolve(raw)
+    except ValueError as exc:
+        # the sections' own checks (model, train, a strategy's options) echo values whole;
+        # a long one is cut in the middle, keeping the key (first) and the remedy (last)
+        text = str(exc)
+        if len(text) <= MESSAGE_CHARS:
+            raise
+        keep = MESSAGE_CHARS // 2
+        raise ValueError(f"{text[:keep]} … {text[-keep:]}") from None
+
+
+#: the longest one-line error :func:`load_config` lets through
+MESSAGE_CHARS = 400
+
+
+def _resolve(raw: dict[str, Any]) -> RunConfig:
     valid = {"strategy", "synthetic", "options"} | set(SECTIONS)
     unknown = sorted(set(raw) - valid)
     if unknown:
-        raise ValueError(f"unknown config section(s) {unknown}; valid sections: {sorted(valid)}")
+        raise ValueError(f"unknown config section(s) {brief(unknown, 300)}; valid sections: "
+                         f"{sorted(valid)}")
     strategy = raw.get("strategy", "halo")
     if not isinstance(strategy, str):
-        raise ValueError(f"strategy = {strategy!r}; expected a strategy name")
+        raise ValueError(f"strategy = {brief(strategy)}; expected a strategy name")
     kwargs: dict[str, Any] = {"strategy": strategy}
     for name, cls in SECTIONS.items():
         kwargs[name] = _build(cls, raw.get(name, {}) or {}, name)
@@ -345,22 +426,23 @@ def _from_prepared(kwargs: dict[str, Any], parts_given: bool, name_given: Any = 
     data, part = kwargs["dataset"], kwargs["partition"]
     book = PartitionBook.open(data.prepared)
     if part.book and Path(part.book).resolve() != Path(data.prepared).resolve():
-        raise ValueError(f"dataset.prepared = {data.prepared!r} and partition.book = "
-                         f"{part.book!r} name two different directories; pass one of them")
+        raise ValueError(f"dataset.prepared = {brief(data.prepared)} and partition.book = "
+                         f"{brief(part.book)} name two different directories; pass one of them")
     if parts_given and part.parts != book.num_parts:
-        raise ValueError(f"--parts {part.parts} does not match {data.prepared!r}, which was "
+        raise ValueError(f"--parts {part.parts} does not match {brief(data.prepared)}, which was "
                          f"prepared with {book.num_parts} parts; leave out --parts or run "
                          f"`quietgnn prepare ... --parts {part.parts}`")
     if part.method and part.method != book.method:
-        raise ValueError(f"--partitioner {part.method} does not match {data.prepared!r}, "
+        raise ValueError(f"--partitioner {part.method} does not match {brief(data.prepared)}, "
                          f"which was partitioned with {book.method}; leave out --partitioner "
                          f"or prepare the graph again with it")
     graph = str(book.graph.get("name", data.name))
     if name_given is not None and str(name_given) != graph and \
             not graph.startswith(f"{name_given}-"):
-        raise ValueError(f"--dataset {name_given} does not match {data.prepared!r}, which holds "
-                         f"the graph {graph!r}; leave out --dataset (the directory names its "
-                         f"graph) or pass the directory prepared from {name_given}")
+        raise ValueError(f"--dataset {brief(name_given)} does not match {brief(data.prepared)}, "
+                         f"which holds the graph {brief(graph)}; leave out --dataset (the "
+                         f"directory names its graph) or pass the directory prepared from "
+                         f"{brief(name_given)}")
     part.parts, part.book, part.method = book.num_parts, str(data.prepared), book.method
     data.name = graph
 

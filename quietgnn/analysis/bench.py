@@ -107,12 +107,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _kv(items: Sequence[str], what: str) -> dict[str, Any]:
+    from ..config import YamlRefused, brief, yaml_problem, yaml_value
     out = {}
     for it in items:
         if "=" not in it:
-            raise ValueError(f"{what} {it!r}: expected KEY=VALUE")
+            raise ValueError(f"{what} {brief(it)}: expected KEY=VALUE")
         k, v = it.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        try:   # read as train reads --key VALUE: no aliases; what is not YAML, a string
+            out[k.strip()] = yaml_value(v)
+        except YamlRefused as exc:
+            raise ValueError(f"{what} {brief(it)}{yaml_problem(exc)}") from None
+        except yaml.YAMLError:
+            out[k.strip()] = v
     return out
 
 
