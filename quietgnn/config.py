@@ -317,6 +317,10 @@ _ECHO.maxlevel, _ECHO.maxstring, _ECHO.maxother = 3, ECHO_CHARS, ECHO_CHARS
 _ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 12
 
 
+#: the deepest nesting of lists and mappings a YAML file or value may have
+MAX_YAML_DEPTH = 32
+
+
 class YamlRefused(yaml.MarkedYAMLError):
     """Something :class:`_StrictLoader` will not read (valid YAML, refused by quietgnn)."""
 
@@ -327,6 +331,10 @@ class _StrictLoader(yaml.SafeLoader):
     millions of values wherever it is copied, hashed or echoed (the billion laughs). No
     recipe or matrix needs them: a repeated value is written out."""
 
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
@@ -336,6 +344,18 @@ class _StrictLoader(yaml.SafeLoader):
                               f"anchors or aliases (a few bytes of them can expand to "
                               f"gigabytes); write the value out where it is used",
                               event.start_mark)
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            # composing recurses per level: 3000 levels were a RecursionError and 3000 lines
+            # of traceback; no recipe or matrix nests beyond a handful
+            self._depth += 1
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlRefused(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels "
+                                  f"(lists / mappings inside each other); a recipe or matrix "
+                                  f"needs a few", event.start_mark)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
         return super().compose_node(parent, index)
 
 

@@ -58,3 +58,35 @@ def test_a_huge_value_is_echoed_cut(raw):
     with pytest.raises(ValueError) as e:
         load_config(None, raw)
     assert len(str(e.value)) <= 420, len(str(e.value))
+
+
+def _nested(levels: int) -> str:
+    return "".join(f"{'  ' * i}k{i}:\n" for i in range(levels)) + f"{'  ' * levels}1\n"
+
+
+def test_deep_nesting_is_refused_in_one_line(tmp_path, capsys):
+    """3000 levels were a RecursionError with ~3000 lines of traceback"""
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text(_nested(3000))
+    with pytest.raises(ValueError, match=r"deep.yaml' at line 33, column 65: nested deeper "
+                                         r"than 32 levels"):
+        load_config(recipe)
+    assert main(["config", "--config", str(recipe)]) == 2
+    assert "nested deeper than 32" in _one_line_error(capsys)
+    flow = "[" * 3000 + "]" * 3000
+    with pytest.raises(ValueError, match=r"--options.fanouts '\[\[\[.*nested deeper than 32"):
+        parse_overrides([("options.fanouts", flow)])
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("datasets: [synthetic]\nstrategies: [halo]\nset: {model.x: "
+                      + flow + "}\n")
+    assert main(["bench", "--matrix", str(matrix), "--dry-run"]) == 2
+    assert "nested deeper than 32" in _one_line_error(capsys)
+    # the deepest accepted is read: 32 mappings, the document's own the first
+    assert _read(tmp_path, _nested(32))
+
+
+def _read(tmp_path, text: str):
+    from quietgnn.config import read_yaml_mapping
+    f = tmp_path / "ok.yaml"
+    f.write_text(text)
+    return read_yaml_mapping(f, "file", "a mapping")
