@@ -358,6 +358,27 @@ class _StrictLoader(yaml.SafeLoader):
                 self._depth -= 1
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        # a key given twice: PyYAML keeps the last silently (a second `train:` section
+        # dropped the first's epochs); refused naming the key and both lines
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:     # unhashable: the base class refuses it by name
+                    continue
+                if first is not key_node.start_mark:
+                    raise YamlRefused(None, None, f"key {brief(key)} is given twice in one "
+                                      f"mapping (lines {first.line + 1} and "
+                                      f"{key_node.start_mark.line + 1}); the second would "
+                                      f"silently replace the first: keep one (merge them)",
+                                      key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
 
 def yaml_value(text: str) -> Any:
     """``text`` read as YAML by :class:`_StrictLoader` (raises ``yaml.YAMLError``, a
@@ -378,21 +399,71 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}: {problem}"
 
 
+#: the largest YAML file read (a recipe or a matrix is a few KiB): a wrong path given as
+#: ``--config`` must not be read whole into memory
+MAX_YAML_BYTES = 4 << 20
+
+
 def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]:
-    """The mapping a YAML file holds (:func:`yaml_value`: plain data, no code, no aliases),
-    or a ValueError that names the file as ``what`` and says what it should hold."""
+    """The mapping a YAML file holds (:func:`yaml_value`: plain data, no code, no aliases, no
+    key twice, no NUL in a string), or a ValueError that names the file as ``what`` and says
+    what it should hold."""
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{what} {str(p)!r} does not exist")
+    name = brief(str(p), 300)
+    if p.is_dir():
+        raise ValueError(f"{what} {name} is a directory; expected a YAML file")
+    if not p.exists():
+        raise ValueError(f"{what} {name} does not exist")
+    if not p.is_file():    # a pipe or a device: reading could block or never end
+        raise ValueError(f"{what} {name} is not a regular file; expected a YAML file")
     try:
-        loaded = yaml_value(p.read_text()) or {}
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{what} {name} cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_YAML_BYTES:
+        raise ValueError(f"{what} {name} is larger than {MAX_YAML_BYTES >> 20} MiB; expected a "
+                         f"YAML file of a few KiB (is it the file you meant?)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{what} {name} is not UTF-8 text (byte {data[exc.start]:#04x} at line "
+                         f"{line}); save it as UTF-8") from None
+    try:
+        loaded = yaml_value(text) or {}
     except YamlRefused as exc:
-        raise ValueError(f"{what} {str(p)!r}{yaml_problem(exc)}") from None
+        raise ValueError(f"{what} {name}{yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{what} {str(p)!r} is not valid YAML{yaml_problem(exc)}") from None
+        raise ValueError(f"{what} {name} is not valid YAML{yaml_problem(exc)}") from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"{what} {str(p)!r} must hold {holds}, got {type(loaded).__name__}")
+        raise ValueError(f"{what} {name} must hold {holds}, got {type(loaded).__name__}")
+    try:
+        check_no_nul(loaded)
+    except ValueError as exc:
+        raise ValueError(f"{what} {name}: {exc}") from None
     return loaded
+
+
+def check_no_nul(data: Any, where: str = "") -> None:
+    """A NUL character in any key or string value of ``data`` (nested dicts and lists) is
+    refused naming its key: the names and paths these values become cannot hold one, and
+    the operating system's error ('embedded null byte') would not say which key it was."""
+    stack = [(where, data)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and "\0" in k:
+                    raise ValueError(f"key {brief(k)}{f' in {key}' if key else ''} holds a "
+                                     f"NUL character (\\0); keys, names and paths cannot "
+                                     f"contain one")
+                stack.append((f"{key}.{k}" if key else str(k), v))
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, str) and "\0" in value:
+            raise ValueError(f"{key or 'the value'} = {brief(value)} holds a NUL character "
+                             f"(\\0); names and paths cannot contain one: remove it")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
@@ -403,6 +474,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
            if path is not None else {})
     raw = _merge(_merge(defaults or {}, raw), overrides or {})
     try:
+        check_no_nul(raw)
         return _resolve(raw)
     except ValueError as exc:
         # the sections' own checks (model, train, a strategy's options) echo values whole;
