@@ -65,7 +65,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from .matrix import _as_list, _entry, build_matrix, check_settings, load_matrix
+from .matrix import (_SET, _as_list, _entry, _mapping, build_matrix, check_settings,
+                     load_matrix)
 from .runner import run_matrix
 
 __all__ = ["cli_main"]
@@ -159,7 +160,8 @@ def _main(args: argparse.Namespace) -> int:
             if v is not None:
                 m[key] = _select(m.get(key), v, key) if key in ("datasets", "strategies") else v
         if args.set:
-            m["set"] = {**(m.get("set") or {}), **_kv(args.set, "--set")}
+            m["set"] = {**_mapping(m.get("set"), "matrix key 'set'", _SET),
+                        **_kv(args.set, "--set")}
         if args.options:
             opts = _kv(args.options, "--options")
             strategies = [_entry(s, "strategies") for s in _as_list(m.get("strategies"),

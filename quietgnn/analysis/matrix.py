@@ -137,7 +137,33 @@ def _as_list(v: Any, what: str) -> list[Any]:
         return [v]
     if isinstance(v, list):
         return v
-    raise ValueError(f"matrix key {what!r} = {v!r}; expected a list or a comma-separated string")
+    raise ValueError(f"matrix key {what!r} = {_brief(v)}; expected a list or a comma-separated "
+                     f"string")
+
+
+def _brief(value: Any) -> str:
+    """A value as an error message echoes it: cut (:func:`quietgnn.config.brief`)."""
+    from ..config import brief       # on an error only: config imports the strategies
+    return brief(value)
+
+
+#: what a ``set`` / ``options`` mapping holds, for the message refusing another type
+_SET = "a mapping of config keys to values (e.g. set: {train.epochs: 50})"
+_OPTIONS = "a mapping of the strategy's options to values (e.g. options: {bits: 2})"
+
+
+def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
+    """A ``set`` or ``options`` value as a dict of names, or a ValueError naming ``what``
+    (``set: [1, 2]`` was a TypeError traceback, ``set: abc`` a message about 'dictionary
+    update sequence elements')."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} = {_brief(value)}; expected {holds}")
+    for k in value:
+        if not isinstance(k, str):
+            raise ValueError(f"{what}: key {_brief(k)} is not a name; expected {holds}")
+    return dict(value)
 
 
 def _entry(item: Any, what: str) -> dict[str, Any]:
@@ -145,12 +171,19 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
         return {"name": item}
     if isinstance(item, dict) and isinstance(item.get("name"), str):
         allowed = {"name", "label", "root", "options", "set", "datasets"}
-        bad = sorted(set(item) - allowed)
+        bad = sorted(set(item) - allowed, key=str)
+        where = f"matrix {what} entry {_brief(item['name'])}"
         if bad:
-            raise ValueError(f"matrix {what} entry {item!r}: unknown key(s) {bad}; allowed "
-                             f"{sorted(allowed)}")
+            raise ValueError(f"{where}: unknown key(s) {_brief(bad)}; allowed {sorted(allowed)}")
+        for key in ("label", "root"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise ValueError(f"{where}: {key} = {_brief(item[key])}; expected a string "
+                                 f"(quote one that YAML reads as a number)")
+        _mapping(item.get("set"), f"{where}: 'set'", _SET)
+        _mapping(item.get("options"), f"{where}: 'options'", _OPTIONS)
         return item
-    raise ValueError(f"matrix {what} entry {item!r}: expected a name or a mapping with 'name'")
+    raise ValueError(f"matrix {what} entry {_brief(item)}: expected a name or a mapping with "
+                     f"'name'")
 
 
 def _fixed_parts(strategy: str) -> Optional[int]:
@@ -176,7 +209,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
     seeds = _ints(m.get("seeds", [0]), "seeds")
     links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
-    common = dict(m.get("set") or {})
+    common = _mapping(m.get("set"), "matrix key 'set'", _SET)
     if m.get("epochs") is not None:
         common["train.epochs"] = int(m["epochs"])
     for name, lst in (("datasets", datasets), ("strategies", strategies), ("parts", parts),
@@ -225,7 +258,8 @@ def _ints(values: Any, key: str) -> list[int]:
                 raise ValueError
             out.append(int(v))
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{key}: {v!r} is not an integer (e.g. {key}: [2, 4])") from None
+            raise ValueError(f"{key}: {_brief(v)} is not an integer (e.g. {key}: [2, 4])") \
+                from None
     return out
 
 
@@ -251,13 +285,13 @@ def check_settings(specs: list[RunSpec]) -> None:
         for k, v in over.items():
             section, _, name = k.partition(".")
             if not name:
-                raise ValueError(f"set: {k!r}: expected section.key (e.g. train.epochs)")
+                raise ValueError(f"set: {_brief(k)}: expected section.key (e.g. train.epochs)")
             nested.setdefault(section, {})[name] = v
         try:
             load_config(None, nested)
         except (ValueError, TypeError) as exc:
             where = s.label or s.strategy
-            raise ValueError(f"the matrix's {where!r} runs would be refused: {exc}") from None
+            raise ValueError(f"the matrix's {_brief(where)} runs would be refused: {exc}") from None
 
 
 def _with_seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -274,7 +308,7 @@ def _link(link: str) -> str:
         try:
             rate_bps(link)
         except ValueError as exc:
-            raise ValueError(f"link {link!r} ('links' / --links): {exc}, or {UNCAPPED!r}") \
+            raise ValueError(f"link {_brief(link)} ('links' / --links): {exc}, or {UNCAPPED!r}") \
                 from None
     return link.strip().lower()
 

@@ -1,0 +1,47 @@
+"""A bench matrix of the wrong shape: refused before any run starts, in one line (exit 2)
+naming the key, what it holds and what was expected (``quietgnn bench --dry-run``, in
+process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from quietgnn.cli import main
+
+HEAD = "datasets: [synthetic]\nstrategies: [halo]\nparts: [2]\n"
+
+
+def _bench(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str]:
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(text)
+    rc = main(["bench", "--matrix", str(matrix), "--out", str(tmp_path / "out"), *flags,
+               "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return rc, err
+
+
+@pytest.mark.parametrize("text, says", [
+    (HEAD + "set: [1, 2]\n", "matrix key 'set' = [1, 2]; expected a mapping of config keys"),
+    (HEAD + "set: abc\n", "matrix key 'set' = 'abc'; expected a mapping of config keys"),
+    (HEAD + "set: {1: 2}\n", "matrix key 'set': key 1 is not a name; expected a mapping"),
+    ("datasets: [{name: synthetic, set: 5}]\nstrategies: [halo]\n",
+     "matrix datasets entry 'synthetic': 'set' = 5; expected a mapping of config keys"),
+    ("datasets: [synthetic]\nstrategies: [{name: halo, options: [1]}]\n",
+     "matrix strategies entry 'halo': 'options' = [1]; expected a mapping of the strategy's"),
+    ("datasets: [synthetic]\nstrategies: [{name: halo, set: x}]\n",
+     "matrix strategies entry 'halo': 'set' = 'x'; expected a mapping"),
+    ("datasets: [synthetic]\nstrategies: [{name: halo, label: [1]}]\n",
+     "matrix strategies entry 'halo': label = [1]; expected a string"),
+    ("datasets: [{name: synthetic, root: 5}]\nstrategies: [halo]\n",
+     "matrix datasets entry 'synthetic': root = 5; expected a string"),
+])
+def test_a_set_or_options_of_another_type_is_named(tmp_path, capsys, text, says):
+    """were TypeError tracebacks, or 'dictionary update sequence element #0 has length 1'"""
+    rc, err = _bench(tmp_path, capsys, text)
+    assert rc == 2 and says in err, err
+
+
+def test_a_set_of_another_type_is_named_when_set_flags_are_added(tmp_path, capsys):
+    rc, err = _bench(tmp_path, capsys, HEAD + "set: abc\n", "--set", "train.epochs=2")
+    assert rc == 2 and "matrix key 'set' = 'abc'" in err, err
