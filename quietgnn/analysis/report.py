@@ -44,116 +44,14 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
-from ..runtime.records import RunSummary
 from ..serial import below, check_below, write_below
+from .inputs import load_results, with_curve as _with_curve
 from .matrix import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
-from .projection import (Curve, curve_work as _work, epoch_curve, measured_epoch_s,
+from .projection import (Curve, curve_work as _work, measured_epoch_s,
                          measured_time_to_accuracy, project, time_to_accuracy)
 
 __all__ = ["load_results", "build_report", "Report", "Group", "Row", "cli_main"]
-
-# ---------------------------------------------------------------------- loading
-def _from_summary(s: RunSummary) -> Result:
-    return Result(id=Path(s.run_dir or "run").name, dataset=s.dataset, strategy=s.strategy,
-                  strategy_name=s.strategy, parts=s.parts, model=s.model, seed=s.seed or 0,
-                  status="ok", summary=s, run_dir=s.run_dir)
-
-
-def _load_file(p: Path) -> list[Result]:
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] \
-        if p.suffix == ".jsonl" else [json.loads(p.read_text())]
-    out = []
-    for row in rows:
-        res = Result.from_json(row)
-        # a bench result names its status; a run's summary.json does not
-        res = res if res.status else _from_summary(RunSummary.from_json(row))
-        missing = [k for k in ("dataset", "strategy", "parts", "model")
-                   if getattr(res, k) is None]
-        if missing:
-            raise ValueError(f"a line has no {', '.join(missing)}")
-        out.append(res)
-    return out
-
-
-def _cell(r: Result) -> tuple:
-    return (r.dataset, r.strategy, r.parts, r.model, r.seed, r.link)
-
-
-def load_results(paths: Sequence[str | Path]) -> list[Result]:
-    """Results from files and bench folders; the last result of an id wins; a result whose
-    curve was not stored reads it from its run directory's metrics where they are.
-
-    A later input's finished run replaces an earlier input's results of the same cell
-    (dataset, strategy label, P, model, seed, link) whatever their ids: a rerun study passed
-    after the study it updates (``quietgnn report headline headline-tma``) supersedes its
-    runs, as a rerun of the same matrix would, even where the rerun's settings (so its ids)
-    changed; a failed rerun replaces nothing. So does a later finished run of a cell within one
-    input (a second matrix written into the same folder, other settings under the same labels;
-    the later by ``finished_at``): two settings of one seed are not two seeds of one setting.
-    Each run so left out is named on stderr."""
-    by_id: dict[str, Result] = {}
-    for raw in paths:
-        new = _load_path(Path(raw))
-        cells = {_cell(r) for r in new.values() if r.ok}    # a failed rerun erases nothing
-        by_id = {rid: r for rid, r in by_id.items() if rid in new or _cell(r) not in cells}
-        by_id.update(new)
-    # the last to finish of each cell (its file order where a result has no time)
-    latest: dict[tuple, tuple[str, int, str]] = {}
-    for i, (rid, r) in enumerate(by_id.items()):
-        if r.ok:
-            latest[_cell(r)] = max(latest.get(_cell(r), ("", -1, "")),
-                                   (r.finished_at or "", i, rid))
-    dropped = [rid for rid, r in by_id.items() if r.ok and latest[_cell(r)][2] != rid]
-    if dropped:
-        print(f"quietgnn report: {len(dropped)} run(s) left out, each a cell (dataset, "
-              f"strategy, P, model, seed, link) run again later with other settings: "
-              f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", file=sys.stderr)
-    return [r for rid, r in by_id.items() if rid not in dropped]
-
-
-def _load_path(p: Path) -> dict[str, Result]:
-    """One input's results by id (a file, a bench folder or a run directory)."""
-    by_id: dict[str, Result] = {}
-    run_dir = p if p.is_dir() and (p / "summary.json").is_file() else None
-    if run_dir:
-        files = [p / "summary.json"]
-    elif p.is_dir():
-        files = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
-            sorted((p / "results").glob("*.json"))
-        if not files:
-            raise ValueError(f"{str(p)!r} holds no summary.json, results.jsonl or "
-                             f"results/*.json; pass a run directory, the output folder of "
-                             f"`quietgnn bench` or result files")
-    elif p.is_file():
-        files = [p]
-    else:
-        raise ValueError(f"results path {str(p)!r} does not exist")
-    for f in files:
-        try:
-            for r in _load_file(f):
-                if run_dir:    # where the run is now (its summary names where it ran)
-                    r = dataclasses.replace(r, run_dir=str(run_dir))
-                by_id[r.id or f"{f}:{len(by_id)}"] = _with_curve(r)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError,
-                ValueError) as exc:
-            raise ValueError(f"{str(f)!r} is not a bench result / run summary file: "
-                             f"{exc}") from exc
-    return by_id
-
-
-def _with_curve(res: Result) -> Result:
-    if res.curve is not None or not res.ok:
-        return res
-    run_dir = res.run_dir or res.summary.run_dir
-    if run_dir and (Path(run_dir) / "metrics").is_dir():
-        from ..runtime.metrics import read_metrics
-        try:
-            return dataclasses.replace(res, curve=epoch_curve(read_metrics(run_dir)))
-        except ValueError:
-            return res
-    return res
-
 
 # ---------------------------------------------------------------------- numbers
 @dataclasses.dataclass
@@ -425,6 +323,9 @@ def cli_main(argv: Sequence[str]) -> int:
             raise ValueError(f"--target-frac {args.target_frac}; expected a fraction of "
                              f"centralized's test accuracy in (0, 1], like 0.98 (--target-acc "
                              f"sets an absolute target)")
+        if args.target_acc is not None and not 0 < args.target_acc <= 1:
+            raise ValueError(f"--target-acc {args.target_acc}; expected a test accuracy in "
+                             f"(0, 1], like 0.8 (a fraction, not a percentage)")
         if not args.compute_speedup > 0:
             raise ValueError(f"--compute-speedup {args.compute_speedup}; expected a factor > 0 "
                              f"(e.g. 10: compute 10 times faster than measured)")
@@ -433,6 +334,10 @@ def cli_main(argv: Sequence[str]) -> int:
         for t in table_tiers:
             if t not in tiers:
                 raise ValueError(f"--table-tiers: unknown tier {t!r}; known: {list(tiers)}")
+        for p in args.results + args.reference:     # before --out, which they decide
+            if not os.path.lexists(p):
+                raise ValueError(f"results path {p!r} does not exist; pass run directories, "
+                                 f"`quietgnn bench` output folders or result files")
         if args.out is None:
             if len(args.results) != 1 or not Path(args.results[0]).is_dir():
                 raise ValueError("--out is needed unless the only input is a run or bench "
