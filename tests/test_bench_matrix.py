@@ -45,3 +45,24 @@ def test_a_set_or_options_of_another_type_is_named(tmp_path, capsys, text, says)
 def test_a_set_of_another_type_is_named_when_set_flags_are_added(tmp_path, capsys):
     rc, err = _bench(tmp_path, capsys, HEAD + "set: abc\n", "--set", "train.epochs=2")
     assert rc == 2 and "matrix key 'set' = 'abc'" in err, err
+
+
+@pytest.mark.parametrize("key", ["runtime.out_dir", "runtime.summary_json", "runtime.overwrite",
+                                 "runtime.run_name", "runtime.progress", "runtime.threads",
+                                 "runtime.resume", "dataset.name", "dataset.root",
+                                 "partition.parts", "model.arch", "train.seed"])
+def test_a_key_the_runner_sets_is_refused_in_set(tmp_path, capsys, key):
+    """runtime.out_dir wrote runs outside 'out' (results.jsonl's run_dir missing),
+    runtime.summary_json recorded an ok run as 'finished without a summary'"""
+    says = f"{key} is set by quietgnn bench itself for every run"
+    rc, err = _bench(tmp_path, capsys, HEAD + f"set: {{{key}: x}}\n")
+    assert rc == 2 and f"matrix key 'set' (or --set): {says}" in err, err
+    rc, err = _bench(tmp_path, capsys, HEAD, "--set", f"{key}=x")
+    assert rc == 2 and says in err, err
+    rc, err = _bench(tmp_path, capsys, f"datasets: [{{name: synthetic, set: {{{key}: x}}}}]\n"
+                                       f"strategies: [halo]\n")
+    assert rc == 2 and f"datasets entry 'synthetic': 'set': {says}" in err, err
+    rc, err = _bench(tmp_path, capsys, f"datasets: [synthetic]\n"
+                                       f"strategies: [{{name: halo, set: {{{key}: x}}}}]\n")
+    assert rc == 2 and f"strategies entry 'halo': 'set': {says}" in err, err
+    assert not (tmp_path / "out").exists()

@@ -152,6 +152,37 @@ _SET = "a mapping of config keys to values (e.g. set: {train.epochs: 50})"
 _OPTIONS = "a mapping of the strategy's options to values (e.g. options: {bits: 2})"
 
 
+#: config keys each run's command sets itself (:meth:`RunSpec.train_args`), and where a
+#: matrix gives them instead: one in a ``set`` would be overridden or would undo the runner's
+#: bookkeeping (``runtime.out_dir`` wrote runs outside ``out`` and results.jsonl pointed at
+#: a missing directory; ``runtime.summary_json`` made an ok run 'finished without a summary')
+RUNNER_KEYS = {
+    "dataset.name": "datasets are given in 'datasets'",
+    "dataset.root": "a root is given as 'root', the matrix's or a dataset entry's, or --root",
+    "partition.parts": "parts are given in 'parts' or --parts",
+    "model.arch": "models are given in 'models' or --models",
+    "train.seed": "seeds are given in 'seeds' or --seeds",
+    "runtime.threads": "each worker has one compute thread, so that runs compare",
+    "runtime.out_dir": "each run writes <out>/runs/<id>; give 'out' or --out",
+    "runtime.run_name": "each run is named by its id",
+    "runtime.summary_json": "the runner reads each run's summary from its own path",
+    "runtime.progress": "runs are quiet; each one's output is in logs/<id>.log",
+    "runtime.overwrite": "an unfinished run is replaced, a finished one skipped; "
+                         "--retry-failed reruns failed ones",
+    "runtime.resume": "each run starts afresh in its own directory; a stopped study "
+                      "resumes by running quietgnn bench again",
+}
+
+
+def _check_set(values: dict[str, Any], what: str) -> dict[str, Any]:
+    """``values`` (a ``set`` mapping) without a key the runner sets itself."""
+    for key in values:
+        if key in RUNNER_KEYS:
+            raise ValueError(f"{what}: {key} is set by quietgnn bench itself for every run "
+                             f"({RUNNER_KEYS[key]}); leave it out")
+    return values
+
+
 def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
     """A ``set`` or ``options`` value as a dict of names, or a ValueError naming ``what``
     (``set: [1, 2]`` was a TypeError traceback, ``set: abc`` a message about 'dictionary
@@ -179,7 +210,7 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
             if item.get(key) is not None and not isinstance(item[key], str):
                 raise ValueError(f"{where}: {key} = {_brief(item[key])}; expected a string "
                                  f"(quote one that YAML reads as a number)")
-        _mapping(item.get("set"), f"{where}: 'set'", _SET)
+        _check_set(_mapping(item.get("set"), f"{where}: 'set'", _SET), f"{where}: 'set'")
         _mapping(item.get("options"), f"{where}: 'options'", _OPTIONS)
         return item
     raise ValueError(f"matrix {what} entry {_brief(item)}: expected a name or a mapping with "
@@ -209,7 +240,8 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
     seeds = _ints(m.get("seeds", [0]), "seeds")
     links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
-    common = _mapping(m.get("set"), "matrix key 'set'", _SET)
+    common = _check_set(_mapping(m.get("set"), "matrix key 'set'", _SET),
+                        "matrix key 'set' (or --set)")
     if m.get("epochs") is not None:
         common["train.epochs"] = int(m["epochs"])
     for name, lst in (("datasets", datasets), ("strategies", strategies), ("parts", parts),
