@@ -215,6 +215,14 @@ def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"model weights {str(pt)!r} are not a state_dict (a mapping of names to "
                          f"tensors); pass the model.pt a run wrote")
+    # training stops before a step that would make a weight NaN/Inf, so such a file was damaged
+    # or edited; its model would predict NaN for every node (and a run would exit 0)
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise ValueError(f"model weights {str(pt)!r} hold NaN/Inf values (in {bad[0]!r}"
+                         f"{f' and {len(bad) - 1} more tensor(s)' if len(bad) > 1 else ''}), "
+                         f"so every prediction would be NaN; the file is damaged or was "
+                         f"edited: pass the model.pt a run wrote, or train again")
     try:
         gnn.load_state_dict(state)
     except RuntimeError as exc:
