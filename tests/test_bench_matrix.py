@@ -66,3 +66,41 @@ def test_a_key_the_runner_sets_is_refused_in_set(tmp_path, capsys, key):
                                        f"strategies: [{{name: halo, set: {{{key}: x}}}}]\n")
     assert rc == 2 and f"strategies entry 'halo': 'set': {says}" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, flags, says", [
+    (HEAD + "epochs: abc\n", (), "matrix key 'epochs' (or --epochs) = 'abc'; expected an "
+                                 "integer >= 1"),
+    (HEAD + "epochs: 2.5\n", (), "matrix key 'epochs' (or --epochs) = 2.5; expected"),
+    (HEAD, ("--epochs", "0"), "matrix key 'epochs' (or --epochs) = 0; expected"),
+    (HEAD + "run_timeout_s: abc\n", (), "the matrix's run_timeout_s = 'abc'; expected a "
+                                        "finite number of seconds > 0"),
+    (HEAD + "run_timeout_s: -5\n", (), "the matrix's run_timeout_s = -5; expected"),
+    (HEAD + "run_timeout_s: .inf\n", (), "the matrix's run_timeout_s = inf; expected"),
+    (HEAD + "run_timeout_s: true\n", (), "the matrix's run_timeout_s = True; expected"),
+    (HEAD, ("--run-timeout", "0"), "--run-timeout = 0.0; expected a finite number of seconds "
+                                   "> 0 before a run is killed (e.g. 1800; there is no 'no "
+                                   "limit'"),
+    (HEAD + "run_timeout_s: 60\n", ("--run-timeout", "-1"), "--run-timeout = -1.0; expected"),
+])
+def test_bad_epochs_and_run_timeouts_are_named(tmp_path, capsys, text, flags, says):
+    """'invalid literal for int()' named no key; -5 'timed out' every run at once; --run-timeout
+    0 silently became an hour"""
+    rc, err = _bench(tmp_path, capsys, text, *flags)
+    assert rc == 2 and says in err, err
+
+
+def test_the_run_timeout_reaches_the_runner(tmp_path, monkeypatch):
+    from quietgnn.analysis import bench
+    seen = {}
+    monkeypatch.setattr(bench, "run_matrix", lambda specs, out, **kw: seen.update(kw) or [])
+    (tmp_path / "m.yaml").write_text(HEAD + "run_timeout_s: 1e3\nepochs: 2\n")
+    assert main(["bench", "--matrix", str(tmp_path / "m.yaml"), "--out",
+                 str(tmp_path / "o")]) == 0
+    assert seen["timeout_s"] == 1000.0
+    assert main(["bench", "--matrix", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "o"),
+                 "--run-timeout", "7"]) == 0
+    assert seen["timeout_s"] == 7.0
+    from quietgnn.analysis.runner import run_matrix
+    with pytest.raises(ValueError, match="run timeout -5; expected a finite number"):
+        run_matrix([], tmp_path / "o", timeout_s=-5)

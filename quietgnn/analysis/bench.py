@@ -58,6 +58,7 @@ A failing run is recorded with the tail of its output and the matrix goes on.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
@@ -123,6 +124,26 @@ def _kv(items: Sequence[str], what: str) -> dict[str, Any]:
     return out
 
 
+def _run_timeout(flag: Any, matrix: Any) -> float:
+    """Seconds before a run is killed: ``--run-timeout``, else the matrix's ``run_timeout_s``,
+    else an hour. Refused unless a finite number > 0: ``-5`` killed every run at once
+    ('timed out after -5s') and ``0`` silently became an hour; there is no 'no limit'."""
+    where, value = ("--run-timeout", flag) if flag is not None else \
+        ("the matrix's run_timeout_s", matrix)
+    if value is None:
+        return 3600.0
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        from ..config import brief
+        raise ValueError(f"{where} = {brief(value)}; expected a finite number of seconds > 0 "
+                         f"before a run is killed (e.g. 1800; there is no 'no limit': give a "
+                         f"large number such as 1e6)")
+    return seconds
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -176,7 +197,7 @@ def _main(args: argparse.Namespace) -> int:
                     s.setdefault("options", {})[opt] = v
             m["strategies"] = strategies
         out = Path(args.out or m.get("out") or "bench-out")
-        timeout = float(args.run_timeout or m.get("run_timeout_s") or 3600.0)
+        timeout = _run_timeout(args.run_timeout, m.get("run_timeout_s"))
         floor = args.mem_floor if args.mem_floor is not None else m.get("mem_floor_mb")
         where = "--mem-floor" if args.mem_floor is not None else "the matrix's mem_floor_mb"
         if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))

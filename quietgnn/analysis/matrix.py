@@ -242,8 +242,16 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
     common = _check_set(_mapping(m.get("set"), "matrix key 'set'", _SET),
                         "matrix key 'set' (or --set)")
-    if m.get("epochs") is not None:
-        common["train.epochs"] = int(m["epochs"])
+    if m.get("epochs") is not None:   # was int(): 'invalid literal for int()', no key named
+        epochs = m["epochs"]
+        try:
+            ok = not isinstance(epochs, bool) and float(epochs) == int(epochs) >= 1
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise ValueError(f"matrix key 'epochs' (or --epochs) = {_brief(epochs)}; expected "
+                             f"an integer >= 1, the epochs of every run (e.g. epochs: 200)")
+        common["train.epochs"] = int(epochs)
     for name, lst in (("datasets", datasets), ("strategies", strategies), ("parts", parts),
                       ("models", models), ("seeds", seeds)):
         if not lst:

@@ -150,6 +150,8 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
     machine's available memory falls below it (:func:`_wait`).
     ``results.jsonl`` gains each new result as its run ends, and at the end every result of
     the matrix (one kept from before is written back as it was read)."""
+    if not 0 < timeout_s < float("inf"):     # -5 'timed out' every run at once
+        raise ValueError(f"run timeout {timeout_s!r}; expected a finite number of seconds > 0")
     out = Path(out)
     for sub in ("results", "runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
