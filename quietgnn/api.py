@@ -156,10 +156,14 @@ def _with(nested: dict[str, Any], **dataset: Any) -> dict[str, Any]:
 
 def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
                     root: Optional[str] = None, out: Optional[str | os.PathLike] = None,
-                    embed: bool = False) -> Path:
+                    embed: bool = False, synthetic: Optional[dict[str, Any]] = None) -> Path:
     """``quietgnn predict``: per-node class probabilities (``embed``: the last hidden layer)
     of the run's model on ``dataset``, one row per node in node order, as ``.npy`` or, when
     ``out`` ends in ``.parquet``, a table with columns ``node``, ``p0..`` (``h0..``).
+
+    ``dataset="synthetic"`` is the run's own synthetic graph (the ``synthetic`` section its
+    ``config.json`` records), or with ``synthetic`` (the ``synthetic.*`` keys, as ``train``
+    takes them) the graph those build; one of other widths than the model's is refused.
 
     A file inside the run directory (the default ``<run_dir>/predict-<dataset>.npy``) is
     written as training writes there: never through a symbolic link planted on its way (one is
@@ -168,7 +172,8 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
     model = load_model(run_dir)
     if out is not None and Path(out).suffix not in (".npy", ".parquet"):
         raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
-    graph = load_dataset(dataset, root)
+    spec = _synthetic_spec(Path(run_dir), dataset, synthetic, model)
+    graph = load_dataset(dataset, root, synthetic=spec)
     path = Path(out) if out else Path(run_dir) / f"{'embed' if embed else 'predict'}-" \
                                                  f"{graph.name}.npy"
     inside = below(run_dir, path)
@@ -202,3 +207,63 @@ def _write_array(f: Any, arr: np.ndarray, suffix: str, embed: bool) -> None:
     cols = {"node": pa.array(np.arange(arr.shape[0], dtype=np.int64))}
     cols.update({f"{'h' if embed else 'p'}{j}": pa.array(arr[:, j]) for j in range(arr.shape[1])})
     pq.write_table(pa.table(cols), f)
+
+
+def _synthetic_spec(run_dir: Path, dataset: Any, given: Optional[dict[str, Any]],
+                    model: TrainedModel) -> Any:
+    """The spec of the synthetic graph to predict on (None: ``dataset`` is another). Without
+    options, the run's own: predicting on the default graph instead (20000 nodes) gave
+    silently the probabilities of another graph than the run's."""
+    from .config import load_config
+    if not (isinstance(dataset, str) and dataset.strip().lower() == "synthetic"):
+        if given:
+            raise ValueError(f"--synthetic.* options ({', '.join(sorted(given))}) describe the "
+                             f"synthetic graph, but --dataset is {str(dataset)!r}: leave them "
+                             f"out, or use --dataset synthetic")
+        return None
+    cfg_file = run_dir / "config.json"
+    recorded = _run_config(cfg_file)
+    trained_on = (recorded.get("dataset") or {}).get("name") if recorded else \
+        model.info.get("dataset")
+    own = isinstance(trained_on, str) and trained_on.strip().lower() == "synthetic"
+    if given:
+        source, values = "your --synthetic.* options", given
+    elif own and recorded:
+        source, values = f"the run's {str(cfg_file)!r}", recorded.get("synthetic") or {}
+    elif own:
+        raise ValueError(f"the run trained on a synthetic graph, but {str(cfg_file)!r}, which "
+                         f"records which one, is missing: restore it, or give the run's "
+                         f"--synthetic.* options (e.g. --synthetic.nodes)")
+    else:
+        source, values = "the defaults", {}
+    try:
+        spec = load_config(None, {"synthetic": values}).synthetic
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    dims = (model.gnn.dims[0], model.gnn.dims[-1])
+    if (spec.feature_dim, spec.classes) != dims:
+        fix = f"set --synthetic.feature_dim {dims[0]} --synthetic.classes {dims[1]}" if given \
+            else f"predict on the dataset it trained on ({trained_on!r})"
+        raise ValueError(f"--dataset synthetic from {source} has {spec.feature_dim} features "
+                         f"and {spec.classes} classes; the run's model takes {dims[0]} features "
+                         f"and gives {dims[1]} classes: {fix}")
+    return spec
+
+
+def _run_config(path: Path) -> Optional[dict[str, Any]]:
+    """The run's ``config.json`` (None: there is none), read as a regular file."""
+    import json
+    from .serial import open_no_follow
+    if not os.path.lexists(path):
+        return None
+    with open_no_follow(path) as f:
+        raw = f.read()
+    try:
+        cfg = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r} is not JSON ({exc}); restore the config.json the "
+                         f"run wrote") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("dataset", {}), dict):
+        raise ValueError(f"{str(path)!r} is not a run's config (expected a mapping with a "
+                         f"'dataset' section); restore the config.json the run wrote")
+    return cfg

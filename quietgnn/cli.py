@@ -166,14 +166,22 @@ def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
     """Per-node class probabilities (or ``--embed``: last hidden layer) of a run's model on a
     dataset, written as ``.npy`` or ``.parquet``."""
     from .api import predict_to_file
-    if rest:
+    from .config import parse_overrides
+    # the synthetic graph's keys, as train takes them (default: the run's own graph)
+    try:
+        pairs: Optional[list[tuple[str, str]]] = _split_overrides(rest)
+    except ValueError:
+        pairs = None
+    if pairs is None or any(not k.startswith("synthetic.") for k, _ in pairs):
         raise ValueError(f"quietgnn predict: unexpected argument(s) {rest}; expected --run DIR "
-                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet] [--embed]")
+                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet] [--embed] "
+                         f"[--synthetic.KEY VALUE ...]")
     if not args.run or not args.dataset:
         raise ValueError("quietgnn predict needs --run DIR (a finished run) and --dataset NAME "
                          "(or a .npz / edge-list path)")
+    synthetic = parse_overrides(pairs).get("synthetic") if pairs else None
     out = predict_to_file(args.run, args.dataset, root=args.root, out=args.out,
-                          embed=args.embed)
+                          embed=args.embed, synthetic=synthetic)
     if out.suffix == ".npy":
         import numpy as np
         n, w = np.load(out, mmap_mode="r").shape
@@ -317,7 +325,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if name == "predict":
             p.epilog = None
             p.add_argument("--run", help="the run directory (holds model.json, model.pt)")
-            p.add_argument("--dataset", help="dataset name or graph file to predict on")
+            p.add_argument("--dataset", help="dataset name or graph file to predict on "
+                           "(synthetic: the run's own synthetic graph, as its config.json "
+                           "records it; --synthetic.KEY VALUE builds another, as train does)")
             p.add_argument("--root", help="where the dataset's files are")
             p.add_argument("--out", help="output file, .npy (default "
                            "<run>/predict-<dataset>.npy) or .parquet")

@@ -40,3 +40,61 @@ def test_weights_holding_nan_or_inf_are_refused_at_load(tmp_path, capsys, value)
     assert cli_main(["predict", "--run", str(tmp_path), "--dataset", str(data), "--out",
                      str(out)]) == 0
     assert np.isfinite(np.load(out)).all()
+
+
+def test_predict_on_synthetic_is_the_run_s_own_graph_unless_options_say_otherwise(tmp_path,
+                                                                                  capsys):
+    """`--dataset synthetic` predicted on the default graph (20000 nodes), whatever the run
+    trained on, and took no synthetic.* options: now the run's graph as config.json records
+    it, or the one the options build; widths other than the model's are refused by name."""
+    import json
+
+    from quietgnn.datasets import load_dataset
+    from quietgnn.nn.export import TrainedModel
+    torch.manual_seed(0)
+    gnn = GNN("gcn", 8, 16, 3)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_model(run, gnn.spec(), gnn.state_dict(), {"dataset": "synthetic"})
+    mine = {"nodes": 150, "classes": 3, "feature_dim": 8, "avg_degree": 4.0, "seed": 3}
+    cfg = {"dataset": {"name": "synthetic"}, "synthetic": mine}
+    (run / "config.json").write_text(json.dumps(cfg))
+
+    def predict(*extra):
+        return cli_main(["predict", "--run", str(run), "--dataset", "synthetic", *extra])
+    assert predict() == 0
+    got = np.load(run / "predict-synthetic.npy")
+    g = load_dataset("synthetic", synthetic=mine)
+    want = TrainedModel(gnn).predict_proba(g.x, g.edge_index()).numpy()
+    assert got.shape == (150, 3) and np.allclose(got, want, atol=1e-6)
+    # options build the graph as train would from them
+    assert predict("--synthetic.nodes", "90", "--synthetic.classes", "3",
+                   "--synthetic.feature_dim=8") == 0
+    assert np.load(run / "predict-synthetic.npy").shape == (90, 3)
+    capsys.readouterr()
+    for extra, says in (
+            (["--synthetic.feature_dim", "16", "--synthetic.classes", "3"],
+             "from your --synthetic.* options has 16 features and 3 classes; the run's model "
+             "takes 8 features and gives 3 classes: set --synthetic.feature_dim 8"),
+            (["--synthetic.nodes", "abc"], "synthetic.nodes = 'abc' (str); expected an "
+                                           "integer"),
+            (["--synthetic.nodes", "90", "stray"], "unexpected argument(s)")):
+        assert predict(*extra) == 2
+        assert says in _err(capsys)
+    assert cli_main(["predict", "--run", str(run), "--dataset", "g.npz",
+                     "--synthetic.nodes", "90"]) == 2
+    assert "but --dataset is 'g.npz': leave them out" in _err(capsys)
+    # a run on another dataset: the default synthetic graph is not its width
+    (run / "config.json").write_text(json.dumps({**cfg, "dataset": {"name": "cora"}}))
+    assert predict() == 2
+    assert "from the defaults has 64 features and 8 classes; the run's model takes 8 " \
+        "features and gives 3 classes: predict on the dataset it trained on ('cora')" in \
+        _err(capsys)
+    # which synthetic graph the run trained on is unknown without its config.json
+    (run / "config.json").unlink()
+    assert predict() == 2
+    assert "config.json', which records which one, is missing" in _err(capsys)
+    (run / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(cfg))
+    assert predict() == 2
+    assert "config.json' -> " in _err(capsys)
