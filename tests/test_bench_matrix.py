@@ -104,3 +104,40 @@ def test_the_run_timeout_reaches_the_runner(tmp_path, monkeypatch):
     from quietgnn.analysis.runner import run_matrix
     with pytest.raises(ValueError, match="run timeout -5; expected a finite number"):
         run_matrix([], tmp_path / "o", timeout_s=-5)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("datasets: [{name: synthetic, label: " + "x" * 300 + "}]\nstrategies: [halo]\n",
+     "matrix datasets entry 'synthetic': label 'xxx"),
+    ("datasets: [synthetic]\nstrategies: [{name: halo, label: " + "é" * 130 + "}]\n",
+     "label 'ééé"),
+    ("datasets: [synthetic]\nstrategies: [halo]\nmodels: [" + "m" * 250 + "]\n",
+     "matrix models entry 'mmm"),
+    ("datasets: [{name: synthetic, label: " + "x" * 120 + "}]\nstrategies: [{name: halo, "
+     "label: " + "y" * 120 + "}]\n", "run id 'xxx"),
+    ("datasets: [synthetic]\nstrategies: [halo]\nseeds: [" + "9" * 240 + "]\n", "run id 'syn"),
+])
+def test_a_label_too_long_for_a_file_name_is_refused_at_load(tmp_path, capsys, text, says):
+    """a label over 255 bytes was an ENAMETOOLONG traceback once its run started"""
+    rc, err = _bench(tmp_path, capsys, text)
+    assert rc == 2 and says in err and "255 bytes" in err, err
+    assert len(err) < 500 and not (tmp_path / "out").exists()
+
+
+def test_a_label_with_a_nul_is_refused_at_load(tmp_path, capsys):
+    """was a ValueError ('embedded null byte') from the runner, mid-study"""
+    from quietgnn.analysis.matrix import build_matrix
+    rc, err = _bench(tmp_path, capsys, 'datasets: [{name: synthetic, label: "a\\0b"}]\n'
+                                       'strategies: [halo]\n')
+    assert rc == 2 and "datasets[0].label = 'a\\x00b' holds a NUL character" in err, err
+    for m, says in [({"datasets": [{"name": "synthetic", "label": "a\0b"}]},
+                     "matrix datasets entry 'synthetic': label 'a\\x00b' holds a NUL"),
+                    ({"datasets": ["syn\0"]}, "matrix datasets entry 'syn\\x00' holds a NUL"),
+                    ({"datasets": ["synthetic"], "models": ["g\0"]}, "models entry 'g\\x00'")]:
+        with pytest.raises(ValueError, match=says.replace("\\", "\\\\").replace("'", ".")):
+            build_matrix({"strategies": ["halo"], **m})
+    # the longest id that fits is accepted
+    label = "x" * (242 - len("synthetic-gcn--p4-s0-123456"))
+    (spec,) = build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
+                                                                        "label": label}]})
+    assert len(spec.id.encode()) == 242

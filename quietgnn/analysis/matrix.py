@@ -197,9 +197,36 @@ def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
     return dict(value)
 
 
+#: the longest run id: ids name files, the longest ``runs/<id>.summary.json``, and a file
+#: name holds at most 255 bytes (a longer label was an ENAMETOOLONG traceback mid-study)
+MAX_ID_BYTES = 255 - len(".summary.json")
+
+
+def _file_part(value: str, what: str) -> str:
+    """A name or label that becomes part of a run's id, hence of file names."""
+    if "\0" in value:
+        raise ValueError(f"{what} {_brief(value)} holds a NUL character (\\0); names and "
+                         f"labels become file names, which cannot hold one")
+    if len(value.encode()) > MAX_ID_BYTES:
+        raise ValueError(f"{what} {_brief(value)} is {len(value.encode())} bytes; names and "
+                         f"labels become part of file names (runs/<id>.summary.json), which "
+                         f"hold at most 255 bytes: shorten it")
+    return value
+
+
+def _check_id(spec: RunSpec) -> None:
+    """A run id short enough for the file names it becomes."""
+    size = len(spec.id.encode())
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"run id {_brief(spec.id)} is {size} bytes; it names the run's files "
+                         f"(runs/<id>.summary.json), which hold at most 255 bytes, so an id "
+                         f"is at most {MAX_ID_BYTES}: shorten what it is made of (the dataset "
+                         f"and strategy labels or names, the model, the seed)")
+
+
 def _entry(item: Any, what: str) -> dict[str, Any]:
     if isinstance(item, str):
-        return {"name": item}
+        return {"name": _file_part(item, f"matrix {what} entry")}
     if isinstance(item, dict) and isinstance(item.get("name"), str):
         allowed = {"name", "label", "root", "options", "set", "datasets"}
         bad = sorted(set(item) - allowed, key=str)
@@ -212,6 +239,8 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
                                  f"(quote one that YAML reads as a number)")
         _check_set(_mapping(item.get("set"), f"{where}: 'set'", _SET), f"{where}: 'set'")
         _mapping(item.get("options"), f"{where}: 'options'", _OPTIONS)
+        _file_part(item["name"], f"matrix {what} entry name")
+        _file_part(item.get("label") or "", f"{where}: label")
         return item
     raise ValueError(f"matrix {what} entry {_brief(item)}: expected a name or a mapping with "
                      f"'name'")
@@ -237,7 +266,8 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     datasets = [_entry(d, "datasets") for d in _as_list(m.get("datasets"), "datasets")]
     strategies = [_entry(s, "strategies") for s in _as_list(m.get("strategies"), "strategies")]
     parts = _ints(m.get("parts", [4]), "parts")
-    models = [str(x) for x in _as_list(m.get("models", ["gcn"]), "models")]
+    models = [_file_part(str(x), "matrix models entry")
+              for x in _as_list(m.get("models", ["gcn"]), "models")]
     seeds = _ints(m.get("seeds", [0]), "seeds")
     links = [_link(str(x)) for x in _as_list(m.get("links"), "links")]
     common = _check_set(_mapping(m.get("set"), "matrix key 'set'", _SET),
@@ -277,6 +307,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                             overrides=_with_seed({**common, **(d.get("set") or {}),
                                                   **(s.get("set") or {})}, seed))
                         if spec.id not in seen:
+                            _check_id(spec)
                             seen.add(spec.id)
                             specs.append(spec)
                             cell = (spec.dataset_label or spec.dataset, spec.label or
@@ -294,8 +325,8 @@ def _ints(values: Any, key: str) -> list[int]:
     out = []
     for v in _as_list(values, key):
         try:
-            if isinstance(v, bool) or float(v) != int(v):
-                raise ValueError
+            if isinstance(v, bool) or not isinstance(v, int) and float(v) != int(v):
+                raise ValueError      # (an int as it is: a huge one is no float's equal)
             out.append(int(v))
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{key}: {_brief(v)} is not an integer (e.g. {key}: [2, 4])") \
