@@ -79,12 +79,18 @@ class PartitionConfig:
             raise ValueError(f"partition.clusters = {brief(self.clusters)}; expected an int >= 1")
 
 
+#: the longest ``runtime.timeout_s``: torch's store and gloo take it in milliseconds, and
+#: somewhere above 1e9 s it overflows (1e10 failed at once, 'waited ... and gave up'; 1e300
+#: was an OverflowError in every worker); 1e7 s, about 115 days, is far within
+MAX_TIMEOUT_S = 1e7
+
+
 @dataclass
 class RuntimeConfig:
     """Processes, timeouts, outputs (``runtime.*``)."""
 
     threads: int = 1                  # compute threads per worker
-    timeout_s: float = 120.0          # a collective waiting longer fails the run
+    timeout_s: float = 120.0          # a collective waiting longer fails the run (<= 1e7)
     #: gloo | nccl | auto: nccl when every rank on a host has a GPU of its own, else gloo
     #: (config.json records the choice)
     backend: str = "auto"
@@ -108,9 +114,14 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"runtime.threads = {brief(self.threads)}; expected an int >= 1")
-        if not 0 < float(self.timeout_s) < math.inf:
+        try:
+            seconds = float(self.timeout_s)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not 0 < seconds <= MAX_TIMEOUT_S:
             raise ValueError(f"runtime.timeout_s = {brief(self.timeout_s)}; expected a finite "
-                             f"number of seconds > 0")
+                             f"number of seconds > 0, at most {MAX_TIMEOUT_S:.0f} (about "
+                             f"{MAX_TIMEOUT_S / 86400:.0f} days)")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"runtime.backend = {brief(self.backend)}; expected auto, gloo "
                              f"or nccl")

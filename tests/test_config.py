@@ -95,3 +95,13 @@ def test_help_lists_the_synthetic_preset_and_its_names_are_the_presets():
     assert "--synthetic.preset" in _help_epilog(["train", "--help"])
     (_, _, meaning), = SyntheticSpec.HELP_KEYS
     assert all(name in meaning for name in PRESETS)
+
+
+@pytest.mark.parametrize("value", ["1e10", "1e300", "10000001"])
+def test_a_timeout_beyond_what_torch_takes_is_refused(value):
+    """torch's store timeout overflows in milliseconds above ~1e9 s: 1e10 failed at once with
+    a misleading 'waited ... and gave up', 1e300 was an OverflowError in every worker"""
+    with pytest.raises(ValueError, match=r"runtime.timeout_s = .*; expected a finite number of "
+                                         r"seconds > 0, at most 10000000 \(about 116 days\)"):
+        load_config(None, parse_overrides([("timeout", value)]))
+    assert load_config(None, parse_overrides([("timeout", "1e7")])).runtime.timeout_s == 1e7
