@@ -119,6 +119,12 @@ def test_report_refuses_a_link_planted_in_the_run_directory(tmp_path, capsys):
     assert report.cli_main([str(run_dir), "--no-plots"]) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"{str(run_dir / 'report')!r} -> {str(elsewhere)!r} is a symbolic link" in err
+    # the run passed as the reference, the report's --out inside it: the same
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "s.json").write_text((run_dir / "summary.json").read_text())
+    assert report.cli_main([str(tmp_path / "o" / "s.json"), "--reference", str(run_dir),
+                            "--out", str(run_dir / "report"), "--no-plots"]) == 2
+    assert "is a symbolic link inside" in _one_line(capsys.readouterr().err)
     assert list(elsewhere.iterdir()) == []
     (run_dir / "report").unlink()
     (run_dir / "report").mkdir()

@@ -343,7 +343,7 @@ def cli_main(argv: Sequence[str]) -> int:
                 raise ValueError("--out is needed unless the only input is a run or bench "
                                  "directory (the report then goes to DIR/report)")
             args.out = str(Path(args.results[0]) / "report")
-        root, parts = _out_place(args.out, args.results)
+        root, parts = _out_place(args.out, args.results + args.reference)
         results = load_results(args.results)
         reference = load_results(args.reference) if args.reference else []
     except ValueError as exc:
