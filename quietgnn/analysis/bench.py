@@ -66,6 +66,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from ..readyaml import YamlRefused, brief, yaml_problem, yaml_value
 from .matrix import (_SET, _as_list, _entry, _mapping, build_matrix, check_settings,
                      load_matrix)
 from .runner import run_matrix
@@ -109,7 +110,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _kv(items: Sequence[str], what: str) -> dict[str, Any]:
-    from ..config import YamlRefused, brief, yaml_problem, yaml_value
     out = {}
     for it in items:
         if "=" not in it:
@@ -137,7 +137,6 @@ def _run_timeout(flag: Any, matrix: Any) -> float:
     except (TypeError, ValueError):
         seconds = math.nan
     if not 0 < seconds < math.inf:
-        from ..config import brief
         raise ValueError(f"{where} = {brief(value)}; expected a finite number of seconds > 0 "
                          f"before a run is killed (e.g. 1800; there is no 'no limit': give a "
                          f"large number such as 1e6)")

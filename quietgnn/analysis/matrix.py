@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..readyaml import brief, read_yaml_mapping
 from ..runtime.records import Record, RunSummary, optional
 from .projection import Curve
 
@@ -137,14 +138,8 @@ def _as_list(v: Any, what: str) -> list[Any]:
         return [v]
     if isinstance(v, list):
         return v
-    raise ValueError(f"matrix key {what!r} = {_brief(v)}; expected a list or a comma-separated "
+    raise ValueError(f"matrix key {what!r} = {brief(v)}; expected a list or a comma-separated "
                      f"string")
-
-
-def _brief(value: Any) -> str:
-    """A value as an error message echoes it: cut (:func:`quietgnn.config.brief`)."""
-    from ..config import brief       # on an error only: config imports the strategies
-    return brief(value)
 
 
 #: what a ``set`` / ``options`` mapping holds, for the message refusing another type
@@ -190,10 +185,10 @@ def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"{what} = {_brief(value)}; expected {holds}")
+        raise ValueError(f"{what} = {brief(value)}; expected {holds}")
     for k in value:
         if not isinstance(k, str):
-            raise ValueError(f"{what}: key {_brief(k)} is not a name; expected {holds}")
+            raise ValueError(f"{what}: key {brief(k)} is not a name; expected {holds}")
     return dict(value)
 
 
@@ -205,10 +200,10 @@ MAX_ID_BYTES = 255 - len(".summary.json")
 def _file_part(value: str, what: str) -> str:
     """A name or label that becomes part of a run's id, hence of file names."""
     if "\0" in value:
-        raise ValueError(f"{what} {_brief(value)} holds a NUL character (\\0); names and "
+        raise ValueError(f"{what} {brief(value)} holds a NUL character (\\0); names and "
                          f"labels become file names, which cannot hold one")
     if len(value.encode()) > MAX_ID_BYTES:
-        raise ValueError(f"{what} {_brief(value)} is {len(value.encode())} bytes; names and "
+        raise ValueError(f"{what} {brief(value)} is {len(value.encode())} bytes; names and "
                          f"labels become part of file names (runs/<id>.summary.json), which "
                          f"hold at most 255 bytes: shorten it")
     return value
@@ -218,7 +213,7 @@ def _check_id(spec: RunSpec) -> None:
     """A run id short enough for the file names it becomes."""
     size = len(spec.id.encode())
     if size > MAX_ID_BYTES:
-        raise ValueError(f"run id {_brief(spec.id)} is {size} bytes; it names the run's files "
+        raise ValueError(f"run id {brief(spec.id)} is {size} bytes; it names the run's files "
                          f"(runs/<id>.summary.json), which hold at most 255 bytes, so an id "
                          f"is at most {MAX_ID_BYTES}: shorten what it is made of (the dataset "
                          f"and strategy labels or names, the model, the seed)")
@@ -230,19 +225,19 @@ def _entry(item: Any, what: str) -> dict[str, Any]:
     if isinstance(item, dict) and isinstance(item.get("name"), str):
         allowed = {"name", "label", "root", "options", "set", "datasets"}
         bad = sorted(set(item) - allowed, key=str)
-        where = f"matrix {what} entry {_brief(item['name'])}"
+        where = f"matrix {what} entry {brief(item['name'])}"
         if bad:
-            raise ValueError(f"{where}: unknown key(s) {_brief(bad)}; allowed {sorted(allowed)}")
+            raise ValueError(f"{where}: unknown key(s) {brief(bad)}; allowed {sorted(allowed)}")
         for key in ("label", "root"):
             if item.get(key) is not None and not isinstance(item[key], str):
-                raise ValueError(f"{where}: {key} = {_brief(item[key])}; expected a string "
+                raise ValueError(f"{where}: {key} = {brief(item[key])}; expected a string "
                                  f"(quote one that YAML reads as a number)")
         _check_set(_mapping(item.get("set"), f"{where}: 'set'", _SET), f"{where}: 'set'")
         _mapping(item.get("options"), f"{where}: 'options'", _OPTIONS)
         _file_part(item["name"], f"matrix {what} entry name")
         _file_part(item.get("label") or "", f"{where}: label")
         return item
-    raise ValueError(f"matrix {what} entry {_brief(item)}: expected a name or a mapping with "
+    raise ValueError(f"matrix {what} entry {brief(item)}: expected a name or a mapping with "
                      f"'name'")
 
 
@@ -279,7 +274,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
         except (TypeError, ValueError, OverflowError):
             ok = False
         if not ok:
-            raise ValueError(f"matrix key 'epochs' (or --epochs) = {_brief(epochs)}; expected "
+            raise ValueError(f"matrix key 'epochs' (or --epochs) = {brief(epochs)}; expected "
                              f"an integer >= 1, the epochs of every run (e.g. epochs: 200)")
         common["train.epochs"] = int(epochs)
     for name, lst in (("datasets", datasets), ("strategies", strategies), ("parts", parts),
@@ -329,7 +324,7 @@ def _ints(values: Any, key: str) -> list[int]:
                 raise ValueError      # (an int as it is: a huge one is no float's equal)
             out.append(int(v))
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{key}: {_brief(v)} is not an integer (e.g. {key}: [2, 4])") \
+            raise ValueError(f"{key}: {brief(v)} is not an integer (e.g. {key}: [2, 4])") \
                 from None
     return out
 
@@ -356,13 +351,13 @@ def check_settings(specs: list[RunSpec]) -> None:
         for k, v in over.items():
             section, _, name = k.partition(".")
             if not name:
-                raise ValueError(f"set: {_brief(k)}: expected section.key (e.g. train.epochs)")
+                raise ValueError(f"set: {brief(k)}: expected section.key (e.g. train.epochs)")
             nested.setdefault(section, {})[name] = v
         try:
             load_config(None, nested)
         except (ValueError, TypeError) as exc:
             where = s.label or s.strategy
-            raise ValueError(f"the matrix's {_brief(where)} runs would be refused: {exc}") from None
+            raise ValueError(f"the matrix's {brief(where)} runs would be refused: {exc}") from None
 
 
 def _with_seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -379,7 +374,7 @@ def _link(link: str) -> str:
         try:
             rate_bps(link)
         except ValueError as exc:
-            raise ValueError(f"link {_brief(link)} ('links' / --links): {exc}, or {UNCAPPED!r}") \
+            raise ValueError(f"link {brief(link)} ('links' / --links): {exc}, or {UNCAPPED!r}") \
                 from None
     return link.strip().lower()
 
@@ -391,5 +386,4 @@ UNCAPPED = "uncapped"
 def load_matrix(path: Optional[str]) -> dict[str, Any]:
     if path is None:
         return {}
-    from ..config import read_yaml_mapping
     return read_yaml_mapping(path, "matrix file", "a mapping (datasets, strategies, ...)")
