@@ -53,7 +53,7 @@ def test_graph_round_trips_through_pyg_and_npz(tmp_path):
 
 def test_overrides_use_the_clis_keys():
     cfg = load_config(None, _config_dict("tma", 2, {
-        "epochs": 7, "model": {"hidden": 24}, "model.layers": 3, "options": {"period_steps": 3},
+        "epochs": 7, "model": {"hidden": 24}, "model.layers": 3, "options": {"period_steps": 3, "fanouts": 10},
         "summary_json": "s.json", "lr": "0.05"}))
     assert (cfg.strategy, cfg.num_parts, cfg.train.epochs, cfg.model.hidden, cfg.model.layers,
             cfg.options.period_steps, cfg.runtime.summary_json, cfg.train.lr) == \

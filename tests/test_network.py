@@ -223,12 +223,13 @@ class _SlowStart(Strategy):
         return {"train": 0.0, "val": 0.0, "test": 0.0}
 
 
-def _first_epoch(comm, part, run_dir):
+def _first_epoch(comm, parts, run_dir):
     from quietgnn.config import load_config
     from quietgnn.nn import ModelConfig
     from quietgnn.runtime.trainer import Trainer
     from quietgnn.strategies.base import TrainConfig, WorkerContext
-    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm, part=part,
+    ctx = WorkerContext(rank=comm.rank, world_size=comm.world_size, comm=comm,
+                        part=parts[comm.rank],
                         model_cfg=ModelConfig(arch="gcn", hidden=8, layers=2),
                         train_cfg=TrainConfig(epochs=1, seed=1), log=lambda m: None)
     cfg = load_config(None, {"partition": {"method": "given"}, "train": {"epochs": 1}})
