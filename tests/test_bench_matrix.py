@@ -141,3 +141,12 @@ def test_a_label_with_a_nul_is_refused_at_load(tmp_path, capsys):
     (spec,) = build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
                                                                         "label": label}]})
     assert len(spec.id.encode()) == 242
+
+
+def test_values_echoed_by_bench_are_cut(tmp_path, capsys):
+    huge = "[" + ", ".join(map(str, range(50_000))) + "]"
+    for text, flags in [(HEAD + f"mem_floor_mb: {huge}\n", ()),
+                        (HEAD + f"set: {huge}\n", ()),
+                        (HEAD, ("--options", "nope.x=" + "y" * 50_000))]:
+        rc, err = _bench(tmp_path, capsys, text, *flags)
+        assert rc == 2 and len(err) < 300, err

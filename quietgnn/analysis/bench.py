@@ -190,8 +190,9 @@ def _main(args: argparse.Namespace) -> int:
                 name, _, opt = key.partition(".")
                 hit = [s for s in strategies if s["name"] == name]
                 if not opt or not hit:
-                    raise ValueError(f"--options {key}={v}: expected STRATEGY.KEY=VALUE with a "
-                                     f"strategy of the matrix ({[s['name'] for s in strategies]})")
+                    raise ValueError(f"--options {brief(f'{key}={v}')}: expected "
+                                     f"STRATEGY.KEY=VALUE with a strategy of the matrix "
+                                     f"({[s['name'] for s in strategies]})")
                 for s in hit:
                     s.setdefault("options", {})[opt] = v
             m["strategies"] = strategies
@@ -201,7 +202,7 @@ def _main(args: argparse.Namespace) -> int:
         where = "--mem-floor" if args.mem_floor is not None else "the matrix's mem_floor_mb"
         if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
                                   or not floor >= 0):
-            raise ValueError(f"{where} = {floor!r}: expected MiB >= 0 (e.g. --mem-floor 1536: "
+            raise ValueError(f"{where} = {brief(floor)}: expected MiB >= 0 (e.g. --mem-floor 1536: "
                              f"stop a run when less than 1.5 GiB is left; 0: no floor)")
         floor = floor or None
         specs = build_matrix({k: v for k, v in m.items()
