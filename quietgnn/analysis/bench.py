@@ -23,9 +23,11 @@ YAML (every key optional; see ``benchmarks/headline.yaml``)::
     models: [gcn, sage]
     seeds: [0]
     set: {train.epochs: 200, model.hidden: 64}   # config keys for every run ("{seed}": the
-                                                 # run's seed, e.g. dataset.split_seed)
+                                                 # run's seed, e.g. dataset.split_seed); a
+                                                 # key the runner sets (runtime.out_dir, ...)
+                                                 # is refused by name
     links: [uncapped, 100mbit]       # optional: every multi-rank run on emulated hosts
-    run_timeout_s: 1800
+    run_timeout_s: 1800              # seconds (> 0) before a run is killed; default 3600
     mem_floor_mb: 1536               # optional: kill a run when less memory is left (local runs)
 
 Strategy names and options are plain data passed to ``quietgnn train`` (``--options.KEY``),
@@ -97,8 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--options", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
                     help="option for one strategy (repeatable)")
     ap.add_argument("--out", help="output directory (default: the matrix's 'out' or bench-out)")
-    ap.add_argument("--run-timeout", type=float, help="seconds before a run is killed and "
-                    "recorded as failed (default 3600)")
+    ap.add_argument("--run-timeout", type=float, help="seconds (> 0) before a run is killed "
+                    "and recorded as failed (default: the matrix's run_timeout_s, or 3600)")
     ap.add_argument("--mem-floor", type=float, metavar="MIB", help="kill a run (recorded as "
                     "failed, saying so) when the machine's available memory falls below MIB: "
                     "a matrix of growing graphs finds where each strategy stops fitting "
