@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
+from .comm.rendezvous import MAX_TIMEOUT_S
 from .nn import ModelConfig
 # the YAML reader and the cut echo of values: re-exported, where callers have found them
 from .readyaml import (YamlRefused, brief, check_no_nul, read_yaml_mapping, yaml_problem,
@@ -79,12 +80,6 @@ class PartitionConfig:
                              f"{sorted(PARTITIONERS)}")
         if self.clusters is not None and (not isinstance(self.clusters, int) or self.clusters < 1):
             raise ValueError(f"partition.clusters = {brief(self.clusters)}; expected an int >= 1")
-
-
-#: the longest ``runtime.timeout_s``: torch's store and gloo take it in milliseconds, and
-#: somewhere above 1e9 s it overflows (1e10 failed at once, 'waited ... and gave up'; 1e300
-#: was an OverflowError in every worker); 1e7 s, about 115 days, is far within
-MAX_TIMEOUT_S = 1e7
 
 
 @dataclass

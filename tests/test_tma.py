@@ -317,6 +317,10 @@ def test_options_are_checked():
                        "partition": {"method": "random"}})
     with pytest.raises(ValueError, match="avg_bits = 3"):
         TMAOptions(avg_bits=3)
+    # torch takes the hub's timeout in milliseconds, as runtime.timeout_s (1e300 overflowed)
+    with pytest.raises(ValueError, match=r"fail_timeout_s = 1e\+300; expected seconds >= 0 "
+                                         r"\(0: runtime.timeout_s\), at most 10000000"):
+        TMAOptions(fail_timeout_s=1e300)
     assert TMAOptions(fanouts="[10, 25]").fanouts == [10, 25]
 
 

@@ -35,6 +35,13 @@ class AuthError(RuntimeError):
     """A rank of the process group did not prove the run's secret."""
 
 
+#: the longest timeout a run may give (``runtime.timeout_s``, tma's ``fail_timeout_s``): torch's
+#: store and gloo take it in milliseconds, and somewhere above 1e9 s it overflows (1e10 failed
+#: at once, 'waited ... and gave up'; 1e300 was an OverflowError in every worker); 1e7 s,
+#: about 115 days, is far within
+MAX_TIMEOUT_S = 1e7
+
+
 def _resolve(addr: str) -> tuple[int, str]:
     """(address family, numeric address) of ``addr``; ValueError when it does not resolve."""
     try:

@@ -109,6 +109,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...comm.rendezvous import MAX_TIMEOUT_S
 from ...comm.store import StarChannel
 from ...comm.traffic import Traffic
 from ...nn import SparseAdj, SparseFeatures, maybe_sparse
@@ -190,8 +191,9 @@ class TMAOptions:
         if v != "auto" and v not in VARIANTS:
             raise ValueError(f"options.variant = {self.variant!r}; expected 'auto', 'random', "
                              f"'supernode' or 'psgd-pa'")
-        if not float(self.fail_timeout_s) >= 0:
-            raise ValueError(f"options.fail_timeout_s = {self.fail_timeout_s!r}; expected >= 0")
+        if not 0 <= float(self.fail_timeout_s) <= MAX_TIMEOUT_S:   # torch's, as timeout_s
+            raise ValueError(f"options.fail_timeout_s = {self.fail_timeout_s!r}; expected "
+                             f"seconds >= 0 (0: runtime.timeout_s), at most {MAX_TIMEOUT_S:.0f}")
         if not float(self.lr) >= 0:
             raise ValueError(f"options.lr = {self.lr!r}; expected the local Adam's learning "
                              f"rate > 0 (e.g. 1e-3), or 0 for train.lr")
