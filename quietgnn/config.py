@@ -327,8 +327,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise ValueError(f"{text[:keep]} … {text[-keep:]}") from None
 
 
-#: the longest one-line error :func:`load_config` lets through
-MESSAGE_CHARS = 400
+#: the longest one-line error :func:`load_config` lets through: room for a few whole paths
+#: (a message cut at 400 lost the graph a prepared directory holds), not for a megabyte
+MESSAGE_CHARS = 2000
 
 
 def _resolve(raw: dict[str, Any]) -> RunConfig:
@@ -362,20 +363,21 @@ def _from_prepared(kwargs: dict[str, Any], parts_given: bool, name_given: Any = 
         raise ValueError(f"dataset.prepared = {brief(data.prepared)} and partition.book = "
                          f"{brief(part.book)} name two different directories; pass one of them")
     if parts_given and part.parts != book.num_parts:
-        raise ValueError(f"--parts {part.parts} does not match {brief(data.prepared)}, which was "
-                         f"prepared with {book.num_parts} parts; leave out --parts or run "
+        # the directory opened as a book: a real path, echoed whole (cut, it lost its end)
+        raise ValueError(f"--parts {part.parts} does not match {str(data.prepared)!r}, which "
+                         f"was prepared with {book.num_parts} parts; leave out --parts or run "
                          f"`quietgnn prepare ... --parts {part.parts}`")
     if part.method and part.method != book.method:
-        raise ValueError(f"--partitioner {part.method} does not match {brief(data.prepared)}, "
-                         f"which was partitioned with {book.method}; leave out --partitioner "
-                         f"or prepare the graph again with it")
+        raise ValueError(f"--partitioner {part.method} does not match "
+                         f"{str(data.prepared)!r}, which was partitioned with {book.method}; "
+                         f"leave out --partitioner or prepare the graph again with it")
     graph = str(book.graph.get("name", data.name))
     if name_given is not None and str(name_given) != graph and \
             not graph.startswith(f"{name_given}-"):
-        raise ValueError(f"--dataset {brief(name_given)} does not match {brief(data.prepared)}, "
-                         f"which holds the graph {brief(graph)}; leave out --dataset (the "
-                         f"directory names its graph) or pass the directory prepared from "
-                         f"{brief(name_given)}")
+        given = str(name_given)[:200]
+        raise ValueError(f"--dataset {given} does not match {str(data.prepared)!r}, which holds "
+                         f"the graph {graph!r}; leave out --dataset (the directory names its "
+                         f"graph) or pass the directory prepared from {given}")
     part.parts, part.book, part.method = book.num_parts, str(data.prepared), book.method
     data.name = graph
 
