@@ -194,9 +194,12 @@ def test_training_counts_four_copies_on_every_local_rank_and_names_the_width(mon
                                          r"the 2 ranks of this host, needs 2.15 GiB, more than "
                                          r"the 0.977 GiB available here; lower model.hidden$"):
         check_model_fits("gcn", 64, 10**6, 8, 2, copies=4, ranks=2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")                 # what a worker builds with
+    # a worker counts its own four copies (the launcher counted the host's ranks), one on a
+    # GPU, whose copies are not in host memory
     with pytest.raises(ValueError, match=r"model.hidden = 1000000: .*4 copies\) needs 1.07 GiB"):
         build_model(ModelConfig(hidden=10**6), 64, 8, seed=0)
+    monkeypatch.setattr("quietgnn.nn.model.GNN", lambda *a: "built")
+    assert build_model(ModelConfig(hidden=10**6), 64, 8, seed=0, copies=1) == "built"
     # the message blames the width that is absurd: classes (labels that are no class ids),
     # input features, or hidden with layers
     for args, named in ((("gcn", 64, 16, 10**9, 2), "1000000000 classes (the model's output "

@@ -23,7 +23,6 @@ train them separately (RETEXO).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -90,15 +89,6 @@ def _layer_weights(arch: str, a: int, b: int) -> int:
     """Weights of one convolution from ``a`` to ``b`` features, its weight matrices only
     (biases, GAT's attention vectors and GIN's eps left out: a lower bound)."""
     return {"sage": 2 * a * b, "gin": a * b + b * b}.get(arch, a * b)
-
-
-def local_ranks() -> int:
-    """Ranks on this host (``LOCAL_WORLD_SIZE``, which the launcher and torchrun set), 1 where
-    it is not set or not a positive integer: each of them holds its own model."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        return 1
 
 
 def check_model_fits(arch: str, in_dim: int, hidden: int, out_dim: int, layers: int, *,
@@ -239,12 +229,16 @@ class GNN(nn.Module):
             F.dropout(h, self.dropout, True)
 
 
-def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, seed: int) -> GNN:
+def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, seed: int,
+                copies: int = TRAINING_COPIES) -> GNN:
     """Build the model with weights drawn from ``seed`` alone, so every rank that calls this
-    with the same arguments holds identical weights without any communication."""
-    # to train it, every rank of this host holds the weights, gradients and Adam's moments
-    check_model_fits(cfg.arch, in_dim, cfg.hidden, out_dim, cfg.layers,
-                     copies=TRAINING_COPIES, ranks=local_ranks())
+    with the same arguments holds identical weights without any communication. ``copies``:
+    how many copies of the weights this process will hold in host memory (to train on the
+    CPU: weights, gradients and Adam's moments; 1 when they live on a GPU)."""
+    # This rank's own copies against what is available now. Not the host's ranks together
+    # (the launcher counts those before any rank starts): by now the siblings' data and models
+    # are loaded, so counting them again refused on some ranks only, near the limit.
+    check_model_fits(cfg.arch, in_dim, cfg.hidden, out_dim, cfg.layers, copies=copies)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

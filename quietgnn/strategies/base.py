@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..comm import Communicator
 from ..comm.traffic import LEVELS
 from ..nn import GNN, ModelConfig, build_model
+from ..nn.model import TRAINING_COPIES
 from ..nn.lean import LEAN_ARCHS
 from ..partition import LocalPartition
 from ..rows import to_device
@@ -106,7 +107,8 @@ class WorkerContext:
     def build_model(self, in_dim: Optional[int] = None, out_dim: Optional[int] = None) -> GNN:
         """The configured model, identical on every rank by construction (seeded init)."""
         m = build_model(self.model_cfg, in_dim or self.part.num_features,
-                        out_dim or self.part.num_classes, self.seed)
+                        out_dim or self.part.num_classes, self.seed,
+                        copies=1 if self.device.type == "cuda" else TRAINING_COPIES)
         return m.to(self.device)
 
     def put(self, obj: Any) -> Any:
