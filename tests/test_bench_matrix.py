@@ -137,10 +137,15 @@ def test_a_label_with_a_nul_is_refused_at_load(tmp_path, capsys):
         with pytest.raises(ValueError, match=says.replace("\\", "\\\\").replace("'", ".")):
             build_matrix({"strategies": ["halo"], **m})
     # the longest id that fits is accepted
-    label = "x" * (242 - len("synthetic-gcn--p4-s0-123456"))
+    from quietgnn.analysis.matrix import MAX_ID_BYTES
+    assert MAX_ID_BYTES == 229        # .<id>.summary.json.tmp-<7-digit pid> fits in 255 bytes
+    label = "x" * (229 - len("synthetic-gcn--p4-s0-123456"))
     (spec,) = build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
                                                                         "label": label}]})
-    assert len(spec.id.encode()) == 242
+    assert len(spec.id.encode()) == 229
+    with pytest.raises(ValueError, match="is 230 bytes"):
+        build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
+                                                                 "label": label + "y"}]})
 
 
 def test_values_echoed_by_bench_are_cut(tmp_path, capsys):

@@ -192,9 +192,11 @@ def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
     return dict(value)
 
 
-#: the longest run id: ids name files, the longest ``runs/<id>.summary.json``, and a file
-#: name holds at most 255 bytes (a longer label was an ENAMETOOLONG traceback mid-study)
-MAX_ID_BYTES = 255 - len(".summary.json")
+#: the longest run id: ids name files, the longest ``runs/<id>.summary.json`` written through
+#: its temporary name ``.<name>.tmp-<pid>`` (serial.atomic_write; a pid has at most 7
+#: digits), and a file name holds at most 255 bytes (a longer label was an ENAMETOOLONG
+#: traceback mid-study; an id that fitted only the final name failed once the run was done)
+MAX_ID_BYTES = 255 - len(".summary.json") - len("..tmp-") - 7
 
 
 def _file_part(value: str, what: str) -> str:
