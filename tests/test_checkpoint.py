@@ -543,3 +543,30 @@ def test_a_resume_with_no_epochs_left_is_refused(tmp_path):
     assert len(losses) == 8                           # epochs 6 and 7 trained after 0 .. 5
     again, _ = _train(comm, cfg, part, run, 8, 2, True)
     assert again == losses                            # the last checkpoint: nothing left
+
+
+def test_a_finished_schedule_resumes_to_nothing_and_fewer_epochs_are_refused(tmp_path):
+    """tma ends on its own schedule (finished()) before the trainer's call bound: a resume
+    of its own last checkpoint trained one more average past the budget. Now it ends as it
+    was; fewer --epochs is refused, without a number in calls (a call is no pass there)."""
+    from quietgnn.comm import Communicator
+    from quietgnn.config import load_config
+    from quietgnn.partition import build_partitions
+
+    from helpers import small_graph
+    g = small_graph()
+    part = build_partitions(g, np.zeros(g.num_nodes, dtype=np.int64))[0]
+    cfg = load_config(None, {"strategy": "tma", "partition": {"parts": 1, "method": "random"},
+                             "model": {"hidden": 8}, "runtime": {"progress": False},
+                             "options": {"mode": "full", "period_epochs": 1}})
+    comm = Communicator(0, 1)
+    run = tmp_path / "run"
+    losses, _ = _train(comm, cfg, part, run, 3, 1, False)
+    assert len(losses) == 3                              # three averages, one pass each
+    again, _ = _train(comm, cfg, part, run, 3, 1, True)
+    assert again == losses                               # nothing past the budget
+    with pytest.raises(ValueError, match=r"asks for --epochs 2: it would train nothing; pass "
+                                         r"--epochs larger"):
+        _train(comm, cfg, part, run, 2, 1, True)
+    more, _ = _train(comm, cfg, part, run, 5, 1, True)
+    assert more[:3] == losses and len(more) == 5

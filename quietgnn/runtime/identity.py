@@ -116,19 +116,24 @@ def _incompatible(where: Path, diffs: list[str]) -> ValueError:
         f"--resume)")
 
 
-def check_resume_epochs(saved: ConfigLike, cfg: ConfigLike, epoch: int, calls: int) -> None:
-    """A resume from the checkpoint of ``epoch`` (written under the config ``saved``) by a run
-    of ``calls`` trainer calls (``Strategy.max_calls(train.epochs)``) must have epochs left
-    to train, or be the run's own last one: otherwise it would train nothing and report the
-    checkpoint's local selection as the run's result, without the final exact evaluation
-    (``--epochs 10`` on a checkpoint of epoch 39). Raises ``ValueError`` (one line; the same
-    on every rank: they loaded one checkpoint)."""
+def check_resume_epochs(saved: ConfigLike, cfg: ConfigLike, epoch: int, calls: int,
+                        finished: bool) -> bool:
+    """A resume from the checkpoint of call ``epoch`` (written under the config ``saved``) by
+    a run of ``calls`` trainer calls (``Strategy.max_calls(train.epochs)``) must have work
+    left (``finished``: the strategy's own schedule, restored, says it is done), or be the
+    run's own last checkpoint: otherwise it would train nothing (or past its budget) and
+    report the checkpoint's local selection as the run's result, without the final exact
+    evaluation (``--epochs 10`` on a checkpoint of epoch 39). Returns whether nothing is left
+    (the run's own last: it ends as it was); raises ``ValueError`` (one line; the same on
+    every rank: they loaded one checkpoint)."""
     was = (_as_dict(saved).get("train") or {}).get("epochs")
     now = (_as_dict(cfg).get("train") or {}).get("epochs")
-    if epoch + 1 < calls or (epoch + 1 == calls and was == now):
-        return
+    if not finished and epoch + 1 < calls:
+        return False
+    if was == now:
+        return True
+    more = f"above {epoch + 1}" if calls == now else "larger"   # calls are passes: say one
     raise ValueError(f"--resume: the newest checkpoint is of epoch {epoch} (of a run of "
                      f"--epochs {was}), and this run asks for --epochs {now}: it would train "
-                     f"nothing; pass --epochs above {epoch + 1} to train further, or use what "
-                     f"the run has (its checkpoints, or a fresh run)")
-
+                     f"nothing; pass --epochs {more} to train further, or use what the run "
+                     f"has (its checkpoints, or a fresh run)")

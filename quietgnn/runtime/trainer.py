@@ -73,6 +73,7 @@ class Trainer:
         self.stopped_by: Optional[str] = None
         self.t_start = time.perf_counter()
         self.checkpointer: Any = None
+        self.nothing_left = False   # resumed from the run's own last checkpoint
         #: rank 0: the best-validation model seen so far (:meth:`_snapshot_best`)
         self.model_best: Optional[dict[str, Any]] = None
         #: rank 0, once run() returned: the :class:`RunSummary` as ``summary.json`` holds it
@@ -115,7 +116,8 @@ class Trainer:
                           peak_gpu_mb=peak_gpu_mb(self.ctx.device))
         self._keep(rec)
         metrics.write(rec)
-        epochs = s.max_calls(cfg.train.epochs)   # train.epochs: passes, for every strategy
+        # train.epochs: passes, for every strategy; none left after the run's own last checkpoint
+        epochs = start_epoch if self.nothing_left else s.max_calls(cfg.train.epochs)
         epoch = start_epoch - 1
         for epoch in range(start_epoch, epochs):
             rec = self._epoch(epoch, last=epoch == epochs - 1)
@@ -288,9 +290,10 @@ class Trainer:
                 self.ctx.log("--resume: no checkpoint yet, starting at epoch 0")
             self.checkpointer.start_fresh()
             return 0
-        check_resume_epochs(state["config"], self.cfg, int(state["epoch"]),
-                            self.strategy.max_calls(self.cfg.train.epochs))
         self.strategy.load_state_dict(state["strategy"])
+        self.nothing_left = check_resume_epochs(
+            state["config"], self.cfg, int(state["epoch"]),
+            self.strategy.max_calls(self.cfg.train.epochs), self.strategy.finished())
         names = {f.name for f in dataclasses.fields(Selection)}
         self.best = Selection(**{k: v for k, v in state["best"].items() if k in names})
         self.history = state["history"]
