@@ -142,3 +142,10 @@ def test_report_refuses_a_link_planted_in_the_run_directory(tmp_path, capsys):
     capsys.readouterr()
     assert report.cli_main([str(run_dir), "--no-plots", "--out", str(tmp_path / "mine")]) == 0
     assert sorted(p.name for p in elsewhere.iterdir()) == ["report.json", "report.md"]
+    # a summary file's folder is no run's: --out there may be the user's own link too
+    bigger = tmp_path / "bigger"
+    bigger.mkdir()
+    (tmp_path / "o" / "out").symlink_to(bigger)
+    assert report.cli_main([str(tmp_path / "o" / "s.json"), "--no-plots", "--out",
+                            str(tmp_path / "o" / "out" / "rep")]) == 0
+    assert (bigger / "rep" / "report.md").is_file()

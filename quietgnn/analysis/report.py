@@ -391,7 +391,10 @@ def _out_place(out: str, inputs: Sequence[str]) -> tuple[str, list[str]]:
     default ``DIR/report``), from that folder down: a link planted there (``report`` -> a
     folder elsewhere) is refused, never followed. Elsewhere, from ``--out`` itself: a folder
     the user named, which may be a link they made (followed), made when missing."""
-    folders = [str(p if p.is_dir() else p.parent) for p in map(Path, inputs)]
+    # a bench folder's own results.jsonl stands for its folder; any other file's folder (the
+    # working directory, often) is the user's, where --out may be a link they made
+    folders = [str(p if p.is_dir() else p.parent) for p in map(Path, inputs)
+               if p.is_dir() or p.name == "results.jsonl"]
     inside = [(f, below(f, out)) for f in folders]
     inside = [(f, parts) for f, parts in inside if parts is not None]
     if inside:
