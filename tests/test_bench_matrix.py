@@ -48,8 +48,7 @@ def test_a_set_of_another_type_is_named_when_set_flags_are_added(tmp_path, capsy
 
 
 @pytest.mark.parametrize("key", ["runtime.out_dir", "runtime.summary_json", "runtime.overwrite",
-                                 "runtime.run_name", "runtime.progress", "runtime.threads",
-                                 "runtime.resume", "dataset.name", "dataset.root",
+                                 "runtime.run_name", "runtime.progress", "runtime.resume", "dataset.name", "dataset.root",
                                  "partition.parts", "model.arch", "train.seed"])
 def test_a_key_the_runner_sets_is_refused_in_set(tmp_path, capsys, key):
     """runtime.out_dir wrote runs outside 'out' (results.jsonl's run_dir missing),

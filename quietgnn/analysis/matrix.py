@@ -157,7 +157,6 @@ RUNNER_KEYS = {
     "partition.parts": "parts are given in 'parts' or --parts",
     "model.arch": "models are given in 'models' or --models",
     "train.seed": "seeds are given in 'seeds' or --seeds",
-    "runtime.threads": "each worker has one compute thread, so that runs compare",
     "runtime.out_dir": "each run writes <out>/runs/<id>; give 'out' or --out",
     "runtime.run_name": "each run is named by its id",
     "runtime.summary_json": "the runner reads each run's summary from its own path",
