@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 __all__ = ["brief", "read_yaml_mapping", "yaml_value", "yaml_problem", "YamlRefused",
-           "check_no_nul", "MAX_YAML_DEPTH", "MAX_YAML_BYTES"]
+           "check_no_nul", "MAX_YAML_DEPTH", "MAX_YAML_BYTES", "MAX_YAML_NODES"]
 
 
 #: the longest a value is echoed in an error message: a message stays one readable line
@@ -37,6 +37,8 @@ def brief(value: Any, limit: int = ECHO_CHARS) -> str:
 
 #: the deepest nesting of lists and mappings a YAML file or value may have
 MAX_YAML_DEPTH = 32
+#: the most values (scalars, lists, mappings) a YAML file or value may hold
+MAX_YAML_NODES = 20_000
 
 
 class YamlRefused(yaml.MarkedYAMLError):
@@ -51,10 +53,16 @@ class _StrictLoader(yaml.SafeLoader):
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
-        self._depth = 0
+        self._depth = self._nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
+        # each value costs PyYAML a few hundred bytes and some microseconds: a 1 MiB list of
+        # zeros held 340 MiB; no recipe or matrix has more than a few hundred values
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise YamlRefused(None, None, f"more than {MAX_YAML_NODES} values; a recipe or "
+                              f"matrix needs a few hundred", event.start_mark)
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
             raise YamlRefused(None, None, f"YAML {'alias' if sign == '*' else 'anchor'} "
