@@ -9,7 +9,9 @@ Plain Python and PyYAML only: the analysis wing reads matrices without importing
 
 from __future__ import annotations
 
+import os
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +142,13 @@ def read_yaml_mapping(path: str | Path, what: str, holds: str) -> dict[str, Any]
         raise ValueError(f"{what} {name} is a directory; expected a YAML file")
     if not p.exists():
         raise ValueError(f"{what} {name} does not exist")
-    if not p.is_file():    # a pipe or a device: reading could block or never end
-        raise ValueError(f"{what} {name} is not a regular file; expected a YAML file")
     try:
-        with open(p, "rb") as fh:
+        # opened without blocking and checked as opened: a pipe or a device (swapped in after
+        # any check by name) could block the open or the read, or never end
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ValueError(f"{what} {name} is not a regular file; expected a YAML file")
             data = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"{what} {name} cannot be read: {exc.strerror or exc}") from None
