@@ -23,11 +23,13 @@ symbolic link pointing elsewhere), and such a name is never opened.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import json
 import pickle
 import re
+import secrets
 import stat
 import warnings
 from collections import OrderedDict
@@ -347,8 +349,12 @@ def _open_dirs(root: str | Path, parts: list[str], create: bool, fix: str) -> Op
                 raise _planted(here, root, fix)
             if not stat.S_ISDIR(st.st_mode):
                 raise ValueError(f"{here!r} is a file, expected a folder; remove it{fix}")
-            # O_NOFOLLOW: a link swapped in since the lstat fails here (ELOOP / ENOTDIR)
-            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            try:   # O_NOFOLLOW: a link swapped in since the lstat fails here
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _planted(here, root, fix) from None
+                raise
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -391,11 +397,11 @@ def write_below(root: str | Path, parts: list[str], fix: str = "") -> Iterator[I
     except OSError as exc:
         raise WriteError(exc.errno, f"could not write {path!r}: {exc.strerror or exc}") from exc
     assert dfd is not None
-    name, tmp = parts[-1], f".{parts[-1]}.tmp-{os.getpid()}"
+    # a name nobody can plant in advance (a folder or link at a predictable one stopped the
+    # write); O_EXCL: never someone else's file
+    name, tmp = parts[-1], f".{parts[-1]}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         _target(dfd, name, path, root, fix)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dfd)     # a stale one; O_EXCL below: never someone's file
         ffd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666,
                       dir_fd=dfd)
         try:

@@ -88,18 +88,23 @@ def test_predict_refuses_model_files_that_are_links_or_fifos(run, tmp_path, caps
 
 
 def test_a_link_at_the_temporary_name_is_replaced_not_followed(tmp_path):
-    """The temporary file is made anew (O_EXCL, no link followed): a link planted at its
-    predictable name does not lead the write elsewhere."""
+    """The temporary file is made anew under a name nobody can know in advance (O_EXCL, no
+    link followed): a link or a folder planted at the name it once had (pid only) neither
+    leads the write elsewhere nor stops it."""
     from quietgnn.serial import write_below
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     root = tmp_path / "run"
     root.mkdir()
     (root / f".p.npy.tmp-{os.getpid()}").symlink_to(victim)
-    with write_below(root, ["p.npy"]) as f:
-        f.write(b"data")
-    assert victim.read_text() == "precious" and (root / "p.npy").read_bytes() == b"data"
-    assert sorted(os.listdir(root)) == ["p.npy"]
+    (root / f".q.npy.tmp-{os.getpid()}").mkdir()
+    for name in ("p.npy", "q.npy"):
+        with write_below(root, [name]) as f:
+            f.write(b"data")
+        assert (root / name).read_bytes() == b"data"
+    assert victim.read_text() == "precious"
+    assert sorted(os.listdir(root)) == sorted([f".p.npy.tmp-{os.getpid()}",
+                                               f".q.npy.tmp-{os.getpid()}", "p.npy", "q.npy"])
 
 
 def _summary_run(tmp_path):
