@@ -134,8 +134,8 @@ def test_a_killed_cluster_leaves_no_process_and_its_namespaces_are_swept():
         except ProcessLookupError:
             return True
     assert _until(gone, 10), "the host's process outlived the killed cluster"
-    swept = sweep_stale()
-    assert sorted(swept) == sorted([f"{prefix}-br", f"{prefix}-h0", f"{prefix}-h1"])
+    swept = sweep_stale()       # (and any other killed cluster's on this host)
+    assert {f"{prefix}-br", f"{prefix}-h0", f"{prefix}-h1"} <= set(swept)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert prefix not in listed
 

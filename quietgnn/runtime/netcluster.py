@@ -265,21 +265,26 @@ class Cluster:
 
 def sweep_stale() -> list[str]:
     """Delete the namespaces a killed cluster left (``qg<pid>-…`` whose creating process is
-    gone and which hold no process): SIGKILL runs no :meth:`Cluster.close`, and its hosts'
-    processes die with it (``die_with_parent``) but namespaces are files, not processes.
-    Returns the names deleted."""
+    gone and none of which holds a process): SIGKILL runs no :meth:`Cluster.close`, and its
+    hosts' processes die with it (``die_with_parent``) but namespaces are files, not
+    processes. A cluster is judged whole: its bridge never holds a process, its hosts do while
+    it runs (one built from another PID namespace looks creator-less). Returns the names
+    deleted."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     alive = {int(d) % 100000 for d in os.listdir("/proc") if d.isdigit()}
-    gone = []
+    clusters: dict[str, list[str]] = {}
     for ns in (ln.split()[0] for ln in listed.splitlines() if ln.strip()):
         m = re.fullmatch(r"qg(\d+)-(br|h\d+)", ns)
-        if m is None or int(m.group(1)) in alive:
-            continue
-        if subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                          text=True).stdout.split():
+        if m is not None and int(m.group(1)) not in alive:
+            clusters.setdefault(m.group(1), []).append(ns)
+    gone = []
+    for names in clusters.values():
+        if any(subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                              text=True).stdout.split() for ns in names):
             continue        # something still runs in it: not ours to judge
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        gone.append(ns)
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        gone += names
     return gone
 
 
