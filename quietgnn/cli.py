@@ -385,7 +385,8 @@ def entry() -> None:
     ``os._exit`` once its output is flushed, as the local launcher's workers do: gloo's worker
     threads can outlive ``destroy_process_group`` and race the interpreter's finalisation,
     which then aborts a run that succeeded ('terminate called without an active exception',
-    exit 134; seen in 9 of 80 ranks started by hand)."""
+    exit 134). Only the commands that join a process group (train, prepare); any other runs
+    its exit handlers as usual, wherever it runs."""
     try:
         code: Any = main()
     except SystemExit as exc:       # argparse's usage errors, --help, --version
@@ -394,7 +395,8 @@ def entry() -> None:
         print(code, file=sys.stderr)
         code = 1
     code = 0 if code is None else int(code)
-    if _under_torchrun():
+    args = [a for a in sys.argv[1:2] if not a.startswith("-")]
+    if _under_torchrun() and (args or ["train"])[0] in ("train", "prepare", "partition"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -127,7 +127,12 @@ def test_a_rank_leaves_through_os_exit_after_flushing(monkeypatch, code, rank):
         raise Exited(c)
     monkeypatch.setattr(cli, "main", lambda: code)
     monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    monkeypatch.setattr(cli.sys, "argv", ["quietgnn", "train", "--epochs", "2"])
     with pytest.raises(Exited if rank else SystemExit) as ei:
         cli.entry()
     got = ei.value.args[0] if rank else ei.value.code
     assert got == (code or 0)
+    # a command that joins no process group exits as usual, wherever it runs
+    monkeypatch.setattr(cli.sys, "argv", ["quietgnn", "report", "runs/x"])
+    with pytest.raises(SystemExit):
+        cli.entry()

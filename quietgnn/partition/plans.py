@@ -20,7 +20,7 @@ it will receive, and one small gather (``[]`` from every rank when all agree) gi
 every disagreement, so all reach the same verdict and raise the same ``ValueError`` together:
 none is left waiting in a collective. Counted as ``control``: a digest of a list that the
 receiving peer holds itself reveals no node's data, so it crosses under every residency level.
-Cost: one pass over the send plans and the halo (hashing runs at about 1 GB/s), and
+Cost: one pass over the send plans and the halo, and
 ``(P - 1) (DIGEST_BYTES + 8 + 3)`` bytes sent per rank.
 """
 
