@@ -150,7 +150,8 @@ def prove_peers(store: Any, rank: int, world_size: int, secret: str | None) -> O
     rank stops with :class:`AuthError` naming it before any gloo connection or data. Ranks
     without a secret post none: all without, the group is unauthenticated (returns None);
     some without, refused. Returns the challenge (every rank's nonce), which
-    :func:`confirm_links` binds to the group's own connections once it has formed. Store traffic, like torch's own rendezvous: not data, not counted.
+    :func:`confirm_links` binds to the group's own connections once it has formed. Store
+    traffic, like torch's own rendezvous: not data, not counted.
     Not a defence against whoever can read and relay the traffic itself: gloo is not
     encrypted (see the security model)."""
     if secret is not None and len(secret) < MIN_SECRET:

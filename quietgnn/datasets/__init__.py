@@ -242,8 +242,8 @@ def dataset_files(name: str | os.PathLike, root: str | os.PathLike | None = None
     """The files ``load_dataset(name, root)`` reads, those that exist (for cache keys that
     must change when a file's content does): a ``.npz``; an edge list with its
     ``<stem>.labels`` / ``<stem>.features`` companions; a PyG dataset's raw files under
-    ``root`` (or their downloaded copy in the cache); an OGB dataset's raw and split files. ``synthetic`` (and names not found)
-    read none: ``[]``."""
+    ``root`` (or their downloaded copy in the cache); an OGB dataset's raw and split files.
+    ``synthetic`` (and names not found) read none: ``[]``."""
     raw_name = os.fspath(name)
     key = raw_name.strip().lower()
     if key == "synthetic":

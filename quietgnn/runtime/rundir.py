@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from ..config import RunConfig
 
 __all__ = ["claim_run_dir", "release_run_dir", "holds_run_dir", "remove_if_empty",
-           "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt", "attempts", "tee_stderr",
-           "restart_count"]
+           "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt",
+           "attempts", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")

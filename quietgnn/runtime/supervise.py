@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 from ..errors import is_consequence, is_explained, is_input_error
 from .metrics import metrics_lines
 
-__all__ = ["ErrorPipes", "die_with_parent", "supervise", "terminate", "describe_failures", "error_text",
-           "is_consequence", "is_input_error"]
+__all__ = ["ErrorPipes", "die_with_parent", "supervise", "terminate", "describe_failures",
+           "error_text", "is_consequence", "is_input_error"]
 
 
 def die_with_parent() -> None:
