@@ -168,7 +168,7 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
     A file inside the run directory (the default ``<run_dir>/predict-<dataset>.npy``) is
     written as training writes there: never through a symbolic link planted on its way (one is
     refused by name) and through a temporary file renamed over its name."""
-    from .serial import below, check_below, write_below
+    from .safefiles import below, check_below, write_below
     model = load_model(run_dir)
     if out is not None and Path(out).suffix not in (".npy", ".parquet"):
         raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
@@ -253,7 +253,7 @@ def _synthetic_spec(run_dir: Path, dataset: Any, given: Optional[dict[str, Any]]
 def _run_config(path: Path) -> Optional[dict[str, Any]]:
     """The run's ``config.json`` (None: there is none), read as a regular file."""
     import json
-    from .serial import open_no_follow
+    from .safefiles import open_no_follow
     if not os.path.lexists(path):
         return None
     with open_no_follow(path) as f:

@@ -19,7 +19,7 @@ __all__ = ["CONSEQUENCE", "INPUT", "EXPLAINED", "class_name", "is_consequence",
 
 CONSEQUENCE = frozenset({"CommError", "NonFiniteError", "CheckpointError"})
 INPUT = frozenset({"ValueError"})
-#: WriteError: a file write's own (serial.atomic_write: "could not write '<path>': No space
+#: WriteError: a file write's own (safefiles.atomic_write: "could not write '<path>': No space
 #: left on device"); other OSErrors (too many open files, a library that will not load) are
 #: bugs or environments whose traceback helps
 EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "WriteError"}

@@ -137,12 +137,12 @@ def test_a_label_with_a_nul_is_refused_at_load(tmp_path, capsys):
             build_matrix({"strategies": ["halo"], **m})
     # the longest id that fits is accepted
     from quietgnn.analysis.matrix import MAX_ID_BYTES
-    assert MAX_ID_BYTES == 229        # .<id>.summary.json.tmp-<7-digit pid> fits in 255 bytes
-    label = "x" * (229 - len("synthetic-gcn--p4-s0-123456"))
+    assert MAX_ID_BYTES == 220        # .<id>.summary.json.tmp-<pid>-<8 hex> fits in 255 bytes
+    label = "x" * (220 - len("synthetic-gcn--p4-s0-123456"))
     (spec,) = build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
                                                                         "label": label}]})
-    assert len(spec.id.encode()) == 229
-    with pytest.raises(ValueError, match="is 230 bytes"):
+    assert len(spec.id.encode()) == 220
+    with pytest.raises(ValueError, match="is 221 bytes"):
         build_matrix({"datasets": ["synthetic"], "strategies": [{"name": "halo",
                                                                  "label": label + "y"}]})
 

@@ -91,7 +91,7 @@ def test_a_link_at_the_temporary_name_is_replaced_not_followed(tmp_path):
     """The temporary file is made anew under a name nobody can know in advance (O_EXCL, no
     link followed): a link or a folder planted at the name it once had (pid only) neither
     leads the write elsewhere nor stops it."""
-    from quietgnn.serial import write_below
+    from quietgnn.safefiles import write_below
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     root = tmp_path / "run"

@@ -529,15 +529,23 @@ def test_a_model_too_large_to_train_is_refused_before_the_run_directory_is_writt
 
 
 def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
-    """The claim's check runs once; a link planted later where quietgnn writes (a temporary
-    file's predictable name, a log) makes the write fail instead of overwriting its target."""
+    """The claim's check runs once; a link (or a hard link) planted later where quietgnn
+    writes never leads the write to its target: a file is written under a fresh,
+    unpredictable temporary name (O_EXCL) and renamed over its own."""
     from quietgnn.errors import is_explained
-    from quietgnn.serial import WriteError, atomic_write
+    from quietgnn.safefiles import WriteError, atomic_write
     victim = tmp_path / "precious.txt"
     victim.write_text("keep")
     run_dir = tmp_path / "r"
     run_dir.mkdir()
+    # the temporary name is unpredictable and made anew (O_EXCL): a link or a hard link at
+    # the name it once had (the pid alone) is neither written through nor in the way
     (run_dir / f".summary.json.tmp-{os.getpid()}").symlink_to(victim)
-    with pytest.raises(WriteError, match="could not write .*summary.json") as ei:
-        atomic_write(run_dir / "summary.json", b"{}")
-    assert is_explained(ei.value) and victim.read_text() == "keep"
+    os.link(victim, run_dir / f".config.json.tmp-{os.getpid()}")
+    for name in ("summary.json", "config.json"):
+        atomic_write(run_dir / name, b"{}")
+        assert (run_dir / name).read_text() == "{}"
+    assert victim.read_text() == "keep"
+    with pytest.raises(WriteError, match="could not write .*gone/summary.json") as ei:
+        atomic_write(run_dir / "gone" / "summary.json", b"{}")
+    assert is_explained(ei.value)

@@ -186,10 +186,10 @@ def test_failed_shard_write_leaves_no_temp_file_and_names_the_path(tmp_path, mon
 
     def fake_open(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
-        return Full(f) if "w" in mode and ".tmp-" in str(path) else f
+        return Full(f) if ("w" in mode or "x" in mode) and ".tmp-" in str(path) else f
 
-    import quietgnn.serial as serial_mod      # where the checkpointer's atomic_write lives
-    monkeypatch.setattr(serial_mod, "open", fake_open, raising=False)
+    import quietgnn.safefiles as files_mod    # where the checkpointer's atomic_write lives
+    monkeypatch.setattr(files_mod, "open", fake_open, raising=False)
     ck = Checkpointer(tmp_path, 0, 1, log=lambda m: None)
     with pytest.raises(CheckpointError) as ei:
         ck.save(0, _state(0))

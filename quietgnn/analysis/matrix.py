@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..readyaml import brief, read_yaml_mapping
+from ..safefiles import TEMP_NAME_EXTRA
 from ..runtime.records import Record, RunSummary, optional
 from .projection import Curve
 
@@ -192,10 +193,10 @@ def _mapping(value: Any, what: str, holds: str) -> dict[str, Any]:
 
 
 #: the longest run id: ids name files, the longest ``runs/<id>.summary.json`` written through
-#: its temporary name ``.<name>.tmp-<pid>`` (serial.atomic_write; a pid has at most 7
-#: digits), and a file name holds at most 255 bytes (a longer label was an ENAMETOOLONG
-#: traceback mid-study; an id that fitted only the final name failed once the run was done)
-MAX_ID_BYTES = 255 - len(".summary.json") - len("..tmp-") - 7
+#: its temporary name (safefiles.temp_name), and a file name holds at most 255 bytes (a
+#: longer label was an ENAMETOOLONG traceback mid-study; an id that fitted only the final
+#: name failed once the run was done)
+MAX_ID_BYTES = 255 - len(".summary.json") - TEMP_NAME_EXTRA
 
 
 def _file_part(value: str, what: str) -> str:

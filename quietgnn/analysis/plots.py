@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, ContextManager, Optional
 
 from ..comm.network import Tier
-from ..serial import write_below
+from ..safefiles import write_below
 from ..runtime.metrics import human_bytes
 from .matrix import Result
 from .projection import Curve, curve_work as _work, project
@@ -56,7 +56,7 @@ def plot_group(g: Group, results: list[Result], tiers: dict[str, Tier],
                open_out: Optional[Callable[[str], ContextManager[IO[bytes]]]] = None
                ) -> list[str]:
     """The group's PNGs in ``out`` (their paths); ``open_out(name)`` opens one to write
-    (default :func:`~quietgnn.serial.write_below` in ``out``: never through a link there)."""
+    (default :func:`~quietgnn.safefiles.write_below` in ``out``: never through a link there)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
-from ..serial import below, check_below, write_below
+from ..safefiles import below, check_below, write_below
 from .inputs import load_results, with_curve as _with_curve
 from .matrix import UNCAPPED, Result
 from .tables import BASELINE, REFERENCE, markdown
@@ -373,7 +373,7 @@ def cli_main(argv: Sequence[str]) -> int:
     except ValueError as exc:      # a link or a file planted since the check
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:         # serial.WriteError: a full disk, a read-only folder
+    except OSError as exc:         # safefiles.WriteError: a full disk, a read-only folder
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 1
     print(md)
@@ -386,7 +386,7 @@ _OUT_FIX = ", or pass --out a folder outside the results' folders"
 
 
 def _out_place(out: str, inputs: Sequence[str]) -> tuple[str, list[str]]:
-    """Where the report's files go, as ``(root, parts)`` for :func:`serial.write_below`,
+    """Where the report's files go, as ``(root, parts)`` for :func:`safefiles.write_below`,
     checked before the work. Inside an input's folder (a run directory, a bench folder: the
     default ``DIR/report``), from that folder down: a link planted there (``report`` -> a
     folder elsewhere) is refused, never followed. Elsewhere, from ``--out`` itself: a folder

@@ -165,8 +165,9 @@ def save_model(run_dir: str | os.PathLike, spec: dict[str, Any], state: dict[str
                info: dict[str, Any]) -> Path:
     """Write ``model.pt`` (tensors only) then ``model.json`` into ``run_dir``, each through a
     temporary file and a rename, so a reader never finds half a model; a failed write (a full
-    disk) leaves no temporary file and raises ``serial.WriteError`` naming the file."""
-    from ..serial import atomic_write, save_bytes
+    disk) leaves no temporary file and raises ``safefiles.WriteError`` naming the file."""
+    from ..safefiles import atomic_write
+    from ..serial import save_bytes
     run_dir = Path(run_dir)
     pt, js = run_dir / MODEL_PT, run_dir / MODEL_JSON
     atomic_write(pt, save_bytes({k: v.detach().cpu() for k, v in state.items()}, "model"))
@@ -190,7 +191,8 @@ def _check_spec(spec: Any) -> None:
 def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     """The model a run wrote (:func:`save_model`), ready to predict (eval mode, CPU). Its files
     are read as regular files of the run directory, never through a link planted there."""
-    from ..serial import load_file, open_no_follow
+    from ..safefiles import open_no_follow
+    from ..serial import load_file
     run_dir = Path(run_dir)
     js, pt = run_dir / MODEL_JSON, run_dir / MODEL_PT
     if not os.path.lexists(js) or not os.path.lexists(pt):

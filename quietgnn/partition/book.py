@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..graph import Graph
-from ..serial import outside
+from ..safefiles import outside
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 from .shards import PART_ARRAYS, read_part, write_part

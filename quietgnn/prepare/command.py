@@ -53,7 +53,7 @@ def _disk_full(out: str, exc: BaseException) -> Optional[OSError]:
     while writing beside ``out``, or None for any other failure. Needed because the writers
     say it in their own words: numpy's short write ("64000 requested and 48096 written", no
     errno), DuckDB's IO or transaction errors (the OS message inside their text)."""
-    from ..serial import WriteError
+    from ..safefiles import WriteError
     text = str(exc)
     code = getattr(exc, "errno", None)
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

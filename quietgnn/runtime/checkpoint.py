@@ -65,7 +65,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..serial import atomic_write, load_file, outside, save_bytes
+from ..safefiles import atomic_write, outside
+from ..serial import load_file, save_bytes
 
 from .identity import (ConfigLike, _features_differ, _incompatible, identity_differences,
                        run_identity)

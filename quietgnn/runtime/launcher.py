@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..comm.rendezvous import SECRET_ENV
-from ..serial import atomic_write, no_follow
+from ..safefiles import atomic_write, no_follow
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir

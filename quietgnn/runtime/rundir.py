@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from ..serial import no_follow
+from ..safefiles import no_follow
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -366,7 +366,7 @@ def tee_stderr(run_dir: Path, rank: int) -> Optional[Path]:
 def write_json(path: Path, obj: Any) -> None:
     """``obj`` as JSON at ``path``, atomically (temp file, fsync, rename): a reader that polls
     for the file (a script waiting on ``--summary-json``) never reads half of it."""
-    from ..serial import atomic_write
+    from ..safefiles import atomic_write
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(obj, indent=1).encode())
