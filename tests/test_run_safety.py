@@ -549,3 +549,11 @@ def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
     with pytest.raises(WriteError, match="could not write .*gone/summary.json") as ei:
         atomic_write(run_dir / "gone" / "summary.json", b"{}")
     assert is_explained(ei.value)
+    # --resume's truncation of a rank's metrics wrote to the fixed name rank-0.jsonl.tmp
+    from quietgnn.runtime.metrics import truncate_metrics
+    (run_dir / "metrics").mkdir()
+    (run_dir / "metrics" / "rank-0.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    (run_dir / "metrics" / "rank-0.jsonl.tmp").symlink_to(victim)
+    truncate_metrics(run_dir, 0, 0)
+    assert (run_dir / "metrics" / "rank-0.jsonl").read_text() == '{"epoch": 0}\n'
+    assert victim.read_text() == "keep"

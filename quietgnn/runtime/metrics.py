@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from ..comm import OpRecord
 from ..heap import peak_rss_mb
+from ..safefiles import atomic_write
 from .records import EpochRecord, SetupRecord, metrics_line
 
 __all__ = ["MetricsWriter", "peak_rss_mb", "peak_gpu_mb", "summarize_ops", "read_metrics",
@@ -152,9 +153,8 @@ def truncate_metrics(run_dir: Path, rank: int, epoch: int) -> None:
     if not path.is_file():
         return
     keep = [line for line, rec in metrics_lines(path) if rec["epoch"] <= epoch]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(x + b"\n" for x in keep))
-    tmp.replace(path)
+    atomic_write(   # never through a link planted in the run directory
+        path, b"".join(x + b"\n" for x in keep))
 
 
 def read_metrics(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..errors import is_consequence, is_explained
+from ..safefiles import atomic_write, no_follow
 
 if TYPE_CHECKING:
     from ..partition import LocalPartition
@@ -142,8 +143,8 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     if write_config:   # under torchrun, where each host may have been given its own --out
         from .rundir import check_shared
         check_shared(comm, run_dir)
-    if write_config and rank == 0:
-        (run_dir / "config.json").write_text(cfg.to_json())
+    if write_config and rank == 0:      # never through a link planted in the run directory
+        atomic_write(run_dir / "config.json", cfg.to_json().encode())
     part = load_local_partition(plan, rank, world)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     summary = train_on(comm, part, cfg, run_dir, log=log, device=device).summary
@@ -161,7 +162,8 @@ def _report_failure(run_dir: Path, rank: int) -> str:
     where = f"traceback: {err}"
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        err.write_text(tb)
+        with open(err, "w", opener=no_follow) as f:   # not through a link planted there
+            f.write(tb)
     except OSError as werr:
         where = f"{err} could not be written: {werr.strerror or werr}"
         try:
