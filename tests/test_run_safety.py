@@ -557,3 +557,14 @@ def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
     truncate_metrics(run_dir, 0, 0)
     assert (run_dir / "metrics" / "rank-0.jsonl").read_text() == '{"epoch": 0}\n'
     assert victim.read_text() == "keep"
+    # the metrics writer and the attempts log open their files without following a link
+    from quietgnn.runtime.metrics import MetricsWriter
+    from quietgnn.runtime.rundir import record_attempt
+    (run_dir / "metrics" / "rank-1.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        MetricsWriter(run_dir, 1, append=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "attempts.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        record_attempt(run_dir)
+    assert victim.read_text() == "keep"

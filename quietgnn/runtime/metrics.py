@@ -82,7 +82,9 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, rank: int, append: bool = False) -> None:
         self.path = Path(run_dir) / "metrics" / f"rank-{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        # O_NOFOLLOW: never through a link planted in the run directory
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | \
+            (0 if append else os.O_TRUNC)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
 
     def write(self, record: SetupRecord | EpochRecord) -> None:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from ..safefiles import no_follow
+from ..safefiles import no_follow, temp_name
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -260,8 +260,8 @@ def check_writable_dir(path: str | Path, what: str) -> Path:
     p = Path(path)
     try:
         p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".quietgnn-probe-{os.getpid()}"
-        with open(probe, "wb") as f:
+        probe = p / temp_name(".quietgnn-probe")     # made anew: nothing planted there
+        with open(probe, "xb", opener=no_follow) as f:
             f.write(b"x")
             f.flush()
             os.fsync(f.fileno())
@@ -304,7 +304,7 @@ def record_attempt(run_dir: Path) -> None:
     ``logs/attempts.jsonl``; the summary reports their number and the time since the first."""
     f = Path(run_dir) / "logs" / "attempts.jsonl"
     f.parent.mkdir(parents=True, exist_ok=True)
-    with open(f, "a") as fh:
+    with open(f, "a", opener=no_follow) as fh:
         fh.write(json.dumps({"start": time.time(), "restart": restart_count()}) + "\n")
 
 
