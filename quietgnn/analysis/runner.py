@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..heap import mem_available_mb
+from ..safefiles import atomic_write
 from .matrix import UNCAPPED, Result, RunSpec
 
 __all__ = ["run_matrix"]
@@ -170,9 +171,8 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
                 continue
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
         res = _run_one(spec, out, timeout_s, log, mem_floor_mb)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, separators=(",", ":"), default=str))
-        tmp.replace(path)  # atomic: a result file is either whole or absent
+        # atomic: a result file is either whole or absent (and never written through a link)
+        atomic_write(path, json.dumps(res, separators=(",", ":"), default=str).encode())
         results.append((spec.id, res))
         _write_jsonl(out / "results.jsonl", results)   # a stop keeps it current
     _write_jsonl(out / "results.jsonl", results)
@@ -194,6 +194,4 @@ def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
                 lines[rid] = line
     for rid, r in results:
         lines[rid] = json.dumps(r, separators=(",", ":"), default=str)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines.values()))
-    tmp.replace(path)
+    atomic_write(path, "".join(line + "\n" for line in lines.values()).encode())
