@@ -539,6 +539,17 @@ def test_a_resume_with_no_epochs_left_is_refused(tmp_path):
         _train(comm, cfg, part, run, 4, 2, True)
     with pytest.raises(ValueError, match="asks for --epochs 6: it would train nothing"):
         _train(comm, cfg, part, run, 6, 2, True)      # epoch 5 was not trained as the last
+    # the launcher refuses the sure case before any worker starts: nothing of it is written
+    import dataclasses
+
+    from quietgnn.runtime.plan import _resume_dir
+    c4 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=4))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with pytest.raises(ValueError, match=r"--resume: the newest checkpoint is of epoch 5, and "
+                                         r"this run asks for --epochs 4: it would train "
+                                         r"nothing; pass --epochs above 6"):
+        _resume_dir(c4, run, "", True, lambda m: None)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     losses, _ = _train(comm, cfg, part, run, 8, 2, True)
     assert len(losses) == 8                           # epochs 6 and 7 trained after 0 .. 5
     again, _ = _train(comm, cfg, part, run, 8, 2, True)

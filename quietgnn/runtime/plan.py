@@ -185,6 +185,14 @@ def _resume_dir(cfg: RunConfig, run_dir: Path, suffix: str, named: bool, log: Lo
             log(f"--resume: no checkpointed run matching '*{suffix}' in {str(out)!r}; starting "
                 f"a new run (name it with --run-name to resume a specific one)")
     epoch = check_resume_compatible(cfg, run_dir / "checkpoints")
+    if epoch is not None and epoch + 1 > cfg.train.epochs and \
+            not cfg.strategy_cls.own_schedule:     # (a call is a pass: surely nothing left)
+        # refused here, not by the workers: nothing of the attempt is written (config.json,
+        # attempts.jsonl); the workers judge the rest (Trainer: identity.check_resume_epochs)
+        raise ValueError(f"--resume: the newest checkpoint is of epoch {epoch}, and this run "
+                         f"asks for --epochs {cfg.train.epochs}: it would train nothing; pass "
+                         f"--epochs above {epoch + 1} to train further, or use what the run "
+                         f"has (its checkpoints, or a fresh run)")
     if named and epoch is None and not (run_dir / "summary.json").is_file():
         # (a finished run without one is refused next, by claim_run_dir)
         log(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; starting at epoch 0")
