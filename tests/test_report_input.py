@@ -59,6 +59,7 @@ def test_lines_that_are_no_json_object_are_named_by_line(tmp_path, capsys):
         path.write_text(text)
         assert report.cli_main([str(path), "--out", str(tmp_path / "r"), "--no-plots"]) == 2
         assert f"{str(path)!r} {says}" in _err(capsys)
+        assert not (tmp_path / "r").exists()          # no --out folder left made, empty
 
 
 def test_report_names_what_is_wrong_with_its_options(tmp_path, capsys):

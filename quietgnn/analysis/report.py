@@ -343,9 +343,9 @@ def cli_main(argv: Sequence[str]) -> int:
                 raise ValueError("--out is needed unless the only input is a run or bench "
                                  "directory (the report then goes to DIR/report)")
             args.out = str(Path(args.results[0]) / "report")
-        root, parts = _out_place(args.out, args.results + args.reference)
-        results = load_results(args.results)
+        results = load_results(args.results)    # a bad input leaves no --out folder made
         reference = load_results(args.reference) if args.reference else []
+        root, parts = _out_place(args.out, args.results + args.reference)
     except ValueError as exc:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 2
