@@ -64,7 +64,9 @@ def _disk_full(out: str, exc: BaseException) -> Optional[OSError]:
         return None
     where = Path(out).absolute().parent
     try:
-        free = f"; {shutil.disk_usage(where).free >> 20} MiB free there"
+        left = shutil.disk_usage(where).free
+        free = f"; {left >> 20} MiB free there" if left >= 1 << 20 else \
+            f"; {left >> 10} KiB free there"
     except OSError:
         free = ""
     return WriteError(code, f"could not write the prepared graph {out!r}: {reason}{free}; "
