@@ -66,10 +66,10 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     cfg.runtime.backend = placement.backend
     identity = dataset_identity_of(cfg)
     book, key = resolve_book(cfg, log, identity)
-    check_model_fits_book(cfg, book)
     from ..graph import check_trainable_split
     from ..partition import PartitionBook
-    opened = PartitionBook.open(book)
+    opened = PartitionBook.open(book)       # its manifest, once, for the checks below
+    check_model_fits_book(cfg, opened)
     check_trainable_split(*opened.split_counts(), str(opened.graph.get("name")))
     if cfg.runtime.resume:      # features edited since the checkpoint: refused before launch
         from .checkpoint import check_resume_features
@@ -79,15 +79,15 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
                    partition_key=key, book_checked=True)
 
 
-def check_model_fits_book(cfg: RunConfig, book: Path) -> None:
+def check_model_fits_book(cfg: RunConfig, book: Any) -> None:
     """Refuse (``ValueError``) a model that every rank of this host cannot train in the memory
     available, before a worker starts or anything is written into the run directory: refused
     in the workers instead, the run left its ``config.json`` behind, and a rerun under the same
-    ``--run-name`` found a run there. The book knows the graph's widths without loading it (a
+    ``--run-name`` found a run there. The book (an opened
+    :class:`~quietgnn.partition.PartitionBook`) knows the graph's widths without loading it (a
     book too old to say is left to the workers' own check)."""
     from ..nn.model import TRAINING_COPIES, check_model_fits
-    from ..partition import PartitionBook
-    g, m = PartitionBook.open(book).graph, cfg.model
+    g, m = book.graph, cfg.model
     if isinstance(g.get("num_features"), int) and isinstance(g.get("num_classes"), int):
         check_model_fits(m.arch, g["num_features"], m.hidden, g["num_classes"], m.layers,
                          copies=TRAINING_COPIES, ranks=cfg.num_parts)
