@@ -97,6 +97,40 @@ def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_not_restarted(
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 4
 
 
+def test_an_attempt_that_trained_no_epoch_does_not_hold_its_name(tmp_path, capsys):
+    """A run that failed at set-up (config.json, logs, set-up metrics) was refused as
+    'already holds a run' when the same command was rerun once fixed; it is replaced (by the
+    claiming process alone), while one epoch record, a checkpoint or a model still holds it."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import claim_run_dir, release_run_dir
+    run_dir = tmp_path / "r"
+    (run_dir / "metrics").mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "config.json").write_text("{}")
+    (run_dir / "logs" / "rank-1.error").write_text("Traceback ...")
+    (run_dir / "logs" / "rank-0.log").write_text("rank 0's log")
+    setup = (run_dir / "metrics" / "rank-0.jsonl")
+    setup.write_text('{"epoch": -1, "phase": "setup"}\n{"epoch": 0, "ph')     # torn: no epoch
+    cfg = load_config(None, {"train": {"epochs": 3}})
+    claim_run_dir(cfg, run_dir, lock=False)     # another rank under torchrun: checks only
+    assert (run_dir / "config.json").is_file()
+    try:
+        claim_run_dir(cfg, run_dir)
+    finally:
+        release_run_dir(run_dir)
+    assert "held an earlier attempt that trained no epoch" in capsys.readouterr().err
+    assert not (run_dir / "config.json").exists() and not (run_dir / "metrics").exists()
+    assert not (run_dir / "logs" / "rank-1.error").exists()
+    assert (run_dir / "logs" / "rank-0.log").is_file()      # logs are the user's to read
+    for held in ("metrics/rank-1.jsonl", "model.pt", "summary.json"):
+        (run_dir / "metrics").mkdir(exist_ok=True)
+        (run_dir / "config.json").write_text("{}")
+        (run_dir / held).write_text('{"epoch": 0, "phase": "train"}\n')
+        with pytest.raises(ValueError, match="already holds a run"):
+            claim_run_dir(cfg, run_dir, lock=False)
+        (run_dir / held).unlink()
+
+
 def test_resume_of_a_finished_run_whose_commit_markers_are_gone_says_what_is_there(tmp_path):
     """Shards left but every COMMIT.json removed: the refusal said checkpointing had been off.
     It names the checkpoint files found without a marker, and what to do."""

@@ -8,7 +8,8 @@ under ``torchrun``:
 
 * a fresh run (no ``--resume``) into a directory that already holds a run's results is refused
   (``ValueError``: exit 2), unless ``--runtime.overwrite true`` asks to replace them; a restart
-  of the same job by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) is not a fresh run;
+  of the same job by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) is not a fresh run, and an
+  earlier attempt that failed before its first epoch holds no results (it is replaced);
 * ``--resume`` of a run that already finished the epochs asked for is refused (it would train
   nothing and report the old numbers as new); other training settings than the checkpoint's are
   refused by :func:`~quietgnn.runtime.checkpoint.check_resume_compatible` (``train.*`` is part
@@ -57,6 +58,18 @@ def restart_count() -> int:
 
 def _results_in(run_dir: Path) -> list[str]:
     return [n for n in _RESULTS if (run_dir / n).exists()]
+
+
+def _trained_nothing(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` ended before it trained an epoch: no summary, model or
+    committed checkpoint, and no rank's metrics hold a record past set-up (epoch -1)."""
+    from .checkpoint import committed_checkpoints
+    from .metrics import metrics_lines
+    if any((run_dir / n).exists() for n in ("summary.json", "model.json", "model.pt")) or \
+            committed_checkpoints(run_dir / "checkpoints"):
+        return False
+    return not any(rec["epoch"] >= 0 for f in (run_dir / "metrics").glob("rank-*.jsonl")
+                   if f.is_file() for _, rec in metrics_lines(f))
 
 
 def _clear(run_dir: Path) -> None:
@@ -210,6 +223,14 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
         return
     found = _results_in(run_dir)
     if not found or restart_count() > 0:
+        return
+    if _trained_nothing(run_dir):
+        # an attempt that failed before its first epoch (set-up, a bad input only the workers
+        # saw) left nothing to protect: the same command, once fixed, reuses its name
+        if lock:     # the claiming process alone clears (torchrun's other ranks check only)
+            print(f"note: {str(run_dir)!r} held an earlier attempt that trained no epoch "
+                  f"({', '.join(found)}); replacing it", file=sys.stderr, flush=True)
+            _clear(run_dir)
         return
     if rt.overwrite:
         _clear(run_dir)
