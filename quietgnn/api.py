@@ -28,6 +28,7 @@ from .datasets import load_dataset
 from .graph import Graph
 from .nn.export import TrainedModel, load_model
 from .runtime.records import EpochRecord, RunSummary
+from .serial import loads_json
 
 __all__ = ["load_dataset", "train", "load_model", "Run", "TrainedModel", "predict_to_file"]
 
@@ -252,14 +253,13 @@ def _synthetic_spec(run_dir: Path, dataset: Any, given: Optional[dict[str, Any]]
 
 def _run_config(path: Path) -> Optional[dict[str, Any]]:
     """The run's ``config.json`` (None: there is none), read as a regular file."""
-    import json
     from .safefiles import open_no_follow
     if not os.path.lexists(path):
         return None
     with open_no_follow(path) as f:
         raw = f.read()
     try:
-        cfg = json.loads(raw)
+        cfg = loads_json(raw)
     except ValueError as exc:
         raise ValueError(f"{str(path)!r} is not JSON ({exc}); restore the config.json the "
                          f"run wrote") from None

@@ -32,7 +32,7 @@ from typing import IO, Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes", "load_file"]
+__all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes", "load_file", "loads_json"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -192,14 +192,30 @@ def _torch_load(src: Any, what: str, fix: str) -> Any:
         raise ValueError(f"{what} holds a malformed tagged value ({exc}); {fix}") from None
 
 
+def loads_json(data: str | bytes) -> Any:
+    """JSON read from a file or received from a peer. Nesting deeper than the parser's stack
+    (``[[[[…`` a hundred thousand deep, a few hundred kilobytes) is a ``json.JSONDecodeError``
+    like any other damaged JSON, never a ``RecursionError`` past every reader's handler."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise JSONNestedTooDeep("nested deeper than a JSON reader can follow, where no quietgnn file "
+                       "nests more than a few levels", "", 0) from None
+
+
+class JSONNestedTooDeep(json.JSONDecodeError):
+    def __str__(self) -> str:       # no position: the nesting, not a character, is at fault
+        return self.msg
+
+
 def loads(data: bytes, what: str = "message") -> Any:
     """Inverse of :func:`dumps`; raises a one-line ``ValueError``
     for anything that is not tensors or plain data."""
     fmt, body = data[:1], data[1:]
     if fmt == b"J":
         try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            return loads_json(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{what} is not valid JSON ({exc})") from None
     if fmt == b"T":
         return _torch_load(io.BytesIO(body), what, "it was dropped")

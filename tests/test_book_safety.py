@@ -402,3 +402,46 @@ def test_the_features_digest_is_the_same_in_any_chunking_and_sees_one_value():
     assert a.features_digest() != b.features_digest()
     c = Graph.from_edge_index(ei, x[torch.randperm(500)], y, num_classes=2)   # rows reordered
     assert c.features_digest() != a.features_digest()
+
+
+#: a JSON value nested deeper than Python's parser follows: 200 KB of brackets
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_json_nested_too_deep_is_damage_in_every_file_quietgnn_reads(tmp_path, syn_book):
+    """A file nested 100,000 deep (book.json, part.json, COMMIT.json, a metrics line, a
+    results line, model.json, config.json) was a RecursionError with a traceback past every
+    reader's handler; it is now damage like any other bad JSON (one line, or a skipped line)."""
+    from quietgnn.analysis.inputs import load_results
+    from quietgnn.api import _run_config
+    from quietgnn.nn.export import load_model
+    from quietgnn.partition.shards import read_part
+    from quietgnn.runtime.checkpoint import _read_marker
+    from quietgnn.runtime.metrics import metrics_lines
+    book = tmp_path / "book"
+    shutil.copytree(syn_book, book)
+    (book / "part-0" / "part.json").write_text(DEEP)
+    with pytest.raises(ValueError, match=r"part-0/part.json' is unreadable \(nested deeper "):
+        read_part(book / "part-0")
+    (book / "book.json").write_text(DEEP)
+    with pytest.raises(ValueError, match=r"book.json' is not valid JSON \(nested deeper than a "
+                                         r"JSON reader can follow, where no quietgnn file"):
+        PartitionBook.open(book)
+    ck = tmp_path / "epoch-000001"
+    ck.mkdir()
+    (ck / "COMMIT.json").write_text(DEEP)
+    assert _read_marker(ck) == (None, "commit marker unreadable (JSONNestedTooDeep)")
+    metrics = tmp_path / "rank-0.jsonl"
+    metrics.write_text(f'{DEEP}\n{{"epoch": 0}}\n')
+    assert [rec for _, rec in metrics_lines(metrics)] == [{"epoch": 0}]
+    results = tmp_path / "results.jsonl"
+    results.write_text(DEEP + "\n")
+    with pytest.raises(ValueError, match=r"results.jsonl' line 1 is not JSON \(nested deeper"):
+        load_results([results])
+    (tmp_path / "model.json").write_text(DEEP)
+    (tmp_path / "model.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"model.json' is not a model description .*nested"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(DEEP)
+    with pytest.raises(ValueError, match=r"config.json' is not JSON \(nested deeper"):
+        _run_config(tmp_path / "config.json")

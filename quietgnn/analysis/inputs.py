@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runtime.records import RunSummary
+from ..serial import loads_json
 from .matrix import Result
 from .projection import epoch_curve
 
@@ -38,12 +39,12 @@ def _load_file(p: Path) -> list[Result]:
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append((f" line {n}", json.loads(line)))
+                    rows.append((f" line {n}", loads_json(line)))
                 except json.JSONDecodeError as exc:
                     raise _RowError(f"{str(p)!r} line {n} is not JSON ({exc.msg}); correct "
                                     f"or remove that line") from None
     else:
-        rows = [("", json.loads(p.read_text()))]
+        rows = [("", loads_json(p.read_text()))]
     out = []
     for where, row in rows:
         if not isinstance(row, dict):

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 from ..heap import mem_available_mb
 from ..safefiles import atomic_write
+from ..serial import loads_json
 from .matrix import UNCAPPED, Result, RunSpec
 
 __all__ = ["run_matrix"]
@@ -128,7 +129,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any,
     if peak:
         res["peak_rss_seen_mb"] = round(peak, 1)
     if status == "ok":
-        res["summary"] = json.loads(summary_copy.read_text())
+        res["summary"] = loads_json(summary_copy.read_text())
         summary_copy.unlink()
         try:
             from .projection import epoch_curve
@@ -137,7 +138,7 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any,
         except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
             res["curve_error"] = f"{type(exc).__name__}: {exc}"
     elif summary_path.is_file():
-        res["summary"] = json.loads(summary_path.read_text())
+        res["summary"] = loads_json(summary_path.read_text())
     log(f"  {status} in {elapsed:.1f}s" + ("" if status == "ok" else f": "
                                            f"{(error or '').splitlines()[0]}  (log: {log_path})"))
     return res
@@ -161,7 +162,7 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
         path = out / "results" / f"{spec.id}.json"
         if path.is_file():
             try:
-                old = json.loads(path.read_text())
+                old = loads_json(path.read_text())
             except json.JSONDecodeError:
                 old = None  # torn by a crash while writing: rerun
             status = Result.from_json(old).status if isinstance(old, dict) else None
@@ -187,7 +188,7 @@ def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                rid = json.loads(line).get("id")    # the id alone: no curve parsed
+                rid = loads_json(line).get("id")    # the id alone: no curve parsed
             except (json.JSONDecodeError, AttributeError):
                 continue        # a torn or foreign line: the result files are the record
             if rid:

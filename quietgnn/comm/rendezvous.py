@@ -21,6 +21,8 @@ from typing import Any, Iterator, Optional
 
 import torch.distributed as dist
 
+from ..serial import loads_json
+
 __all__ = ["AuthError", "SECRET_ENV", "Joined", "join", "prove_peers", "confirm_links",
            "confirmed"]
 
@@ -234,7 +236,7 @@ def _posted(store: Any, name: str, rank: int) -> Any:
                         f"a process that is not a quietgnn rank of this run holds its place, "
                         f"or it stopped; check MASTER_ADDR/MASTER_PORT") from None
     try:
-        return json.loads(store.get(name))
+        return loads_json(store.get(name))
     except (ValueError, UnicodeDecodeError):
         return None
 

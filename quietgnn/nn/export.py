@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..graph import csr_from_edges
+from ..serial import loads_json
 from .adj import SparseAdj
 from .model import GNN, ModelConfig
 
@@ -202,7 +203,7 @@ def load_model(run_dir: str | os.PathLike) -> TrainedModel:
     with open_no_follow(js) as f:
         raw = f.read()
     try:
-        meta = json.loads(raw)
+        meta = loads_json(raw)
         spec = meta["spec"]
         _check_spec(spec)
         gnn = GNN(**spec)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..safefiles import outside
+from ..serial import loads_json
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 from .shards import PART_ARRAYS, read_part, write_part
@@ -111,7 +112,7 @@ class PartitionBook:
             raise ValueError(f"no partition book at {str(path)!r}: {meta_path.name} is missing; "
                              f"create one with `quietgnn prepare --out {path} ...`")
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = loads_json(meta_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"partition book {str(meta_path)!r} is not valid JSON ({exc}); "
                              f"the file is damaged: re-create the book with "
@@ -214,7 +215,7 @@ class PartitionBook:
     def split_counts(self) -> tuple[int, int, int]:
         """The whole graph's train / val / test node counts, from ``part-0/part.json`` (a few
         bytes, checked against the manifest; the arrays are not read)."""
-        meta = json.loads(self._checked_file("part-0/part.json").read_text())
+        meta = loads_json(self._checked_file("part-0/part.json").read_text())
         return tuple(int(meta.get(f"num_{s}_global", 0))     # type: ignore[return-value]
                      for s in ("train", "val", "test"))
 
@@ -309,7 +310,7 @@ def replace_problem(path: Path) -> str:
         return "is a symbolic link or no directory (prepare replaces only a directory it wrote)"
     meta: Any = None
     try:
-        meta = json.loads((path / "book.json").read_text())
+        meta = loads_json((path / "book.json").read_text())
         why = "" if isinstance(meta, dict) and meta.get("format") == BOOK_FORMAT and \
             meta.get("version") in (1, BOOK_VERSION) and isinstance(meta.get("files"), dict) \
             else (f"format {meta.get('format') if isinstance(meta, dict) else None!r}, "

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..serial import loads_json
 from .local import LocalPartition
 
 __all__ = ["write_part", "read_part", "check_part_arrays", "advise_access", "PART_ARRAYS"]
@@ -96,8 +97,8 @@ def read_part(path: Path, stored: bool = False) -> LocalPartition:
     ``indices`` and ``x`` keep the file's dtypes (int32 edges, float16 features) and stay
     mapped instead of being widened to int64 / float32 copies."""
     try:
-        scalars: dict[str, Any] = json.loads((path / "part.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        scalars: dict[str, Any] = loads_json((path / "part.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"partition file {str(path / 'part.json')!r} is unreadable ({exc}); "
                          f"re-run `quietgnn prepare`") from None
     _check_scalars(path / "part.json", scalars)

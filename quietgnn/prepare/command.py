@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..heap import peak_rss_mb, rss_mb
+from ..serial import loads_json
 
 __all__ = ["run_prepare"]
 
@@ -158,7 +158,7 @@ def check_out(out: str, overwrite: bool) -> None:
                          f"replaces only a prepared graph, with --overwrite)")
     if overwrite:
         return
-    meta = json.loads((path / "book.json").read_text())     # a book: replace_problem read it
+    meta = loads_json((path / "book.json").read_text())     # a book: replace_problem read it
     graph = meta.get("graph") if isinstance(meta.get("graph"), dict) else {}
 
     def said(v: Any) -> str:

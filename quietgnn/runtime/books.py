@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import heap
 from ..heap import peak_rss_mb, rss_mb
+from ..serial import loads_json
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -134,7 +135,7 @@ def _content_sha256(path: Path) -> str:
     stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     table_path = cache_dir() / "file-hashes.json"
     try:
-        table = json.loads(table_path.read_text())
+        table = loads_json(table_path.read_text())
         if not isinstance(table, dict):
             table = {}
     except (OSError, ValueError):

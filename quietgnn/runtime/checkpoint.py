@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from ..safefiles import atomic_write, outside
-from ..serial import load_file, save_bytes
+from ..serial import load_file, loads_json, save_bytes
 
 from .identity import (ConfigLike, _features_differ, _incompatible, identity_differences,
                        run_identity)
@@ -146,8 +146,8 @@ def _read_marker(d: Path) -> tuple[Optional[dict[str, Any]], str]:
     if not m.is_file():
         return None, "no commit marker (torn: a rank stopped while writing it)"
     try:
-        meta = json.loads(m.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        meta = loads_json(m.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"commit marker unreadable ({type(exc).__name__})"
     if not isinstance(meta, dict) or meta.get("format") != CKPT_FORMAT:
         return None, f"{MARKER} is not a quietgnn checkpoint marker"

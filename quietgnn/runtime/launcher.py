@@ -16,7 +16,6 @@ orphaned.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..comm.rendezvous import SECRET_ENV
 from ..safefiles import atomic_write, no_follow
+from ..serial import loads_json
 # the book cache lived here; its names stay importable from the launcher
 from .books import cache_dir, check_book_dataset, prepare_book  # noqa: F401
 from .rundir import release_run_dir
@@ -145,7 +145,7 @@ def _launch(plan: RunPlan, env_extra: Optional[dict[str, str]]) -> Optional[dict
         sys.stderr.write(f"note: rank(s) {[r for r, _, _ in failed]} failed during the run; "
                          f"strategy {cfg.strategy!r} tolerates failures and finished on the "
                          f"survivors (see summary.json). Run directory: {run_dir}\n")
-        return json.loads(summary_path.read_text())
+        return loads_json(summary_path.read_text())
     if failed:
         exc = LaunchError(describe_failures(run_dir, failed, stuck, grace, pipes))
         # the cause decides the exit code, not the first rank to fall: a peer that saw the
@@ -154,4 +154,4 @@ def _launch(plan: RunPlan, env_extra: Optional[dict[str, str]]) -> Optional[dict
         cause = next((t for t in texts if not is_consequence(t)), texts[0] if texts else "")
         exc.input_error = is_input_error(cause)
         raise exc
-    return json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    return loads_json(summary_path.read_text()) if summary_path.is_file() else None

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Iterator, Optional
 from ..comm import OpRecord
 from ..heap import peak_rss_mb
 from ..safefiles import atomic_write
+from ..serial import loads_json
 from .records import EpochRecord, SetupRecord, metrics_line
 
 __all__ = ["MetricsWriter", "peak_rss_mb", "peak_gpu_mb", "summarize_ops", "read_metrics",
@@ -139,7 +140,7 @@ def metrics_lines(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
     launcher's failure report, :func:`read_metrics`) treats a damaged line alike."""
     for line in path.read_bytes().splitlines():
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
         except ValueError:          # JSONDecodeError and UnicodeDecodeError alike
             continue
         epoch = rec.get("epoch") if isinstance(rec, dict) else None

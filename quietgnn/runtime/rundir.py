@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..safefiles import no_follow, temp_name
+from ..serial import loads_json
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -200,7 +201,7 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
         if summary.is_file():
             from .records import RunSummary
             try:
-                s = RunSummary.from_json(json.loads(summary.read_text()))
+                s = RunSummary.from_json(loads_json(summary.read_text()))
             except (OSError, ValueError, TypeError, AttributeError):   # unreadable: resume
                 s = None
             done = s.epochs if s is not None else None
@@ -334,7 +335,7 @@ def attempts(run_dir: Path) -> list[dict[str, Any]]:
     try:
         for line in (Path(run_dir) / "logs" / "attempts.jsonl").read_text().splitlines():
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
             except ValueError:
                 continue
             if isinstance(rec, dict):        # an edited line of another shape is skipped

@@ -15,7 +15,6 @@ broken connection (or time out) and fail in turn, so no rank hangs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 
 from ..errors import is_consequence, is_explained
 from ..safefiles import atomic_write, no_follow
+from ..serial import loads_json
 
 if TYPE_CHECKING:
     from ..partition import LocalPartition
@@ -222,7 +222,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         from .rundir import tee_stderr
         tee_stderr(run_dir, rank)
     try:
-        cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+        cfg = config_from_dict(loads_json((run_dir / "config.json").read_text()))
         run_worker(plan_worker(cfg, run_dir))
     except BaseException as exc:  # noqa: BLE001 - every failure must end this rank loudly
         if isinstance(exc, KeyboardInterrupt):
