@@ -190,6 +190,9 @@ def _torch_load(src: Any, what: str, fix: str) -> Any:
         return from_plain(obj)
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{what} holds a malformed tagged value ({exc}); {fix}") from None
+    except RecursionError:   # unpickling is iterative, so a list a million deep does load
+        raise ValueError(f"{what} holds values nested deeper than quietgnn follows, where "
+                         f"nothing it writes nests more than a few levels; {fix}") from None
 
 
 def loads_json(data: str | bytes) -> Any:

@@ -121,6 +121,31 @@ def test_plain_data_round_trips_exactly_and_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
+def test_values_nested_a_hundred_thousand_deep_are_refused_in_one_line(tmp_path):
+    """Unpickling is iterative, so a shard or message holding a list 100,000 deep loads; the
+    walk that restores numpy values was then a RecursionError and its traceback."""
+    import zipfile
+    n = 100_000
+    deep = b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b"."     # [[[...]]], built iteratively
+    with zipfile.ZipFile(io.BytesIO(serial.save_bytes([1]))) as z:
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as w:
+            for info in z.infolist():
+                w.writestr(info, deep if info.filename.endswith("data.pkl") else
+                           z.read(info.filename))
+    f = tmp_path / "rank-0.pt"
+    f.write_bytes(out.getvalue())
+    with pytest.raises(ValueError) as ei:
+        serial.load_file(f, "checkpoint shard", "fix")
+    assert str(ei.value) == (f"checkpoint shard {str(f)!r} holds values nested deeper than "
+                             f"quietgnn follows, where nothing it writes nests more than a few "
+                             f"levels; fix")
+    with pytest.raises(ValueError, match=r"^the message holds values nested deeper"):
+        serial.loads(b"T" + f.read_bytes(), "the message")
+    with pytest.raises(ValueError, match=r"^the message is not valid JSON \(nested deeper"):
+        serial.loads(b"J" + b"[" * n + b"]" * n, "the message")
+
+
 # ---------------------------------------------------------------------- item 1: checkpoints
 def _state(epoch):
     return {"epoch": epoch, "config": CFG, "book_id": "b", "strategy": {"w": torch.ones(2)}}
