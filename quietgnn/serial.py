@@ -195,15 +195,32 @@ def _torch_load(src: Any, what: str, fix: str) -> Any:
                          f"nothing it writes nests more than a few levels; {fix}") from None
 
 
+#: the deepest JSON :func:`loads_json` returns: quietgnn's own files nest a few levels, and a
+#: value ~990 deep, which the parser still reads, would overflow the next recursive reader
+MAX_JSON_DEPTH = 64
+
+
 def loads_json(data: str | bytes) -> Any:
-    """JSON read from a file or received from a peer. Nesting deeper than the parser's stack
-    (``[[[[…`` a hundred thousand deep, a few hundred kilobytes) is a ``json.JSONDecodeError``
-    like any other damaged JSON, never a ``RecursionError`` past every reader's handler."""
+    """JSON read from a file or received from a peer. Nesting deeper than
+    :data:`MAX_JSON_DEPTH` (``[[[[…`` a hundred thousand deep: a few hundred kilobytes) is a
+    ``json.JSONDecodeError`` like any other damaged JSON, never a ``RecursionError`` past
+    every reader's handler, here or in whatever walks the value next."""
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except RecursionError:
-        raise JSONNestedTooDeep("nested deeper than a JSON reader can follow, where no quietgnn file "
-                       "nests more than a few levels", "", 0) from None
+        value = None
+    else:
+        stack = [(value, 1)]          # (container, its depth): walked without recursion
+        while stack:
+            v, depth = stack.pop()
+            if depth > MAX_JSON_DEPTH:
+                break
+            items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+            stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list)))
+        else:
+            return value
+    raise JSONNestedTooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels, where no quietgnn "
+                            f"file nests more than a few", "", 0)
 
 
 class JSONNestedTooDeep(json.JSONDecodeError):

@@ -418,14 +418,20 @@ def test_json_nested_too_deep_is_damage_in_every_file_quietgnn_reads(tmp_path, s
     from quietgnn.partition.shards import read_part
     from quietgnn.runtime.checkpoint import _read_marker
     from quietgnn.runtime.metrics import metrics_lines
+    from quietgnn.serial import MAX_JSON_DEPTH, loads_json
+    # ~990 deep still parses, and would overflow the next recursive reader: capped at 64
+    ok = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert loads_json(f'{{"a": 1, "b": {ok[1:-1]}}}')["a"] == 1
+    with pytest.raises(ValueError, match="^nested deeper than 64 levels"):
+        loads_json(f'{{"a": 1, "b": {ok}}}')
     book = tmp_path / "book"
     shutil.copytree(syn_book, book)
     (book / "part-0" / "part.json").write_text(DEEP)
     with pytest.raises(ValueError, match=r"part-0/part.json' is unreadable \(nested deeper "):
         read_part(book / "part-0")
     (book / "book.json").write_text(DEEP)
-    with pytest.raises(ValueError, match=r"book.json' is not valid JSON \(nested deeper than a "
-                                         r"JSON reader can follow, where no quietgnn file"):
+    with pytest.raises(ValueError, match=r"book.json' is not valid JSON \(nested deeper than 64 "
+                                         r"levels, where no quietgnn file nests more"):
         PartitionBook.open(book)
     ck = tmp_path / "epoch-000001"
     ck.mkdir()
