@@ -32,7 +32,8 @@ from typing import IO, Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes", "load_file", "loads_json"]
+__all__ = ["to_plain", "from_plain", "dumps", "loads", "save_bytes", "load_file", "loads_json",
+           "json_excerpt"]
 
 #: key of the tagged dict that stands for a numpy array or scalar
 NP_TAG = "__quietgnn_numpy__"
@@ -221,6 +222,13 @@ def loads_json(data: str | bytes) -> Any:
             return value
     raise JSONNestedTooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels, where no quietgnn "
                             f"file nests more than a few", "", 0)
+
+
+def json_excerpt(value: Any, limit: int = 60) -> str:
+    """A value read from JSON, for a one-line error: its JSON, cut to ``limit`` characters
+    (``…`` marks a cut), so a megabyte-long field does not become a megabyte of message."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class JSONNestedTooDeep(json.JSONDecodeError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runtime.records import RunSummary
-from ..serial import loads_json
+from ..serial import json_excerpt, loads_json
 from .matrix import Result
 from .projection import epoch_curve
 
@@ -89,7 +89,7 @@ def _wrong_type(v: Any, hint: Any, name: str) -> str:
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return _wrong_type(v, inner[0], name) if len(inner) == 1 else ""
-    shown = f"field {name!r} is {type(v).__name__} {json.dumps(v, default=str)[:60]}"
+    shown = f"field {name!r} is {type(v).__name__} {json_excerpt(v)}"
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(v, hint):
             return f"{shown}, expected a mapping"

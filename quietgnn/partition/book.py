@@ -31,7 +31,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..safefiles import outside
-from ..serial import loads_json
+from ..serial import json_excerpt, loads_json
 from .local import LocalPartition, iter_partitions, partition_stats
 from .partitioners import partition_nodes
 from .shards import PART_ARRAYS, read_part, write_part
@@ -387,7 +387,7 @@ def _check_fields(meta_path: Path, meta: dict[str, Any]) -> None:
 
     def check(key: str, v: Any, want: type) -> None:
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
-            raise ValueError(f"partition book {str(meta_path)!r}: {key} = {json.dumps(v)[:60]} "
+            raise ValueError(f"partition book {str(meta_path)!r}: {key} = {json_excerpt(v)} "
                              f"({type(v).__name__}), expected {_TYPE_WORDS[want]}; {fix}")
     for key, want in _FIELDS.items():
         check(key, meta[key], want)
@@ -402,7 +402,7 @@ def _check_fields(meta_path: Path, meta: dict[str, Any]) -> None:
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or \
                 not isinstance(info.get("sha256"), str):
             raise ValueError(f"partition book {str(meta_path)!r}: files[{name!r}] = "
-                             f"{json.dumps(info)[:60]}, expected {{\"bytes\": int, \"sha256\": "
+                             f"{json_excerpt(info)}, expected {{\"bytes\": int, \"sha256\": "
                              f"str}}; {fix}")
 
 

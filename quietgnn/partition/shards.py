@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..serial import loads_json
+from ..serial import json_excerpt, loads_json
 from .local import LocalPartition
 
 __all__ = ["write_part", "read_part", "check_part_arrays", "advise_access", "PART_ARRAYS"]
@@ -134,7 +134,7 @@ def _check_scalars(f: Path, scalars: Any) -> None:
         ok = isinstance(v, dict) if key == "meta" else isinstance(v, str) if low is None \
             else isinstance(v, int) and not isinstance(v, bool) and v >= low
         if not ok:
-            raise ValueError(f"partition file {str(f)!r}: {key} = {json.dumps(v)[:60]}, "
+            raise ValueError(f"partition file {str(f)!r}: {key} = {json_excerpt(v)}, "
                              f"expected {want}; {fix}")
     if scalars["rank"] >= scalars["num_parts"]:
         raise ValueError(f"partition file {str(f)!r}: rank = {scalars['rank']} is not below "

@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from ..safefiles import atomic_write, outside
-from ..serial import load_file, loads_json, save_bytes
+from ..serial import json_excerpt, load_file, loads_json, save_bytes
 
 from .identity import (ConfigLike, _features_differ, _incompatible, identity_differences,
                        run_identity)
@@ -169,7 +169,7 @@ def _marker_problem(d: Path, meta: dict[str, Any]) -> str:
     """What in a parsed marker has the wrong type or leads out of ``d`` ("" if nothing): the
     fields are used as they are, so each is checked before anything trusts it."""
     def shown(v: Any) -> str:
-        return f"{type(v).__name__} {json.dumps(v)[:60]}"
+        return f"{type(v).__name__} {json_excerpt(v)}"
     if not _is_int(meta["epoch"]) or meta["epoch"] != _epoch_of(d):
         return f"field 'epoch' is {shown(meta['epoch'])}, expected {_epoch_of(d)} (its directory)"
     if not _is_int(meta["world_size"]) or meta["world_size"] < 1:
