@@ -185,6 +185,23 @@ def test_npz_replaced_in_place_gets_a_new_book(tmp_path):
     assert PartitionBook.open(first).graph["fingerprint"] != new_graph.fingerprint()
 
 
+def test_the_file_hash_table_is_not_written_through_a_planted_link(tmp_path, monkeypatch):
+    """<cache>/file-hashes.json was written through the predictable temporary name
+    .file-hashes.json.<pid>: a link planted there redirected the write."""
+    from quietgnn.runtime.books import _content_sha256, cache_dir
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    (cache_dir() / f".file-hashes.json.{os.getpid()}").symlink_to(victim)
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    digest = _content_sha256(f)
+    assert victim.read_text() == "the user's file"
+    table = json.loads((cache_dir() / "file-hashes.json").read_text())
+    assert table[str(f.resolve())]["sha256"] == digest
+
+
 def test_edge_list_companion_replaced_gets_a_new_book(tmp_path):
     f = tmp_path / "g.txt"
     f.write_text("\n".join(f"{i} {(i * 7 + 1) % 40}" for i in range(40)) + "\n")

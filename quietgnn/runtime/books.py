@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import asdict
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import heap
 from ..heap import peak_rss_mb, rss_mb
+from ..safefiles import atomic_write
 from ..serial import loads_json
 
 if TYPE_CHECKING:
@@ -148,9 +148,7 @@ def _content_sha256(path: Path) -> str:
     table[str(path)] = {"stat": stamp, "sha256": digest}
     try:   # best effort, atomic (a concurrent run's entry may be lost: it is re-hashed later)
         table_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = table_path.with_name(f".{table_path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(table))
-        os.replace(tmp, table_path)
+        atomic_write(table_path, json.dumps(table).encode())    # never through a planted link
     except OSError:
         pass
     return digest
