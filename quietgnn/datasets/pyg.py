@@ -22,6 +22,7 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +176,7 @@ def _downloaded(spec: _Spec, root: Path) -> Path:
             return raw
         if os.environ.get("QUIETGNN_OFFLINE", "") not in ("", "0"):
             raise _missing_error(spec, root, None)
-        tmp = entry / f"download.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = Path(tempfile.mkdtemp(prefix="download.tmp", dir=entry))   # a new, unguessable name
         try:
             import torch_geometric.datasets as pyg_datasets
             from torch_geometric.data import download_url
