@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["claim_run_dir", "release_run_dir", "holds_run_dir", "remove_if_empty",
            "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt",
-           "attempts", "tee_stderr", "restart_count"]
+           "attempts", "attempt_totals", "tee_stderr", "restart_count"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
@@ -343,6 +343,16 @@ def attempts(run_dir: Path) -> list[dict[str, Any]]:
     except OSError:
         pass
     return out
+
+
+def attempt_totals(run_dir: Path, wall: float) -> dict[str, Any]:
+    """How many attempts the run took (torchrun restarts, ``--resume`` invocations) and the
+    wall seconds since the first one started (restarts, and any pause between a crash and the
+    resume, included); ``wall`` (the summary's ``wall_seconds``) is the last attempt's alone."""
+    found = attempts(run_dir)
+    starts = [a["start"] for a in found if isinstance(a.get("start"), (int, float))]
+    total = max(wall, time.time() - min(starts)) if starts else wall
+    return {"attempts": max(1, len(found)), "wall_seconds_total": total}
 
 
 # ---------------------------------------------------------------------- per-rank logs

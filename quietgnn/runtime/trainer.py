@@ -33,7 +33,7 @@ from .identity import check_resume_epochs
 from .metrics import (MetricsWriter, human_bytes, peak_gpu_mb, peak_rss_mb, summarize_ops,
                       truncate_metrics)
 from .records import EpochRecord, RunSummary, SetupRecord
-from .rundir import write_json
+from .rundir import attempt_totals, write_json
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -427,7 +427,7 @@ class Trainer:
             # what the progress line shows: rank 0's training bytes sent per epoch-equivalent
             rank0_train_bytes_per_epoch=sum(e["train_sent"] for e in hist[0]) / per
             if per else 0.0,
-            eval_bytes=eval_bytes, wall_seconds=wall, **_attempts(self.run_dir, wall),
+            eval_bytes=eval_bytes, wall_seconds=wall, **attempt_totals(self.run_dir, wall),
             compute_seconds=compute,
             peak_rss_mb=max(e["peak_rss_mb"] for h in hist for e in h) if n_ep else 0.0,
             peak_gpu_mb=max((h["peak_gpu_mb"] for h in everyone if "peak_gpu_mb" in h),
@@ -489,13 +489,3 @@ def _residency(level: str, everyone: list[dict[str, Any]]) -> dict[str, Any]:
     return {"residency": level, "bytes_sent_by_class": dict(sorted(total.items())),
             "bytes_sent_by_class_per_rank": per_rank}
 
-
-def _attempts(run_dir: Path, wall: float) -> dict[str, Any]:
-    """How many attempts the run took (torchrun restarts, ``--resume`` invocations) and the
-    wall seconds since the first one started (restarts, and any pause between a crash and the
-    resume, included); ``wall_seconds`` is the last attempt's alone."""
-    from .rundir import attempts
-    found = attempts(run_dir)
-    starts = [a["start"] for a in found if isinstance(a.get("start"), (int, float))]
-    total = max(wall, time.time() - min(starts)) if starts else wall
-    return {"attempts": max(1, len(found)), "wall_seconds_total": total}
