@@ -255,3 +255,33 @@ def test_cli_refuses_halo_under_features_in_one_line(tmp_path):
     assert "residency: none, features, strict" in row
     assert "residency: none]" in [x for x in lst.stdout.splitlines()
                                   if x.startswith("halo")][0]
+
+
+def test_a_book_is_checked_by_its_own_partitioner_not_the_command_lines(tmp_path):
+    """--partitioner given --partition.file SITES beside a METIS --book passed the residency
+    check (it read the command line) and trained on the METIS parts, the summary saying
+    'given'; a --partition.file other than the book's was ignored. Both paths that open a
+    configured book (the launcher's resolve_book, a torchrun rank) now check the book."""
+    from quietgnn.datasets import load_dataset
+    from quietgnn.partition import PartitionBook, make_book
+    from quietgnn.runtime.books import check_book_partition
+    graph = load_dataset("synthetic", synthetic={"nodes": 300, "feature_dim": 8})
+    sites = np.arange(300) % 2
+    np.save(tmp_path / "sites.npy", sites)
+    np.save(tmp_path / "other.npy", 1 - sites)
+    metis = make_book(tmp_path / "metis", graph, "metis", 2)
+    given = make_book(tmp_path / "given", graph, "given", 2, file=str(tmp_path / "sites.npy"))
+    cfg = _cfg("retexo", "features", file=str(tmp_path / "sites.npy"))
+    with pytest.raises(ValueError, match=r"^--partitioner given does not match the partition "
+                                         r"book '.*metis', which was partitioned with metis"):
+        check_book_partition(metis, cfg)
+    check_book_partition(given, cfg)        # its own sites: trains
+    with pytest.raises(ValueError, match=r"^--partition.file '.*other.npy' is not the "
+                                         r"assignment the partition book '.*given' was made"):
+        check_book_partition(given, _cfg("retexo", "features", file=str(tmp_path / "other.npy")))
+    # no partitioner on the command line: the book's is checked against the level
+    bare = load_config(None, {"strategy": "retexo", "partition": {"parts": 2,
+                                                                  "book": str(metis.path)}})
+    bare.runtime.residency = "features"
+    with pytest.raises(ValueError, match=r"partitioner 'metis' would place nodes"):
+        check_book_partition(PartitionBook.open(metis.path), bare)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ..config import RunConfig
 
 __all__ = ["cache_dir", "dataset_identity_of", "partition_key", "cached_book_path",
-           "resolve_book", "prepare_book", "check_book_dataset", "release_free_memory"]
+           "resolve_book", "prepare_book", "check_book_dataset", "check_book_partition",
+           "release_free_memory"]
 
 
 def cache_dir() -> Path:
@@ -83,6 +84,7 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
                              f"but the run asks for {cfg.num_parts}; pass --parts "
                              f"{book.num_parts} or re-partition")
         _check_book_files(book)
+        check_book_partition(book, cfg)
         if not cfg.dataset.prepared:   # prepared: the book *is* the dataset
             check_book_dataset(book, cfg, load=True, identity=identity)
         return Path(cfg.partition.book), None
@@ -152,6 +154,37 @@ def _content_sha256(path: Path) -> str:
     except OSError:
         pass
     return digest
+
+
+def check_book_partition(book: Any, cfg: RunConfig) -> None:
+    """A configured book's partition is the run's, whatever the command line says: an explicit
+    ``--partitioner`` or ``--partition.file`` must be the book's (they were silently ignored),
+    and the residency level is checked against the book's partitioner, not the command line's
+    (``--partitioner given`` beside a METIS book passed a residency run that placed nodes)."""
+    from ..partition.partitioners import read_assignment
+    from ..strategies.base import check_residency
+    where, part = str(book.path), cfg.partition
+    if part.method and part.method != book.method:
+        raise ValueError(f"--partitioner {part.method} does not match the partition book "
+                         f"{where!r}, which was partitioned with {book.method}; leave out "
+                         f"--partitioner, or pass a book made with it")
+    if part.file and (book.method != "given" or not _same_assignment(
+            read_assignment(part.file), book.mapped("assignment.npy"))):
+        raise ValueError(f"--partition.file {str(part.file)!r} is not the assignment the "
+                         f"partition book {where!r} was made with ({book.method}); leave out "
+                         f"--partition.file, or pass a book made from that file")
+    check_residency(cfg.strategy_cls, cfg.runtime.residency, book.method)
+
+
+def _same_assignment(given: Any, have: Any) -> bool:
+    """``given`` equals the mapped ``have``, compared in blocks (``have`` is never read whole)."""
+    import numpy as np
+    given = np.asarray(given).reshape(-1)
+    if given.shape != have.shape:
+        return False
+    step = 1 << 22
+    return all(np.array_equal(given[i:i + step], have[i:i + step])
+               for i in range(0, len(have), step))
 
 
 def check_book_dataset(book: Any, cfg: RunConfig, load: bool,

@@ -81,11 +81,13 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
     cfg = plan.cfg
     if plan.book is not None:
         opened = PartitionBook.open(plan.book)
-        if not plan.book_checked and not cfg.dataset.prepared:
+        if not plan.book_checked:
             # torchrun (no launcher, whose plan_run checked the book against the loaded
             # dataset before handing it over): check what is known without loading the graph
-            from .books import check_book_dataset
-            check_book_dataset(opened, cfg, load=False, identity=plan.dataset)
+            from .books import check_book_dataset, check_book_partition
+            check_book_partition(opened, cfg)
+            if not cfg.dataset.prepared:
+                check_book_dataset(opened, cfg, load=False, identity=plan.dataset)
         # a strategy that converts the rows it reads gets the part as stored (mapped, narrow)
         return opened.load_part(rank, world,
                                 stored=cfg.strategy_cls.reads_stored_part(cfg.options))
