@@ -285,3 +285,27 @@ def test_a_book_is_checked_by_its_own_partitioner_not_the_command_lines(tmp_path
     bare.runtime.residency = "features"
     with pytest.raises(ValueError, match=r"partitioner 'metis' would place nodes"):
         check_book_partition(PartitionBook.open(metis.path), bare)
+
+
+def test_several_hosts_under_a_level_need_each_sites_own_part(tmp_path, monkeypatch):
+    """Under torchrun on several hosts without --data, every rank loaded the whole graph (all
+    sites' features and labels) to partition it in process; refused, before any load."""
+    import quietgnn.datasets as datasets
+    from quietgnn.runtime.plan import plan_worker
+    from quietgnn.runtime.worker import load_local_partition
+    np.save(tmp_path / "sites.npy", np.arange(300) % 2)
+    cfg = load_config(None, {"strategy": "retexo", "runtime": {"residency": "features"},
+                             "synthetic": {"nodes": 300},
+                             "partition": {"method": "given", "parts": 2,
+                                           "file": str(tmp_path / "sites.npy")}})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+
+    def loaded(*a, **k):
+        raise AssertionError("the whole graph was loaded")
+    monkeypatch.setattr(datasets, "load_dataset", loaded)
+    with pytest.raises(ValueError, match=r"^runtime.residency = features on several hosts "
+                                         r"needs each site's own part: without --data"):
+        load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")     # one host holds both sites: allowed
+    with pytest.raises(AssertionError, match="whole graph was loaded"):
+        load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)

@@ -91,6 +91,14 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
         # a strategy that converts the rows it reads gets the part as stored (mapped, narrow)
         return opened.load_part(rank, world,
                                 stored=cfg.strategy_cls.reads_stored_part(cfg.options))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cfg.runtime.residency != "none" and local < world:
+        raise ValueError(f"runtime.residency = {cfg.runtime.residency} on several hosts needs "
+                         f"each site's own part: without --data every rank loads the whole "
+                         f"graph ({cfg.dataset.name}) and partitions it, so every host would "
+                         f"hold every site's features and labels; prepare the graph with "
+                         f"--partitioner given where that is allowed and give each host its "
+                         f"book.json and part-<rank>/ (--data DIR)")
     from ..datasets import load_dataset
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
