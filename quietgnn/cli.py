@@ -56,14 +56,22 @@ def _split_overrides(tokens: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _config(args: argparse.Namespace, rest: list[str],
-            defaults: dict | None = None) -> RunConfig:
+def _config(args: argparse.Namespace, rest: list[str], defaults: dict | None = None,
+            for_prepare: bool = False) -> RunConfig:
     from .config import load_config, parse_overrides
     pairs = _split_overrides(rest)
     if args.strategy:
         pairs.insert(0, ("strategy", args.strategy))
     overrides = parse_overrides(pairs)
+    # a prepare trains no strategy: its residency level is its own rule (run_prepare), not
+    # the training strategy's (which refused the default 'halo' under any level)
+    level = (overrides.get("runtime") or {}).pop("residency", None) if for_prepare else None
     cfg = load_config(args.config, overrides, defaults=defaults)
+    if level is not None:
+        from .comm.traffic import LEVELS
+        if level not in LEVELS:
+            raise ValueError(f"runtime.residency = {level!r}; expected one of {list(LEVELS)}")
+        cfg.runtime.residency = level
     asked = (overrides.get("partition") or {}).get("parts")
     if asked is not None and asked != cfg.num_parts:
         # said, not refused: a script passes one --parts to every strategy it compares
@@ -158,7 +166,7 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     # the streamed generator's graphs are the large ones the strategies are compared on: its
     # default is the preset where they can be told apart (a recipe or --synthetic.* wins)
     defaults = {"synthetic": {"preset": "hard"}} if args.source == "synthetic" else None
-    return run_prepare(args, _config(args, rest, defaults), rest,
+    return run_prepare(args, _config(args, rest, defaults, for_prepare=True), rest,
                        under_torchrun=_under_torchrun())
 
 

@@ -290,11 +290,12 @@ def test_ids_out_of_range_and_ranks_that_disagree_fail_on_every_rank(tmp_path):
                              "dst": e1.column(1)}), tmp_path / "edges-1.parquet")
     for rc, o, e in _ranks(argv, tmp_path):
         assert rc == 2 and "rank 1:" in e and "edges-1.parquet" in e and "integer" in e, e
-    # a residency level: the gather to rank 0 would break it, so it is refused up front
-    for rc, o, e in _ranks(argv + ["--runtime.residency", "features", "--strategy", "retexo",
-                                   "--partitioner", "given"],
-                           tmp_path):
+    # a residency level: the gather to rank 0 would break it, so it is refused up front, by
+    # the prepare's own rule (not the default training strategy's), and never advising to
+    # leave the level out for the prepare (which would send the labels all the same)
+    for rc, o, e in _ranks(argv + ["--runtime.residency", "features"], tmp_path):
         assert rc == 2 and "--runtime.residency features" in e and "rank 0" in e, e
+        assert "prepare the graph in one process" in e and "leave residency" not in e, e
     # a NaN feature in one rank's node table: refused on every rank, as one process refuses it
     _slices(tmp_path, n=60, seed=1)
     t1 = pq.read_table(tmp_path / "nodes-1.parquet")

@@ -309,3 +309,23 @@ def test_several_hosts_under_a_level_need_each_sites_own_part(tmp_path, monkeypa
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")     # one host holds both sites: allowed
     with pytest.raises(AssertionError, match="whole graph was loaded"):
         load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)
+
+
+def test_prepare_under_a_level_keeps_sites_and_is_judged_by_its_own_rule(tmp_path, capsys):
+    """`prepare --runtime.residency features` was refused because the default *training*
+    strategy (halo) needs raw features; a prepare trains nothing. In one process it now
+    prepares a `given` graph, and refuses a partitioner that would place nodes."""
+    from quietgnn.cli import main
+    from quietgnn.partition import PartitionBook
+    np.save(tmp_path / "sites.npy", np.arange(300) % 2)
+    base = ["prepare", "--dataset", "synthetic", "--synthetic.nodes", "300", "--parts", "2",
+            "--runtime.residency", "features"]
+    assert main(base + ["--out", str(tmp_path / "metis")]) == 2
+    err = capsys.readouterr().err
+    assert "partitioner 'metis' would place nodes; prepare with --partitioner given" in err
+    assert "strategy 'halo'" not in err and not (tmp_path / "metis").exists()
+    assert main(base + ["--partitioner", "given", "--partition.file",
+                        str(tmp_path / "sites.npy"), "--out", str(tmp_path / "given")]) == 0
+    assert PartitionBook.open(tmp_path / "given").method == "given"
+    assert main(base[:-1] + ["maybe", "--out", str(tmp_path / "x")]) == 2
+    assert "runtime.residency = 'maybe'; expected one of" in capsys.readouterr().err

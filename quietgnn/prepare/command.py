@@ -35,6 +35,12 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
         raise ValueError(f"--dataset.split {cfg.dataset.split}: an out-of-core prepare "
                          f"draws the standard split as it streams; prepare in memory (a "
                          f"dataset name, no --edges / --nodes) for another split")
+    if cfg.runtime.residency != "none" and not under_torchrun and \
+            cfg.partition_method != "given":      # (under torchrun: refused, below)
+        raise ValueError(f"--runtime.residency {cfg.runtime.residency} keeps each node's data "
+                         f"on the site that holds it, but partitioner {cfg.partition_method!r} "
+                         f"would place nodes; prepare with --partitioner given "
+                         f"--partition.file SITES (the site of each node)")
     try:
         if under_torchrun:
             return _prepare_distributed(args, cfg, rest)
@@ -198,8 +204,9 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
         raise ValueError(f"--runtime.residency {cfg.runtime.residency}: the distributed prepare "
                          f"sends every rank's labels, split codes and edge sources to rank 0 "
                          f"(for the graph's fingerprint), which that level forbids; prepare "
-                         f"each site's graph where it may be read whole, or leave residency "
-                         f"out for the prepare and set it when you train")
+                         f"the graph in one process where it may be read whole (quietgnn "
+                         f"prepare --partitioner given --partition.file SITES), then give each "
+                         f"site its book.json and part-<rank>/")
 
     def given(*keys: str) -> bool:
         return any(t.split("=")[0] in keys for t in rest)
