@@ -227,6 +227,7 @@ def _adaptive_run(comm, graph, parts, epochs):
         after = s.train_epoch(epochs)
     last = comm.take_records()
     kinds = sorted({(r.kind, r.phase) for r in recs + last})
+    carried = sorted({(r.kind, r.carries) for r in recs + last})
     # mixed widths on the wire: every exchange of that epoch sends what the formula says
     # the cached input rows (layer 0 forward) are never sent, so have no width on the wire
     keys = [k for k in s.ex.keys(s.L) if not (k == ("f", 0) and s.halo_x is not None)]
@@ -249,7 +250,7 @@ def _adaptive_run(comm, graph, parts, epochs):
         again = s2.train_epoch(epochs)
     widths = {k: {side: [t.tolist() for t in v] for side, v in d.items()}
               for k, d in s.ex.widths.items()}
-    return {"hist": hist, "widths": widths, "kinds": kinds, "losses": losses,
+    return {"hist": hist, "widths": widths, "kinds": kinds, "carried": carried, "losses": losses,
             "resume": (after.loss, again.loss), "wire": wire}
 
 
@@ -266,6 +267,9 @@ def test_adaptive_assignment_is_consistent_and_resumable(p4):
         # the assignment is training traffic; nothing else is sent
         assert r["kinds"] == [("adaqp_assign", "train"), ("adaqp_bwd", "train"),
                               ("adaqp_fwd", "train"), ("grad_allreduce", "train")]
+        # the assignment's sums and widths come from the rows' own values (raw features at
+        # layer 0): they travel as features, not as control or structure
+        assert [c for k, c in r["carried"] if k == "adaqp_assign"] == ["features"]
         # bytes per exchange = sum over rows of ceil(b D / 8) + 4 at each row's own width;
         # forward exchanges in layer order, then backward from the last layer down
         w = r["wire"]

@@ -374,8 +374,10 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
                                  "prepare_control", carries=Traffic.CONTROL)
     nodes_, edges_, halos, cuts = ([p[i] for p in per] for i in range(4))
     whole = FeaturesDigest(F)      # every rank's share of the features' digest, summed
+    # a share is a linear function of the rank's feature bits (one node's row comes back
+    # from it exactly), so it travels as what it is derived from
     for rows, acc in comm.all_gather_object((digest.rows, digest.acc.tobytes()),
-                                            "prepare_control", carries=Traffic.CONTROL):
+                                            "prepare_control", carries=Traffic.FEATURES):
         whole.merge(rows, acc)
     stats = {"num_parts": P, "nodes": nodes_, "edges": edges_, "halo": halos,
              "edge_cut": sum(cuts),

@@ -121,11 +121,13 @@ class Assignment:
             grp = torch.arange(order.numel()) // gs
             sums[off:off + g] = torch.zeros(g, dtype=torch.float64).index_add_(
                 0, grp, sig[order]).float()
-        comm.all_reduce(sums, "adaqp_assign", carries=Traffic.CONTROL)   # group sums
+        # group sums of each row's value range (a group may be one row): derived from the
+        # rows themselves, raw features at layer 0, so they travel as those
+        comm.all_reduce(sums, "adaqp_assign", carries=Traffic.FEATURES)
         codes = torch.zeros(self.total_groups, dtype=torch.uint8)
         if r == 0:
             codes = self._solve(sums.double().numpy())
-        comm.broadcast(codes, 0, "adaqp_assign", carries=Traffic.CONTROL)
+        comm.broadcast(codes, 0, "adaqp_assign", carries=Traffic.FEATURES)   # (from the sums)
         widths = _WIDTH[codes.long()]
         # receivers: expand groups to rows, then tell every sender the widths of its rows
         for key, src, dst, off, g in self.layout:
@@ -139,8 +141,8 @@ class Assignment:
         send = [torch.cat([ex.widths[k]["recv"][j] for k in keys]).to(torch.uint8) if j != r
                 else torch.zeros(0, dtype=torch.uint8) for j in range(P)]
         rc = [0 if j == r else sum(ex.rows(k, "send")[j] for k in keys) for j in range(P)]
-        # one width per row, from that row's own values
-        got = comm.all_to_all(send, "adaqp_assign", rc, carries=Traffic.STRUCTURE)
+        # one width per row, from that row's own values (so: as the sums above)
+        got = comm.all_to_all(send, "adaqp_assign", rc, carries=Traffic.FEATURES)
         for j in range(P):
             if j == r:
                 continue
