@@ -329,3 +329,20 @@ def test_prepare_under_a_level_keeps_sites_and_is_judged_by_its_own_rule(tmp_pat
     assert PartitionBook.open(tmp_path / "given").method == "given"
     assert main(base[:-1] + ["maybe", "--out", str(tmp_path / "x")]) == 2
     assert "runtime.residency = 'maybe'; expected one of" in capsys.readouterr().err
+
+
+def test_a_site_with_few_training_nodes_is_told_its_gradients_reveal_them(capsys):
+    """With one training node, a site's shared gradient gives away its label and feature row
+    (the level keeps only raw rows off the wire): said in that rank's own log."""
+    from quietgnn.runtime.worker import FEW_TRAINING_NODES, note_few_training_nodes
+    part = _parts(2)[1][1]
+    part.train_mask[:] = False
+    part.train_mask[:1] = True
+    note_few_training_nodes(part, "features", 1)
+    err = capsys.readouterr().err
+    assert err.startswith("note: rank 1 holds 1 training node(s): under runtime.residency "
+                          "features") and "reveal their labels and features" in err
+    note_few_training_nodes(part, "none", 1)                    # no level: nothing promised
+    part.train_mask[:FEW_TRAINING_NODES] = True
+    note_few_training_nodes(part, "strict", 1)
+    assert capsys.readouterr().err == ""

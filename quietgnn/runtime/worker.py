@@ -110,6 +110,21 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
     return build_partitions(graph, parts, ranks=[rank], book_id=book_id)[0]
 
 
+#: below this many training nodes a site's shared gradients are a near copy of their data
+FEW_TRAINING_NODES = 10
+
+
+def note_few_training_nodes(part: LocalPartition, level: str, rank: int) -> None:
+    """Under a residency level, say in this rank's own log (it is this site's data that its
+    gradients give away) when it holds fewer than :data:`FEW_TRAINING_NODES` training nodes."""
+    few = int(part.train_mask.sum())
+    if level != "none" and few < FEW_TRAINING_NODES:
+        print(f"note: rank {rank} holds {few} training node(s): under runtime.residency "
+              f"{level} their raw rows stay here, but the gradients this rank shares reveal "
+              f"their labels and features (docs: Data residency, what a level does not "
+              f"cover)", file=sys.stderr, flush=True)
+
+
 def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, Any]]:
     """Train this rank's share of ``plan``; returns the run summary on rank 0 (None
     elsewhere). ``write_config``: rank 0 writes ``config.json`` (under torchrun; the local
@@ -156,6 +171,7 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
     if write_config and rank == 0:      # never through a link planted in the run directory
         atomic_write(run_dir / "config.json", cfg.to_json().encode())
     part = load_local_partition(plan, rank, world)
+    note_few_training_nodes(part, cfg.runtime.residency, rank)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     summary = train_on(comm, part, cfg, run_dir, log=log, device=device).summary
     comm.close()
