@@ -241,3 +241,7 @@ def test_ranks_that_failed_because_a_peer_did_are_one_line_beside_the_cause(tmp_
     (logs / "rank-1.error").write_text(gone.format(r=1))
     text = describe_failures(tmp_path, [(0, 1, 0.0), (1, 1, 0.0), (2, 1, 0.0)], [], 5.0)
     assert text.count("Connection reset") == 3
+    # a rank killed without a word is the headline, though a survivor's error was seen first
+    (logs / "rank-1.error").unlink()
+    text = describe_failures(tmp_path, [(0, 1, 0.0), (2, 1, 0.0), (1, -9, 0.0)], [], 5.0)
+    assert text.splitlines()[0].startswith("rank 1 was killed by signal SIGKILL"), text

@@ -183,7 +183,10 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
     # which epoch, lost it is all that is known of where it stopped
     causes = sorted(r for r, t in texts.items() if t and not is_consequence(t))
     caused = [r for r, t in texts.items() if t and is_consequence(t)] if causes else []
-    for r, rc, _ in failed:
+    # the first line is the run's headline: a rank that lost its peer (CommError) comes after
+    # the ranks that failed of their own, or were killed without a word, whatever the order
+    # the launcher saw them end in (a survivor's error can land before the kill is reaped)
+    for r, rc, _ in sorted(failed, key=lambda f: is_consequence(texts.get(f[0]) or "")):
         if r in stuck or r in caused:
             continue
         text = texts[r]
