@@ -126,8 +126,10 @@ def test_an_attempt_that_trained_no_epoch_does_not_hold_its_name(tmp_path, capsy
         (run_dir / "metrics").mkdir(exist_ok=True)
         (run_dir / "config.json").write_text("{}")
         (run_dir / held).write_text('{"epoch": 0, "phase": "train"}\n')
-        with pytest.raises(ValueError, match="already holds a run"):
+        with pytest.raises(ValueError, match="already holds a run") as ei:
             claim_run_dir(cfg, run_dir, lock=False)
+        # no checkpoint: --resume is not offered (it would only meet "nothing to continue")
+        assert "--resume" not in str(ei.value) and "--runtime.overwrite true" in str(ei.value)
         (run_dir / held).unlink()
 
 

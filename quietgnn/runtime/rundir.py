@@ -236,10 +236,17 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
     if rt.overwrite:
         _clear(run_dir)
         return
+    # --resume is offered only where it would find something to continue from
+    if not committed_checkpoints(run_dir / "checkpoints"):
+        resume = ""
+    elif (run_dir / "summary.json").is_file():
+        resume = "--resume with more --epochs to train it further, "
+    else:
+        resume = "--resume to continue it, "
     raise ValueError(
         f"run directory {str(run_dir)!r} already holds a run ({', '.join(found)}); pass "
-        f"--resume to continue it, another --run-name (or --out) for a new run, or "
-        f"--runtime.overwrite true to replace it")
+        f"{resume}another --run-name (or --out) for a new run, or --runtime.overwrite true to "
+        f"replace it")
 
 
 def _no_checkpoint(ckpt_dir: Path) -> tuple[str, str]:
