@@ -41,7 +41,9 @@ class DataConfig:
 
     #: a built-in dataset (``quietgnn datasets``), or a path to your .npz / edge list file
     name: str = "synthetic"
-    root: Optional[str] = None        # directory holding the dataset's files (downloads go here)
+    #: directory holding the dataset's files (only read: files missing there are downloaded
+    #: into ``$QUIETGNN_CACHE``)
+    root: Optional[str] = None
     split_seed: int = 0               # seed of the random train/val/test split (no standard one)
     #: ``standard`` (the dataset's own split, else random 60/20/20), or ``per_class:K:V``: K
     #: random training nodes of every class, V validation nodes among the rest, every other
