@@ -239,8 +239,11 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
         for rec in comm.records:
             sent[rec.kind] = sent.get(rec.kind, 0) + rec.bytes_sent
         comm.close()
-    print(f"rank {rank} sent {sum(sent.values())} bytes: " +
-          " ".join(f"{k}={v}" for k, v in sorted(sent.items())), file=sys.stderr, flush=True)
+    # one write, newline included: print's text and its end are two writes, and the ranks'
+    # lines, sharing one terminal, ran together ("prepare_rounds=32rank 1 sent ...")
+    sys.stderr.write(f"rank {rank} sent {sum(sent.values())} bytes: "
+                     + " ".join(f"{k}={v}" for k, v in sorted(sent.items())) + "\n")
+    sys.stderr.flush()
     if rank == 0:
         g, st = book.graph, book.stats
         print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "

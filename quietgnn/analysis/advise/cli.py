@@ -59,10 +59,10 @@ def cli_main(argv: Sequence[str]) -> int:
                     help="config key for every probe run, e.g. model.hidden=128 (repeatable)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-extend", action="store_true",
-                    help="do not run on the probes of the strategies whose epochs are like "
-                         "centralized's until they reach the target (quicker, at most one "
-                         "centralized run's compute less; the measured table alone predicts "
-                         "their work)")
+                    help="stop the probes of the strategies whose epochs are like "
+                         "centralized's at the probe's length instead of running them on "
+                         "until they reach the target: the measured table alone predicts "
+                         "their work (quicker by up to one centralized run's compute)")
     args = ap.parse_args(list(argv))
     try:
         from ..bench import _kv
