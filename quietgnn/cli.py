@@ -89,8 +89,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     from .runtime.metrics import human_bytes
     from .runtime.records import RunSummary
     s = RunSummary.from_json(summary)
-    print(f"quietgnn: {s.strategy} on {s.dataset} | {s.parts} part(s) "
-          f"({s.partitioner}) | {s.model} {s.layers}x{s.hidden}")
+    parts = f"{s.parts} parts ({s.partitioner})" if s.parts > 1 else "1 part (the whole graph)"
+    print(f"quietgnn: {s.strategy} on {s.dataset} | {parts} | {s.model} {s.layers}x{s.hidden}")
     eq = s.epochs if s.epoch_equivalents is None else s.epoch_equivalents
     work = "" if abs(eq - s.epochs) < 1e-9 else f", {eq:g} epoch-equivalents of work"
     print(f"  test accuracy   {s.test_acc:.4f}  (best val {s.val_acc:.4f} at epoch "
