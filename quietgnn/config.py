@@ -185,7 +185,9 @@ class RunConfig:
                             for k, v in self.options.items()}
         if self.options is None or isinstance(self.options, dict):
             self.options = options_from_dict(cls, self.options or {})
-        check_residency(cls, self.runtime.residency, self.partition_method)
+        # a book's partitioner is checked where the book is opened (books.check_book_partition)
+        check_residency(cls, self.runtime.residency,
+                        None if self.partition.book else self.partition_method)
         cls.check_model(self.options, self.model)
         if not self.partition.book:   # a book's partitioner is checked where it is opened
             cls.check_partition(self.options, self.partition_method)

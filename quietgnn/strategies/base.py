@@ -326,9 +326,10 @@ def options_from_dict(cls: type[Strategy], values: dict[str, Any]) -> Any:
     return cls.Options(**values)
 
 
-def check_residency(cls: type[Strategy], level: str, partition_method: str) -> None:
+def check_residency(cls: type[Strategy], level: str, partition_method: Optional[str]) -> None:
     """Refuse, in one line, a strategy that needs traffic ``level`` forbids, or a partitioner
-    that would move nodes away from where their data lives."""
+    that would move nodes away from where their data lives (None: a configured book's, checked
+    where the book is opened)."""
     if level not in LEVELS:
         raise ValueError(f"runtime.residency = {level!r}; expected one of {list(LEVELS)}")
     if level == "none":
@@ -338,7 +339,7 @@ def check_residency(cls: type[Strategy], level: str, partition_method: str) -> N
         raise ValueError(f"runtime.residency = {level}: strategy {cls.name!r} "
                          f"{cls.residency_traffic}, which {level} forbids; strategies allowed "
                          f"under {level}: {', '.join(ok) or 'none'}")
-    if partition_method != "given":
+    if partition_method not in (None, "given"):
         raise ValueError(f"runtime.residency = {level} keeps each node's data on the site that "
                          f"holds it, but partitioner {partition_method!r} would place nodes; "
                          f"pass --partitioner given --partition.file ASSIGNMENT (the site of "
