@@ -604,3 +604,41 @@ def test_a_link_planted_after_the_claim_is_not_followed(tmp_path):
     with pytest.raises(OSError):
         record_attempt(run_dir)
     assert victim.read_text() == "keep"
+
+
+def test_ranks_started_with_different_settings_are_refused_by_name():
+    """Under torchrun each rank builds its config from its own command line: another --lr on
+    one rank trained silently, another --epochs or checkpoint_every hung in a collective, and
+    another --model.hidden aborted gloo. Every rank now compares a digest at set-up."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.identity import check_ranks_agree, rank_settings, settings_digest
+
+    class Comm:     # all_gather_object as every rank sees it, each rank with its own config
+        def __init__(self, *cfgs):
+            self.settings, self.ops = [rank_settings(c) for c in cfgs], []
+
+        def all_gather_object(self, obj, kind, carries):
+            self.ops.append((kind, carries))
+            return [settings_digest(s) for s in self.settings] if isinstance(obj, str) \
+                else self.settings
+
+    base = {"train": {"epochs": 3}}
+    same = load_config(None, base)
+    comm = Comm(same, load_config(None, base))
+    check_ranks_agree(comm, same)               # agreeing ranks: one 16-byte digest gathered
+    assert comm.ops == [("config_check", "control")]
+    for other, said in ((dict(base, train={"epochs": 3, "lr": 0.05}),
+                         "train.lr: rank 0 0.01, rank 1 0.05"),
+                        (dict(base, train={"epochs": 5}), "train.epochs: rank 0 3, rank 1 5"),
+                        (dict(base, runtime={"checkpoint_every": 1}),
+                         "runtime.checkpoint_every: rank 0 0, rank 1 1"),
+                        (dict(base, model={"hidden": 32}), "model.hidden: rank 0 64, rank 1 32")):
+        with pytest.raises(ValueError) as ei:
+            check_ranks_agree(Comm(same, load_config(None, other)), same)
+        msg = str(ei.value)
+        assert msg.startswith("the ranks were started with different settings (") and \
+            said in msg and msg.endswith("start every rank with the same command line and "
+                                         "recipe"), msg
+    # paths and threads may differ per host
+    check_ranks_agree(Comm(same, load_config(None, dict(base, runtime={"threads": 3},
+                                                        dataset={"root": "/elsewhere"}))), same)

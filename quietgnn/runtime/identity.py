@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 #: a run's config, or its plain dictionary (``RunConfig.to_dict()``, as a checkpoint keeps it)
 ConfigLike = Union["RunConfig", Mapping[str, Any]]
 
-__all__ = ["ConfigLike", "run_identity", "identity_differences"]
+__all__ = ["ConfigLike", "run_identity", "identity_differences", "rank_settings",
+           "settings_digest", "check_ranks_agree"]
 
 
 def _as_dict(cfg: ConfigLike) -> dict[str, Any]:
@@ -66,6 +67,49 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
         ident[f"options.{k}"] = v
     ident["runtime.residency"] = (d.get("runtime") or {}).get("residency", "none")
     return json.loads(json.dumps(ident, default=str))   # plain JSON values (tuples -> lists)
+
+
+#: settings every rank of one run must share beyond its identity: the loop's length, what is
+#: saved and resumed, and how the ranks talk (paths, threads and timeouts may differ per host)
+_RANKS_SHARE = {"train": ("epochs",), "runtime": ("resume", "checkpoint_every",
+                                                   "keep_checkpoints", "deterministic",
+                                                   "duplex", "backend")}
+
+
+def rank_settings(cfg: ConfigLike) -> dict[str, Any]:
+    """What :func:`check_ranks_agree` compares: the identity and :data:`_RANKS_SHARE`."""
+    mine = run_identity(cfg)
+    d = _as_dict(cfg)
+    for section, keys in _RANKS_SHARE.items():
+        for k in keys:
+            mine[f"{section}.{k}"] = (d.get(section) or {}).get(k)
+    return json.loads(json.dumps(mine, default=str))
+
+
+def settings_digest(settings: dict[str, Any]) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_ranks_agree(comm: Any, cfg: ConfigLike) -> None:
+    """Refuse, on every rank alike (``ValueError``: exit 2), ranks started with settings that
+    differ (torchrun, where each rank builds its config from its own command line): another
+    ``--lr`` trained silently, another ``--epochs`` or ``checkpoint_every`` hung in a
+    collective, another ``--model.hidden`` aborted gloo. One gather of a 16-byte digest; a
+    second, of the settings themselves, only when the digests differ."""
+    from ..serial import json_excerpt
+    mine = rank_settings(cfg)
+    digests = comm.all_gather_object(settings_digest(mine), "config_check", carries="control")
+    if len(set(digests)) == 1:
+        return
+    every = comm.all_gather_object(mine, "config_check", carries="control")
+    keys = sorted({k for e in every for k in e}, key=lambda k: (k != "strategy", k))
+    differ = [f"{k}: " + ", ".join(f"rank {r} " + (json_excerpt(e[k], 40) if k in e else
+                                                   "(none)") for r, e in enumerate(every))
+              for k in keys if len({json.dumps(e.get(k, [])) for e in every}) > 1]
+    raise ValueError(f"the ranks were started with different settings ({'; '.join(differ[:4])}"
+                     f"{'; …' if len(differ) > 4 else ''}): start every rank with the same "
+                     f"command line and recipe")
 
 
 def _default_identity(strategy: Any) -> dict[str, Any]:

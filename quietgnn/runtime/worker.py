@@ -165,8 +165,10 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
               file=sys.stderr, flush=True)
     comm.split_duplex(cfg.runtime.duplex)
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
-    if write_config:   # under torchrun, where each host may have been given its own --out
+    if write_config:   # under torchrun, each rank with its own command line and --out
+        from .identity import check_ranks_agree
         from .rundir import check_shared
+        check_ranks_agree(comm, cfg)
         check_shared(comm, run_dir)
     if write_config and rank == 0:      # never through a link planted in the run directory
         atomic_write(run_dir / "config.json", cfg.to_json().encode())
