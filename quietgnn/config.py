@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -250,11 +251,23 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
 def _typed(f: Any, value: Any, section: str) -> Any:
     """Check a value against the type of its field's default (bool / int / float), so that
     ``--resume maybe`` or ``--lr abc`` fail naming the key instead of being taken as truthy
-    strings or failing deep inside. Fields without a plain default (None, str) are left to the
+    strings or failing deep inside; a string field takes a string (``os.PathLike`` too), or
+    None where it is optional. Other fields without a plain default are left to the
     dataclass's own validation. Floats also accept numeric strings (YAML reads ``1e-3`` as a
     string)."""
     default = f.default
     want = None
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        value = value.item()        # a numpy scalar (np.int64(32)) is the number it holds
+    if f.type in _STR_TYPES:        # a path, a name: a string (a Path from the Python API too)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if value is None and f.type != "str":
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"{section}.{f.name} = {brief(value)} ({type(value).__name__}); "
+                             f"expected a string")
+        return value
     if isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
     elif isinstance(default, int):
@@ -271,7 +284,29 @@ def _typed(f: Any, value: Any, section: str) -> Any:
     if not ok:
         raise ValueError(f"{section}.{f.name} = {brief(value)} ({type(value).__name__}); expected "
                          f"{want}")
+    if (f.name == "seed" or f.name.endswith("_seed")) and not 0 <= value <= MAX_SEED:
+        # past these, a seed failed in every worker (torch: "Overflow when unpacking long
+        # long") or in METIS (a 3-line pybind error), after the run directory was made
+        raise ValueError(f"{section}.{f.name} = {value}; expected an integer in [0, {MAX_SEED}] "
+                         f"(seeds reach METIS and numpy, which take 32-bit seeds)")
     return value
+
+
+#: the largest seed: METIS takes a C int, numpy's generators an unsigned 32-bit one
+MAX_SEED = 2**31 - 1
+
+
+#: the annotations of the string fields (with ``from __future__ import annotations``)
+_STR_TYPES = ("str", "Optional[str]")
+
+
+def _string_field(key: str) -> Optional[bool]:
+    """For ``section.key`` naming a string field, whether it may be null; None otherwise."""
+    section, _, name = key.partition(".")
+    for f in dataclasses.fields(SECTIONS[section]) if section in SECTIONS else ():
+        if f.name == name and f.type in _STR_TYPES:
+            return f.type != "str"
+    return None
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -286,12 +321,19 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """``[("model.hidden", "128"), ("strategy", "halo")]`` -> nested dict; values are parsed as
-    YAML scalars (``128`` -> int, ``true`` -> bool, ``null`` -> None)."""
+    YAML scalars (``128`` -> int, ``true`` -> bool, ``null`` -> None), but those of string
+    fields (paths, names) are taken as typed (``null`` or ``~`` for an optional one: None)."""
     out: dict[str, Any] = {}
     for key, raw in pairs:
         key = SHORTCUTS.get(key, key)
+        nullable = _string_field(key) if isinstance(raw, str) else None
         try:
-            value = yaml_value(raw) if isinstance(raw, str) else raw
+            if nullable is not None or key == "strategy":
+                # a path or a name is taken as typed: read as YAML, "p #1" lost its " #1",
+                # "007" became 7, a newline a space, "yes" true
+                value = None if nullable and raw in ("null", "~") else raw
+            else:
+                value = yaml_value(raw) if isinstance(raw, str) else raw
         except YamlRefused as exc:   # not taken as a plain string: it was meant as YAML
             raise ValueError(f"--{key} {brief(raw)}{yaml_problem(exc)}") from None
         except yaml.YAMLError:

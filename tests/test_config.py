@@ -105,3 +105,43 @@ def test_a_timeout_beyond_what_torch_takes_is_refused(value):
                                          r"seconds > 0, at most 10000000 \(about 116 days\)"):
         load_config(None, parse_overrides([("timeout", value)]))
     assert load_config(None, parse_overrides([("timeout", "1e7")])).runtime.timeout_s == 1e7
+
+
+def test_paths_and_names_are_taken_as_typed_and_must_be_strings(tmp_path):
+    """Command-line values were read as YAML: `--data "p #1"` trained on p (a comment cut),
+    `--run-name 007` became 7 (a TypeError), `--out yes` became true, `0x1F` 31, a newline a
+    space; a recipe's `run_name: 7` or an API `out=Path(...)` failed with raw TypeErrors."""
+    import pathlib
+
+    import numpy as np
+
+    typed = parse_overrides([("data", "/d/p #1"), ("out", "res #2\nx"), ("run-name", "007"),
+                             ("summary-json", "yes"), ("root", "null"), ("book", "0x1F"),
+                             ("epochs", "3"), ("strategy", "halo")])
+    assert typed["dataset"] == {"prepared": "/d/p #1", "root": None}
+    assert typed["runtime"] == {"out_dir": "res #2\nx", "run_name": "007",
+                                "summary_json": "yes"}
+    assert typed["partition"] == {"book": "0x1F"} and typed["train"] == {"epochs": 3}
+    with pytest.raises(ValueError, match=r"^runtime.run_name = 7 \(int\); expected a string$"):
+        load_config(None, {"runtime": {"run_name": 7}})
+    with pytest.raises(ValueError, match=r"^runtime.out_dir = True \(bool\); expected a string"):
+        load_config(None, {"runtime": {"out_dir": True}})
+    cfg = load_config(None, {"runtime": {"out_dir": pathlib.Path(tmp_path)},
+                             "model": {"hidden": np.int64(32)}, "train": {"lr": np.float32(0.5)}})
+    assert cfg.runtime.out_dir == str(tmp_path) and cfg.model.hidden == 32
+    assert type(cfg.model.hidden) is int and cfg.train.lr == 0.5
+
+
+@pytest.mark.parametrize("key", ["train.seed", "partition.seed", "dataset.split_seed",
+                                 "synthetic.seed"])
+@pytest.mark.parametrize("value", [2**63 - 1, 2**64 - 1, -1, 99999999999999999999])
+def test_seeds_outside_what_metis_and_numpy_take_are_refused_by_name(key, value):
+    """--train.seed 9223372036854775807 failed in every worker (an overflow in
+    torch.manual_seed), --partition.seed 99999999999999999999 inside METIS (a 3-line pybind
+    error), each after the run directory was made."""
+    section, name = key.split(".")
+    with pytest.raises(ValueError, match=rf"^{key} = {value}; expected an integer in "
+                                         rf"\[0, 2147483647\]"):
+        load_config(None, {section: {name: value}})
+    assert getattr(getattr(load_config(None, {section: {name: 2**31 - 1}}), section), name) \
+        == 2**31 - 1
