@@ -61,7 +61,8 @@ def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any])
     """``train``'s keyword arguments as the nested dict the CLI's flags become: a mapping is
     a section (``model={"hidden": 128}``), anything else a key (``epochs=5``, shortcut) or a
     dotted key (``**{"model.hidden": 128}``)."""
-    from .config import SHORTCUTS, _merge, parse_overrides
+    from .config import SECTIONS, SHORTCUTS, _merge, parse_overrides
+    from .readyaml import brief
     pairs: list[tuple[str, Any]] = [("strategy", strategy)]
     if parts is not None:
         pairs.append(("partition.parts", parts))
@@ -70,6 +71,12 @@ def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any])
         if isinstance(value, dict):
             sections = _merge(sections, {key: value})
             continue
+        if key in SECTIONS or key in ("synthetic", "options"):     # (model= is a shortcut)
+            if key != "model" or not isinstance(value, str):
+                arch = "an architecture name (model='sage') or " if key == "model" else ""
+                raise ValueError(f"train({key}={brief(value)}): expected {arch}the section as "
+                                 f"a mapping of its keys ({key}={{...}}), got "
+                                 f"{type(value).__name__}")
         dashed = key.replace("_", "-")     # summary_json= for the CLI's --summary-json
         pairs.append((dashed if key not in SHORTCUTS and dashed in SHORTCUTS else key, value))
     return _merge(sections, parse_overrides(pairs))

@@ -301,6 +301,11 @@ class Graph:
         ei = torch.as_tensor(edge_index)
         if ei.dim() != 2 or ei.shape[0] != 2:
             raise ValueError(f"edge_index has shape {tuple(ei.shape)}, expected [2, num_edges]")
+        if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
+            # a cast would truncate 0.5 to 0, make a bool mask edges between nodes 0 and 1,
+            # and round float32 ids above 2**24: each a silently different graph
+            raise ValueError(f"Graph {name!r}: edge_index has dtype {ei.dtype}; expected integer "
+                             f"node ids (convert whole-number ids with edge_index.long())")
         ei = ei.to(torch.int64)
         x_t = torch.as_tensor(x)
         y_t = torch.as_tensor(y).reshape(-1)

@@ -127,3 +127,12 @@ def test_train_from_a_prepared_directory(tmp_path):
     assert run.model(g.x, g.edge_index()).shape == (120, 3)
     with pytest.raises(ValueError, match="prepared with 2 parts"):
         quietgnn.train(str(tmp_path / "prep"), parts=3, out=str(tmp_path / "runs"))
+
+
+def test_a_section_given_as_something_else_than_a_mapping_is_named():
+    """train(options=[1, 2]) said 'unknown config key options', though options is a section."""
+    with pytest.raises(ValueError, match=r"^train\(options=\[1, 2\]\): expected the section as "
+                                         r"a mapping of its keys \(options=\{...\}\), got list"):
+        quietgnn.train("synthetic", options=[1, 2])
+    with pytest.raises(ValueError, match=r"^train\(model=5\): expected an architecture name "):
+        quietgnn.train("synthetic", model=5)

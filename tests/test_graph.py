@@ -63,6 +63,18 @@ def test_from_edge_index_rejects_bad_shape():
                               torch.tensor([0, 1, 0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool])
+def test_from_edge_index_refuses_ids_that_are_not_integers(dtype):
+    """A float edge_index was cast (0.5 -> 0, float32 ids past 2**24 rounded) and a bool one
+    trained on edges between nodes 0 and 1 only: silently another graph."""
+    x, y = torch.zeros(3, 2), torch.tensor([0, 1, 0])
+    with pytest.raises(ValueError, match=rf"edge_index has dtype {dtype}; expected integer "):
+        Graph.from_edge_index(torch.tensor([[0, 1], [1, 2]]).to(dtype), x, y)
+    for ok in (torch.int32, torch.uint8):
+        g = Graph.from_edge_index(torch.tensor([[0, 1], [1, 2]], dtype=ok), x, y)
+        assert g.num_edges == 4
+
+
 def test_float_indices():
     g = path_graph()
     with pytest.raises(TypeError, match=r"indices must be a 1-D int64 tensor, got dtype torch.float32"):
