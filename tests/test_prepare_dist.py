@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -235,6 +236,34 @@ def test_small_rounds_and_directed_edges(tmp_path):
     for rc, o, e in _fork(rank, tmp_path):
         assert rc == 0, e
     _same_books(tmp_path / "dist", ref.path)
+
+
+def test_a_graph_another_prepare_wrote_meanwhile_is_kept_on_every_rank(tmp_path, monkeypatch):
+    """Rank 0 moved the finished directory onto a prepared graph that another prepare wrote
+    to --out after its check, replacing it. Now every rank is refused (exit 2, the reason),
+    the other graph kept whole and the temporary directory removed; --overwrite replaces."""
+    from quietgnn.partition import PartitionBook
+    from quietgnn.prepare import dist
+    _slices(tmp_path, n=60, seed=1)
+    first = prepare_tables(tmp_path / "edges.parquet", tmp_path / "nodes.parquet",
+                           tmp_path / "first", parts=P, memory_budget=700 << 20)
+    finish = dist.finish_book
+
+    def other_prepare_finishes_first(tmp, path, *args, **kw):
+        shutil.copytree(first.path, path, dirs_exist_ok=True)
+        return finish(tmp, path, *args, **kw)
+    monkeypatch.setattr(dist, "finish_book", other_prepare_finishes_first)   # (forked too)
+    argv = ["prepare", "edges-{rank}.parquet", "--nodes", "nodes-{rank}.parquet",
+            "--memory-budget", "700MiB", "--out", "dist"]
+    for rc, o, e in _ranks(argv, tmp_path):
+        assert rc == 2 and "rank 0: --out 'dist': another prepare wrote" in e, e
+        assert "pass --overwrite" in e and "Traceback" not in e, e
+    assert (tmp_path / "dist" / "book.json").read_text() == \
+        (first.path / "book.json").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dist")]
+    for rc, o, e in _ranks(argv + ["--overwrite"], tmp_path):
+        assert rc == 0, e
+    assert PartitionBook.open(tmp_path / "dist").method == "given"
 
 
 def test_a_node_claimed_by_two_ranks_fails_on_every_rank(tmp_path):

@@ -260,6 +260,65 @@ def test_overwrite_replaces_only_what_prepare_wrote(tmp_path, capsys):
     assert (u / "IMPORTANT.txt").read_text() == "x"
 
 
+@pytest.mark.parametrize("how", ["in-memory", "streamed"])
+def test_a_graph_another_prepare_wrote_meanwhile_is_kept(tmp_path, capsys, monkeypatch, how):
+    """Two prepares to one --out at once both passed its check, both said "prepared", and the
+    one to finish last silently replaced the other's graph. The second to finish is refused
+    (one line, exit 2), the first's graph kept whole, its own temporary directory removed;
+    with --overwrite it replaces it."""
+    from quietgnn.cli import main
+    from quietgnn.partition import PartitionBook
+    from quietgnn.partition import book as bookmod
+    from quietgnn.prepare import tables
+    cmd = ["prepare", "--dataset", "synthetic", "--synthetic.nodes", "200"] \
+        if how == "in-memory" else ["prepare", "synthetic", "--edges", "600",
+                                    "--memory-budget", "1GiB"]
+    cmd += ["--parts", "2", "--synthetic.feature_dim", "8"]
+    first, d = tmp_path / "first", tmp_path / "d"
+    assert main(cmd + ["--synthetic.seed", "1", "--out", str(first)]) == 0
+    mod = bookmod if how == "in-memory" else tables
+    finish = mod.finish_book
+
+    def other_prepare_finishes_first(tmp, path, *args, **kw):
+        shutil.copytree(first, path, dirs_exist_ok=True)
+        return finish(tmp, path, *args, **kw)
+    monkeypatch.setattr(mod, "finish_book", other_prepare_finishes_first)
+    capsys.readouterr()
+    assert main(cmd + ["--out", str(d)]) == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]      # (the streamed path's progress lines come before it)
+    assert "Traceback" not in err and last.startswith("quietgnn: error: --out "), err
+    assert "another prepare wrote a prepared graph there" in last, err
+    assert "pass --overwrite to replace it" in last, err
+    assert (d / "book.json").read_text() == (first / "book.json").read_text()
+    PartitionBook.open(d).load_part(1, 2)                   # whole: its checksums hold
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "first"]
+    assert main(cmd + ["--out", str(d), "--overwrite"]) == 0
+    assert PartitionBook.open(d).book_id != PartitionBook.open(first).book_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "first"]
+
+
+def test_a_graph_written_just_before_the_rename_is_kept(tmp_path, monkeypatch):
+    """Both prepares may find --out free in finish_book's own check: the rename then refuses
+    to move onto the graph the other one put there a moment later."""
+    from types import SimpleNamespace
+    from quietgnn.partition import PartitionBook
+    from quietgnn.partition import book as bookmod
+    g = small_graph(n=60)
+    first = make_book(tmp_path / "first", g, "random", 2).path
+    out = tmp_path / "d"
+
+    def stamp(fmt):                 # runs after the check, before the rename
+        shutil.copytree(first, out)
+        return "then"
+    tmp = bookmod.new_book_dir(out)
+    (tmp / "assignment.npy").write_bytes(b"x")
+    monkeypatch.setattr(bookmod, "time", SimpleNamespace(strftime=stamp))
+    with pytest.raises(ValueError, match="another prepare wrote a prepared graph there"):
+        bookmod.finish_book(tmp, out, {"num_parts": 1}, overwrite=False)
+    assert PartitionBook.open(out).book_id == PartitionBook.open(first).book_id
+
+
 def _lie(book, k, name, edit):
     """Rewrite ``part-k/<name>`` through ``edit`` and update its size and sha256 in book.json,
     as a tamperer with write access would (the checksums then prove nothing)."""

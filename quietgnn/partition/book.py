@@ -16,6 +16,7 @@ torch archive per part) are refused with the command that rewrites them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -80,7 +81,7 @@ class PartitionBook:
     @staticmethod
     def write(path: str | Path, graph: Graph, parts: np.ndarray, method: str, seed: int,
               options: dict[str, Any] | None = None,
-              x_dtype: str = "float32") -> "PartitionBook":
+              x_dtype: str = "float32", overwrite: bool = True) -> "PartitionBook":
         path = Path(path)
         parts = np.asarray(parts, dtype=np.int64)
         num_parts = int(parts.max()) + 1
@@ -97,7 +98,7 @@ class PartitionBook:
             finish_book(tmp, path, {
                 "book_id": book_id, "num_parts": num_parts, "method": method, "seed": seed,
                 "options": options or {}, "graph": _graph_identity(graph, fingerprint),
-                "stats": partition_stats(graph, parts)})
+                "stats": partition_stats(graph, parts)}, overwrite=overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -271,11 +272,14 @@ def new_book_dir(path: Path) -> Path:
 
 
 def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
-                files: dict[str, dict[str, Any]] | None = None) -> None:
+                files: dict[str, dict[str, Any]] | None = None, *,
+                overwrite: bool = True) -> None:
     """Write ``book.json`` (``meta`` + format, version, the size and sha256 of every file in
     ``tmp``, the date) and move ``tmp`` to ``path``, replacing what was there. ``files``: the
     sizes and checksums when the writers of the files computed them (the distributed prepare:
-    each rank its own part's)."""
+    each rank its own part's). ``overwrite=False`` (``prepare`` without ``--overwrite``, whose
+    check found ``path`` free): a graph there now was written by another prepare meanwhile,
+    and is kept (``ValueError``; the caller removes ``tmp``)."""
     if files is None:
         files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size,
                                                  "sha256": _sha256(f)}
@@ -286,18 +290,44 @@ def finish_book(tmp: Path, path: Path, meta: dict[str, Any],
         if why:     # found there since the command checked --out: never delete it
             raise ValueError(f"{str(path)!r} {why}; it was left as it is: move those files "
                              f"away, or choose another output directory")
+        if not overwrite:
+            raise _written_meanwhile(path, overwrite)
     meta = {"format": BOOK_FORMAT, "version": BOOK_VERSION, **meta, "files": files,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (tmp / "book.json").write_text(json.dumps(meta, indent=1))
-    if not path.exists():
-        os.replace(tmp, path)
+    if not overwrite or not path.exists():
+        _move_in(tmp, path, overwrite)
         return
     # the old directory is moved aside, not removed, before the new one takes its place: a
     # crash in between leaves one whole graph (the old one beside it), never half of one
     old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
     os.replace(path, old / "graph")
-    os.replace(tmp, path)
+    try:
+        _move_in(tmp, path, overwrite)
+    except ValueError:      # another prepare's graph took the old one's place, as this would
+        shutil.rmtree(old, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _move_in(tmp: Path, path: Path, overwrite: bool) -> None:
+    """``tmp`` renamed to ``path``, which is an empty directory or none: rename(2) never
+    replaces a full one, so of two prepares finishing at once the second is refused even when
+    both found ``path`` free a moment before."""
+    try:
+        os.rename(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise _written_meanwhile(path, overwrite) from None
+
+
+def _written_meanwhile(path: Path, overwrite: bool) -> ValueError:
+    again = "run this prepare again to replace it" if overwrite else \
+        "pass --overwrite to replace it"
+    return ValueError(f"--out {str(path)!r}: another prepare wrote a prepared graph there while "
+                      f"this one ran (after --out was checked); that one was kept and this "
+                      f"one's output removed: {again}, or choose another --out")
 
 
 def replace_problem(path: Path) -> str:
@@ -451,8 +481,11 @@ def _check_manifest(meta_path: Path, meta: dict[str, Any]) -> None:
 
 
 def make_book(path: str | Path, graph: Graph, method: str, num_parts: int, seed: int = 0,
-              x_dtype: str = "float32", **options: Any) -> PartitionBook:
-    """Partition ``graph`` and write the book (convenience for CLI and launcher)."""
+              x_dtype: str = "float32", overwrite: bool = True,
+              **options: Any) -> PartitionBook:
+    """Partition ``graph`` and write the book (convenience for CLI and launcher;
+    ``overwrite``: :func:`finish_book`'s)."""
     parts = partition_nodes(graph, method, num_parts, seed=seed, **options)
     clean = {k: v for k, v in options.items() if v is not None and k != "assignment"}
-    return PartitionBook.write(path, graph, parts, method, seed, options=clean, x_dtype=x_dtype)
+    return PartitionBook.write(path, graph, parts, method, seed, options=clean, x_dtype=x_dtype,
+                               overwrite=overwrite)

@@ -259,7 +259,8 @@ def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, par
                    memory_budget: int = 4 << 30,
                    x_dtype: str = "float32", split_seed: int = 0, name: Optional[str] = None,
                    progress: Callable[[str], None] = lambda s: None,
-                   partition_file: Optional[str | Path] = None) -> PartitionBook:
+                   partition_file: Optional[str | Path] = None,
+                   overwrite: bool = True) -> PartitionBook:
     """Prepare a user's edge and node tables (Parquet or CSV, any size) into ``out``
     (``method="given"``: the parts are ``partition_file``'s, one part id per node)."""
     import duckdb
@@ -276,7 +277,7 @@ def prepare_tables(edges: str | Path, nodes: str | Path, out: str | Path, *, par
                           undirected=not directed, memory_budget=memory_budget,
                           x_dtype=x_dtype, name=name or edges.stem, progress=progress,
                           identity={"source": str(edges), "split_seed": split_seed},
-                          assignment=assignment)
+                          assignment=assignment, overwrite=overwrite)
 
 
 def human(n: float) -> str:

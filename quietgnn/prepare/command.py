@@ -89,7 +89,8 @@ def _prepare_in_memory(args: argparse.Namespace, cfg: Any) -> int:
     t0 = time.perf_counter()
     book = make_book(args.out, graph, cfg.partition_method, cfg.num_parts,
                      seed=cfg.partition.seed, clusters=cfg.partition.clusters,
-                     file=cfg.partition.file, x_dtype=args.x_dtype)
+                     file=cfg.partition.file, x_dtype=args.x_dtype,
+                     overwrite=bool(getattr(args, "overwrite", False)))
     st = book.stats
     print(f"{graph!r}\nprepared {book.path} ({cfg.partition_method}, {book.num_parts} "
           f"parts, {time.perf_counter() - t0:.1f}s)")
@@ -113,7 +114,8 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
 
     common = dict(parts=cfg.num_parts, method=method, seed=cfg.partition.seed,
                   memory_budget=budget,
-                  x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed, progress=progress)
+                  x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed, progress=progress,
+                  overwrite=bool(getattr(args, "overwrite", False)))
     if args.source == "synthetic":
         if args.edges is None:
             raise ValueError("quietgnn prepare synthetic needs --edges N (undirected edges, "
@@ -233,7 +235,8 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
         book = prepare_distributed(args.source, args.nodes, args.out, comm,
                                    directed=args.directed, memory_budget=budget,
                                    x_dtype=args.x_dtype, split_seed=cfg.dataset.split_seed,
-                                   progress=progress)
+                                   progress=progress,
+                                   overwrite=bool(getattr(args, "overwrite", False)))
     finally:
         sent: dict[str, int] = {}
         for rec in comm.records:

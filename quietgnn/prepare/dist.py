@@ -144,10 +144,12 @@ def prepare_distributed(edges: str | Path, nodes: str | Path, out: str | Path,
                         memory_budget: int = 4 << 30, x_dtype: str = "float32",
                         split_seed: int = 0, name: Optional[str] = None, threads: int = 1,
                         chunk_rows: int = BATCH_ROWS,
-                        progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
+                        progress: Callable[[str], None] = lambda s: None,
+                        overwrite: bool = True) -> PartitionBook:
     """This rank's share of preparing the graph whose slices are ``edges`` and ``nodes``
     (``{rank}`` replaced) into ``out`` (see the module docstring); every rank of ``comm``
-    calls it and gets the finished book."""
+    calls it and gets the finished book (``overwrite``:
+    :func:`~quietgnn.partition.book.finish_book`'s)."""
     r = comm.rank
     out = Path(out)
     name = name or Path(str(edges).replace("{rank}", "")).stem.strip("-_") or "graph"
@@ -181,12 +183,16 @@ def prepare_distributed(edges: str | Path, nodes: str | Path, out: str | Path,
         files = {f"part-{r}/{f.name}": {"bytes": f.stat().st_size, "sha256": _sha256(f)}
                  for f in sorted((tmp / f"part-{r}").iterdir())}
         every = comm.all_gather_object(files, "prepare_manifest", carries=Traffic.CONTROL)
+        problem = None
         if r == 0:
             known = {k: v for f in every for k, v in f.items()}
             known["assignment.npy"] = {"bytes": (tmp / "assignment.npy").stat().st_size,
                                        "sha256": _sha256(tmp / "assignment.npy")}
-            finish_book(tmp, out, book, files=known)
-        comm.barrier("prepare_done")
+            # a refusal (another prepare wrote --out meanwhile) is raised on every rank: the
+            # others would wait for rank 0 in a collective it never joins
+            _, problem = _attempt(lambda: finish_book(tmp, out, book, files=known,
+                                                      overwrite=overwrite))
+        _agree(comm, problem)
     except BaseException:
         shutil.rmtree(tmp if r == 0 else work, ignore_errors=True)
         raise

@@ -154,7 +154,8 @@ class SyntheticNodes:
 def prepare_synthetic(out: str | Path, *, edges: int, parts: int, spec: SyntheticSpec | None
                       = None, method: str = "ldg", seed: int = 0, memory_budget: int = 4 << 30,
                       x_dtype: str = "float32", split_seed: int = 0,
-                      progress: Callable[[str], None] = lambda s: None) -> PartitionBook:
+                      progress: Callable[[str], None] = lambda s: None,
+                      overwrite: bool = True) -> PartitionBook:
     """A synthetic graph of about ``edges`` undirected edges (``nodes = 2 edges /
     avg_degree``; the other knobs from ``spec``) prepared into ``out`` in ``parts`` parts."""
     spec = spec or SyntheticSpec()
@@ -169,4 +170,4 @@ def prepare_synthetic(out: str | Path, *, edges: int, parts: int, spec: Syntheti
         name="synthetic-stream", progress=progress, hook_held=gen_bytes, drop=("raw",),
         identity={"synthetic": {**asdict(spec), "edges": edges, "stream": True},
                   "split_seed": split_seed},
-        con_hook=lambda con: _insert_edges(con, spec, edges, progress))
+        con_hook=lambda con: _insert_edges(con, spec, edges, progress), overwrite=overwrite)

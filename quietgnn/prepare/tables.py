@@ -75,7 +75,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
                    progress: Callable[[str], None] = lambda s: None,
                    con_hook: Optional[Callable[[Any], None]] = None,
                    hook_held: int = 0, drop: tuple[str, ...] = (),
-                   assignment: Optional[np.ndarray] = None) -> PartitionBook:
+                   assignment: Optional[np.ndarray] = None,
+                   overwrite: bool = True) -> PartitionBook:
     """Prepare ``edges_sql`` (a DuckDB query with integer columns ``src``, ``dst``; ids in
     ``[0, N)``) and ``nodes`` into ``out``, ``num_parts`` parts by the ``method`` partitioner
     (``ldg``: streamed LDG, some passes over the sorted edges; ``hash``: from the id alone;
@@ -83,7 +84,8 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
     adjacency read into memory, DuckDB held at its floor meanwhile).
     ``con_hook(con)`` runs first (e.g. to load generated edges into a table the query reads),
     holding ``hook_held`` bytes of its own meanwhile (DuckDB's share is smaller while it runs);
-    the tables in ``drop`` are dropped once the edges are sorted."""
+    the tables in ``drop`` are dropped once the edges are sorted; ``overwrite``:
+    :func:`~quietgnn.partition.book.finish_book`'s."""
     out = Path(out)
     n, P = nodes.num_nodes, num_parts
     if not 1 <= P <= n:
@@ -174,7 +176,7 @@ def write_prepared(out: str | Path, edges_sql: str, nodes: NodeSource, *, num_pa
         con.close()
         con = None
         shutil.rmtree(work)
-        finish_book(tmp, out, book)
+        finish_book(tmp, out, book, overwrite=overwrite)
     except BaseException:
         if con is not None:         # closed before its files are removed
             con.close()
