@@ -71,12 +71,11 @@ def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any])
         if isinstance(value, dict):
             sections = _merge(sections, {key: value})
             continue
-        if key in SECTIONS or key in ("synthetic", "options"):     # (model= is a shortcut)
-            if key != "model" or not isinstance(value, str):
-                arch = "an architecture name (model='sage') or " if key == "model" else ""
-                raise ValueError(f"train({key}={brief(value)}): expected {arch}the section as "
-                                 f"a mapping of its keys ({key}={{...}}), got "
-                                 f"{type(value).__name__}")
+        if (key in SECTIONS or key in ("synthetic", "options")) and \
+                not (key in SHORTCUTS and isinstance(value, str)):   # model="sage": a shortcut
+            short = f"a string ({key}= sets {SHORTCUTS[key]}) or " if key in SHORTCUTS else ""
+            raise ValueError(f"train({key}={brief(value)}): expected {short}the section as a "
+                             f"mapping of its keys ({key}={{...}}), got {type(value).__name__}")
         dashed = key.replace("_", "-")     # summary_json= for the CLI's --summary-json
         pairs.append((dashed if key not in SHORTCUTS and dashed in SHORTCUTS else key, value))
     return _merge(sections, parse_overrides(pairs))

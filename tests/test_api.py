@@ -134,5 +134,6 @@ def test_a_section_given_as_something_else_than_a_mapping_is_named():
     with pytest.raises(ValueError, match=r"^train\(options=\[1, 2\]\): expected the section as "
                                          r"a mapping of its keys \(options=\{...\}\), got list"):
         quietgnn.train("synthetic", options=[1, 2])
-    with pytest.raises(ValueError, match=r"^train\(model=5\): expected an architecture name "):
+    with pytest.raises(ValueError, match=r"^train\(model=5\): expected a string \(model= sets "
+                                         r"model.arch\) or the section as a mapping"):
         quietgnn.train("synthetic", model=5)
