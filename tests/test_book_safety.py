@@ -385,6 +385,31 @@ def test_a_cache_that_cannot_hold_books_is_named(tmp_path, monkeypatch):
         prepare_book(cfg, log=lambda m: None)
 
 
+def test_a_read_only_home_names_quietgnn_cache(tmp_path, monkeypatch):
+    """With QUIETGNN_CACHE unset under a read-only home, creating ~/.cache/quietgnn/books
+    fails on ~/.cache, above the cache: that was a bare errno line (exit 1) rather than the
+    setting to change. A file beside the cache that merely shares its prefix is not it."""
+    import errno
+    from quietgnn.runtime import books
+    cfg = _cfg(synthetic=SYN, partition={"method": "random", "parts": 2})
+    home = tmp_path / "rohome"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("QUIETGNN_CACHE", "")
+    failed = [home / ".cache"]
+
+    def read_only(cfg, path):       # what mkdir(parents=True) raises (root ignores modes)
+        raise OSError(errno.EROFS, "Read-only file system", str(failed[0]))
+    monkeypatch.setattr(books, "_build_book", read_only)
+    for failed[0] in (home / ".cache", home, home / ".cache" / "quietgnn" / "books" / "x"):
+        with pytest.raises(ValueError, match=r"cannot write the partition book into the cache "
+                                             r".*rohome/\.cache/quietgnn/books' \(Read-only "
+                                             r"file system\): set QUIETGNN_CACHE to a"):
+            prepare_book(cfg, log=lambda m: None)
+    for failed[0] in (home / ".cache" / "quietgnn2", tmp_path / "data.npz"):
+        with pytest.raises(OSError, match="Read-only"):
+            prepare_book(cfg, log=lambda m: None)
+
+
 def test_a_book_refuses_a_dataset_whose_features_were_edited(tmp_path):
     """--book with the dataset the book was made from, but its features edited in place (the
     same graph, labels and split): refused by name, not trained on the book's old features."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict
@@ -102,7 +103,7 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
     try:
         name, nodes, edges = _build_book(cfg, path)
     except OSError as exc:
-        if not str(exc.filename or "").startswith(str(cache_dir())):
+        if not _in_cache(exc.filename):
             raise
         # the cache, not the run or its data: say which setting moves it
         raise ValueError(f"cannot write the partition book into the cache {str(path.parent)!r} "
@@ -116,6 +117,16 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
         f"{cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path} (peak memory "
         f"{peak_rss_mb():.0f} MiB, {rss_mb():.0f} MiB after)")
     return path, key
+
+
+def _in_cache(name: Any) -> bool:
+    """Whether ``name`` (an ``OSError``'s file) is the cache directory, inside it, or above it:
+    creating the cache (``mkdir(parents=True)``) names the first missing directory it could
+    not make, ``~/.cache`` under a read-only home."""
+    if not isinstance(name, (str, os.PathLike)):
+        return False
+    path, cache = Path(os.path.abspath(name)), Path(os.path.abspath(cache_dir()))
+    return path == cache or cache in path.parents or path in cache.parents
 
 
 def prepare_book(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
