@@ -256,7 +256,8 @@ class Graph:
         need(self.y.dtype == torch.int64, f"y has dtype {self.y.dtype}, expected int64; "
                                          f"use y.long()", TypeError)
         need(isinstance(self.num_classes, int) and self.num_classes >= 2,
-             f"num_classes = {self.num_classes!r}, expected an int >= 2")
+             f"num_classes = {self.num_classes!r}, expected an int >= 2 (a node classifier "
+             f"needs at least two classes among the labels)")
         if n:
             lo, hi = int(self.y.min()), int(self.y.max())
             need(lo >= 0 and hi < self.num_classes,

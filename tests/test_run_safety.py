@@ -520,12 +520,24 @@ def _shared(comm, dirs):
 
 def test_ranks_that_do_not_share_the_run_directory_are_refused_together(tmp_path):
     """Under torchrun each host names its own --out: one run directory per host would lose
-    every checkpoint as torn. Every rank refuses alike, naming the ranks that see another."""
+    every checkpoint as torn. Every rank refuses alike, naming the ranks that see another
+    (on one host: another --out; the advice to mount a shared file system was odd there)."""
+    from quietgnn.runtime.rundir import check_shared
     same = spawn_function(_shared, 2, args=([str(tmp_path / "run")] * 2,))
     assert same == [("ok", []), ("ok", [])]          # the token is removed again
     apart = spawn_function(_shared, 2, args=([str(tmp_path / "a"), str(tmp_path / "b")],))
-    for msg, _ in apart:
-        assert "is not shared: rank(s) [1]" in msg and "the same --out" in msg
+    for msg, _ in apart:      # one host: not an unshared file system, another --out
+        assert "rank(s) [1], on rank 0's host, do not see the run directory" in msg, msg
+        assert "another --out or --run-name" in msg
+
+    class OtherHost:          # rank 0's view when rank 1 runs on another host
+        rank = 0
+
+        def all_gather_object(self, obj, kind, carries):
+            return [obj, None] if isinstance(obj, str) else [obj, (False, "other-host")]
+    with pytest.raises(ValueError, match=r"is not shared: rank\(s\) \[1\] \(host\(s\) "
+                                         r"\['other-host'\]\) .* the same --out on a filesystem"):
+        check_shared(OtherHost(), tmp_path / "run")
 
 
 def test_more_workers_than_the_host_can_start_are_refused_leaving_nothing(tmp_path):

@@ -434,6 +434,12 @@ def check_shared(comm: Any, run_dir: Path) -> None:
     if comm.rank == 0:
         (run_dir / token).unlink(missing_ok=True)
     blind = [(r, host) for r, (ok, host) in enumerate(seen) if not ok]
+    if blind and all(host == seen[0][1] for _, host in blind):
+        # rank 0's own host: not a file system that is not shared, another --out or run name
+        raise ValueError(
+            f"rank(s) {[r for r, _ in blind]}, on rank 0's host, do not see the run directory "
+            f"{str(run_dir)!r} that rank 0 writes: they were given another --out or "
+            f"--run-name; start every rank with the same ones")
     if blind:
         raise ValueError(
             f"the run directory {str(run_dir)!r} is not shared: rank(s) {[r for r, _ in blind]} "
