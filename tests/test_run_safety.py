@@ -654,3 +654,20 @@ def test_ranks_started_with_different_settings_are_refused_by_name():
     # paths and threads may differ per host
     check_ranks_agree(Comm(same, load_config(None, dict(base, runtime={"threads": 3},
                                                         dataset={"root": "/elsewhere"}))), same)
+
+
+def test_a_run_directory_too_long_for_the_file_system_is_refused_up_front(tmp_path):
+    """A --out near PATH_MAX passed the checks, then failed writing config.json (a 4 KB
+    message) and left an empty run directory; a --run-name over 255 bytes was a raw
+    ENAMETOOLONG."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.rundir import DEEPEST_BELOW, claim_run_dir
+    cfg = load_config(None, {})
+    with pytest.raises(ValueError, match=r"^the run directory's name is 300 bytes .* file names "
+                                         r"are limited to 255: pass a shorter --run-name$"):
+        claim_run_dir(cfg, tmp_path / ("a" * 300), lock=False)
+    deep = tmp_path / ("b" * (4096 - len(str(tmp_path)) - DEEPEST_BELOW + 10))
+    with pytest.raises(ValueError, match=r"paths are limited to 4096 bytes here: choose a "
+                                         r"shorter --out$"):
+        claim_run_dir(cfg, deep / "run", lock=False)
+    assert not list(tmp_path.iterdir())

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["claim_run_dir", "release_run_dir", "holds_run_dir", "remove_if_empty",
            "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt",
-           "attempts", "attempt_totals", "tee_stderr", "restart_count"]
+           "attempts", "attempt_totals", "tee_stderr", "restart_count", "check_path_room"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
@@ -59,6 +59,38 @@ def restart_count() -> int:
 
 def _results_in(run_dir: Path) -> list[str]:
     return [n for n in _RESULTS if (run_dir / n).exists()]
+
+
+#: the longest path quietgnn writes below a run directory, in bytes, with a temporary name's
+#: suffix: ``checkpoints/epoch-<n>/rank-<k>.pt``, ``report/<dataset>-<model>-<plot>.png``
+DEEPEST_BELOW = 160
+#: a file name's limit on Linux file systems (NAME_MAX)
+NAME_MAX = 255
+
+
+def check_path_room(run_dir: Path) -> None:
+    """Refuse (``ValueError``) a run directory whose name, or whose path with the files below
+    it, exceeds what the file system takes: a --out near PATH_MAX passed every check, then
+    failed writing ``config.json`` with a 4 KB message and left an empty run directory."""
+    name = len(os.fsencode(run_dir.name))
+    if name > NAME_MAX:
+        raise ValueError(f"the run directory's name is {name} bytes ({run_dir.name[:40]}…), and "
+                         f"file names are limited to {NAME_MAX}: pass a shorter --run-name")
+    full = len(os.fsencode(os.path.abspath(run_dir)))
+    try:
+        limit = os.pathconf(_existing(run_dir), "PC_PATH_MAX")
+    except (OSError, ValueError):
+        limit = 4096
+    if full + DEEPEST_BELOW > limit:
+        raise ValueError(f"the run directory's path is {full} bytes ({str(run_dir)[:40]}…); "
+                         f"quietgnn writes files up to {DEEPEST_BELOW} bytes below it, and "
+                         f"paths are limited to {limit} bytes here: choose a shorter --out")
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _trained_nothing(run_dir: Path) -> bool:
@@ -192,6 +224,7 @@ def claim_run_dir(cfg: RunConfig, run_dir: Path, lock: bool = True) -> None:
     from .checkpoint import check_resume_compatible, committed_checkpoints
     rt = cfg.runtime
     run_dir = Path(run_dir)
+    check_path_room(run_dir)
     if lock:
         _lock(run_dir)
     if run_dir.is_dir():
