@@ -558,3 +558,15 @@ def test_a_bad_split_is_refused_by_name(value):
         load_config(None, {"dataset": {"split": value}})
     with pytest.raises(ValueError, match="holds the split it was prepared with"):
         load_config(None, {"dataset": {"split": "per_class:2:5", "prepared": "somewhere"}})
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_its_setting(tmp_path, monkeypatch):
+    """Under a read-only home the download cache's mkdir was a bare [Errno 30] naming
+    ~/.cache (exit 1); it names the cache and QUIETGNN_CACHE."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "afile" / "cache"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"^cannot write the Cora download into the cache "
+                                         r"'.*afile/cache' \(Not a directory\): set "
+                                         r"QUIETGNN_CACHE to a directory you may write$"):
+        load_dataset("cora", tmp_path / "empty")

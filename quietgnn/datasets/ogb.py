@@ -186,12 +186,12 @@ def load_ogb(name: str, root: str | os.PathLike) -> Graph:
 
 def _shadow(ds_dir: Path, dir_name: str) -> Path:
     """A writable stand-in for a read-only OGB folder: symlinks to its files, own processed/."""
-    from .pyg import cache_root
+    from .pyg import cache_root, make_cache_dir
     import hashlib
     key = hashlib.sha256(str(ds_dir).encode()).hexdigest()[:12]
     shadow_root = cache_root() / "ogb" / key
     shadow = shadow_root / dir_name
-    shadow.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(shadow, f"a writable stand-in for {str(ds_dir)!r}")
     for entry in ds_dir.iterdir():
         if entry.name != "processed" and not (shadow / entry.name).exists():
             (shadow / entry.name).symlink_to(entry)

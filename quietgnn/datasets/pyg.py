@@ -34,7 +34,7 @@ from ..graph import Graph
 from .files import NpzArchive, csr_edges, csr_features
 from .planetoid import PLANETOID_FILES, read_planetoid
 
-__all__ = ["PYG_DATASETS", "load_pyg", "cache_root"]
+__all__ = ["PYG_DATASETS", "load_pyg", "cache_root", "make_cache_dir"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,17 @@ PYG_DATASETS: dict[str, _Spec] = {
     "physics": _Spec("Coauthor", "Physics", "coauthor", ("ms_academic_phy.npz",),
                      "Coauthor co-authorship graph, 34,493 nodes, 5 classes, random 60/20/20"),
 }
+
+
+def make_cache_dir(path: Path, what: str) -> None:
+    """Create ``path`` under the cache, or refuse (``ValueError``) naming the setting that
+    moves the cache: under a read-only home this was a bare ``[Errno 30] … '~/.cache'``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write {what} into the cache {str(cache_root())!r} "
+                         f"({exc.strerror or exc}): set QUIETGNN_CACHE to a directory you may "
+                         f"write") from None
 
 
 def cache_root() -> Path:
@@ -170,7 +181,7 @@ def _downloaded(spec: _Spec, root: Path) -> Path:
     all files or none (a temporary folder renamed into place), one process at a time."""
     entry = _cache_entry(spec, root)
     raw = entry / spec.folder / "raw"
-    entry.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(entry, f"the {spec.folder} download")
     with _locked(entry):
         if all((raw / f).is_file() for f in spec.raw_files):
             return raw
