@@ -275,6 +275,29 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+#: what an extra command's "interrupted" line adds: the runs (a probe's) each have a process
+#: group of their own, which analysis/runner.py kills on the way out of the KeyboardInterrupt
+_STOPPED = {"bench": "; the running run was stopped; finished runs are kept, rerun the same "
+                     "command to continue (it skips them)",
+            "advise": "; the probe was stopped"}
+
+
+def _extra(name: str, argv: list[str]) -> int:
+    """An extra command, stopped by SIGTERM as by Ctrl-C: without the handler SIGTERM ended
+    this process alone, and its running run, in its own session, went on without it."""
+    module = importlib.import_module(EXTRA_COMMANDS[name])
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return int(module.cli_main(argv) or 0)
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated)
+        print(f"quietgnn {name}: interrupted ({'SIGTERM' if term else 'SIGINT'})"
+              f"{_STOPPED.get(name, '')}", file=sys.stderr)
+        return 143 if term else 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 #: commands with their own argument parsers, imported only when run (the report pulls in
 #: plotting, the advisor the strategies' probes); an import error is a broken install and is
 #: raised, not hidden behind "invalid choice"
@@ -285,7 +308,7 @@ EXTRA_COMMANDS = {"bench": "quietgnn.analysis.bench", "report": "quietgnn.analys
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in EXTRA_COMMANDS:
-        return int(importlib.import_module(EXTRA_COMMANDS[argv[0]]).cli_main(argv[1:]) or 0)
+        return _extra(argv[0], argv[1:])
     from . import __version__
     ap = argparse.ArgumentParser(prog="quietgnn", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

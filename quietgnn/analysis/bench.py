@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -145,10 +144,6 @@ def _run_timeout(flag: Any, matrix: Any) -> float:
     return seconds
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _select(entries: Any, names: str, what: str) -> list[Any]:
     """``--datasets cora,cs`` on top of a YAML list: keep the YAML entries of those names
     (with their roots, labels, options) and add plain entries for names it lacks. A name is
@@ -164,13 +159,9 @@ def _select(entries: Any, names: str, what: str) -> list[Any]:
 
 
 def cli_main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
-    # a terminated bench must take its running run (its own process group) down with it
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        return _main(args)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    # SIGTERM: quietgnn.cli turns it into the KeyboardInterrupt on which run_matrix stops the
+    # running run (its own process group), and says so in one line, as for Ctrl-C
+    return _main(_parser().parse_args(list(argv)))
 
 
 def _main(args: argparse.Namespace) -> int:

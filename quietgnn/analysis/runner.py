@@ -43,6 +43,35 @@ def _group_rss_mb(pgid: int) -> list[float]:
     return out
 
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Kill a run's process group and wait until none of it is left: the launcher is its
+    child, but its workers die after it, and the caller then removes or reuses what they
+    write into (advise's temporary directory, the run directory of a rerun)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:      # all of it had ended (a stop just after the run's end)
+        pass
+    proc.wait()
+    deadline = time.monotonic() + 10.0
+    while _group_left(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _group_left(pgid: int) -> int:
+    """Processes of group ``pgid`` not yet dead (a zombie, dead and not yet reaped by its new
+    parent, is not counted; one still exiting is, though its memory is already gone)."""
+    left = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            state, _, pg = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue     # gone between the listing and the read
+        left += int(pg) == pgid and state not in ("Z", "X")
+    return left
+
+
 def _wait(proc: subprocess.Popen, timeout_s: float, floor_mb: Optional[float]
           ) -> tuple[Optional[int], Optional[str], float]:
     """Wait for a run; (exit code or None when killed, why it was killed, the largest
@@ -67,8 +96,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float, floor_mb: Optional[float]
                        f"--mem-floor {floor_mb:g} MiB; the run's {len(sizes)} process(es), "
                        f"the largest having reached {peak:.0f} MiB resident")
         if why:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop_group(proc)
             return None, why, peak
 
 
@@ -106,9 +134,8 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any,
                                     start_new_session=True)
             try:
                 rc, killed, peak = _wait(proc, timeout_s, floor_mb)
-            except KeyboardInterrupt:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            except KeyboardInterrupt:   # Ctrl-C, and SIGTERM (quietgnn.cli raises it)
+                _stop_group(proc)
                 raise
     elapsed = time.perf_counter() - t0
     output = log_path.read_text(errors="replace")
