@@ -126,6 +126,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .runtime.plan import plan_local_run, plan_worker, torchrun_run_dir
     from .runtime.rundir import check_outputs
     cfg = _config(args, rest)
+    _ensure_open_files(cfg, "train")
     out_existed = check_outputs(cfg, "--out", "--summary-json")
     if _under_torchrun():
         summary = _torchrun_worker(plan_worker(cfg, torchrun_run_dir(cfg)))
@@ -138,6 +139,21 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             from .runtime.rundir import write_json
             write_json(Path(cfg.runtime.summary_json), summary)
     return 0
+
+
+def _ensure_open_files(cfg: RunConfig, command: str) -> None:
+    """Before anything starts: too few open files failed a rank in C++ and kept the others
+    waiting out runtime.timeout_s (:func:`~quietgnn.runtime.launcher.ensure_open_files`).
+    Under torchrun each rank raises its own limit, for WORLD_SIZE ranks (a malformed
+    WORLD_SIZE is refused, with its own message, where the rank joins)."""
+    from .runtime.launcher import ensure_open_files
+    parts = cfg.num_parts
+    if _under_torchrun():
+        try:
+            parts = max(parts, int(os.environ["WORLD_SIZE"]))
+        except (KeyError, ValueError):
+            pass
+    ensure_open_files(parts, command)
 
 
 def _torchrun_worker(plan: RunPlan) -> Optional[dict[str, Any]]:
@@ -166,8 +182,9 @@ def cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
     # the streamed generator's graphs are the large ones the strategies are compared on: its
     # default is the preset where they can be told apart (a recipe or --synthetic.* wins)
     defaults = {"synthetic": {"preset": "hard"}} if args.source == "synthetic" else None
-    return run_prepare(args, _config(args, rest, defaults, for_prepare=True), rest,
-                       under_torchrun=_under_torchrun())
+    cfg = _config(args, rest, defaults, for_prepare=True)
+    _ensure_open_files(cfg, "prepare")
+    return run_prepare(args, cfg, rest, under_torchrun=_under_torchrun())
 
 
 def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:

@@ -1,12 +1,15 @@
-"""Signals at the command line: `quietgnn advise` and `bench` stopped by SIGTERM or Ctrl-C
-stop their running run (its own process group) and say so in one line. In process: the runs
-are stand-ins (a process and its child, in their own session), and the signal is sent to this
+"""Signals and process limits at the command line: `quietgnn advise` and `bench` stopped by
+SIGTERM or Ctrl-C stop their running run (its own process group) and say so in one line; a
+low open-files limit is raised, or refused before anything starts. In process: the runs are
+stand-ins (a process and its child, in their own session), and the signal is sent to this
 process by a thread once they are up."""
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -17,6 +20,7 @@ import pytest
 
 from quietgnn.analysis.matrix import RunSpec
 from quietgnn.cli import main
+from quietgnn.runtime import launcher
 
 #: a run that never ends: it starts a child (as the launcher starts its workers), writes both
 #: PIDs, then waits
@@ -117,3 +121,81 @@ def test_a_stopped_bench_stops_its_run_keeps_the_finished_ones_and_says_so(
     assert not _alive(run) and not _alive(child)
     assert len(list((out / "results").glob("*.json"))) == 1     # the first run's, kept
     assert signal.getsignal(signal.SIGTERM) == before     # this process's own again
+
+
+class _Limits:
+    """RLIMIT_NOFILE as the test sets it, and what the code asked to set it to."""
+
+    def __init__(self, soft: int, hard: int) -> None:
+        self.now, self.set_to = (soft, hard), []
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        assert which == resource.RLIMIT_NOFILE
+        return self.now
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        self.set_to.append(limits)
+        self.now = limits
+
+
+def _limits(monkeypatch, soft: int, hard: int) -> _Limits:
+    lim = _Limits(soft, hard)
+    monkeypatch.setattr(resource, "getrlimit", lim.getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", lim.setrlimit)
+    return lim
+
+
+def test_a_low_soft_open_files_limit_is_raised_to_the_hard_one(monkeypatch):
+    lim = _limits(monkeypatch, 16, 4096)
+    launcher.ensure_open_files(2, "train")
+    assert lim.set_to == [(4096, 4096)]
+    lim = _limits(monkeypatch, 16, resource.RLIM_INFINITY)
+    launcher.ensure_open_files(4, "train")     # no infinite soft limit: what the run needs
+    assert lim.set_to == [(launcher.OPEN_FILES_FLOOR + 4 * launcher.OPEN_FILES_PER_PART,
+                           resource.RLIM_INFINITY)]
+    lim = _limits(monkeypatch, 65536, 65536)
+    launcher.ensure_open_files(2, "train")
+    assert lim.set_to == []
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["train", "--synthetic.nodes", "200", "--parts", "2"], "quietgnn train of 2 part(s)"),
+    (["prepare", "--dataset", "synthetic", "--synthetic.nodes", "200", "--parts", "2"],
+     "quietgnn prepare of 2 part(s)"),
+], ids=["train", "prepare"])
+def test_a_hard_open_files_limit_too_low_is_refused_before_anything_starts(
+        tmp_path, monkeypatch, capsys, argv, what):
+    _limits(monkeypatch, 16, 16)
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    need = launcher.OPEN_FILES_FLOOR + 2 * launcher.OPEN_FILES_PER_PART
+    assert err.startswith(f"quietgnn: error: open-files limit 16 (hard limit 16); {what} "
+                          f"needs at least {need} open files: raise it (`ulimit -n {need}`")
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_each_rank_under_torchrun_counts_the_world_size(tmp_path, monkeypatch, capsys):
+    _limits(monkeypatch, 300, 300)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert main(["train", "--synthetic.nodes", "200", "--out", str(tmp_path / "out")]) == 2
+    need = launcher.OPEN_FILES_FLOOR + 64 * launcher.OPEN_FILES_PER_PART
+    assert f"quietgnn train of 64 part(s) needs at least {need} open files" in \
+        capsys.readouterr().err
+
+
+def test_a_real_low_soft_limit_is_raised(tmp_path):
+    """The limit as ``ulimit -Sn 16`` leaves it (with it rank 1's store failed and rank 0
+    waited out the timeout): raised to the hard limit, which the workers inherit."""
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    code = ("import resource; from quietgnn.runtime.launcher import ensure_open_files; "
+            "ensure_open_files(2, 'train'); print(*resource.getrlimit(resource.RLIMIT_NOFILE))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       preexec_fn=low, timeout=60)
+    soft, hard = map(int, p.stdout.split())
+    assert p.returncode == 0 and soft == hard, p.stderr

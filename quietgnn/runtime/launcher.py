@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .plan import RunPlan
 
 __all__ = ["LaunchError", "launch", "free_port", "cache_dir", "prepare_book",
-           "check_book_dataset"]
+           "check_book_dataset", "ensure_open_files"]
 
 
 class LaunchError(RuntimeError):
@@ -74,6 +74,44 @@ def check_workers_fit(world: int) -> None:
                          f"data (Python and torch), {need / 1024:.3g} GiB in all, more than the "
                          f"{avail / 1024:.3g} GiB available: use fewer parts, or spread them "
                          f"over hosts with torchrun")
+
+
+#: open files a process of a run may hold: a floor, plus some per part or rank. Measured as the
+#: lowest ``ulimit -n`` under which a run succeeds: ``train`` (halo, synthetic graph; rank 0
+#: holds the rendezvous store's connection to every rank and gloo's pairs) 39-40 at 2 ranks,
+#: 43-44 at 4, 49-52 at 8; the out-of-core ``prepare synthetic`` 17-20 at 4 parts, 49-64 at
+#: 16; the in-memory prepare 12 or fewer. Below it, rank 1's store failed in C++ and rank 0
+#: waited out runtime.timeout_s to blame MASTER_ADDR. The floor is several times what was
+#: measured (room for other datasets, DuckDB, torch's own files, a user's hooks), and the slope
+#: above the 1-3 files per part measured
+OPEN_FILES_FLOOR = 256
+OPEN_FILES_PER_PART = 4
+
+
+def ensure_open_files(parts: int, command: str) -> None:
+    """Raise this process's soft open-files limit to its hard one (a process may; the workers
+    inherit it), or refuse (``ValueError``) a run of ``parts`` parts or ranks that the hard
+    limit leaves short of files."""
+    import resource
+    need = OPEN_FILES_FLOOR + OPEN_FILES_PER_PART * max(1, parts)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    fix = (f"raise it (`ulimit -n {need}` in the shell that starts quietgnn; above the hard "
+           f"limit, `ulimit -Hn`, only an administrator can, e.g. in "
+           f"/etc/security/limits.conf)")
+    if hard != inf and hard < need:
+        raise ValueError(f"open-files limit {soft} (hard limit {hard}); quietgnn {command} of "
+                         f"{parts} part(s) needs at least {need} open files: {fix}")
+    # the kernel takes no infinite soft limit for files (it caps them at fs.nr_open)
+    want = hard if hard != inf else need
+    if soft != inf and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:
+            if soft < need:
+                raise ValueError(f"open-files limit {soft}; quietgnn {command} of {parts} "
+                                 f"part(s) needs at least {need} open files, and raising it "
+                                 f"to {want} failed ({exc}): {fix}") from None
 
 
 def _worker_env(rank: int, world: int, port: int, threads: int, extra: dict[str, str]) -> dict:
