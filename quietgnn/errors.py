@@ -20,9 +20,11 @@ __all__ = ["CONSEQUENCE", "INPUT", "EXPLAINED", "class_name", "is_consequence",
 CONSEQUENCE = frozenset({"CommError", "NonFiniteError", "CheckpointError"})
 INPUT = frozenset({"ValueError"})
 #: WriteError: a file write's own (safefiles.atomic_write: "could not write '<path>': No space
-#: left on device"); other OSErrors (too many open files, a library that will not load) are
-#: bugs or environments whose traceback helps
-EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "WriteError"}
+#: left on device"); PartitionerError: METIS stopped (partition/partitioners.py); other
+#: OSErrors (too many open files, a library that will not load) are bugs or environments
+#: whose traceback helps
+EXPLAINED = CONSEQUENCE | INPUT | {"ResidencyError", "AuthError", "WriteError",
+                                   "PartitionerError"}
 
 
 def class_name(error: Union[BaseException, str]) -> str:

@@ -225,3 +225,24 @@ def test_part_files_hold_only_their_rank(graph, tmp_path):
     files = list((tmp_path / "b" / "part-2").glob("*.npy"))
     have = sum(f.stat().st_size for f in files)
     assert want <= have <= want + 128 * len(files)
+
+
+def test_metis_stopped_midway_is_one_line_not_a_traceback(monkeypatch, capsys, tmp_path):
+    """METIS signals its own errors with SIGTERM and catches it while partitioning, so a
+    scheduler's SIGTERM became pymetis's 'Caught an unknown exception!' and a traceback."""
+    import pymetis
+
+    from quietgnn.cli import main
+    from quietgnn.partition.partitioners import PartitionerError, metis_parts
+
+    def stopped(*a, **k):
+        raise RuntimeError("Caught an unknown exception!")
+    monkeypatch.setattr(pymetis, "part_graph", stopped)
+    g = small_graph(n=60, seed=1)
+    with pytest.raises(PartitionerError, match=r"^METIS stopped while partitioning 60 nodes "
+                                               r"into 2 parts \(Caught an unknown exception!\)"):
+        metis_parts(g, 2)
+    rc = main(["prepare", "--dataset", "synthetic", "--synthetic.nodes", "300", "--parts", "2",
+               "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err and "sent SIGTERM meanwhile, or METIS failed" in err

@@ -49,6 +49,10 @@ def _symmetric_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return indptr.numpy(), s.numpy()
 
 
+class PartitionerError(RuntimeError):
+    """A partitioner library failed (one line suffices: :mod:`quietgnn.errors`)."""
+
+
 def metis_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
     """Min-edge-cut partition with METIS (via pymetis)."""
     if num_parts == 1:
@@ -58,7 +62,16 @@ def metis_parts(graph: Graph, num_parts: int, seed: int = 0) -> np.ndarray:
     indptr, indices = _symmetric_csr(graph)
     opts = pymetis.Options(seed=seed)
     adjacency = pymetis.CSRAdjacency(adj_starts=indptr, adjacent=indices)
-    _, membership = pymetis.part_graph(num_parts, adjacency=adjacency, options=opts)
+    try:
+        _, membership = pymetis.part_graph(num_parts, adjacency=adjacency, options=opts)
+    except RuntimeError as exc:
+        # METIS signals its own errors with SIGTERM and catches that signal while it runs,
+        # so a SIGTERM sent to this process meanwhile (a scheduler's) ends up here as well,
+        # our handler never called: pymetis says only "Caught an unknown exception!"
+        raise PartitionerError(
+            f"METIS stopped while partitioning {graph.num_nodes} nodes into {num_parts} parts "
+            f"({exc}): the process was sent SIGTERM meanwhile, or METIS failed; if it was not "
+            f"stopped, try --partitioner ldg or random") from None
     parts = np.asarray(membership, dtype=np.int64)
     # METIS may leave a part empty on tiny or disconnected graphs; an empty rank would train on
     # nothing, so move single nodes from the largest parts into empty ones.
