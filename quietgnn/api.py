@@ -107,7 +107,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     A failed worker raises :class:`~quietgnn.runtime.launcher.LaunchError` with its traceback.
     """
     from .config import load_config
-    from .runtime.launcher import launch
+    from .runtime.launcher import ensure_open_files, launch
     from .runtime.plan import plan_local_run
     from .runtime.rundir import check_outputs
     nested = _config_dict(strategy, parts, overrides)
@@ -128,6 +128,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         raise TypeError(f"train(data={type(data).__name__}): expected a quietgnn Graph, a "
                         f"torch_geometric Data, a dataset name or path, or a prepared directory")
     cfg = load_config(None, nested)
+    ensure_open_files(cfg.num_parts, "train")       # as the command line's train does
     if graph is not None and cfg.runtime.resume:
         raise ValueError("train(resume=True) with an in-memory graph: resume from the file the "
                          "first run saved, quietgnn.train('<run_dir>/<name>.npz', resume=True, "

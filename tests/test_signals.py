@@ -199,3 +199,12 @@ def test_a_real_low_soft_limit_is_raised(tmp_path):
                        preexec_fn=low, timeout=60)
     soft, hard = map(int, p.stdout.split())
     assert p.returncode == 0 and soft == hard, p.stderr
+
+
+def test_the_python_api_checks_the_open_files_limit_too(tmp_path, monkeypatch):
+    from quietgnn.api import train
+    _limits(monkeypatch, 16, 16)
+    with pytest.raises(ValueError, match=r"^open-files limit 16 \(hard limit 16\); quietgnn "
+                                         r"train of 2 part\(s\) needs at least"):
+        train("synthetic", parts=2, out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
