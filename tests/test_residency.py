@@ -307,9 +307,11 @@ def test_several_hosts_under_a_level_need_each_sites_own_part(tmp_path, monkeypa
     with pytest.raises(ValueError, match=r"^runtime.residency = features on several hosts "
                                          r"needs each site's own part: without --data"):
         load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")     # one host holds both sites: allowed
-    with pytest.raises(AssertionError, match="whole graph was loaded"):
-        load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)
+    for env, value in (("QUIETGNN_EMULATED_HOSTS", "1"),      # emulated hosts: one machine
+                       ("LOCAL_WORLD_SIZE", "2")):           # one host holds both sites
+        monkeypatch.setenv(env, value)
+        with pytest.raises(AssertionError, match="whole graph was loaded"):
+            load_local_partition(plan_worker(cfg, tmp_path / "run"), 1, 2)
 
 
 def test_prepare_under_a_level_keeps_sites_and_is_judged_by_its_own_rule(tmp_path, capsys):

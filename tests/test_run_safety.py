@@ -651,9 +651,35 @@ def test_ranks_started_with_different_settings_are_refused_by_name():
         assert msg.startswith("the ranks were started with different settings (") and \
             said in msg and msg.endswith("start every rank with the same command line and "
                                          "recipe"), msg
-    # paths and threads may differ per host
+    # paths and threads may differ per host (a graph file too, where its name is the same)
     check_ranks_agree(Comm(same, load_config(None, dict(base, runtime={"threads": 3},
                                                         dataset={"root": "/elsewhere"}))), same)
+    here, there = ({"dataset": {"name": f"{d}/g.npz"}, **base} for d in ("/a", "/b/c"))
+    check_ranks_agree(Comm(load_config(None, here), load_config(None, there)),
+                      load_config(None, here))
+
+
+def test_two_hand_started_ranks_with_another_lr_stop_at_set_up(tmp_path):
+    """The comparison is wired in where torchrun's ranks meet, before the first collective
+    that differing settings break (split_duplex): both ranks exit 2 with the keys named."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, extra in ((0, []), (1, ["--lr", "0.05"])):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   QUIETGNN_SECRET="0123456789abcdef0123456789abcdef")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "quietgnn", "train", "--synthetic.nodes", "300", "--parts",
+             "2", "--epochs", "2", "--out", str(tmp_path), "--run-name", "r",
+             "--runtime.duplex", "on", "--runtime.timeout_s", "30", *extra],
+            env=env, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        err = p.communicate(timeout=60)[1]
+        assert p.returncode == 2, err
+        assert "different settings (train.lr: rank 0 0.01, rank 1 0.05)" in _one_error_line(err)
 
 
 def test_a_run_directory_too_long_for_the_file_system_is_refused_up_front(tmp_path):

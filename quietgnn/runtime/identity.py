@@ -5,6 +5,7 @@ and how two identities differ, in words a resume refusal can show
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
@@ -70,15 +71,19 @@ def run_identity(cfg: ConfigLike) -> dict[str, Any]:
 
 
 #: settings every rank of one run must share beyond its identity: the loop's length, what is
-#: saved and resumed, and how the ranks talk (paths, threads and timeouts may differ per host)
+#: saved and resumed, how the ranks talk (paths, threads and timeouts may differ per host; a
+#: backend that differs fails where the process group forms, before anything is compared)
 _RANKS_SHARE = {"train": ("epochs",), "runtime": ("resume", "checkpoint_every",
                                                    "keep_checkpoints", "deterministic",
-                                                   "duplex", "backend")}
+                                                   "duplex")}
 
 
 def rank_settings(cfg: ConfigLike) -> dict[str, Any]:
     """What :func:`check_ranks_agree` compares: the identity and :data:`_RANKS_SHARE`."""
     mine = run_identity(cfg)
+    name = mine.get("dataset.name")
+    if isinstance(name, str) and ("/" in name or os.sep in name):
+        mine["dataset.name"] = Path(name).name   # a graph file may lie elsewhere on each host
     d = _as_dict(cfg)
     for section, keys in _RANKS_SHARE.items():
         for k in keys:
@@ -87,6 +92,7 @@ def rank_settings(cfg: ConfigLike) -> dict[str, Any]:
 
 
 def settings_digest(settings: dict[str, Any]) -> str:
+    """A short digest of :func:`rank_settings`: what every rank gathers first."""
     import hashlib
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 

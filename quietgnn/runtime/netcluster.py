@@ -36,6 +36,8 @@ from typing import IO, Optional, Sequence
 from .supervise import die_with_parent
 
 SUBNET = "10.213.0"
+#: set in every emulated host's environment: its "hosts" are one machine, one disk
+EMULATED_ENV = "QUIETGNN_EMULATED_HOSTS"
 
 
 def available() -> Optional[str]:
@@ -170,6 +172,7 @@ class Cluster:
     def popen(self, host: int, cmd: Sequence[str], **kw: object) -> subprocess.Popen:
         """Run ``cmd`` inside ``host``'s namespace (own process group: close kills it)."""
         env = dict(os.environ, **kw.pop("env", {}))  # type: ignore[arg-type]
+        env[EMULATED_ENV] = "1"     # the hosts share one machine's disk (worker.py reads it)
         # dies with this process even when it is SIGKILLed (the agent's workers then see
         # their agent gone: worker.watch_parent); close() is for every other ending
         p = subprocess.Popen(_in(self.names[host], *cmd), env=env, start_new_session=True,

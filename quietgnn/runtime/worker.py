@@ -91,8 +91,10 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
         # a strategy that converts the rows it reads gets the part as stored (mapped, narrow)
         return opened.load_part(rank, world,
                                 stored=cfg.strategy_cls.reads_stored_part(cfg.options))
+    from .netcluster import EMULATED_ENV
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if cfg.runtime.residency != "none" and local < world:
+    # (emulated hosts are one machine: the whole graph is on its disk whatever a rank loads)
+    if cfg.runtime.residency != "none" and local < world and not os.environ.get(EMULATED_ENV):
         raise ValueError(f"runtime.residency = {cfg.runtime.residency} on several hosts needs "
                          f"each site's own part: without --data every rank loads the whole "
                          f"graph ({cfg.dataset.name}) and partitions it, so every host would "
@@ -163,12 +165,13 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
               f"any process reaching MASTER_ADDR:MASTER_PORT could have joined as a rank; set "
               f"the same {SECRET_ENV} on every host (openssl rand -hex 32)",
               file=sys.stderr, flush=True)
+    if write_config:   # under torchrun, each rank with its own command line: first of all
+        from .identity import check_ranks_agree     # (split_duplex is collective already)
+        check_ranks_agree(comm, cfg)
     comm.split_duplex(cfg.runtime.duplex)
     comm.residency = cfg.runtime.residency   # before any traffic: every op is checked
-    if write_config:   # under torchrun, each rank with its own command line and --out
-        from .identity import check_ranks_agree
+    if write_config:   # under torchrun, where each host may have been given its own --out
         from .rundir import check_shared
-        check_ranks_agree(comm, cfg)
         check_shared(comm, run_dir)
     if write_config and rank == 0:      # never through a link planted in the run directory
         atomic_write(run_dir / "config.json", cfg.to_json().encode())
