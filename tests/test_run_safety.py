@@ -106,7 +106,7 @@ def test_an_attempt_that_trained_no_epoch_does_not_hold_its_name(tmp_path, capsy
     run_dir = tmp_path / "r"
     (run_dir / "metrics").mkdir(parents=True)
     (run_dir / "logs").mkdir()
-    (run_dir / "config.json").write_text("{}")
+    (run_dir / "config.json").write_text(load_config(None, {}).to_json())
     (run_dir / "logs" / "rank-1.error").write_text("Traceback ...")
     (run_dir / "logs" / "rank-0.log").write_text("rank 0's log")
     setup = (run_dir / "metrics" / "rank-0.jsonl")
@@ -124,13 +124,25 @@ def test_an_attempt_that_trained_no_epoch_does_not_hold_its_name(tmp_path, capsy
     assert (run_dir / "logs" / "rank-0.log").is_file()      # logs are the user's to read
     for held in ("metrics/rank-1.jsonl", "model.pt", "summary.json"):
         (run_dir / "metrics").mkdir(exist_ok=True)
-        (run_dir / "config.json").write_text("{}")
+        (run_dir / "config.json").write_text(load_config(None, {}).to_json())
         (run_dir / held).write_text('{"epoch": 0, "phase": "train"}\n')
         with pytest.raises(ValueError, match="already holds a run") as ei:
             claim_run_dir(cfg, run_dir, lock=False)
         # no checkpoint: --resume is not offered (it would only meet "nothing to continue")
         assert "--resume" not in str(ei.value) and "--runtime.overwrite true" in str(ei.value)
         (run_dir / held).unlink()
+    # a folder of the user's named as the run directory (another tool's config.json and
+    # checkpoints, or a file of theirs beside a quietgnn attempt) is never cleared
+    for planted in ({"config.json": '{"lr": 1}', "checkpoints/model-epoch=9.ckpt": "w"},
+                    {"config.json": load_config(None, {}).to_json(), "notes.txt": "mine"}):
+        for name, text in planted.items():
+            (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / name).write_text(text)
+        with pytest.raises(ValueError, match="already holds a run"):
+            claim_run_dir(cfg, run_dir, lock=False)
+        assert all((run_dir / n).read_text() == t for n, t in planted.items())
+        for name in planted:
+            (run_dir / name).unlink()
 
 
 def test_resume_of_a_finished_run_whose_commit_markers_are_gone_says_what_is_there(tmp_path):

@@ -94,13 +94,27 @@ def _existing(path: Path) -> Path:
 
 
 def _trained_nothing(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` ended before it trained an epoch: no summary, model or
-    committed checkpoint, and no rank's metrics hold a record past set-up (epoch -1)."""
-    from .checkpoint import committed_checkpoints
+    """Whether ``run_dir`` holds a quietgnn attempt that ended before it trained an epoch,
+    and nothing else: a ``config.json`` quietgnn wrote, only quietgnn's own names beside it
+    (a project folder named as the run directory keeps its files: refused, not cleared),
+    no summary, model or checkpoint, and no metrics record past set-up (epoch -1)."""
     from .metrics import metrics_lines
-    if any((run_dir / n).exists() for n in ("summary.json", "model.json", "model.pt")) or \
-            committed_checkpoints(run_dir / "checkpoints"):
+    try:
+        written = loads_json((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
         return False
+    if not isinstance(written, dict) or not {"strategy", "runtime", "train"} <= set(written):
+        return False
+    # what each of quietgnn's names may hold ("": a file; "-": an empty folder, checkpoints/
+    # as set-up leaves it); anything else (summary.json, model.*, a checkpoint, a file of the
+    # user's) is a result, or not quietgnn's
+    own = {"config.json": "", LOCK_FILE: "", "metrics": "rank-*.jsonl", "checkpoints": "-",
+           "logs": "rank-*"}
+    for p in run_dir.iterdir():
+        inside = own.get(p.name)
+        if inside is None or (inside and not (p.is_dir() and all(
+                f.match(inside) or f.name == "attempts.jsonl" for f in p.iterdir()))):
+            return False
     return not any(rec["epoch"] >= 0 for f in (run_dir / "metrics").glob("rank-*.jsonl")
                    if f.is_file() for _, rec in metrics_lines(f))
 
