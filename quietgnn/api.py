@@ -72,7 +72,7 @@ def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any])
             sections = _merge(sections, {key: value})
             continue
         if (key in SECTIONS or key in ("synthetic", "options")) and \
-                not (key in SHORTCUTS and isinstance(value, str)):   # model="sage": a shortcut
+                not (key in SHORTCUTS and isinstance(value, (str, os.PathLike))):  # a shortcut
             short = f"a string ({key}= sets {SHORTCUTS[key]}) or " if key in SHORTCUTS else ""
             raise ValueError(f"train({key}={brief(value)}): expected {short}the section as a "
                              f"mapping of its keys ({key}={{...}}), got {type(value).__name__}")

@@ -63,10 +63,20 @@ def _config(args: argparse.Namespace, rest: list[str], defaults: dict | None = N
     if args.strategy:
         pairs.insert(0, ("strategy", args.strategy))
     overrides = parse_overrides(pairs)
-    # a prepare trains no strategy: its residency level is its own rule (run_prepare), not
-    # the training strategy's (which refused the default 'halo' under any level)
-    level = (overrides.get("runtime") or {}).pop("residency", None) if for_prepare else None
-    cfg = load_config(args.config, overrides, defaults=defaults)
+    recipe = args.config
+    level = None
+    if for_prepare:
+        # a prepare trains no strategy: its residency level is its own rule (run_prepare),
+        # not the training strategy's (which refused the default 'halo' under any level),
+        # whether the flag or the recipe gives it
+        from .config import _merge
+        from .readyaml import read_yaml_mapping
+        raw = read_yaml_mapping(recipe, "config file", "a mapping of sections") \
+            if recipe is not None else {}
+        overrides, recipe = _merge(raw, overrides), None
+        if isinstance(overrides.get("runtime"), dict):
+            level = overrides["runtime"].pop("residency", None)
+    cfg = load_config(recipe, overrides, defaults=defaults)
     if level is not None:
         from .comm.traffic import LEVELS
         if level not in LEVELS:

@@ -265,8 +265,9 @@ def _typed(f: Any, value: Any, section: str) -> Any:
         if value is None and f.type != "str":
             return None
         if not isinstance(value, str):
+            quote = " (in YAML, put it in quotes)" if isinstance(value, (bool, int, float)) else ""
             raise ValueError(f"{section}.{f.name} = {brief(value)} ({type(value).__name__}); "
-                             f"expected a string")
+                             f"expected a string{quote}")
         return value
     if isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
@@ -319,25 +320,32 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def override_value(key: str, raw: Any, shown: str) -> Any:
+    """One ``KEY VALUE`` given as text (a flag, bench's ``--set``): YAML scalars (``128`` ->
+    int, ``true`` -> bool, ``null`` -> None; what is not YAML, a string), but the value of a
+    string field (a path, a name) is taken as typed: read as YAML, ``"p #1"`` lost its
+    ``" #1"``, ``007`` became 7, a newline a space, ``yes`` true (``null`` or ``~`` for an
+    optional one: None). ``shown`` starts a refusal (``--key VALUE``)."""
+    if not isinstance(raw, str):
+        return raw
+    nullable = _string_field(key)
+    if nullable is not None or key == "strategy":
+        return None if nullable and raw in ("null", "~") else raw
+    try:
+        return yaml_value(raw)
+    except YamlRefused as exc:   # not taken as a plain string: it was meant as YAML
+        raise ValueError(f"{shown}{yaml_problem(exc)}") from None
+    except yaml.YAMLError:
+        return raw
+
+
 def parse_overrides(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """``[("model.hidden", "128"), ("strategy", "halo")]`` -> nested dict; values are parsed as
-    YAML scalars (``128`` -> int, ``true`` -> bool, ``null`` -> None), but those of string
-    fields (paths, names) are taken as typed (``null`` or ``~`` for an optional one: None)."""
+    """``[("model.hidden", "128"), ("strategy", "halo")]`` -> nested dict, each value read by
+    :func:`override_value`."""
     out: dict[str, Any] = {}
     for key, raw in pairs:
         key = SHORTCUTS.get(key, key)
-        nullable = _string_field(key) if isinstance(raw, str) else None
-        try:
-            if nullable is not None or key == "strategy":
-                # a path or a name is taken as typed: read as YAML, "p #1" lost its " #1",
-                # "007" became 7, a newline a space, "yes" true
-                value = None if nullable and raw in ("null", "~") else raw
-            else:
-                value = yaml_value(raw) if isinstance(raw, str) else raw
-        except YamlRefused as exc:   # not taken as a plain string: it was meant as YAML
-            raise ValueError(f"--{key} {brief(raw)}{yaml_problem(exc)}") from None
-        except yaml.YAMLError:
-            value = raw
+        value = override_value(key, raw, f"--{key} {brief(raw)}")
         parts = key.split(".")
         if len(parts) > 2:
             raise ValueError(f"config key {brief(key)} is nested too deeply; use section.key")

@@ -154,3 +154,12 @@ def test_values_echoed_by_bench_are_cut(tmp_path, capsys):
                         (HEAD, ("--options", "nope.x=" + "y" * 50_000))]:
         rc, err = _bench(tmp_path, capsys, text, *flags)
         assert rc == 2 and len(err) < 300, err
+
+
+def test_a_seed_out_of_range_is_refused_before_the_first_run():
+    """A matrix's seeds reach each run as --seed: `seeds: [-1]` passed the up-front check and
+    every run then exited 2 on its own."""
+    from quietgnn.analysis.matrix import build_matrix, check_settings
+    specs = build_matrix({"datasets": ["synthetic"], "strategies": ["halo"], "seeds": [0, -1]})
+    with pytest.raises(ValueError, match=r"train.seed = -1; expected an integer in "):
+        check_settings(specs)

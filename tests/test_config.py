@@ -122,7 +122,8 @@ def test_paths_and_names_are_taken_as_typed_and_must_be_strings(tmp_path):
     assert typed["runtime"] == {"out_dir": "res #2\nx", "run_name": "007",
                                 "summary_json": "yes"}
     assert typed["partition"] == {"book": "0x1F"} and typed["train"] == {"epochs": 3}
-    with pytest.raises(ValueError, match=r"^runtime.run_name = 7 \(int\); expected a string$"):
+    with pytest.raises(ValueError, match=r"^runtime.run_name = 7 \(int\); expected a string \(in "
+                                         r"YAML, put it in quotes\)$"):
         load_config(None, {"runtime": {"run_name": 7}})
     with pytest.raises(ValueError, match=r"^runtime.out_dir = True \(bool\); expected a string"):
         load_config(None, {"runtime": {"out_dir": True}})
@@ -145,3 +146,11 @@ def test_seeds_outside_what_metis_and_numpy_take_are_refused_by_name(key, value)
         load_config(None, {section: {name: value}})
     assert getattr(getattr(load_config(None, {section: {name: 2**31 - 1}}), section), name) \
         == 2**31 - 1
+
+
+def test_bench_set_values_of_string_fields_are_taken_as_typed():
+    """bench/advise --set read every value as YAML: `--set runtime.duplex=on` was refused as
+    'True (bool); expected a string', `--set partition.file=2024` as an int."""
+    from quietgnn.analysis.bench import _kv
+    assert _kv(["runtime.duplex=on", "partition.file=2024", "train.lr=0.5"], "--set") == \
+        {"runtime.duplex": "on", "partition.file": "2024", "train.lr": 0.5}

@@ -332,6 +332,10 @@ def test_prepare_under_a_level_keeps_sites_and_is_judged_by_its_own_rule(tmp_pat
     assert PartitionBook.open(tmp_path / "given").method == "given"
     assert main(base[:-1] + ["maybe", "--out", str(tmp_path / "x")]) == 2
     assert "runtime.residency = 'maybe'; expected one of" in capsys.readouterr().err
+    recipe = tmp_path / "r.yaml"          # the level from a recipe: the same rule
+    recipe.write_text("runtime:\n  residency: features\n")
+    assert main(base[:-2] + ["--config", str(recipe), "--out", str(tmp_path / "r")]) == 2
+    assert "partitioner 'metis' would place nodes" in capsys.readouterr().err
 
 
 def test_a_site_with_few_training_nodes_is_told_its_gradients_reveal_them(capsys):

@@ -156,6 +156,9 @@ def test_a_low_soft_open_files_limit_is_raised_to_the_hard_one(monkeypatch):
     lim = _limits(monkeypatch, 65536, 65536)
     launcher.ensure_open_files(2, "train")
     assert lim.set_to == []
+    lim = _limits(monkeypatch, 1024, 2**30)     # a container's: raised to 65536, not 1e9
+    launcher.ensure_open_files(2, "train")
+    assert lim.set_to == [(65536, 2**30)]
 
 
 @pytest.mark.parametrize("argv,what", [
@@ -187,6 +190,9 @@ def test_each_rank_under_torchrun_counts_the_world_size(tmp_path, monkeypatch, c
         capsys.readouterr().err
 
 
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] <
+                    launcher.OPEN_FILES_FLOOR + 2 * launcher.OPEN_FILES_PER_PART,
+                    reason="this machine's hard open-files limit is below what a run needs")
 def test_a_real_low_soft_limit_is_raised(tmp_path):
     """The limit as ``ulimit -Sn 16`` leaves it (with it rank 1's store failed and rank 0
     waited out the timeout): raised to the hard limit, which the workers inherit."""
@@ -198,7 +204,7 @@ def test_a_real_low_soft_limit_is_raised(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        preexec_fn=low, timeout=60)
     soft, hard = map(int, p.stdout.split())
-    assert p.returncode == 0 and soft == hard, p.stderr
+    assert p.returncode == 0 and soft == min(hard, 65536), p.stderr
 
 
 def test_the_python_api_checks_the_open_files_limit_too(tmp_path, monkeypatch):

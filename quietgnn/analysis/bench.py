@@ -65,9 +65,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
-from ..readyaml import YamlRefused, brief, yaml_problem, yaml_value
+from ..config import override_value
+from ..readyaml import brief
 from .matrix import (_SET, _as_list, _entry, _mapping, build_matrix, check_settings,
                      load_matrix)
 from .runner import run_matrix
@@ -116,12 +115,8 @@ def _kv(items: Sequence[str], what: str) -> dict[str, Any]:
         if "=" not in it:
             raise ValueError(f"{what} {brief(it)}: expected KEY=VALUE")
         k, v = it.split("=", 1)
-        try:   # read as train reads --key VALUE: no aliases; what is not YAML, a string
-            out[k.strip()] = yaml_value(v)
-        except YamlRefused as exc:
-            raise ValueError(f"{what} {brief(it)}{yaml_problem(exc)}") from None
-        except yaml.YAMLError:
-            out[k.strip()] = v
+        # read as train reads --key VALUE (a path or name as typed), but without its aliases
+        out[k.strip()] = override_value(k.strip(), v, f"{what} {brief(it)}")
     return out
 
 

@@ -344,7 +344,8 @@ def check_settings(specs: list[RunSpec]) -> None:
         prepared = s.overrides.get("dataset.prepared")
         if prepared is not None and not (Path(str(prepared)) / "book.json").is_file():
             continue
-        over = {"model.arch": s.model, "partition.parts": s.parts, **s.overrides}
+        over = {"model.arch": s.model, "partition.parts": s.parts, "train.seed": s.seed,
+                **s.overrides}
         key = json.dumps([s.strategy, s.options, over], sort_keys=True, default=str)
         if key in seen:
             continue

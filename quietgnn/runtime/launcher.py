@@ -102,8 +102,9 @@ def ensure_open_files(parts: int, command: str) -> None:
     if hard != inf and hard < need:
         raise ValueError(f"open-files limit {soft} (hard limit {hard}); quietgnn {command} of "
                          f"{parts} part(s) needs at least {need} open files: {fix}")
-    # the kernel takes no infinite soft limit for files (it caps them at fs.nr_open)
-    want = hard if hard != inf else need
+    # the kernel takes no infinite soft limit for files (it caps them at fs.nr_open), and a
+    # container's hard limit (~1e9) would slow down whatever loops up to the soft one
+    want = min(hard if hard != inf else need, max(need, 65536))
     if soft != inf and soft < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))

@@ -486,7 +486,8 @@ def check_shared(comm: Any, run_dir: Path) -> None:
         raise ValueError(
             f"rank(s) {[r for r, _ in blind]}, on rank 0's host, do not see the run directory "
             f"{str(run_dir)!r} that rank 0 writes: they were given another --out or "
-            f"--run-name; start every rank with the same ones")
+            f"--run-name (start every rank with the same ones), or they run in containers "
+            f"that share a host name but not rank 0's file system")
     if blind:
         raise ValueError(
             f"the run directory {str(run_dir)!r} is not shared: rank(s) {[r for r, _ in blind]} "
