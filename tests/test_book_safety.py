@@ -493,3 +493,22 @@ def test_json_nested_too_deep_is_damage_in_every_file_quietgnn_reads(tmp_path, s
     (tmp_path / "config.json").write_text(DEEP)
     with pytest.raises(ValueError, match=r"config.json' is not JSON \(nested deeper"):
         _run_config(tmp_path / "config.json")
+
+
+def test_a_cached_book_another_run_wrote_meanwhile_is_used_not_replaced(tmp_path,
+                                                                       monkeypatch):
+    """Two runs of one cache key both built its book; the second moved the first's aside
+    and deleted it while the first run's workers could be opening it."""
+    import quietgnn.partition as partition
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    real = partition.make_book
+
+    def raced(path, graph, *a, **k):       # the other run finishes first
+        real(path, graph, *a, **{**k, "overwrite": True})
+        (path / "theirs").write_text("")       # marks the other run's directory
+        return real(path, graph, *a, **k)
+    monkeypatch.setattr(partition, "make_book", raced)
+    cfg = _cfg(dataset={"name": "synthetic"}, synthetic=SYN, partition={"parts": 2})
+    path = prepare_book(cfg, log=lambda m: None)
+    assert (path / "theirs").exists()         # kept: the other run's workers read it
+    PartitionBook.open(path)

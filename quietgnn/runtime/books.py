@@ -268,11 +268,21 @@ def _identity_diffs(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
 
 def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
     from ..datasets import load_dataset
-    from ..partition import make_book
+    from ..partition import PartitionBook, make_book
     graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
                          split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
-    make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
-              clusters=cfg.partition.clusters, file=cfg.partition.file)
+    try:
+        # never replacing an entry: another run's workers may be reading it already
+        make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
+                  clusters=cfg.partition.clusters, file=cfg.partition.file, overwrite=False)
+    except ValueError:
+        try:    # a run of the same key wrote it meanwhile: the same graph and assignment
+            PartitionBook.open(path)
+        except ValueError:
+            pass
+        else:
+            return graph.name, graph.num_nodes, graph.num_edges
+        raise
     return graph.name, graph.num_nodes, graph.num_edges
 
 
