@@ -58,7 +58,11 @@ def partition_key(cfg: RunConfig) -> str:
         key_src["synthetic"] = asdict(cfg.synthetic)
     # The content of every file the graph and the assignment are read from: a file replaced
     # in place (same path, even the same size and mtime) gets a new book, not the old one.
-    key_src["content"] = [[str(f), _content_sha256(f)]
+    # A graph file is keyed by its name and content, not where it lies: the Python API stages
+    # an in-memory graph in each run's own directory, and each call made a book of its own.
+    if Path(cfg.dataset.name).is_file():
+        data["name"] = Path(cfg.dataset.name).name
+    key_src["content"] = [[f.name, _content_sha256(f)]
                           for f in dataset_files(cfg.dataset.name, cfg.dataset.root)]
     if cfg.partition.file:
         f = Path(cfg.partition.file)
