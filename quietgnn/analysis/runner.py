@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from ..heap import mem_available_mb
 from ..safefiles import atomic_write
@@ -26,20 +26,29 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _group_rss_mb(pgid: int) -> list[float]:
-    """Resident MiB of every process in process group ``pgid`` (a run's launcher and its
-    workers: the run starts its own group)."""
-    out = []
+def _group(pgid: int) -> Iterator[tuple[Path, str]]:
+    """``/proc/<pid>`` and the state letter of every process in process group ``pgid`` (a
+    run's launcher and its workers: the run starts its own group)."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
+            state, _, pg = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue     # gone between the listing and the read
+        if int(pg) == pgid:
+            yield d, state
+
+
+def _group_rss_mb(pgid: int) -> list[float]:
+    """Resident MiB of every process in process group ``pgid``."""
+    out = []
+    for d, _ in _group(pgid):
+        try:
             out += [int(x.split()[1]) / 1024.0 for x in (d / "status").read_text().splitlines()
                     if x.startswith("VmRSS:")]
         except (OSError, ValueError, IndexError):
-            continue     # gone between the listing and the read
+            continue     # gone since
     return out
 
 
@@ -60,16 +69,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 def _group_left(pgid: int) -> int:
     """Processes of group ``pgid`` not yet dead (a zombie, dead and not yet reaped by its new
     parent, is not counted; one still exiting is, though its memory is already gone)."""
-    left = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            state, _, pg = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue     # gone between the listing and the read
-        left += int(pg) == pgid and state not in ("Z", "X")
-    return left
+    return sum(state not in ("Z", "X") for _, state in _group(pgid))
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, floor_mb: Optional[float]
