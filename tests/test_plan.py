@@ -90,6 +90,25 @@ def test_workers_rebuild_the_launchers_plan(tmp_path, monkeypatch):
     assert RunPlan(cfg=cfg, run_dir=Path("r"), dataset={}).worker_env() == {}
 
 
+def test_a_book_replaced_after_the_launchers_check_is_refused_by_the_worker(tmp_path,
+                                                                           monkeypatch):
+    """A ``prepare --overwrite`` between the launcher's check and a worker's start: the worker
+    would have trained a book nobody checked against the dataset."""
+    import shutil
+    cfg = _cfg(partition={"parts": 2, "method": "random", "seed": 3})
+    launched = plan_run(cfg, tmp_path / "run", _quiet)
+    for k, v in launched.worker_env().items():
+        monkeypatch.setenv(k, v)
+    assert load_local_partition(plan_worker(cfg, tmp_path / "run"), 0, 2).book_id == \
+        launched.book_id
+    other = plan_run(_cfg(partition={"parts": 2, "method": "random", "seed": 4}),
+                     tmp_path / "run2", _quiet)
+    shutil.rmtree(launched.book)
+    shutil.copytree(other.book, launched.book)
+    with pytest.raises(ValueError, match="was replaced after the launcher checked it"):
+        load_local_partition(plan_worker(cfg, tmp_path / "run"), 0, 2)
+
+
 def test_run_directory_names(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_mod.time, "strftime", lambda fmt: "20260101-000000")
     cfg = _cfg(runtime={"out_dir": str(tmp_path / "runs")})

@@ -27,6 +27,8 @@ __all__ = ["RunPlan", "plan_run", "plan_local_run", "plan_worker", "local_run_di
 
 #: how the launcher hands the book it resolved (and checked) to its workers
 BOOK_ENV = "QUIETGNN_BOOK"
+#: ... and the id of that book, which each worker finds again before it reads its part
+BOOK_ID_ENV = "QUIETGNN_BOOK_ID"
 
 Log = Callable[[str], None]
 
@@ -47,10 +49,16 @@ class RunPlan:
     #: the book was checked against the loaded dataset before any worker started (the
     #: launcher did); otherwise each worker checks what is known without loading
     book_checked: bool = False
+    #: the id of the book that was checked (``book.json``'s ``book_id``): a worker refuses
+    #: another found at ``book`` (a ``prepare --overwrite`` between the check and its start)
+    book_id: Optional[str] = None
 
     def worker_env(self) -> dict[str, str]:
         """The environment that lets a launched worker's :func:`plan_worker` find the book."""
-        return {BOOK_ENV: str(self.book)} if self.book is not None else {}
+        env = {BOOK_ENV: str(self.book)} if self.book is not None else {}
+        if self.book is not None and self.book_id is not None:
+            env[BOOK_ID_ENV] = self.book_id
+        return env
 
 
 def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
@@ -76,7 +84,7 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
         check_resume_features(Path(run_dir) / "checkpoints",
                               [opened.features_identity(r) for r in range(opened.num_parts)])
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=identity, book=book,
-                   partition_key=key, book_checked=True)
+                   partition_key=key, book_checked=True, book_id=opened.book_id)
 
 
 def check_model_fits_book(cfg: RunConfig, book: Any) -> None:
@@ -129,7 +137,8 @@ def plan_worker(cfg: RunConfig, run_dir: Path) -> RunPlan:
     handed = os.environ.get(BOOK_ENV)
     book = handed or cfg.partition.book
     return RunPlan(cfg=cfg, run_dir=Path(run_dir), dataset=dataset_identity_of(cfg),
-                   book=Path(book) if book else None, book_checked=bool(handed))
+                   book=Path(book) if book else None, book_checked=bool(handed),
+                   book_id=os.environ.get(BOOK_ID_ENV) if handed else None)
 
 
 # ---------------------------------------------------------------------- run directory

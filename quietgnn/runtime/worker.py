@@ -81,6 +81,11 @@ def load_local_partition(plan: RunPlan, rank: int, world: int) -> LocalPartition
     cfg = plan.cfg
     if plan.book is not None:
         opened = PartitionBook.open(plan.book)
+        if plan.book_id is not None and opened.book_id != plan.book_id:
+            raise ValueError(f"the partition book {str(plan.book)!r} was replaced after the "
+                             f"launcher checked it (book {plan.book_id}, now "
+                             f"{opened.book_id}): a prepare --overwrite ran meanwhile; start "
+                             f"the run again once it has finished")
         if not plan.book_checked:
             # torchrun (no launcher, whose plan_run checked the book against the loaded
             # dataset before handing it over): check what is known without loading the graph
