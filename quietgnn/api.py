@@ -109,7 +109,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
     from .config import load_config
     from .runtime.launcher import ensure_open_files, launch
     from .runtime.plan import plan_local_run
-    from .runtime.rundir import check_outputs
+    from .runtime.outputs import check_outputs
     nested = _config_dict(strategy, parts, overrides)
     given = nested.get("dataset", {})
     if given.get("name") is not None or given.get("prepared") is not None:
@@ -133,7 +133,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         raise ValueError("train(resume=True) with an in-memory graph: resume from the file the "
                          "first run saved, quietgnn.train('<run_dir>/<name>.npz', resume=True, "
                          "run_name=...)")
-    out_existed = check_outputs(cfg, "out", "summary_json")
+    made = check_outputs(cfg, "out", "summary_json")
 
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
@@ -147,7 +147,7 @@ def train(data: Union[Graph, Any, str, os.PathLike] = "synthetic", strategy: str
         return saved
 
     # refused before launch: the plan leaves nothing behind, as the CLI's does
-    plan = plan_local_run(cfg, log, out_existed=out_existed, label=label, stage=stage)
+    plan = plan_local_run(cfg, log, made=made, label=label, stage=stage)
     run_dir = plan.run_dir
     summary = launch(plan)
     if summary is None:

@@ -132,15 +132,15 @@ def print_summary(summary: dict[str, Any]) -> None:
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .runtime.launcher import launch
     from .runtime.plan import plan_local_run, plan_worker, torchrun_run_dir
-    from .runtime.rundir import check_outputs
+    from .runtime.outputs import check_outputs
     cfg = _config(args, rest)
     _ensure_open_files(cfg, "train")
-    out_existed = check_outputs(cfg, "--out", "--summary-json")
+    made = check_outputs(cfg, "--out", "--summary-json")
     if _under_torchrun():
         summary = _torchrun_worker(plan_worker(cfg, torchrun_run_dir(cfg)))
     else:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        summary = launch(plan_local_run(cfg, log, out_existed=out_existed))
+        summary = launch(plan_local_run(cfg, log, made=made))
     if summary is not None:
         print_summary(summary)
         if cfg.runtime.summary_json:

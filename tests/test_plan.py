@@ -139,5 +139,5 @@ def test_a_refused_plan_leaves_nothing_behind(tmp_path):
         return f
 
     with pytest.raises(ValueError, match=r"num_nodes: book 300, dataset 301"):
-        plan_local_run(cfg, _quiet, out_existed=False, stage=stage)
+        plan_local_run(cfg, _quiet, made=((out, out),), stage=stage)
     assert staged and not staged[0].exists() and not out.exists()

@@ -268,7 +268,7 @@ def test_a_refused_claim_leaves_the_holders_empty_directory(tmp_path):
         cfg = load_config(None, {"partition": {"parts": 2},
                                  "runtime": {"out_dir": str(out), "run_name": "same"}})
         with pytest.raises(ValueError, match="in use by another quietgnn run"):
-            plan_local_run(cfg, lambda m: None, out_existed=True)
+            plan_local_run(cfg, lambda m: None)
         assert run_dir.is_dir()
     finally:
         os.close(holder)
@@ -564,8 +564,33 @@ def test_more_workers_than_the_host_can_start_are_refused_leaving_nothing(tmp_pa
     out.mkdir()
     with pytest.raises(ValueError, match=rf"--parts {parts} starts {parts} worker processes .* "
                                          rf"use fewer parts"):
-        plan_local_run(cfg, lambda m: None, out_existed=False)
+        plan_local_run(cfg, lambda m: None, made=((out, out),))
     assert not out.exists()             # nothing left: not the out directory either
+
+
+def test_a_refused_run_takes_away_every_directory_its_checks_made(tmp_path):
+    """``--out runs/typo/x`` refused before launch left ``runs/typo`` (and a summary's new
+    directories) behind; a directory someone else put a file in meanwhile is kept."""
+    from quietgnn.config import load_config
+    from quietgnn.heap import mem_available_mb
+    from quietgnn.runtime.launcher import WORKER_BASE_MB
+    from quietgnn.runtime.plan import plan_local_run
+    from quietgnn.runtime.outputs import check_outputs
+    parts = int(mem_available_mb() / WORKER_BASE_MB) + 1         # refused by the plan
+    (tmp_path / "runs").mkdir()
+    for kept in (False, True):
+        cfg = load_config(None, {"partition": {"parts": parts}, "runtime": {
+            "out_dir": str(tmp_path / "runs/typo/x/y"),
+            "summary_json": str(tmp_path / "s/t/summary.json")}})
+        made = check_outputs(cfg, "--out", "--summary-json")
+        assert (tmp_path / "runs/typo/x/y").is_dir() and (tmp_path / "s/t").is_dir()
+        if kept:
+            (tmp_path / "runs/typo/theirs.txt").write_text("x")
+        with pytest.raises(ValueError, match="worker processes"):
+            plan_local_run(cfg, lambda m: None, made=made)
+        assert (tmp_path / "runs").is_dir() and not (tmp_path / "s").exists()
+        assert sorted(p.name for p in (tmp_path / "runs").rglob("*")) == \
+            (["theirs.txt", "typo"] if kept else [])
 
 
 def test_a_model_too_large_to_train_is_refused_before_the_run_directory_is_written(
@@ -584,7 +609,7 @@ def test_a_model_too_large_to_train_is_refused_before_the_run_directory_is_writt
     for _ in range(2):
         with pytest.raises(ValueError, match=r"^model.hidden = 1000000: .* on each of the 2 "
                                              r"ranks of this host, needs"):
-            plan_local_run(load_config(None, cfg), lambda m: None, out_existed=False)
+            plan_local_run(load_config(None, cfg), lambda m: None, made=((out, out),))
         assert not out.exists()
 
 

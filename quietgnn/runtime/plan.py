@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 # (typing.get_type_hints(RunPlan)), and the config is loaded before any plan anyway
 from ..config import RunConfig
 from .books import dataset_identity_of, resolve_book
+from .outputs import Made
 
 __all__ = ["RunPlan", "plan_run", "plan_local_run", "plan_worker", "local_run_dir",
            "torchrun_run_dir", "check_model_fits_book", "BOOK_ENV"]
@@ -101,14 +102,15 @@ def check_model_fits_book(cfg: RunConfig, book: Any) -> None:
                          copies=TRAINING_COPIES, ranks=cfg.num_parts)
 
 
-def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Optional[str] = None,
+def plan_local_run(cfg: RunConfig, log: Log, *, made: Made = (), label: Optional[str] = None,
                    stage: Optional[Callable[[Path], Optional[Path]]] = None) -> RunPlan:
     """A local run up to its launch: the run directory resolved (:func:`local_run_dir`) and
     claimed, then ``stage(run_dir)`` (the API saves an in-memory graph there, names it in
     ``cfg`` and returns the file), then :func:`plan_run`. A run refused here leaves nothing
     behind: not the staged file, not an empty run directory, not an out directory it made
-    (``out_existed``: whether ``cfg.runtime.out_dir`` existed before the run's checks)."""
+    (``made``: the directories the run's output checks made, :func:`outputs.check_outputs`)."""
     from .launcher import check_workers_fit
+    from .outputs import remove_made
     from .rundir import claim_run_dir, holds_run_dir, remove_if_empty
     run_dir: Optional[Path] = None
     staged: Optional[Path] = None
@@ -126,8 +128,7 @@ def plan_local_run(cfg: RunConfig, log: Log, *, out_existed: bool, label: Option
             # the unnamed run's directory _claim_dir just made; never another run's, which
             # may be empty still while that run builds its book
             remove_if_empty(run_dir)
-        if not out_existed:
-            remove_if_empty(Path(cfg.runtime.out_dir))
+        remove_made(made)
         raise
 
 

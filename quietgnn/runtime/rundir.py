@@ -14,7 +14,8 @@ under ``torchrun``:
   nothing and report the old numbers as new); other training settings than the checkpoint's are
   refused by :func:`~quietgnn.runtime.checkpoint.check_resume_compatible` (``train.*`` is part
   of the run identity, ``train.epochs`` excepted);
-* every output path is checked writable before the (possibly long) run starts;
+* every output path is checked writable before the (possibly long) run starts
+  (:mod:`quietgnn.runtime.outputs`);
 * one run at a time: the process that claims a run directory (the launcher; rank 0 under
   torchrun) holds a lock on it until it exits, and a second claim is refused: two ``--resume``
   of one run would otherwise train from each other's checkpoints into one metrics file;
@@ -35,15 +36,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from ..safefiles import no_follow, temp_name
+from ..safefiles import no_follow
 from ..serial import loads_json
+from .outputs import _oserr
 
 if TYPE_CHECKING:
     from ..config import RunConfig
 
 __all__ = ["claim_run_dir", "release_run_dir", "holds_run_dir", "remove_if_empty",
-           "check_writable_dir", "check_writable_file", "check_outputs", "record_attempt",
-           "attempts", "attempt_totals", "tee_stderr", "restart_count", "check_path_room"]
+           "record_attempt", "attempts", "attempt_totals", "tee_stderr", "restart_count",
+           "check_path_room"]
 
 #: what makes a directory "hold a run" (log files alone do not: they are truncated on reuse)
 _RESULTS = ("summary.json", "config.json", "metrics", "checkpoints", "model.json", "model.pt")
@@ -327,51 +329,6 @@ def remove_if_empty(run_dir: Path) -> None:
         Path(run_dir).rmdir()      # fails on a non-empty (or missing) directory, as intended
     except OSError:
         pass
-
-
-# ---------------------------------------------------------------------- writability
-def check_writable_dir(path: str | Path, what: str) -> Path:
-    """Create ``path`` if needed and prove a file can be written and synced there (a full or
-    read-only file system shows here, not after the run)."""
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / temp_name(".quietgnn-probe")     # made anew: nothing planted there
-        with open(probe, "xb", opener=no_follow) as f:
-            f.write(b"x")
-            f.flush()
-            os.fsync(f.fileno())
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"{what} {str(p)!r} is not a writable directory ({_oserr(exc)}); "
-                         f"choose another path") from exc
-    return p
-
-
-def check_writable_file(path: str | Path, what: str) -> Path:
-    """``path`` will be written at the end of the run: it must be a regular file (or not exist)
-    in a writable directory."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise ValueError(f"{what} {str(p)!r} is not a regular file; give a file path such as "
-                         f"out/summary.json")
-    check_writable_dir(p.parent if str(p.parent) else Path("."), f"{what}'s directory")
-    return p
-
-
-def check_outputs(cfg: RunConfig, out_what: str, summary_what: str) -> bool:
-    """Prove every output of the run writable before it starts, not unwritable after it
-    (``out_what`` / ``summary_what``: how the caller names the two settings in errors).
-    Returns whether the out directory existed before (a refused run removes one it made)."""
-    existed = Path(cfg.runtime.out_dir).exists()
-    check_writable_dir(cfg.runtime.out_dir, out_what)
-    if cfg.runtime.summary_json:
-        check_writable_file(cfg.runtime.summary_json, summary_what)
-    return existed
-
-
-def _oserr(exc: OSError) -> str:
-    return f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
 
 
 # ---------------------------------------------------------------------- attempts
