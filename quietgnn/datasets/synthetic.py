@@ -10,14 +10,14 @@ project is how communication grows with the graph. The generator gives graphs fr
 * **degree skew** - a power-law exponent for the expected degrees. Hubs make halos large and
   partitions unbalanced, which is where communication strategies differ most.
 * **feature signal** - class mean + Gaussian noise. At the defaults an MLP on features alone
-  gets ~70 % accuracy and a 2-layer GCN clearly more, so the graph carries real information.
+  is far from perfect and a 2-layer GCN clearly better, so the graph carries real information.
   ``feature_noise`` scales the noise; ``signal_fraction`` puts the class means in the first
   share of the columns only, the rest pure noise (a model must find the informative ones).
 * **class imbalance** - class sizes follow a Zipf law ``(c + 1)^-class_imbalance``: rare
   classes are the ones a strategy that sees few labels per part loses first.
 
 Two named points of that space (``synthetic.preset``, :data:`PRESETS`): ``easy``, the field
-defaults below, where every strategy reaches ~99 % and none can be told apart, and ``hard``,
+defaults below, where every strategy comes near perfect and none can be told apart, and ``hard``,
 the default of ``quietgnn prepare synthetic``, where a GCN lands well short of perfect and the
 cross-partition edges carry accuracy an isolating strategy must do without (measured in
 ``benchmarks/bench_synthetic.py``).
@@ -40,10 +40,10 @@ from ..graph import Graph, random_split
 
 __all__ = ["SyntheticSpec", "PRESETS", "make_synthetic", "edge_homophily", "class_weights"]
 
-#: Norm of the class mean vectors relative to a unit-variance noise dimension. 2.0 puts an
-#: MLP on the default spec (8 classes, noise 1) at ~70 % test accuracy: far from trivial
-#: (> 95 %) and far from hopeless (12.5 % chance). Independent of ``feature_dim`` because the
-#: means are normalised to this length.
+#: Norm of the class mean vectors relative to a unit-variance noise dimension, chosen so that an
+#: MLP on the default spec (8 classes, noise 1) is far from trivial and far from hopeless
+#: (``benchmarks/bench_synthetic.py`` measures where it lands). Independent of
+#: ``feature_dim`` because the means are normalised to this length.
 _MEAN_NORM = 2.0
 
 
@@ -186,8 +186,8 @@ def _draw_keys(y: Tensor, theta: Tensor, count: int, homophily: float, spec: Syn
 
     def pick(u: Tensor, presorted: bool = False) -> Tensor:
         """Node whose cumulative range holds u (u in [0, total)). Binary searches with sorted
-        queries walk ``cum`` in order and stay in cache: ~2x less CPU than random queries at
-        10^6 nodes, even counting the sort."""
+        queries walk ``cum`` in order and stay in cache, which costs less than random queries
+        at 10^6 nodes even counting the sort."""
         if presorted:
             pos = torch.searchsorted(cum, u, right=True)
         else:

@@ -1,6 +1,6 @@
 """Run a function on P local processes joined in a gloo group (tests and benchmarks).
 
-A process that imports torch costs 2-3 s of CPU before it does anything; a suite that starts
+A process that imports torch costs seconds of CPU before it does anything; a suite that starts
 four of them for each of a few hundred checks spends most of its time starting processes. So
 :func:`spawn_function` can keep its processes (``reuse``, on where ``QUIETGNN_REUSE_WORKERS``
 is set, as the tests do): each call is then handed to the same workers, made to look like a

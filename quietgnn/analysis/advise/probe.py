@@ -6,8 +6,8 @@ The extension: on a graph where ``centralized`` ran (so the target and the work 
 known), every strategy but a periodic one (``grappa``, probed at another reload period than a
 real run's) is run on for as many epochs as ``centralized`` needed, evaluated after each, so
 one that gets there sooner than the borrowed table expects is seen doing so on this graph
-(``minibatch`` reached 98 % of ``centralized`` in 4 updates on CiteSeer/SAGE, where
-``centralized`` needed 40 and the other graphs' runs suggested ~45), and one still short of
+(a mini-batch strategy can need far fewer updates on one graph than the other graphs' runs
+suggest), and one still short of
 the target then is seen to be, and how far (``rank`` asks the borrowed runs that were as far
 short what became of them: :func:`~quietgnn.analysis.advise.fit.late_odds`). ``tma``'s probe
 epoch is its real averaging period, so its extension is its real run; a phased strategy
