@@ -380,3 +380,70 @@ def test_the_prepared_gpu_benchmark_runs_end_to_end_in_its_dry_run(tmp_path):
     assert all(r["bytes_per_epoch"] > 0 for r in big)
     table = (tmp_path / "gpu.md").read_text()
     assert "DIFFER" not in table and "| llcg | 2 | gloo |" in table
+
+
+# ---------------------------------------------------------------- what the runs above miss
+def test_sancus_reads_every_peers_decision_back_in_one_read():
+    """SANCUS's decisions cross as one flag per peer and layer, every epoch; on a GPU each read
+    of the device is a sync, so the P flags come back in one read (they were P - 1, one per
+    peer). A run at P = 2 reads one flag either way: a stand-in communicator of 4 ranks."""
+    from types import SimpleNamespace
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from fakecuda import on_device
+    from quietgnn.strategies.sancus import SancusOptions, SkipExchange
+
+    class Reads(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            where = (kwargs or {}).get("device")
+            to_host = name == "_to_copy" and where is not None and \
+                torch.device(where).type == "cpu"
+            if (name == "_local_scalar_dense" or to_host) and on_device(args[0]):
+                Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    peers = [True, False, True, True]       # what each rank decided (this one is rank 0)
+
+    def all_to_all(send, kind, counts, carries=None):
+        assert len(send) == 4 and all(on_device(s) for s in send)
+        return [s.clone() if j == 0 else torch.full_like(s, int(peers[j]))
+                for j, s in enumerate(send)]
+    comm = SimpleNamespace(world_size=4, rank=0, all_to_all=all_to_all)
+    with fake_cuda():
+        ex = SimpleNamespace(comm=comm, halo_ids=torch.zeros(0, dtype=torch.int64,
+                                                               device="cuda"))
+        se = SkipExchange(ex, torch.zeros(0, dtype=torch.int64, device="cuda"),
+                          SancusOptions(bound=0.1))
+        rows = torch.ones(3, 2, device="cuda")
+        with Reads():
+            first = se._decide(rows, 0)         # nothing sent yet: fresh, no drift to read
+        assert first == peers and Reads.n == 1
+        se.sent[0], se.age[0] = rows, 0
+        Reads.n = 0
+        with Reads():
+            later = se._decide(rows, 0)         # unchanged rows: the drift read, then flags
+        assert later == [False, False, True, True] and Reads.n == 2
+
+
+def test_a_gpu_runs_model_is_checked_against_the_hosts_memory_as_one_copy_a_rank(
+        tmp_path, monkeypatch):
+    """Before launch the host's ranks together are checked against its memory: four copies of
+    the weights a rank on the CPU (weights, gradients, Adam's moments), one on a GPU, where
+    the host holds the model only while it is built (the worker's own rule). A GPU run was
+    refused by the CPU's count: a model that trains was called too large for the host."""
+    from quietgnn.config import load_config
+    from quietgnn.runtime.plan import plan_local_run
+    monkeypatch.setattr("quietgnn.heap.mem_available_mb", lambda: 1000.0)
+    _gpus(monkeypatch, 2)
+    # one copy (64 x 10**6 floats, 0.25 GiB) on each of 2 ranks fits; four copies do not
+    cfg = {"partition": {"parts": 2}, "model": {"hidden": 10**6},
+           "synthetic": {"nodes": 300, "feature_dim": 64}}
+    with pytest.raises(ValueError, match=r"^model.hidden = 1000000: .* on each of the 2 ranks"):
+        plan_local_run(load_config(None, {**cfg, "runtime": {"out_dir": str(tmp_path / "c")}}),
+                       lambda m: None)
+    gpu = load_config(None, {**cfg, "runtime": {"out_dir": str(tmp_path / "g"),
+                                                "device": "cuda"}})
+    plan = plan_local_run(gpu, lambda m: None)
+    assert plan.cfg.runtime.backend == "nccl"

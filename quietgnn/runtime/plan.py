@@ -78,7 +78,7 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
     from ..graph import check_trainable_split
     from ..partition import PartitionBook
     opened = PartitionBook.open(book)       # its manifest, once, for the checks below
-    check_model_fits_book(cfg, opened)
+    check_model_fits_book(cfg, opened, on_gpu=placement.device.type == "cuda")
     check_trainable_split(*opened.split_counts(), str(opened.graph.get("name")))
     if cfg.runtime.resume:      # features edited since the checkpoint: refused before launch
         from .checkpoint import check_resume_features
@@ -88,18 +88,21 @@ def plan_run(cfg: RunConfig, run_dir: Path, log: Log = print) -> RunPlan:
                    partition_key=key, book_checked=True, book_id=opened.book_id)
 
 
-def check_model_fits_book(cfg: RunConfig, book: Any) -> None:
+def check_model_fits_book(cfg: RunConfig, book: Any, on_gpu: bool = False) -> None:
     """Refuse (``ValueError``) a model that every rank of this host cannot train in the memory
     available, before a worker starts or anything is written into the run directory: refused
     in the workers instead, the run left its ``config.json`` behind, and a rerun under the same
     ``--run-name`` found a run there. The book (an opened
     :class:`~quietgnn.partition.PartitionBook`) knows the graph's widths without loading it (a
-    book too old to say is left to the workers' own check)."""
+    book too old to say is left to the workers' own check). ``on_gpu``: the ranks train on
+    GPUs, where the weights, their gradients and Adam's moments live; a rank's host memory
+    holds one copy, while it builds the model (the workers' own rule,
+    ``WorkerContext.build_model``)."""
     from ..nn.model import TRAINING_COPIES, check_model_fits
     g, m = book.graph, cfg.model
     if isinstance(g.get("num_features"), int) and isinstance(g.get("num_classes"), int):
         check_model_fits(m.arch, g["num_features"], m.hidden, g["num_classes"], m.layers,
-                         copies=TRAINING_COPIES, ranks=cfg.num_parts)
+                         copies=1 if on_gpu else TRAINING_COPIES, ranks=cfg.num_parts)
 
 
 def plan_local_run(cfg: RunConfig, log: Log, *, made: Made = (), label: Optional[str] = None,

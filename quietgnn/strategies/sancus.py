@@ -86,7 +86,9 @@ class SkipExchange:
             fresh = drift >= self.bound * size
         flag = torch.tensor([[int(fresh)]], dtype=torch.uint8, device=rows.device)
         got = ex.comm.all_to_all([flag] * P, "sancus_skip", [1] * P, carries=Traffic.CONTROL)
-        return [bool(g.reshape(-1)[0]) if j != ex.comm.rank else fresh for j, g in enumerate(got)]
+        # every peer's flag in one read, not one read per peer (on a GPU each is a sync)
+        flags = torch.cat([g.reshape(-1) for g in got]).cpu().tolist()
+        return [bool(f) if j != ex.comm.rank else fresh for j, f in enumerate(flags)]
 
     def __call__(self, h: Tensor, layer: int, drop: Optional[tuple[float, int]] = None) -> Tensor:
         ex = self.ex
