@@ -6,6 +6,7 @@ accuracies, and every communicator record, byte for byte."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -447,3 +448,22 @@ def test_a_gpu_runs_model_is_checked_against_the_hosts_memory_as_one_copy_a_rank
                                                 "device": "cuda"}})
     plan = plan_local_run(gpu, lambda m: None)
     assert plan.cfg.runtime.backend == "nccl"
+
+
+def test_deterministic_runs_on_a_gpu_fix_cublas_workspace_first(monkeypatch):
+    """``runtime.deterministic`` on a GPU: cuBLAS refuses deterministic mode at the first
+    matmul unless ``CUBLAS_WORKSPACE_CONFIG`` is set; a CPU run sets nothing, and a value the
+    user chose is kept."""
+    from quietgnn.runtime.worker import use_deterministic
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        use_deterministic(torch.device("cpu"))
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        assert torch.are_deterministic_algorithms_enabled()
+        use_deterministic(torch.device("cuda", 1))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        use_deterministic(torch.device("cuda", 0))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -132,6 +132,16 @@ def note_few_training_nodes(part: LocalPartition, level: str, rank: int) -> None
               f"cover)", file=sys.stderr, flush=True)
 
 
+def use_deterministic(device: torch.device) -> None:
+    """``runtime.deterministic``: torch's deterministic algorithms. On a GPU cuBLAS is
+    repeatable only with a fixed workspace, set before its first call (CUDA's own rule; without
+    it torch raises at the first matmul): the smaller of the two settings torch names, unless
+    the user chose one."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, Any]]:
     """Train this rank's share of ``plan``; returns the run summary on rank 0 (None
     elsewhere). ``write_config``: rank 0 writes ``config.json`` (under torchrun; the local
@@ -147,12 +157,12 @@ def run_worker(plan: RunPlan, write_config: bool = False) -> Optional[dict[str, 
                          f"{cfg.num_parts} partition(s) (strategy {cfg.strategy!r}); start "
                          f"{cfg.num_parts} processes or set --parts {world}")
     torch.set_num_threads(cfg.runtime.threads)
-    if cfg.runtime.deterministic:
-        torch.use_deterministic_algorithms(True)
     from .devices import place
     placement = place(cfg.runtime.device, cfg.runtime.backend, local_rank,
                       int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     device = placement.device
+    if cfg.runtime.deterministic:
+        use_deterministic(device)
     if write_config:   # under torchrun: what config.json records, as the launcher's does
         cfg.runtime.backend = placement.backend
     if device.type == "cuda":
