@@ -94,3 +94,24 @@ def test_every_strategy_on_a_real_gpu_runs_as_on_the_cpu(P, tmp_path):
     gpu = spawn_function(_train, P, args=args, reuse=False, device="cuda")
     bad = [f"rank {r}: {m}" for r in range(P) for m in _compare(cpu[r], gpu[r])]
     assert not bad, "\n".join(bad)
+
+
+def _twice_deterministic(comm, graph, parts, tmp, names):
+    """Every run twice under ``runtime.deterministic``'s settings, on this rank's device."""
+    from quietgnn.runtime.worker import use_deterministic
+    use_deterministic(comm.device)
+    return [_train(comm, graph, parts, f"{tmp}/{i}", names) for i in range(2)]
+
+
+def test_deterministic_runs_repeat_to_the_bit_on_a_real_gpu(tmp_path):
+    """``runtime.deterministic`` on a GPU: no strategy meets an operation without a
+    deterministic CUDA kernel (torch would raise naming it), and a run repeats exactly."""
+    graph = small_graph()
+    names = list(RUNS)
+    first, second = spawn_function(_twice_deterministic, 1, reuse=False, device="cuda", args=(
+        graph, partition_nodes(graph, "metis", 1, seed=0), str(tmp_path), names))[0]
+    bad = [f"{n}: {first[n] if isinstance(first[n], str) else second[n]}" for n in names
+           if isinstance(first[n], str) or isinstance(second[n], str)]
+    bad += [f"{n}: the second run's records differ" for n in names
+            if n not in " ".join(bad) and first[n][0] != second[n][0]]
+    assert not bad, "\n".join(bad)
