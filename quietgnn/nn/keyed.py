@@ -71,8 +71,8 @@ def keep_mask(counters: Tensor, p: float, key: int) -> Tensor:
 def _keep_in_place(x: Tensor, p: float) -> Tensor:
     """:func:`keep_mask` of the int64 counters already xor-ed with the key, overwriting ``x``:
     the same bits as :func:`_mix`, but each step in place, so a slice of a few 10^4 entries
-    stays in cache (3x faster than fresh temporaries per step, which made the masks of
-    ``halo``'s ``skip_dropped`` cost more compute than the whole-row exchange they replace)."""
+    stays in cache (fresh temporaries per step made the masks of ``halo``'s
+    ``skip_dropped`` cost more compute than the whole-row exchange they replace)."""
     x ^= x >> 30
     x *= _M1
     x ^= x >> 27

@@ -77,9 +77,9 @@ class AdaQPOptions:
     ``overlap``: central rows computed while messages fly; ``assign_cycle``: epochs between
     bit assignments; ``group_size``: messages per width decision; ``lam``: weight of variance
     against time; ``solver``: ``fast`` (the Pareto sweep of :mod:`quietgnn.comm.bitassign`,
-    ~1 ms, reaches the MILP's objective -- tested), ``milp`` (exact, PuLP + CBC: a CBC
-    subprocess per exchange and cycle, tens of ms on rank 0's critical path while the other
-    ranks wait), ``auto`` (MILP up to 64 groups per exchange);
+    in process, reaches the MILP's objective -- tested), ``milp`` (exact, PuLP + CBC: a CBC
+    subprocess per exchange and cycle, on rank 0's critical path while the other ranks
+    wait), ``auto`` (MILP up to 64 groups per exchange);
     ``time_model``: ``profile`` (measured at start-up) or a network tier name (``lan``, ...)."""
 
     bits: Union[str, int] = "adaptive"   # adaptive, or a fixed width 2/4/8 (32 = halo)
