@@ -164,7 +164,8 @@ def _with(nested: dict[str, Any], **dataset: Any) -> dict[str, Any]:
 
 def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
                     root: Optional[str] = None, out: Optional[str | os.PathLike] = None,
-                    embed: bool = False, synthetic: Optional[dict[str, Any]] = None) -> Path:
+                    embed: bool = False, synthetic: Optional[dict[str, Any]] = None,
+                    overwrite: bool = False) -> Path:
     """``quietgnn predict``: per-node class probabilities (``embed``: the last hidden layer)
     of the run's model on ``dataset``, one row per node in node order, as ``.npy`` or, when
     ``out`` ends in ``.parquet``, a table with columns ``node``, ``p0..`` (``h0..``).
@@ -173,10 +174,13 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
     ``config.json`` records), or with ``synthetic`` (the ``synthetic.*`` keys, as ``train``
     takes them) the graph those build; one of other widths than the model's is refused.
 
-    A file inside the run directory (the default ``<run_dir>/predict-<dataset>.npy``) is
-    written as training writes there: never through a symbolic link planted on its way (one is
-    refused by name) and through a temporary file renamed over its name."""
-    from .safefiles import below, check_below, write_below
+    An ``out`` that exists is refused unless ``overwrite`` (it replaced any file, the graph's
+    own labels file included); the default file is predict's own and is replaced. Every file
+    is written to a temporary name and renamed over its name, so a failed write (a full disk)
+    leaves the old one whole. A file inside the run directory (the default
+    ``<run_dir>/predict-<dataset>.npy``) is written as training writes there: never through a
+    symbolic link planted on its way (one is refused by name)."""
+    from .safefiles import below, check_below, write_below, write_replacing
     model = load_model(run_dir)
     if out is not None and Path(out).suffix not in (".npy", ".parquet"):
         raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
@@ -191,6 +195,9 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
             raise ValueError(f"--out {str(path)!r} is the run directory itself; expected a file "
                              f"ending in .npy or .parquet")
         check_below(run_dir, inside, fix)     # before the work, and again as it writes
+    if out is not None and not overwrite and os.path.exists(out):
+        raise ValueError(f"--out {str(out)!r} exists: pass --overwrite (overwrite=True) to "
+                         f"replace it, or choose another file")
     with torch.no_grad():
         arr = (model.embed if embed else model.predict_proba)(graph.x, graph.edge_index())
     arr = arr.numpy()
@@ -200,8 +207,12 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
         return path
     # a path the user chose outside the run directory: a link on it is theirs to have made
     # (e.g. into a shared results folder), not one planted in a run, so it is followed
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from .safefiles import write_failure
+        raise write_failure(path, exc) from exc
+    with write_replacing(path, follow=True) as f:
         _write_array(f, arr, path.suffix, embed)
     return path
 

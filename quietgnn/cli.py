@@ -207,14 +207,15 @@ def cmd_predict(args: argparse.Namespace, rest: list[str]) -> int:
         pairs = None
     if pairs is None or any(not k.startswith("synthetic.") for k, _ in pairs):
         raise ValueError(f"quietgnn predict: unexpected argument(s) {rest}; expected --run DIR "
-                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet] [--embed] "
+                         f"--dataset NAME [--root DIR] [--out FILE.npy|.parquet [--overwrite]] "
+                         f"[--embed] "
                          f"[--synthetic.KEY VALUE ...]")
     if not args.run or not args.dataset:
         raise ValueError("quietgnn predict needs --run DIR (a finished run) and --dataset NAME "
                          "(or a .npz / edge-list path)")
     synthetic = parse_overrides(pairs).get("synthetic") if pairs else None
     out = predict_to_file(args.run, args.dataset, root=args.root, out=args.out,
-                          embed=args.embed, synthetic=synthetic)
+                          embed=args.embed, synthetic=synthetic, overwrite=args.overwrite)
     if out.suffix == ".npy":
         import numpy as np
         n, w = np.load(out, mmap_mode="r").shape
@@ -386,7 +387,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                            "records it; --synthetic.KEY VALUE builds another, as train does)")
             p.add_argument("--root", help="where the dataset's files are")
             p.add_argument("--out", help="output file, .npy (default "
-                           "<run>/predict-<dataset>.npy) or .parquet")
+                           "<run>/predict-<dataset>.npy) or .parquet; an existing one is "
+                           "refused unless --overwrite")
+            p.add_argument("--overwrite", action="store_true",
+                           help="replace the --out file if it exists")
             p.add_argument("--embed", action="store_true",
                            help="write the last hidden layer instead of class probabilities")
     for name in EXTRA_COMMANDS:

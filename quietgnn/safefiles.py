@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
+import shutil
 import stat
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
-__all__ = ["outside", "atomic_write", "fsync_dir", "WriteError", "no_follow", "below",
-           "check_below", "write_below", "open_no_follow", "temp_name", "TEMP_NAME_EXTRA"]
+__all__ = ["outside", "atomic_write", "write_replacing", "fsync_dir", "WriteError", "no_follow",
+           "below", "check_below", "write_below", "open_no_follow", "temp_name",
+           "TEMP_NAME_EXTRA", "disk_reason", "free_space_note", "write_failure"]
 
 #: bytes a temporary name adds to its file's name: ``.<name>.tmp-<pid>-<8 hex>`` (a pid has
 #: at most 7 digits); a name longer than 255 minus this cannot be written
@@ -94,25 +97,68 @@ class WriteError(OSError):
     reason (a full disk, a read-only file system); one line says it all."""
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """temp file in the same directory -> fsync -> rename -> fsync the directory. A failed
-    write (disk full) removes its partial temp file and raises :class:`WriteError` naming ``path``:
-    a full disk must not be made fuller by every failed attempt."""
+def disk_reason(exc: BaseException) -> Optional[tuple[int, str]]:
+    """``(errno, reason)`` when ``exc`` says the disk is full or read-only, else None. The
+    writers say it in their own words: numpy's short write (``"64000 requested and 48096
+    written"``, no errno), DuckDB's IO errors (the OS message inside their text)."""
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return code, os.strerror(code)
+    text = str(exc)
+    if "No space left on device" in text or re.search(r"\d+ requested and \d+ written", text):
+        return errno.ENOSPC, os.strerror(errno.ENOSPC)
+    return None
+
+
+def free_space_note(where: str | Path) -> str:
+    """``"; 3 MiB free there"`` for the file system holding ``where`` ("" if unknown)."""
+    try:
+        left = shutil.disk_usage(where).free
+    except OSError:
+        return ""
+    return f"; {left >> 20} MiB free there" if left >= 1 << 20 else f"; {left >> 10} KiB free there"
+
+
+def write_failure(path: str | Path, exc: BaseException, fix: str = "") -> WriteError:
+    """The one line for a failed write of ``path``: the reason (a full disk said as such, with
+    the space left, whoever's words the writer used), then ``fix``."""
+    known = disk_reason(exc)
+    code, reason = known if known else (getattr(exc, "errno", None),
+                                        getattr(exc, "strerror", None) or str(exc))
+    free = free_space_note(Path(os.path.abspath(path)).parent) if known else ""
+    return WriteError(code, f"could not write {str(path)!r}: {reason}{free}{fix}")
+
+
+@contextlib.contextmanager
+def write_replacing(path: str | Path, fix: str = "", follow: bool = False
+                    ) -> Iterator[IO[bytes]]:
+    """A binary file that becomes ``path`` once the block ends without error: temp file in the
+    same directory -> fsync -> rename -> fsync the directory, so a failed write (a full disk)
+    leaves the old file as it was and no temporary file (one :class:`WriteError` line naming
+    ``path``: a full disk must not be made fuller by every failed attempt). A symbolic link
+    at ``path`` is replaced by the file, unless ``follow`` (a path the user chose, whose link
+    is theirs: its target is replaced)."""
+    path = Path(os.path.realpath(path) if follow else path)
     tmp = path.with_name(temp_name(path.name))
     try:
         with open(tmp, "xb", opener=no_follow) as f:     # x: O_EXCL, a new file only
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
-        try:
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass
-        raise WriteError(exc.errno, f"could not write {str(path)!r}: "
-                                    f"{exc.strerror or exc}") from exc
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise write_failure(path, exc, fix) from exc
+        raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path``, through :func:`write_replacing`."""
+    with write_replacing(path) as f:
+        f.write(data)
 
 
 # ---------------------------------------------------------------------- inside a run directory
@@ -209,7 +255,7 @@ def write_below(root: str | Path, parts: list[str], fix: str = "") -> Iterator[I
     try:
         dfd = _open_dirs(root, parts[:-1], True, fix)
     except OSError as exc:
-        raise WriteError(exc.errno, f"could not write {path!r}: {exc.strerror or exc}") from exc
+        raise write_failure(path, exc, fix) from exc
     assert dfd is not None
     # a name nobody can plant in advance (a folder or link at a predictable one stopped the
     # write); O_EXCL: never someone else's file
@@ -228,8 +274,7 @@ def write_below(root: str | Path, parts: list[str], fix: str = "") -> Iterator[I
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             if isinstance(exc, OSError) and not isinstance(exc, WriteError):
-                raise WriteError(exc.errno, f"could not write {path!r}: "
-                                            f"{exc.strerror or exc}") from exc
+                raise write_failure(path, exc, fix) from exc
             raise
         with contextlib.suppress(OSError):
             os.fsync(dfd)

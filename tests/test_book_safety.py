@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -524,3 +525,25 @@ def test_a_cached_book_another_run_wrote_meanwhile_is_used_not_replaced(tmp_path
     path = prepare_book(cfg, log=lambda m: None)
     assert (path / "theirs").exists()         # kept: the other run's workers read it
     PartitionBook.open(path)
+
+
+def test_a_full_cache_is_named_with_the_setting_that_moves_it(tmp_path, monkeypatch):
+    """Writing a book into a full cache ended the run with numpy's words alone ('600000
+    requested and 161760 written': no file, no setting); nothing half-written is kept."""
+    import quietgnn.partition.book as book_mod
+    from quietgnn.safefiles import WriteError
+    cfg = _cfg(synthetic=SYN, partition={"method": "random", "parts": 2})
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+
+    def short_write(path, *args, **kwargs):
+        (Path(path) / "x.npy").parent.mkdir(parents=True, exist_ok=True)
+        (Path(path) / "x.npy").write_bytes(b"partial")
+        raise OSError("600000 requested and 161760 written")
+
+    monkeypatch.setattr(book_mod, "write_part", short_write)
+    with pytest.raises(WriteError, match=r"could not write the partition book into the cache "
+                                         r"'.*cache/books': No space left on device; .* free "
+                                         r"there; .* set QUIETGNN_CACHE to a directory with "
+                                         r"room"):
+        prepare_book(cfg, log=lambda m: None)
+    assert list((tmp_path / "cache" / "books").iterdir()) == []

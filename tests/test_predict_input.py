@@ -98,3 +98,51 @@ def test_predict_on_synthetic_is_the_run_s_own_graph_unless_options_say_otherwis
     (tmp_path / "elsewhere.json").write_text(json.dumps(cfg))
     assert predict() == 2
     assert "config.json' -> " in _err(capsys)
+
+
+def _saved_run(tmp_path):
+    torch.manual_seed(0)
+    gnn = GNN("gcn", 8, 16, 3)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_model(run, gnn.spec(), gnn.state_dict(), {})
+    return run, small_graph(n=30, features=8, classes=3).save(tmp_path / "g.npz")
+
+
+def test_an_existing_out_file_is_kept_unless_overwrite(tmp_path, capsys):
+    """`predict --out` replaced any file without a word (the graph's own labels file in the
+    trial); the default file in the run directory is predict's own and is replaced."""
+    run, data = _saved_run(tmp_path)
+    theirs = tmp_path / "g.labels.npy"
+    np.save(theirs, np.arange(30))
+    args = ["predict", "--run", str(run), "--dataset", str(data), "--out", str(theirs)]
+    assert cli_main(args) == 2
+    assert "exists: pass --overwrite" in _err(capsys)
+    assert (np.load(theirs) == np.arange(30)).all()
+    assert cli_main(args + ["--overwrite"]) == 0 and np.load(theirs).shape == (30, 3)
+    for _ in range(2):     # the default file, twice
+        assert cli_main(args[:5]) == 0
+    assert (run / "predict-g.npy").is_file()
+
+
+def test_a_failed_write_keeps_the_old_file_whole_and_names_a_full_disk(tmp_path, capsys,
+                                                                        monkeypatch):
+    """On a full disk numpy's short write ('12800 requested and 10208 written') came out raw
+    and left the previous good file half-written."""
+    import quietgnn.api as api
+    run, data = _saved_run(tmp_path)
+    out = tmp_path / "pred.npy"
+    args = ["predict", "--run", str(run), "--dataset", str(data), "--out", str(out)]
+    assert cli_main(args) == 0
+    good = out.read_bytes()
+
+    def short_write(f, arr, suffix, embed):
+        f.write(b"\x93NUMPY partial")
+        raise OSError("12800 requested and 10208 written")
+
+    monkeypatch.setattr(api, "_write_array", short_write)
+    assert cli_main(args + ["--overwrite", "--embed"]) == 1
+    line = _err(capsys)
+    assert f"could not write '{out}': No space left on device;" in line and "free there" in line
+    assert out.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.npz", "pred.npy", "run"]

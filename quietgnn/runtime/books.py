@@ -9,6 +9,7 @@ configured book without loading the graph, or partitions in process.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import heap
 from ..heap import peak_rss_mb, rss_mb
-from ..safefiles import atomic_write
+from ..safefiles import WriteError, atomic_write
 from ..serial import loads_json
 
 if TYPE_CHECKING:
@@ -107,6 +108,17 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
     try:
         name, nodes, edges = _build_book(cfg, path)
     except OSError as exc:
+        from ..safefiles import disk_reason, free_space_note
+        full = disk_reason(exc)
+        if full is not None and full[0] != errno.EROFS and not _outside_cache(exc.filename):
+            # (the book is the one thing written here: a full disk is the cache's, whoever's
+            # words the writer used; numpy's short write names no file)
+            raise WriteError(full[0], f"could not write the partition book into the cache "
+                                      f"{str(path.parent)!r}: {full[1]}"
+                                      f"{free_space_note(path.parent)}; free space there, or "
+                                      f"set QUIETGNN_CACHE to a directory with room (or pass "
+                                      f"--book DIR of a prepared graph); nothing half-written "
+                                      f"is kept") from exc
         if not _in_cache(exc.filename):
             raise
         # the cache, not the run or its data: say which setting moves it
@@ -131,6 +143,11 @@ def _in_cache(name: Any) -> bool:
         return False
     path, cache = Path(os.path.abspath(name)), Path(os.path.abspath(cache_dir()))
     return path == cache or cache in path.parents or path in cache.parents
+
+
+def _outside_cache(name: Any) -> bool:
+    """Whether ``name`` (an ``OSError``'s file) names a file elsewhere than the cache."""
+    return isinstance(name, (str, os.PathLike)) and not _in_cache(name)
 
 
 def prepare_book(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
