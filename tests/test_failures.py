@@ -245,3 +245,20 @@ def test_ranks_that_failed_because_a_peer_did_are_one_line_beside_the_cause(tmp_
     (logs / "rank-1.error").unlink()
     text = describe_failures(tmp_path, [(0, 1, 0.0), (2, 1, 0.0), (1, -9, 0.0)], [], 5.0)
     assert text.splitlines()[0].startswith("rank 1 was killed by signal SIGKILL"), text
+
+
+def test_ranks_that_stopped_together_on_one_error_are_one_line(tmp_path):
+    """A checkpoint that could not be written is raised on every rank together: its line came
+    once per rank, each led by the module path of the error's class."""
+    from quietgnn.runtime.supervise import describe_failures
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    full = ("Traceback (most recent call last):\nquietgnn.runtime.checkpoint.CheckpointError: "
+            "could not write checkpoint 3 on rank(s) [0, 1]: No space left on device\n")
+    for r in (0, 1):
+        (logs / f"rank-{r}.error").write_text(full)
+    text = describe_failures(tmp_path, [(0, 1, 0.0), (1, 1, 0.0)], [], 5.0)
+    assert text.splitlines()[0] == (
+        "ranks [0, 1] exited with code 1: CheckpointError: could not write checkpoint 3 on "
+        "rank(s) [0, 1]: No space left on device"), text
+    assert "quietgnn.runtime" not in text and len(text.splitlines()) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -137,8 +138,10 @@ def terminate(procs: Sequence[subprocess.Popen], wait_s: float = 3.0) -> None:
 
 
 def _last_line(text: str) -> str:
+    """A traceback's last line, its class named without its module (``quietgnn.runtime.
+    checkpoint.CheckpointError: …`` -> ``CheckpointError: …``)."""
     lines = [x for x in text.strip().splitlines() if x.strip()]
-    return lines[-1].strip() if lines else ""
+    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Z]\w*:)", "", lines[-1].strip()) if lines else ""
 
 
 def _last_epoch(run_dir: Path, rank: int) -> Optional[int]:
@@ -186,6 +189,7 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
     # the first line is the run's headline: a rank that lost its peer (CommError) comes after
     # the ranks that failed of their own, or were killed without a word, whatever the order
     # the launcher saw them end in (a survivor's error can land before the kill is reaped)
+    said: dict[str, list[int]] = {}      # what a rank's line says -> the ranks that said it
     for r, rc, _ in sorted(failed, key=lambda f: is_consequence(texts.get(f[0]) or "")):
         if r in stuck or r in caused:
             continue
@@ -196,11 +200,13 @@ def describe_failures(run_dir: Path, failed: list[tuple[int, int, float]],
             f"exited with code {rc}"
         ep = _last_epoch(run_dir, r)
         where = f" (last finished epoch {ep})" if ep is not None else ""
-        if text:
-            lines.append(f"rank {r} {how}{where}: {_last_line(text)}")
-        else:
-            lines.append(f"rank {r} {how}{where} without a traceback (killed, out of memory, "
-                         f"or os._exit)")
+        said.setdefault(f"{how}{where}: {_last_line(text)}" if text else
+                        f"{how}{where} without a traceback (killed, out of memory, or "
+                        f"os._exit)", []).append(r)
+    # ranks that stopped together on one error (a checkpoint that could not be written is
+    # raised on every rank) are one line, not the same line once per rank
+    lines += [f"rank {rs[0]} {what}" if len(rs) == 1 else f"ranks {sorted(rs)} {what}"
+              for what, rs in said.items()]
     for r in sorted(stuck):
         ep = _last_epoch(run_dir, r)
         lines.append(f"rank {r} was stuck" + (f" after epoch {ep}" if ep is not None else
