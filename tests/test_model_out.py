@@ -69,6 +69,20 @@ def test_saved_model_loads_back_equal(tmp_path):
     assert m.embed(g.x, g.edge_index()).shape == (60, 16)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+def test_the_model_api_refuses_features_holding_nan_or_inf(value):
+    """`predict_proba`, `embed` and the model itself returned NaN for the node and spread it
+    to its neighbours without a word (`quietgnn predict` refuses such a graph at load)."""
+    g = small_graph(n=30, features=8, classes=3, seed=1)
+    m = TrainedModel(_trained_like("gcn", 8, 3))
+    x = g.x.clone()
+    x[7, 2] = value
+    for call in (m, m.predict_proba, m.embed):
+        with pytest.raises(ValueError, match=r"x holds NaN/Inf values \(first in node 7\)"):
+            call(x, g.edge_index())
+    assert torch.isfinite(m.predict_proba(g.x, g.edge_index())).all()
+
+
 class _Payload:
     """Unpickling this would create ``path``: the proof that code ran."""
 

@@ -77,7 +77,14 @@ class TrainedModel(nn.Module):
             raise ValueError(f"x has shape {tuple(x.shape)}; this model takes [num_nodes, "
                              f"{self.gnn.dims[0]}] features (the width of the graph it was "
                              f"trained on)")
-        return x.float(), adj_from_edge_index(edge_index, int(x.shape[0]))
+        x = x.float()
+        finite = torch.isfinite(x).all(dim=1)
+        if not bool(finite.all()):
+            # message passing spreads a NaN to every node within the model's reach
+            raise ValueError(f"x holds NaN/Inf values (first in node "
+                             f"{int((~finite).nonzero()[0])}); the predictions of its "
+                             f"neighbourhood would be NaN: clean or impute those features first")
+        return x, adj_from_edge_index(edge_index, int(x.shape[0]))
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         """Class logits of every node."""
