@@ -85,3 +85,25 @@ def test_report_names_what_is_wrong_with_its_options(tmp_path, capsys):
     assert report.cli_main([str(study), "--no-plots"]) == 2
     assert f"{str(study / 'report')!r} is a file, expected a folder" in _err(capsys)
     assert (study / "report").read_text() == "mine"
+
+
+def test_a_report_that_could_not_be_written_leaves_no_folder_it_made(tmp_path, capsys,
+                                                                     monkeypatch):
+    """On a full disk the report left its new --out folder behind, with the files it had
+    written; one that existed keeps what it held."""
+    from quietgnn.safefiles import WriteError, write_below
+    (tmp_path / "results.jsonl").write_text(json.dumps(_row()) + "\n")
+
+    def full_at_json(root, parts, fix=""):
+        if parts[-1] == "report.json":
+            raise WriteError(28, f"could not write 'report.json': No space left on device{fix}")
+        return write_below(root, parts, fix)
+
+    monkeypatch.setattr(report, "write_below", full_at_json)
+    out = tmp_path / "new" / "deeper"
+    assert report.cli_main([str(tmp_path), "--out", str(out), "--no-plots"]) == 1
+    assert "No space left on device" in _err(capsys) and not (tmp_path / "new").exists()
+    out.mkdir(parents=True)
+    (out / "mine.txt").write_text("x")
+    assert report.cli_main([str(tmp_path), "--out", str(out), "--no-plots"]) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "report.md"]

@@ -33,6 +33,7 @@ Definitions (see :mod:`quietgnn.analysis.projection` for the projection):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..comm.network import Tier, resolve_tiers
+from ..runtime.outputs import outermost_missing, remove_made
 from ..safefiles import below, check_below, write_below
 from .inputs import load_results, with_curve as _with_curve
 from .matrix import UNCAPPED, Result
@@ -345,6 +347,7 @@ def cli_main(argv: Sequence[str]) -> int:
             args.out = str(Path(args.results[0]) / "report")
         results = load_results(args.results)    # a bad input leaves no --out folder made
         reference = load_results(args.reference) if args.reference else []
+        made = outermost_missing(Path(args.out))
         root, parts = _out_place(args.out, args.results + args.reference)
     except ValueError as exc:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
@@ -355,7 +358,10 @@ def cli_main(argv: Sequence[str]) -> int:
     rep.by_class = args.by_class
     out = Path(args.out)
 
+    written: list[str] = []
+
     def open_out(name: str) -> Any:
+        written.append(name)
         return write_below(root, parts + [name], _OUT_FIX)
     try:
         plots: dict[str, list[str]] = {}
@@ -374,6 +380,11 @@ def cli_main(argv: Sequence[str]) -> int:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:         # safefiles.WriteError: a full disk, a read-only folder
+        if made is not None:       # a folder this report made: no half report left in it
+            for name in written:
+                with contextlib.suppress(OSError):
+                    (out / name).unlink()
+            remove_made(((out, made),))
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 1
     print(md)

@@ -17,7 +17,8 @@ from ..safefiles import no_follow, temp_name
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-__all__ = ["check_writable_dir", "check_writable_file", "check_outputs", "remove_made", "Made"]
+__all__ = ["check_writable_dir", "check_writable_file", "check_outputs", "remove_made", "Made",
+           "outermost_missing"]
 
 
 def check_writable_dir(path: str | Path, what: str) -> Path:
@@ -63,7 +64,7 @@ def check_outputs(cfg: RunConfig, out_what: str, summary_what: str) -> Made:
     summary_dir = (Path(cfg.runtime.summary_json).parent if cfg.runtime.summary_json
                    else None)
     for d in (Path(cfg.runtime.out_dir), summary_dir):
-        top = _outermost_missing(d) if d is not None else None
+        top = outermost_missing(d) if d is not None else None
         if top is not None:
             made.append((d, top))
     try:
@@ -76,7 +77,7 @@ def check_outputs(cfg: RunConfig, out_what: str, summary_what: str) -> Made:
     return tuple(made)
 
 
-def _outermost_missing(path: Path) -> Optional[Path]:
+def outermost_missing(path: Path) -> Optional[Path]:
     """The outermost directory on ``path``'s way that does not exist yet (None: it exists)."""
     top = None
     p = Path(os.path.abspath(path))
