@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .graphinput import MASKS, graph_inputs
+
 __all__ = ["Graph", "FeaturesDigest", "csr_from_edges", "random_split",
            "check_trainable_split"]
 
@@ -288,75 +290,67 @@ class Graph:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_edge_index(cls, edge_index: Tensor | np.ndarray, x: Tensor | np.ndarray,
+    def from_edge_index(cls, edge_index: Tensor | np.ndarray, x: Tensor | np.ndarray | None,
                         y: Tensor | np.ndarray, *, num_classes: int | None = None,
                         train_mask: Tensor | None = None, val_mask: Tensor | None = None,
                         test_mask: Tensor | None = None, undirected: bool = True,
                         name: str = "graph", split_seed: int = 0,
-                        meta: dict[str, Any] | None = None) -> "Graph":
+                        meta: dict[str, Any] | None = None,
+                        sources: dict[str, str] | None = None) -> "Graph":
         """Build a canonical graph from a PyG-style ``[2, E]`` (source, destination) edge list.
 
         Self-loops and duplicate edges are dropped; ``undirected=True`` adds reverse edges.
-        Without masks, the split is seeded random 60/20/20 (``split_seed``).
+        Give all three masks or none: without them, the split is seeded random 60/20/20
+        (``split_seed``). ``x=None``: one-hot log2 degree buckets, as the file loaders give a
+        graph without features. What else is accepted (bool/integer features, whole-number
+        float labels, 0/1 masks) is in :mod:`quietgnn.graphinput`. ``sources``: how errors
+        name each input (e.g. ``{"x": "g.npz key 'x'"}``); default ``x of graph 'name'``.
         """
-        ei = torch.as_tensor(edge_index)
-        if ei.dim() != 2 or ei.shape[0] != 2:
-            raise ValueError(f"edge_index has shape {tuple(ei.shape)}, expected [2, num_edges]")
-        if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
-            # a cast would truncate 0.5 to 0, make a bool mask edges between nodes 0 and 1,
-            # and round float32 ids above 2**24: each a silently different graph
-            raise ValueError(f"Graph {name!r}: edge_index has dtype {ei.dtype}; expected integer "
-                             f"node ids (convert whole-number ids with edge_index.long())")
-        ei = ei.to(torch.int64)
-        x_t = torch.as_tensor(x)
-        y_t = torch.as_tensor(y).reshape(-1)
-        n = int(x_t.shape[0])
-        if ei.numel():
-            lo, hi = int(ei.min()), int(ei.max())
-            if lo < 0 or hi >= n:
-                raise ValueError(f"Graph {name!r}: edge_index holds node id "
-                                 f"{lo if lo < 0 else hi}, outside [0, {n}) where {n} is the "
-                                 f"number of feature rows; renumber nodes from 0 or add rows")
-        src, dst = ei[0], ei[1]
+        where = {k: f"{k} of graph {name!r}" for k in ("x", "y", "num_classes") + MASKS}
+        where = {"graph": f"graph {name!r}", "edge_index": f"graph {name!r}", **where,
+                 **(sources or {})}
+        g = graph_inputs(edge_index, x, y, (train_mask, val_mask, test_mask), num_classes,
+                         where)
+        src, dst = g.edge_index[0], g.edge_index[1]
         if undirected:
             src, dst = torch.cat([src, dst]), torch.cat([dst, src])
         keep = src != dst
+        n = int(g.x.shape[0])
         indptr, indices = csr_from_edges(src[keep], dst[keep], n)
-        if num_classes is None:
-            num_classes = int(y_t.max()) + 1 if y_t.numel() else 0
-        if train_mask is None:
-            train_mask, val_mask, test_mask = random_split(n, seed=split_seed)
-        if x_t.dtype != torch.float32 and x_t.is_floating_point():
-            x_t = x_t.float()
-        return cls(indptr=indptr, indices=indices, x=x_t, y=y_t.to(torch.int64),
-                   train_mask=torch.as_tensor(train_mask), val_mask=torch.as_tensor(val_mask),
-                   test_mask=torch.as_tensor(test_mask), num_classes=int(num_classes), name=name,
-                   meta=dict(meta or {}, undirected=undirected)).validate()
+        masks = g.masks or random_split(n, seed=split_seed)
+        meta = dict(meta or {}, undirected=undirected)
+        if g.features != "given":
+            meta.setdefault("features", g.features)
+        if g.label_names is not None:
+            meta.setdefault("label_names", g.label_names)    # class k is label_names[k]
+        return cls(indptr=indptr, indices=indices, x=g.x, y=g.y, train_mask=masks[0],
+                   val_mask=masks[1], test_mask=masks[2], num_classes=g.num_classes, name=name,
+                   meta=meta).validate()
 
     @classmethod
     def from_pyg(cls, data: Any, *, name: str = "graph", undirected: bool | None = None,
                  num_classes: int | None = None, split_seed: int = 0) -> "Graph":
         """Convert a ``torch_geometric.data.Data``.
 
-        Masks are taken from ``data`` when present (2-D masks, i.e. several PyG splits, use
-        column 0); otherwise seeded 60/20/20. ``undirected=None`` keeps the graph's own
-        direction if it is already symmetric and symmetrises it otherwise, explicitly
-        recorded in ``meta['undirected']``.
+        Masks are taken from ``data`` (all three or none; 2-D masks, i.e. several PyG splits,
+        use column 0); without them, seeded 60/20/20. Without ``x``, nodes get degree-bucket
+        features (as the file loaders give them). ``undirected=None`` symmetrises the graph,
+        explicitly recorded in ``meta['undirected']``.
         """
         masks = []
-        for key in ("train_mask", "val_mask", "test_mask"):
+        for key in MASKS:
             m = getattr(data, key, None)
-            if m is not None and m.dim() == 2:
+            if isinstance(m, Tensor) and m.dim() == 2:
                 m = m[:, 0]
             masks.append(m)
-        if any(m is None for m in masks):
-            masks = [None, None, None]
         if undirected is None:
             undirected = True
-        y = data.y.reshape(-1) if data.y.dim() == 2 and data.y.shape[1] == 1 else data.y
-        return cls.from_edge_index(data.edge_index, data.x, y, num_classes=num_classes,
+        where = {k: f"data.{k} (graph {name!r})" for k in ("x", "y") + MASKS}
+        return cls.from_edge_index(data.edge_index, getattr(data, "x", None),
+                                   getattr(data, "y", None), num_classes=num_classes,
                                    train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
-                                   undirected=undirected, name=name, split_seed=split_seed)
+                                   undirected=undirected, name=name, split_seed=split_seed,
+                                   sources=where)
 
     def to_pyg(self) -> Any:
         """A ``torch_geometric.data.Data`` with the same edges (source, destination), features,

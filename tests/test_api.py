@@ -137,3 +137,24 @@ def test_a_section_given_as_something_else_than_a_mapping_is_named():
     with pytest.raises(ValueError, match=r"^train\(model=5\): expected a string \(model= sets "
                                          r"model.arch\) or the section as a mapping"):
         quietgnn.train("synthetic", model=5)
+
+
+def test_pyg_data_the_graph_cannot_hold_is_refused_before_a_run_directory(tmp_path):
+    """The operator trial: train(Data(y=y.float() + 0.7)) trained on labels cut to 0, 1, 2;
+    a Data with only train_mask trained on a random split instead; without y it was an
+    AttributeError. Each is one ValueError line now, and nothing is written."""
+    from torch_geometric.data import Data
+    n = 40
+    x, y = torch.randn(n, 6), torch.arange(n) % 3
+    ei = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
+    out = tmp_path / "runs"
+    for data, needle in (
+            (Data(x=x, edge_index=ei, y=y.float() + 0.7), "labels must be integer class ids"),
+            (Data(x=x, edge_index=ei, y=y, train_mask=y == 0),
+             "but not ['val_mask', 'test_mask']; give all three masks or none"),
+            (Data(x=x, edge_index=ei), "data.y (graph 'graph') is missing")):
+        with pytest.raises(ValueError) as e:
+            quietgnn.train(data, strategy="halo", parts=2, epochs=2, out=str(out),
+                           overwrite=True)
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not out.exists()

@@ -312,3 +312,128 @@ def test_help_shows_no_sphinx_markup(capsys):
     out = capsys.readouterr().out
     assert "--train.epochs" in out
     assert not any(role in out for role in (":attr:", ":meth:", ":class:", ":mod:", "``"))
+
+
+# ---------------------------------------------------------------------- input checks (API)
+def _ring(n: int = 40):
+    """The operator trial's graph: a ring of n nodes, 6 random features, 3 classes."""
+    torch.manual_seed(0)
+    return (torch.stack([torch.arange(n), (torch.arange(n) + 1) % n]), torch.randn(n, 6),
+            torch.arange(n) % 3)
+
+
+def _one_line(exc_info) -> str:
+    msg = str(exc_info.value)
+    assert "\n" not in msg and "Traceback" not in msg, msg
+    return msg
+
+
+def test_float_labels_are_refused_not_cut_to_integers():
+    """y = 0.7, 1.7, ... trained as 0, 1, 2 (cut by .to(int64)); NaN was a bare 'cannot convert
+    float NaN to integer'; num_classes=3.7 was taken as 3. Whole-number floats are class ids,
+    as the .npz loader takes them."""
+    from torch_geometric.data import Data
+    ei, x, y = _ring()
+    for make in (lambda yy: Graph.from_pyg(Data(x=x, edge_index=ei, y=yy)),
+                 lambda yy: Graph.from_edge_index(ei, x, yy)):
+        with pytest.raises(ValueError) as e:
+            make(y.float() + 0.7)
+        msg = _one_line(e)
+        assert "labels must be integer class ids" in msg and "found non-integer or NaN" in msg
+        assert "first 0.7 at node 0" in msg and "y" in msg.split(":")[0]
+        nan = y.float()
+        nan[3] = float("nan")
+        with pytest.raises(ValueError, match=r"y.*: labels must be integer class ids.*first nan "
+                                             r"at node 3"):
+            make(nan)
+        assert make(y.float()).y.tolist() == y.tolist()          # 0.0, 1.0, 2.0: class ids
+    with pytest.raises(ValueError, match=r"num_classes of graph 'graph' = 3.7; expected a whole "
+                                         r"number of classes >= 2"):
+        Graph.from_edge_index(ei, x, y, num_classes=3.7)
+    assert Graph.from_edge_index(ei, x, y, num_classes=torch.tensor(4)).num_classes == 4
+
+
+def test_some_masks_but_not_all_are_refused_naming_the_missing_ones():
+    """A PyG Data with only train_mask lost it silently to a random 60/20/20 split;
+    from_edge_index(train_mask=...) alone was 'Could not infer dtype of NoneType'."""
+    from torch_geometric.data import Data
+    ei, x, y = _ring()
+    tr = torch.zeros(40, dtype=torch.bool)
+    tr[:20] = True
+    missing = r"has \['train_mask'\] but not \['val_mask', 'test_mask'\]; give all three masks"
+    with pytest.raises(ValueError, match=r"^graph 'g': " + missing):
+        Graph.from_pyg(Data(x=x, edge_index=ei, y=y, train_mask=tr), name="g")
+    with pytest.raises(ValueError, match=r"^graph 'graph': " + missing):
+        Graph.from_edge_index(ei, x, y, train_mask=tr)
+    with pytest.raises(ValueError, match=r"has \['train_mask', 'test_mask'\] but not "
+                                         r"\['val_mask'\]"):
+        Graph.from_edge_index(ei, x, y, train_mask=tr, test_mask=~tr)
+
+
+def test_pyg_data_without_x_gets_the_file_loaders_degree_features_and_without_y_is_refused():
+    """No x was 'Could not infer dtype of NoneType', no y an AttributeError."""
+    from torch_geometric.data import Data
+    from quietgnn.datasets.files import degree_features
+    ei, x, y = _ring()
+    ei = torch.cat([ei, torch.tensor([[0, 0], [5, 9]])], 1)     # some degrees above 2
+    g = Graph.from_pyg(Data(edge_index=ei, y=y))
+    assert torch.equal(g.x, torch.from_numpy(degree_features(ei.numpy(), 40)))
+    assert g.meta["features"] == "degree-buckets" and g.num_nodes == 40
+    with pytest.raises(ValueError) as e:
+        Graph.from_pyg(Data(x=x, edge_index=ei))
+    assert "data.y (graph 'graph') is missing: node classification needs a class label" in \
+        _one_line(e)
+
+
+def test_feature_shapes_and_dtypes_from_the_api():
+    """Zero-width x passed here and failed in every worker; bool x was refused while the
+    files' integer features were taken; 1e300 in float64 became inf (value inf) with a numpy
+    warning."""
+    import warnings
+    ei, x, y = _ring()
+    with pytest.raises(ValueError, match=r"^x of graph 'graph': features have shape \(40, 0\), "
+                                         r"expected \[N, F\] with F >= 1"):
+        Graph.from_edge_index(ei, torch.zeros(40, 0), y)
+    b = x > 0
+    for given in (b, b.numpy(), b.long()):
+        g = Graph.from_edge_index(ei, given, y)
+        assert g.x.dtype == torch.float32 and torch.equal(g.x, b.float())
+    big = x.double()
+    big[2, 1] = 1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"feature value 1e\+300 at node 2, feature 1 is "
+                                             r"NaN/Inf or beyond float32's range"):
+            Graph.from_edge_index(ei, big, y)
+
+
+@pytest.mark.parametrize("case", ["one-hot", "all -1", "y short"])
+def test_label_shapes_and_negative_labels_are_named(case):
+    """One-hot y was reported as 'y has shape (120,)'; all -1 labels as 'num_classes = 0'; a y
+    two short as 'y has shape (38,)'."""
+    ei, x, y = _ring()
+    given, msg = {
+        "one-hot": (torch.nn.functional.one_hot(y),
+                    r"labels have shape \(40, 3\), 2-D \(one-hot.*y\.argmax\(1\)"),
+        "all -1": (-torch.ones(40, dtype=torch.int64),
+                   r"all 40 labels are negative \(e\.g\. -1\); negative labels are not class "
+                   r"ids"),
+        "y short": (y[:38], r"^y of graph 'graph': has 38 labels, expected 40, one per node: "
+                            r"the number of nodes comes from x"),
+    }[case]
+    with pytest.raises(ValueError, match=msg):
+        Graph.from_edge_index(torch.tensor([[0], [1]]), x, given)
+
+
+def test_masks_of_0_and_1_are_taken_and_other_values_refused():
+    ei, x, y = _ring()
+    tr, va = (torch.arange(40) < 20), (torch.arange(40) >= 30)
+    te = ~(tr | va)
+    g = Graph.from_edge_index(ei, x, y, train_mask=tr.long(), val_mask=va.float(),
+                              test_mask=te.numpy().astype("uint8"))
+    assert torch.equal(g.train_mask, tr) and torch.equal(g.test_mask, te)
+    soft = tr.float() * 0.3
+    with pytest.raises(ValueError, match=r"^train_mask of graph 'graph': mask holds 0\.3 at "
+                                         r"node 0; expected a bool mask, or numbers that are all "
+                                         r"0 or 1"):
+        Graph.from_edge_index(ei, x, y, train_mask=soft, val_mask=va, test_mask=te)

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "quietgnn"
 
 #: lowest first; a unit (sub-package or top-level module) may import its own layer and below
 LAYERS = [
-    {"serial", "safefiles", "errors", "graph", "seeds", "rows", "confdoc", "heap",
+    {"serial", "safefiles", "errors", "graph", "graphinput", "seeds", "rows", "confdoc", "heap",
      "readyaml"},
     {"datasets", "partition", "nn"},
     {"comm"},

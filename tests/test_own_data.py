@@ -271,3 +271,73 @@ def test_an_absurd_sparse_shape_is_refused_before_allocating(tmp_path):
     sp.save_npz(tmp_path / "g.features.npz", m)
     _refused(tmp_path / "g.txt", "g.features.npz: key shape says 400 rows but the graph has "
              "300 nodes")
+
+
+# ---------------------------------------------------------------------- input checks (files)
+def _ring_arrays(n: int = 40, **extra):
+    rng = np.random.default_rng(0)
+    ring = np.stack([np.arange(n), (np.arange(n) + 1) % n])
+    arrays = {"edge_index": ring, "x": rng.normal(size=(n, 6)).astype(np.float32),
+              "y": np.arange(n) % 3, **extra}
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def _split(n: int = 40):
+    idx = np.arange(n)
+    return {"train_mask": idx < 20, "val_mask": (idx >= 20) & (idx < 30), "test_mask": idx >= 30}
+
+
+def test_npz_masks_must_be_bool_or_0_and_1(tmp_path):
+    """A float mask of 0.3 was cast to True silently."""
+    m = {k: v.astype(np.float64) for k, v in _split().items()}
+    np.savez(tmp_path / "ok.npz", **_ring_arrays(**m))
+    g = load_dataset(tmp_path / "ok.npz")
+    assert g.train_mask.tolist() == _split()["train_mask"].tolist()
+    m["train_mask"] = m["train_mask"] * 0.3
+    np.savez(tmp_path / "soft.npz", **_ring_arrays(**m))
+    _refused(tmp_path / "soft.npz", "soft.npz key 'train_mask': mask holds 0.3 at node 0",
+             "expected a bool mask, or numbers that are all 0 or 1")
+
+
+def test_bool_features_are_taken_as_float_in_npz_and_edge_lists(tmp_path):
+    """Bool features were refused ('dtype bool, expected numbers'), integer ones taken."""
+    a = _ring_arrays()
+    b = a["x"] > 0
+    np.savez(tmp_path / "b.npz", **dict(a, x=b))
+    assert torch.equal(load_dataset(tmp_path / "b.npz").x, torch.from_numpy(b).float())
+    (tmp_path / "e.txt").write_text("".join(f"{u} {v}\n" for u, v in a["edge_index"].T))
+    np.save(tmp_path / "e.labels.npy", a["y"])
+    np.save(tmp_path / "e.features.npy", b)
+    assert torch.equal(load_dataset(tmp_path / "e.txt").x, torch.from_numpy(b).float())
+
+
+_BAD_FILES = {
+    "zw": (dict(x=np.zeros((40, 0), np.float32)),
+           ["zw.npz key 'x': features have shape (40, 0), expected [N, F] with F >= 1"]),
+    "u64": (dict(edge_index=np.array([[2 ** 63 + 5, 1], [0, 2]], dtype=np.uint64)),
+            ["u64.npz: edge list holds node id 9223372036854775813 but there are 40"]),
+    "short": (dict(y=np.arange(38) % 3, **_split()),
+              ["short.npz key 'y': has 38 labels, expected 40, one per node: x has 40 rows"]),
+    "big": (dict(x=np.full((40, 6), 1e300)),
+            ["big.npz key 'x': feature value 1e+300 at node 0, feature 0",
+             "beyond float32's range"]),
+    "neg": (dict(y=-np.ones(40, np.int64)),
+            ["neg.npz key 'y': all 40 labels are negative (e.g. -1); negative labels are not "
+             "class ids"]),
+    "onehot": (dict(y=np.eye(3, dtype=np.int64)[np.arange(40) % 3]),
+               ["labels have shape (40, 3), 2-D", "y.argmax(1)"]),
+}
+
+
+@pytest.mark.parametrize("name", list(_BAD_FILES))
+def test_bad_files_are_named_with_the_real_value(tmp_path, name):
+    """Each was refused late or misleadingly: a zero-width x failed in every worker; a uint64
+    id 2**63+5 was reported as -9223372036854775803; a y two short blamed train_mask; 1e300
+    was 'value inf' with a numpy warning; all -1 labels said 'num_classes = 0'; a one-hot y
+    was not called one."""
+    import warnings
+    extra, needles = _BAD_FILES[name]
+    np.savez(tmp_path / f"{name}.npz", **_ring_arrays(**extra))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _refused(tmp_path / f"{name}.npz", *needles)

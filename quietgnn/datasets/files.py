@@ -6,12 +6,13 @@
 * ``y`` int ``[N]`` (or ``[N, 1]``) labels in ``[0, num_classes)``            (required), or
   label *names* (strings): class ``k`` is the ``k``-th name in sorted order, and the mapping
   is kept (``graph.meta["label_names"]``)
-* ``x`` float ``[N, F]`` features       (optional: degree-bucket features, see below), **or**
+* ``x`` float ``[N, F]`` features (bool and integer taken as float32; ``F >= 1``; optional:
+  degree-bucket features, see below), **or**
   the same as a sparse CSR matrix: ``x_data``, ``x_indices``, ``x_indptr``, ``x_shape``
   (optional ``x_format`` = ``csr``): the keys :func:`scipy.sparse.save_npz` writes, prefixed
   with ``x_``. A wide binary feature table stays a few MB on disk instead of ``4 N F`` bytes
-* ``train_mask``, ``val_mask``, ``test_mask`` bool ``[N]``  (optional, all three or none:
-  without them, seeded random 60/20/20)
+* ``train_mask``, ``val_mask``, ``test_mask`` bool ``[N]``, or numbers all 0 or 1 (optional,
+  all three or none: without them, seeded random 60/20/20)
 * ``num_classes`` scalar                 (optional: default ``max(y) + 1``)
 
 The CSR layout of the Shchur et al. / graph2gauss graphs (Amazon, Coauthor, Cora-ML, ...,
@@ -38,7 +39,8 @@ Without features, nodes get one-hot **log2 degree buckets** (16 columns: bucket
 ``min(floor(log2(deg + 1)), 15)``) rather than a constant: a constant feature makes every node
 look alike before aggregation, and degree is the one structural signal that costs nothing.
 ``meta['features']`` says which was used. Every graph is symmetrised (reverse edges added,
-self-loops and duplicates dropped).
+self-loops and duplicates dropped). The arrays are checked as the Python API's are
+(:mod:`quietgnn.graphinput`: one check for every way a graph comes in).
 
 Nothing is unpickled (``allow_pickle=False``: an object array is refused), and a file that is
 damaged or not what it says (a truncated archive, a pickle named ``.npz``, a sparse shape far
@@ -55,28 +57,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..graph import Graph
+from ..graphinput import MASKS, class_ids, degree_features, graph_inputs
 from ..heap import mem_available_mb
 
 __all__ = ["load_npz", "load_edge_list", "degree_features", "csr_features", "csr_edges",
            "NpzArchive", "load_npy", "EDGE_LIST_SUFFIXES"]
 
 EDGE_LIST_SUFFIXES = (".txt", ".edges", ".csv", ".tsv")
-_DEGREE_BUCKETS = 16
-
-
-def degree_features(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
-    """float32 ``[N, 16]`` one-hot of ``min(floor(log2(undirected degree + 1)), 15)``."""
-    ei = np.asarray(edge_index, dtype=np.int64)
-    keep = ei[0] != ei[1]
-    pairs = np.unique(np.sort(ei[:, keep], axis=0), axis=1)    # undirected, de-duplicated
-    deg = np.bincount(pairs.reshape(-1), minlength=num_nodes)
-    bucket = np.minimum(np.floor(np.log2(deg + 1)).astype(np.int64), _DEGREE_BUCKETS - 1)
-    x = np.zeros((num_nodes, _DEGREE_BUCKETS), dtype=np.float32)
-    x[np.arange(num_nodes), bucket] = 1.0
-    return x
 
 
 #: what numpy's errors say when a file holds a pickle (an object array or a whole pickle)
@@ -242,57 +231,28 @@ def _size(b: float) -> str:
 
 
 def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray,
-            masks: list[np.ndarray] | None, num_classes: int | None, split_seed: int,
-            where_x: str, label_names: list[str] | None = None) -> Graph:
-    n = int(y.shape[0])
-    if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
-        bad = int(edge_index.min()) if edge_index.min() < 0 else int(edge_index.max())
-        raise ValueError(f"{path}: edge list holds node id {bad} but there are {n} labels, so "
-                         f"ids must be in [0, {n}); renumber nodes from 0 or add the missing "
-                         f"labels")
-    feat_kind = "file"
-    if x is None:
-        x, feat_kind = degree_features(edge_index, n), "degree-buckets"
-    elif x.ndim != 2 or x.shape[0] != n:
-        raise ValueError(f"{where_x}: features have shape {tuple(x.shape)}, expected [{n}, F] "
-                         f"(one row per label/node)")
-    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
-        raise ValueError(f"{where_x}: features have dtype {x.dtype}, expected numbers")
-    meta = {"source": f"file:{path}", "features": feat_kind, "split": "file" if masks else
-            "random"}
-    if not masks:
+            masks: list[np.ndarray | None] | None, num_classes: int | None, split_seed: int,
+            where: dict[str, str], label_names: list[str] | None = None) -> Graph:
+    """The graph of a file's arrays, checked as every graph's inputs are
+    (:func:`quietgnn.graphinput.graph_inputs`), errors naming the file and key."""
+    masks = masks or [None, None, None]
+    split = any(m is not None for m in masks)
+    meta = {"source": f"file:{path}", "features": "file" if x is not None else
+            "degree-buckets", "split": "file" if split else "random"}
+    if not split:
         meta.update(split_seed=split_seed, split_fractions=[0.6, 0.2, 0.2])
     if label_names is not None:
         meta["label_names"] = label_names   # class k is label_names[k]
+    # the labels fix the number of nodes (isolated nodes with high ids are kept), so a
+    # feature table of other length is the one blamed; hence the check here, not only in
+    # from_edge_index (which counts x's rows)
+    g = graph_inputs(edge_index, x, y, tuple(masks), num_classes,
+                     {"graph": str(path), "edge_index": str(path), **where}, nodes_from="y")
+    masks = list(g.masks or (None, None, None))
     return Graph.from_edge_index(
-        torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
-        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
-        torch.from_numpy(y), num_classes=num_classes,
-        train_mask=torch.from_numpy(masks[0]) if masks else None,
-        val_mask=torch.from_numpy(masks[1]) if masks else None,
-        test_mask=torch.from_numpy(masks[2]) if masks else None,
-        undirected=True, name=path.stem, split_seed=split_seed, meta=meta)
-
-
-def _labels(arr: np.ndarray, where: str) -> tuple[np.ndarray, list[str] | None]:
-    """(int64 class ids, the label names they stand for or None): names (strings) become
-    classes in sorted order."""
-    y = np.asarray(arr)
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1:
-        raise ValueError(f"{where}: labels have shape {tuple(y.shape)}, expected [N] (one class "
-                         f"id per node)")
-    if y.dtype.kind in "US":
-        names, ids = np.unique(y.astype(str), return_inverse=True)
-        return ids.astype(np.int64), [str(n) for n in names]
-    if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise ValueError(f"{where}: labels must be integer class ids in [0, num_classes); "
-                             f"found non-integer or NaN values")
-    elif y.dtype.kind not in "iub":
-        raise ValueError(f"{where}: labels have dtype {y.dtype}, expected integers or names")
-    return y.astype(np.int64), None
+        g.edge_index, g.x, g.y, num_classes=g.num_classes, train_mask=masks[0],
+        val_mask=masks[1], test_mask=masks[2], undirected=True, name=path.stem,
+        split_seed=split_seed, meta=meta)
 
 
 def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
@@ -326,24 +286,15 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
         if ykey not in keys:
             raise ValueError(f"{path}: missing key 'y' (int labels [N]); found keys "
                              f"{sorted(keys)}. Node classification needs a label per node")
-        y, names = _labels(z[ykey], f"{path} key {ykey!r}")
+        y, names = class_ids(z[ykey], f"{path} key {ykey!r}")
         x = np.asarray(z["x"]) if "x" in keys else \
             csr_features(z, "attr_" if "attr_data" in keys else "x_", str(path), y.shape[0])
-        mask_keys = ("train_mask", "val_mask", "test_mask")
-        present = [k for k in mask_keys if k in keys]
-        if present and len(present) != 3:
-            missing = sorted(set(mask_keys) - set(present))
-            raise ValueError(f"{path}: has {present} but not {missing};"
-                             f" give all three masks or none (none: seeded random 60/20/20)")
-        masks = [np.asarray(z[k]).astype(bool) for k in mask_keys] if present else None
-        for k, m in zip(mask_keys, masks or []):
-            if m.shape != y.shape:
-                raise ValueError(f"{path}: key {k!r} has shape {tuple(m.shape)}, expected "
-                                 f"[{y.shape[0]}] (one bool per node)")
+        masks = [np.asarray(z[k]) if k in keys else None for k in MASKS]
         num_classes = _scalar_int(z["num_classes"], f"{path} key 'num_classes'") \
             if "num_classes" in keys else None
-    return _finish(path, ei.astype(np.int64), x, y, masks, num_classes, split_seed,
-                   f"{path} key 'x'", names)
+    where = {k: f"{path} key {k!r}" for k in ("x", "num_classes") + MASKS}
+    return _finish(path, ei, x, y, masks, num_classes, split_seed,
+                   dict(where, y=f"{path} key {ykey!r}"), names)
 
 
 def _scalar_int(arr: np.ndarray, where: str) -> int:
@@ -445,8 +396,8 @@ def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
     ei = _parse_edges(path)
     stem = path.with_suffix("")
     y_raw, where_y = _read_array(stem, "labels", required=True)
-    y, names = _labels(y_raw, where_y)
+    y, names = class_ids(y_raw, where_y)
     x, where_x = _read_array(stem, "features", required=False, rows=y.shape[0])
     if x is not None and x.ndim == 1:
         x = x[:, None]
-    return _finish(path, ei, x, y, None, None, split_seed, where_x, names)
+    return _finish(path, ei, x, y, None, None, split_seed, {"x": where_x, "y": where_y}, names)
