@@ -18,16 +18,23 @@ that arrives split across hosts is prepared by one process per host under torchr
 ``quietgnn train --data DIR``.
 
 Tables. Edges: integer columns ``src`` and ``dst`` (a table of exactly two columns: those
-two), node ids in ``[0, N)``; every edge is taken both ways unless ``--directed``; self-loops
-and duplicates are dropped. Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or
+two; float ids are refused, as the ``.npz`` loader refuses them, not rounded; a null one is
+refused), node ids in ``[0, N)``; every edge is taken both ways unless ``--directed``;
+self-loops and duplicates are dropped; no rows at all is a graph without edges (as an
+``.npz`` without edges). Nodes: one row per node with ``id`` (0 .. N-1), ``y`` (or
 ``label``: class ids, or names, which become classes in sorted order, kept in the book as
-``label_names``) and optionally ``split`` (``train`` / ``val`` / ``test``, anything else:
-none; without it a seeded random 60/20/20 split); features are a list column ``x``, every
+``label_names``) and optionally ``split``: text ``train`` / ``val`` / ``test`` (case and
+surrounding spaces ignored), or ``none`` / empty / null for a node in no split; any other
+value is refused, and so is a split training would refuse (no train, validation or test
+node: :func:`quietgnn.graph.check_trainable_split`); without the column a seeded random
+60/20/20 split. Features are a list column ``x``, every
 other numeric column in order, or sparse: a list column ``x_indices`` of each node's
 non-zero feature ids (from 0), with a list column ``x_values`` of their values (the same
 lengths; without it every value is 1, as in
 one-hot and multi-hot features; a repeated id adds up). The width is the largest id + 1 (over
-every host's table in a per-host prepare). The prepared parts hold the rows dense.
+every host's table in a per-host prepare), at most :data:`MAX_SPARSE_WIDTH`. The prepared
+parts hold the rows dense. A table without features is refused (the in-memory loaders'
+degree-bucket features are not derived out of core).
 """
 
 from __future__ import annotations
@@ -40,10 +47,20 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from ..partition.book import PartitionBook
-from .nodes import TEST, TRAIN, VAL, NodeBlock
+from .nodes import NO_FEATURES_FIX, TEST, TRAIN, VAL, NodeBlock, check_split_counts
 from .tables import sql_name, sql_str, write_prepared
 
-__all__ = ["prepare_tables", "parse_size", "TableNodes"]
+__all__ = ["prepare_tables", "parse_size", "TableNodes", "MAX_SPARSE_WIDTH"]
+
+_INT = r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|U\w*INT)"
+#: the widest sparse features taken: a node's dense row is 4 bytes a column, and one row of
+#: 2^24 columns (64 MiB) is already past any feature table; a wider id is a stray value (a
+#: hash, a global token id) that would need gigabytes a row, not a real column number
+MAX_SPARSE_WIDTH = 1 << 24
+#: a node block's dense rows at most (wide features are cut into blocks of fewer rows)
+_BLOCK_BYTES = 64 << 20
+#: split values read as "in no split" (after lower(trim(.)); a null too)
+_NO_SPLIT = ("none", "")
 
 
 def parse_size(text: str) -> int:
@@ -81,16 +98,49 @@ def _columns(con: Any, reader: str) -> list[tuple[str, str]]:
 
 def _edge_sql(con: Any, path: Path) -> str:
     reader = _reader(path)
-    cols = [c for c, _ in _columns(con, reader)]
+    types = dict(_columns(con, reader))
+    cols = list(types)
     if {"src", "dst"} <= set(cols):
-        return f"SELECT src, dst FROM {reader}"
-    if len(cols) != 2:
+        ends = ["src", "dst"]
+    elif len(cols) != 2:
         # which of several columns are the endpoints is not ours to guess: a weight read as
         # a node id trains on another graph without a word
         raise ValueError(f"edge table {str(path)!r} has columns {cols}; expected src and dst "
                          f"(or exactly two columns, read as source and destination): rename "
                          f"the endpoint columns src and dst")
+    else:
+        ends = cols
+    for col in ends:
+        _check_edge_ids(con, reader, path, col, types[col])
+    if ends == ["src", "dst"]:
+        return f"SELECT src, dst FROM {reader}"
     return f"SELECT {sql_name(cols[0])} AS src, {sql_name(cols[1])} AS dst FROM {reader}"
+
+
+def _check_edge_ids(con: Any, reader: str, path: Path, col: str, typ: str) -> None:
+    """An endpoint column holds integers: a float id was cast (rounded) to another node, or
+    past the last one (the ``.npz`` loader refuses float ids alike). A column of another type
+    is taken only on a table without rows (a CSV of a header alone reads as text)."""
+    if re.match(_INT, typ):
+        return
+    name = sql_name(col)
+    frac = re.match(r"(FLOAT|DOUBLE|REAL|DECIMAL)", typ)
+    row = con.sql(f"SELECT {name} FROM {reader} WHERE {name} IS NOT NULL" +
+                  (f" ORDER BY {name} <> floor({name}) DESC" if frac else "") + " LIMIT 1"
+                  ).fetchall()
+    if not row and not con.sql(f"SELECT count(*) FROM {reader}").fetchall()[0][0]:
+        return
+    value = row[0][0] if row else None
+    try:
+        whole = value is None or value == int(value)
+    except (TypeError, ValueError, OverflowError):      # text, NaN, inf
+        whole = False
+    what = (f"non-integer node id {value}" if frac and not whole
+            else f"{value!r}" if value is not None else "only nulls")
+    raise ValueError(f"edge table {str(path)!r}: column {col} has type {typ} and holds "
+                     f"{what}; expected integer node ids 0 .. N-1 (ids are not rounded): "
+                     f"write the column as integers (e.g. int64), renumbering the nodes if "
+                     f"their ids are not whole numbers")
 
 
 class TableNodes:
@@ -111,6 +161,10 @@ class TableNodes:
             raise ValueError(f"node table {str(path)!r} has columns {names}; it needs a label "
                              f"column y (or label)")
         self.split_col = "split" if "split" in names else None
+        #: train / val / test / in no split, from the split column (None: a random split)
+        self.split_counts: Optional[tuple[int, int, int, int]] = None
+        if self.split_col:
+            self.split_counts = _split_counts(con, self.reader, path, dict(cols)["split"])
         rest = [(c, t) for c, t in cols if c not in ("id", self.y_col, "split")]
         #: the features' form: "list" (a list column x), "sparse" (x_indices [+ x_values]) or
         #: "columns" (one numeric column each)
@@ -160,6 +214,15 @@ class TableNodes:
         if self.x_form == "sparse":
             top = con.sql(f"SELECT max(list_max(x_indices)) FROM {self.reader}").fetchall()[0][0]
             self.num_features = 0 if top is None else int(top) + 1
+            if self.num_features > MAX_SPARSE_WIDTH:    # before a block of them is allocated
+                at = con.sql(f"SELECT id FROM {self.reader} WHERE list_contains(x_indices, "
+                             f"{int(top)}) LIMIT 1").fetchall()[0][0]
+                raise ValueError(
+                    f"node table {str(path)!r}: x_indices holds feature id {top} (node {at}), "
+                    f"so the features would be {top + 1} columns wide, {(top + 1) * 4 >> 20} "
+                    f"MiB a node once dense (the parts hold them dense); expected feature "
+                    f"column numbers 0 .. F-1 with F <= {MAX_SPARSE_WIDTH}: renumber the "
+                    f"feature ids densely (0 .. the number of distinct features - 1)")
         elif self.x_form == "list":
             fmin, fmax = con.sql(f"SELECT min(len(x)), max(len(x)) FROM {self.reader}"
                                  ).fetchall()[0]
@@ -173,7 +236,9 @@ class TableNodes:
         if self.num_features < 1 and (whole or self.x_form != "sparse"):
             raise ValueError(f"node table {str(path)!r} has no feature columns" +
                              (" (x_indices lists no feature id on any row)"
-                              if self.x_form == "sparse" else ""))
+                              if self.x_form == "sparse" else "") + "; " + NO_FEATURES_FIX)
+        if whole and self.split_counts is not None:   # before the edges are sorted
+            check_split_counts(str(path), *self.split_counts)
         self.split_seed = split_seed
         # a random split is drawn whole (the in-memory loaders' rule): randperm + codes
         self.held_bytes = 0 if self.split_col else 11 * self.num_nodes
@@ -185,10 +250,12 @@ class TableNodes:
             tr, va, te = random_split(self.num_nodes, seed=self.split_seed)
             codes = (tr.numpy() * TRAIN + va.numpy() * VAL + te.numpy() * TEST).astype(np.uint8)
         xs = ", ".join(sql_name(c) for c in self.x_cols)
-        split = ", split" if self.split_col else ""
+        split = ", lower(trim(split)) AS split" if self.split_col else ""
         reader = con.sql(f"SELECT id, {sql_name(self.y_col)} AS y{split}, {xs} FROM "
                          f"{self.reader} ORDER BY id").to_arrow_reader(1 << 16)
-        for batch in reader:
+        # a block's dense x stays under _BLOCK_BYTES however wide the features
+        step = max(1, min(1 << 16, _BLOCK_BYTES // (4 * max(self.num_features, 1))))
+        for batch in (b.slice(lo, step) for b in reader for lo in range(0, b.num_rows, step)):
             ids = batch.column("id").to_numpy().astype(np.int64)
             if self.label_names is None:
                 y = batch.column("y").to_numpy().astype(np.int64)
@@ -238,6 +305,33 @@ def _check_sparse_columns(con: Any, reader: str, path: Path, types: dict[str, st
     if nulls:
         raise ValueError(f"{where}: x_indices is null on {nulls} row(s); write an empty list "
                          f"for a node without features")
+
+
+def _split_counts(con: Any, reader: str, path: Path, typ: str) -> tuple[int, int, int, int]:
+    """(train, val, test, in no split) of a split column; any value but train / val / test
+    (any case, spaces around ignored) or none / empty / null is refused: a typo (``training``,
+    ``valid``) used to drop its nodes from every split without a word."""
+    where = f"node table {str(path)!r}"
+    accepted = ("expected train, val or test (any case), or none, empty or null for a node in "
+                "no split")
+    if not typ.startswith("VARCHAR"):
+        raise ValueError(f"{where}: column split has type {typ}; {accepted}: write the split "
+                         f"as text")
+    s, none = "lower(trim(split))", ", ".join(sql_str(v) for v in _NO_SPLIT)
+    known = f"('train', 'val', 'test', {none})"
+    # the commonest unknown values, a few: a hash aggregate over the unknown values alone
+    bad = con.sql(f"SELECT split, count(*) AS c, sum(count(*)) OVER () FROM {reader} WHERE "
+                  f"{s} NOT IN {known} GROUP BY split ORDER BY c DESC, split LIMIT 4"
+                  ).fetchall()
+    if bad:
+        shown = ", ".join(f"{v!r} ({c} row{'s' * (c != 1)})" for v, c, _ in bad[:3])
+        raise ValueError(f"{where}: column split holds {int(bad[0][2])} row(s) of unknown "
+                         f"value(s) {shown}{', ...' if len(bad) > 3 else ''}; {accepted}: "
+                         f"rename those values")
+    counts = con.sql(f"SELECT count(*) FILTER ({s} = 'train'), count(*) FILTER ({s} = 'val'), "
+                     f"count(*) FILTER ({s} = 'test'), count(*) FILTER ({s} IS NULL OR {s} IN "
+                     f"({none})) FROM {reader}").fetchall()[0]
+    return tuple(int(c) for c in counts)    # type: ignore[return-value]
 
 
 def _sparse_block(batch: Any, rows: int, width: int) -> np.ndarray:

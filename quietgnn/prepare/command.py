@@ -141,6 +141,7 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
           f"{g['num_features']} features, {g['num_classes']} classes")
     print(f"  {book.num_parts} parts ({book.method}), nodes per part {st['nodes']}, edge cut "
           f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
+    print(f"  {_split_line(book)}")
     print(f"  {secs:.1f}s ({human(g['num_edges'] / max(secs, 1e-9))} stored edges/s), peak "
           f"memory {peak_rss_mb():.0f} MiB (budget {budget >> 20} MiB)")
     return 0
@@ -253,8 +254,15 @@ def _prepare_distributed(args: argparse.Namespace, cfg: Any, rest: list[str]) ->
               f"{human(g['num_edges'])} stored edges, {g['num_features']} features, "
               f"{g['num_classes']} classes; {book.num_parts} parts (one per rank), nodes per "
               f"part {st['nodes']}, edge cut {100 * st['edge_cut_fraction']:.1f}%, halo sizes "
-              f"{st['halo']} ({time.perf_counter() - t0:.1f}s)")
+              f"{st['halo']} ({time.perf_counter() - t0:.1f}s); {_split_line(book)}")
     return 0
+
+
+def _split_line(book: Any) -> str:
+    """The split prepare wrote, said where a misspelt split would show (0 train nodes)."""
+    tr, va, te = book.split_counts()
+    rest = int(book.graph["num_nodes"]) - tr - va - te
+    return f"split train/val/test {tr}/{va}/{te}" + (f", {rest} in no split" if rest else "")
 
 
 def _memory_now() -> str:

@@ -63,7 +63,7 @@ from ..partition.shards import PART_ARRAYS
 from .dist_gather import _a2a, _rows, gather_fingerprint
 from .arrays import BATCH_ROWS, NpyWriter, lookup
 from .edges import _check_sorted
-from .nodes import TEST, TRAIN, VAL, _check_finite
+from .nodes import TEST, TRAIN, VAL, _check_finite, check_split_counts
 from .tables import _connect
 
 __all__ = ["prepare_distributed", "slice_path"]
@@ -266,12 +266,16 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     # a rank's own table may fail here alone (a text column, a bad cast): every rank learns why
     got, problem = _attempt(lambda: con.sql(
         f"SELECT min(least(src::BIGINT, dst::BIGINT)), max(greatest(src::BIGINT, "
-        f"dst::BIGINT)), count(*) "
+        f"dst::BIGINT)), count(*), count(*) FILTER (src IS NULL OR dst IS NULL) "
         f"FROM ({edge_sql})").fetchall()[0])
-    lo, hi, raw = got if got is not None else (0, 0, 0)
+    lo, hi, raw, nulls = got if got is not None else (0, 0, 0, 0)
     if problem is not None:
         problem = (f"the edge table {str(edges)!r} cannot be read as integer node ids "
                    f"({problem}); give integer columns src and dst")
+    elif nulls:     # `src <> dst` below would drop them without a word
+        problem = (f"the edge table {str(edges)!r} holds {nulls} row(s) with a null src or "
+                   f"dst (of {raw}); expected a node id at both ends of every edge: drop "
+                   f"those rows or fill in their ids")
     elif raw and (lo < 0 or hi >= n):
         problem = (f"the edge table {str(edges)!r} holds node id {lo if lo < 0 else hi}, outside "
                    f"[0, {n}) where {n} is the number of rows of all ranks' node tables; "
@@ -363,6 +367,10 @@ def _prepare(comm: Communicator, con: Any, tmp: Path, work: Path, edges: Path, n
     tot = torch.from_numpy(np.array([m_loc, codes[TRAIN], codes[VAL], codes[TEST]], np.int64))
     m, n_train, n_val, n_test = (int(v) for v in comm.all_reduce(
         tot, "prepare_control", carries=Traffic.CONTROL))
+    # every rank has the same totals: every rank refuses alike what training would refuse
+    check_split_counts(name, n_train, n_val, n_test, n - n_train - n_val - n_test,
+                       fix="give the node tables a split column with train, val and test "
+                           "rows (over all the ranks), or more nodes")
     progress(f"rank {r}: fingerprint (rank 0 hashes the graph in id order)")
     fp = gather_fingerprint(comm, con, tmp, owned, in_deg, own_y, own_split, n, F, B)
     ids = comm.all_gather_object(fp, "prepare_control", carries=Traffic.CONTROL)[0]

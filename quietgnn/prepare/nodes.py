@@ -16,7 +16,7 @@ import numpy as np
 from ..graph import FeaturesDigest
 from .arrays import NpyWriter
 
-__all__ = ["NodeSource", "NodeBlock", "TRAIN", "VAL", "TEST"]
+__all__ = ["NodeSource", "NodeBlock", "TRAIN", "VAL", "TEST", "check_split_counts"]
 
 #: split codes of the node sources
 TRAIN, VAL, TEST = 1, 2, 3
@@ -40,6 +40,29 @@ class NodeSource(Protocol):
 
     def blocks(self, con: Any) -> Iterator[NodeBlock]: ...
 
+
+#: how to give a node table features (the in-memory loaders' fallback, one-hot log2-degree
+#: buckets, needs every node's degree before its row is written: not derived out of core)
+NO_FEATURES_FIX = ("add at least one: numeric columns (one per feature), a list column x, or "
+                   "x_indices (each node's feature ids); without real features, a column of "
+                   "each node's degree (counted over the edge table) gives the structural "
+                   "signal the in-memory loaders' degree features give")
+
+
+def check_split_counts(name: str, train: int, val: int, test: int, none: int = 0,
+                       fix: str = "") -> None:
+    """Refuse at prepare time the split that training refuses
+    (:func:`~quietgnn.graph.check_trainable_split`: its rule and its words), with ``fix``
+    (default: the split column's) in place of the in-memory loaders' one."""
+    from ..graph import check_trainable_split
+    try:
+        check_trainable_split(train, val, test, name)
+    except ValueError as e:
+        why = str(e).split("; give the graph")[0]       # the rule; the fix is the table's
+        unsplit = f" ({none} node(s) in no split)" if none else ""
+        raise ValueError(f"{why}{unsplit}; " + (fix or "mark some rows train, some val and "
+                         "some test in the split column, or leave the column out for a "
+                         "seeded random 60/20/20 split")) from None
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,

@@ -35,7 +35,7 @@ from ..partition.shards import PART_ARRAYS
 from .arrays import BATCH_ROWS, NpyWriter, lookup, npy_chunks
 from .edges import (_add_counts, _add_parts, _check_sorted, _duck_memory, _stream_ldg,
                     _stream_metis, tagged_batches)
-from .nodes import TEST, TRAIN, VAL, NodeSource, _write_nodes
+from .nodes import TEST, TRAIN, VAL, NodeSource, _write_nodes, check_split_counts
 
 __all__ = ["write_prepared", "BATCH_ROWS"]
 
@@ -207,8 +207,13 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
              metis_room: Callable[[], int] = lambda: 0,
              early: Callable[[], None] = lambda: None) -> dict[str, Any]:
     n = nodes.num_nodes
-    lo, hi, raw = con.sql(f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*) "
-                              f"FROM ({edges_sql})").fetchall()[0]
+    lo, hi, raw, nulls = con.sql(
+        f"SELECT min(least(src, dst)), max(greatest(src, dst)), count(*), count(*) FILTER "
+        f"(src IS NULL OR dst IS NULL) FROM ({edges_sql})").fetchall()[0]
+    if nulls:   # dropped by `src <> dst` below, without a word
+        raise ValueError(f"the edge table holds {nulls} row(s) with a null src or dst (of "
+                         f"{raw}); expected a node id at both ends of every edge: drop those "
+                         f"rows or fill in their ids")
     if raw and (lo < 0 or hi >= n):
         raise ValueError(f"the edge table holds node id {lo if lo < 0 else hi}, outside [0, {n}) "
                          f"where {n} is the number of nodes in the node table; renumber nodes "
@@ -269,6 +274,11 @@ def _prepare(con, tmp: Path, out: Path, edges_sql: str, nodes: NodeSource, P: in
                          f"use fewer parts")
     counts, features_digest = _write_nodes(con, tmp, part_dirs, nodes, owned_n, P, part_of,
                                            x_dtype)
+    # a split column was checked before the edges were sorted; a random split of a few
+    # nodes can still leave a set empty, which training refuses
+    check_split_counts(name, counts[TRAIN], counts[VAL], counts[TEST],
+                       n - sum(counts.values()), fix=f"give the node table a split column "
+                       f"with train, val and test rows, or more than {n} nodes")
     fingerprint = _fingerprint(edges, tmp, in_deg, nodes)
 
     # halos: remote in-neighbours of each part's nodes, ordered by (owner, id); one streamed
