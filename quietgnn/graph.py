@@ -385,17 +385,19 @@ class Graph:
                        test_mask=test_mask).validate()
 
 
-def check_trainable_split(train: int, val: int, test: int, name: str) -> None:
+def check_trainable_split(train: int, val: int, test: int, name: str, fix: str = "") -> None:
     """Refuse (``ValueError``) to train on a graph with an empty validation or test set: the
     run selects its model by validation accuracy and reports test accuracy, so it would train
     and end with "test accuracy nan (best val -1 at epoch -1)". (An empty train set is refused
-    by :meth:`Graph.validate`; a graph without these splits is still fine to predict on.)"""
+    by :meth:`Graph.validate`; a graph without these splits is still fine to predict on.)
+    ``fix``: how to give the graph a split where it came from (default: the loaders')."""
     empty = [what for what, n in (("train", train), ("validation", val), ("test", test))
              if n == 0]
     if empty:
         raise ValueError(f"graph {name!r} has no {' and no '.join(empty)} nodes (train/val/"
                          f"test = {train}/{val}/{test}): a run selects its model on the "
-                         f"validation nodes and reports accuracy on the test nodes; give the "
-                         f"graph a split with all three (its masks, or --dataset.split "
-                         f"per_class:K:V, or a random 60/20/20 split by leaving its masks out)")
+                         f"validation nodes and reports accuracy on the test nodes; " + (
+                             fix or "give the graph a split with all three (its masks, or "
+                             "--dataset.split per_class:K:V, or a random 60/20/20 split by "
+                             "leaving its masks out)"))
 

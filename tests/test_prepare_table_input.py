@@ -71,7 +71,7 @@ def _typos():
     (["train"] * N, ["has no validation and no test nodes (train/val/test = 40/0/0)",
                      "mark some rows train, some val and some test in the split column"]),
     (["val"] * 20 + ["test"] * 19 + [None], ["has no train nodes (train/val/test = 0/20/19)",
-                                             "(1 node(s) in no split)"]),
+                                             "1 node(s) are in no split"]),
     # no split column: a random 60/20/20 of 3 nodes leaves the test set empty
     (None, ["has no test nodes (train/val/test = 2/1/0)", "give the node table a split "
                                                           "column"]),

@@ -5,10 +5,7 @@ per host under ``torchrun``."""
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -56,28 +53,16 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
 
 def _disk_full(out: str, exc: BaseException) -> Optional[OSError]:
     """The one-line error for a prepare that ran out of disk (or hit a read-only file system)
-    while writing beside ``out``, or None for any other failure. Needed because the writers
-    say it in their own words: numpy's short write ("64000 requested and 48096 written", no
-    errno), DuckDB's IO or transaction errors (the OS message inside their text)."""
-    from ..safefiles import WriteError
-    text = str(exc)
-    code = getattr(exc, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-        reason = os.strerror(code)
-    elif "No space left on device" in text or re.search(r"\d+ requested and \d+ written", text):
-        reason, code = os.strerror(errno.ENOSPC), errno.ENOSPC
-    else:
+    while writing beside ``out``, or None for any other failure (the writers say it in their
+    own words: :func:`~quietgnn.safefiles.disk_reason` reads them)."""
+    from ..safefiles import WriteError, disk_reason, free_space_note
+    known = disk_reason(exc)
+    if known is None:
         return None
-    where = Path(out).absolute().parent
-    try:
-        left = shutil.disk_usage(where).free
-        free = f"; {left >> 20} MiB free there" if left >= 1 << 20 else \
-            f"; {left >> 10} KiB free there"
-    except OSError:
-        free = ""
-    return WriteError(code, f"could not write the prepared graph {out!r}: {reason}{free}; "
-                            f"free space or choose another --out (nothing half-written is "
-                            f"left)")
+    code, reason = known
+    return WriteError(code, f"could not write the prepared graph {out!r}: {reason}"
+                            f"{free_space_note(Path(out).absolute().parent)}; free space or "
+                            f"choose another --out (nothing half-written is left)")
 
 
 def _prepare_in_memory(args: argparse.Namespace, cfg: Any) -> int:

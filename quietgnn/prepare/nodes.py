@@ -55,14 +55,10 @@ def check_split_counts(name: str, train: int, val: int, test: int, none: int = 0
     (:func:`~quietgnn.graph.check_trainable_split`: its rule and its words), with ``fix``
     (default: the split column's) in place of the in-memory loaders' one."""
     from ..graph import check_trainable_split
-    try:
-        check_trainable_split(train, val, test, name)
-    except ValueError as e:
-        why = str(e).split("; give the graph")[0]       # the rule; the fix is the table's
-        unsplit = f" ({none} node(s) in no split)" if none else ""
-        raise ValueError(f"{why}{unsplit}; " + (fix or "mark some rows train, some val and "
-                         "some test in the split column, or leave the column out for a "
-                         "seeded random 60/20/20 split")) from None
+    unsplit = f"{none} node(s) are in no split; " if none else ""
+    check_trainable_split(train, val, test, name, unsplit + (
+        fix or "mark some rows train, some val and some test in the split column, or leave "
+        "the column out for a seeded random 60/20/20 split"))
 
 
 def _write_nodes(con, tmp: Path, part_dirs: list[Path], nodes: NodeSource,
