@@ -185,7 +185,8 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
     if out is not None and Path(out).suffix not in (".npy", ".parquet"):
         raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
     spec = _synthetic_spec(Path(run_dir), dataset, synthetic, model)
-    graph = load_dataset(dataset, root, synthetic=spec)
+    # labels and masks are not read: a graph to predict on may have none
+    graph = load_dataset(dataset, root, synthetic=spec, labels=False)
     path = Path(out) if out else Path(run_dir) / f"{'embed' if embed else 'predict'}-" \
                                                  f"{graph.name}.npy"
     inside = below(run_dir, path)

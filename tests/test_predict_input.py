@@ -146,3 +146,37 @@ def test_a_failed_write_keeps_the_old_file_whole_and_names_a_full_disk(tmp_path,
     assert f"could not write '{out}': No space left on device;" in line and "free there" in line
     assert out.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.npz", "pred.npy", "run"]
+
+
+def test_predict_needs_no_labels_or_split(tmp_path, capsys):
+    """A graph to predict on was refused without labels, with -1 labels, or with an empty or
+    overlapping split, none of which predict uses: now its edges and features are read alone,
+    and the probabilities equal those of the same graph with labels."""
+    run, data = _saved_run(tmp_path)
+    g = small_graph(n=30, features=8, classes=3)
+    ei = g.edge_index().numpy()
+    want = tmp_path / "want.npy"
+    assert cli_main(["predict", "--run", str(run), "--dataset", str(data), "--out",
+                     str(want)]) == 0
+    variants = {"nolabels.npz": dict(edge_index=ei, x=g.x.numpy()),
+                "minus1.npz": dict(edge_index=ei, x=g.x.numpy(), y=np.full(30, -1)),
+                "overlap.npz": dict(edge_index=ei, x=g.x.numpy(), y=g.y.numpy(),
+                                    train_mask=np.ones(30, bool), val_mask=np.ones(30, bool),
+                                    test_mask=np.zeros(30, bool))}
+    for name, arrays in variants.items():
+        np.savez(tmp_path / name, **arrays)
+        out = tmp_path / f"{name}.npy"
+        assert cli_main(["predict", "--run", str(run), "--dataset", str(tmp_path / name),
+                         "--out", str(out)]) == 0, capsys.readouterr().err
+        np.testing.assert_allclose(np.load(out), np.load(want), rtol=1e-5, atol=1e-6)
+    # an edge list without its labels file, features beside it
+    np.savetxt(tmp_path / "el.txt", ei.T, fmt="%d")
+    np.save(tmp_path / "el.features.npy", g.x.numpy())
+    out = tmp_path / "el.npy"
+    assert cli_main(["predict", "--run", str(run), "--dataset", str(tmp_path / "el.txt"),
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    np.testing.assert_allclose(np.load(out), np.load(want), rtol=1e-5, atol=1e-6)
+    # training still needs the labels
+    with pytest.raises(ValueError, match="missing key 'y'"):
+        from quietgnn.datasets import load_dataset
+        load_dataset(str(tmp_path / "nolabels.npz"))

@@ -125,7 +125,7 @@ def per_class_split(g: Graph, per_class: int, num_val: int, seed: int) -> Graph:
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *,
                  synthetic: SyntheticSpec | dict[str, Any] | None = None,
-                 split_seed: int = 0, split: str = "standard") -> Graph:
+                 split_seed: int = 0, split: str = "standard", labels: bool = True) -> Graph:
     """Load dataset ``name`` as a validated, undirected :class:`Graph`.
 
     ``name`` is case-insensitive (``Cora`` = ``cora``), except file paths, which are used as
@@ -133,15 +133,18 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     ``synthetic`` dataset and is ignored otherwise; ``split_seed`` seeds the random 60/20/20
     split of datasets without a standard one (the synthetic graph's own shape is seeded by
     ``synthetic.seed``); ``split`` ``per_class:K:V`` replaces any split by
-    :func:`per_class_split`, drawn with ``split_seed``.
+    :func:`per_class_split`, drawn with ``split_seed``. ``labels=False`` (``quietgnn
+    predict``): a graph file's labels and masks are not read, so a graph to predict on may have
+    none (its ``y`` is then all 0 and ``meta['labels']`` is ``"absent"``: never train on it).
     """
     fixed = parse_split(split)
-    g = _load(name, root, synthetic, split_seed)
+    g = _load(name, root, synthetic, split_seed, labels)
     return g if fixed is None else per_class_split(g, *fixed, seed=split_seed)
 
 
 def _load(name: str | os.PathLike, root: str | os.PathLike | None,
-          synthetic: SyntheticSpec | dict[str, Any] | None, split_seed: int) -> Graph:
+          synthetic: SyntheticSpec | dict[str, Any] | None, split_seed: int,
+          labels: bool = True) -> Graph:
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"dataset name {name!r} must be a string")
     raw_name = os.fspath(name)
@@ -170,8 +173,8 @@ def _load(name: str | os.PathLike, root: str | os.PathLike | None,
     if key.endswith(".npz") or key.endswith(EDGE_LIST_SUFFIXES):
         path = _file_path(raw_name, root)
         if key.endswith(".npz"):
-            return load_npz(path, split_seed=split_seed)
-        return load_edge_list(path, split_seed=split_seed)
+            return load_npz(path, split_seed=split_seed, labels=labels)
+        return load_edge_list(path, split_seed=split_seed, labels=labels)
 
     hint = ""
     if "/" in raw_name or os.sep in raw_name or Path(raw_name).suffix:

@@ -42,6 +42,9 @@ look alike before aggregation, and degree is the one structural signal that cost
 self-loops and duplicates dropped). The arrays are checked as the Python API's are
 (:mod:`quietgnn.graphinput`: one check for every way a graph comes in).
 
+To predict on (``quietgnn predict``: ``labels=False``), a file's labels and masks are not
+read: only the edges and features, and the labels' length where it fixes the nodes.
+
 Nothing is unpickled (``allow_pickle=False``: an object array is refused), and a file that is
 damaged or not what it says (a truncated archive, a pickle named ``.npz``, a sparse shape far
 larger than its data) is one ``ValueError`` naming the file and key, before anything is
@@ -255,8 +258,23 @@ def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndar
         split_seed=split_seed, meta=meta)
 
 
-def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
-    """Load a graph from one ``.npz`` archive (keys in the module docstring)."""
+def _unlabelled(path: Path, edge_index: np.ndarray, x: np.ndarray | None, rows: int | None,
+                split_seed: int, where: dict[str, str]) -> Graph:
+    """A graph file's edges and features alone, to predict on: a graph without labels (or
+    with ``-1`` for the unknown ones) is what one predicts for. The number of nodes is the
+    features' rows, else the labels' length (``rows``), else the largest edge id + 1; the
+    labels are all 0 and marked absent, so nothing mistakes them for the graph's."""
+    n = int(x.shape[0]) if x is not None and np.ndim(x) >= 1 else rows
+    if n is None:
+        n = int(edge_index.max()) + 1 if edge_index.size else 0
+    g = _finish(path, edge_index, x, np.zeros(n, dtype=np.int64), None, 2, split_seed, where)
+    g.meta["labels"] = "absent"
+    return g
+
+
+def load_npz(path: str | os.PathLike, *, split_seed: int = 0, labels: bool = True) -> Graph:
+    """Load a graph from one ``.npz`` archive (keys in the module docstring); ``labels=False``:
+    without reading its labels and masks (:func:`_unlabelled`)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"graph file {str(path)!r} not found (expected a .npz with keys "
@@ -283,6 +301,11 @@ def load_npz(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
         if ei.dtype.kind not in "iu":
             raise ValueError(f"{path}: edge ids have dtype {ei.dtype}, expected integers")
         ykey = "y" if "y" in keys or "labels" not in keys else "labels"
+        if not labels:
+            rows = len(z[ykey]) if ykey in keys else None     # they fix N, as below
+            x = np.asarray(z["x"]) if "x" in keys else \
+                csr_features(z, "attr_" if "attr_data" in keys else "x_", str(path), rows)
+            return _unlabelled(path, ei, x, rows, split_seed, {"x": f"{path} key 'x'"})
         if ykey not in keys:
             raise ValueError(f"{path}: missing key 'y' (int labels [N]); found keys "
                              f"{sorted(keys)}. Node classification needs a label per node")
@@ -386,16 +409,24 @@ def _is_int(v: str) -> bool:
         return False
 
 
-def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0) -> Graph:
+def load_edge_list(path: str | os.PathLike, *, split_seed: int = 0,
+                   labels: bool = True) -> Graph:
     """Load ``path`` (edge list) with ``<stem>.labels.npy`` and optional
-    ``<stem>.features.npy`` next to it (see the module docstring)."""
+    ``<stem>.features.npy`` next to it (see the module docstring); ``labels=False``: the
+    labels file is optional and only its length is read (:func:`_unlabelled`)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"edge list {str(path)!r} not found (expected 'u v' lines, with "
                          f"{path.stem}.labels.npy next to it)")
     ei = _parse_edges(path)
     stem = path.with_suffix("")
-    y_raw, where_y = _read_array(stem, "labels", required=True)
+    y_raw, where_y = _read_array(stem, "labels", required=labels)
+    if not labels:
+        rows = None if y_raw is None else len(y_raw)
+        x, where_x = _read_array(stem, "features", required=False, rows=rows)
+        if x is not None and x.ndim == 1:
+            x = x[:, None]
+        return _unlabelled(path, ei, x, rows, split_seed, {"x": where_x})
     y, names = class_ids(y_raw, where_y)
     x, where_x = _read_array(stem, "features", required=False, rows=y.shape[0])
     if x is not None and x.ndim == 1:
