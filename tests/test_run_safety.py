@@ -694,6 +694,13 @@ def test_ranks_started_with_different_settings_are_refused_by_name():
     here, there = ({"dataset": {"name": f"{d}/g.npz"}, **base} for d in ("/a", "/b/c"))
     check_ranks_agree(Comm(load_config(None, here), load_config(None, there)),
                       load_config(None, here))
+    # a host whose checkout was not updated: other code under the same version number
+    comm = Comm(same, same)
+    comm.settings[1] = dict(comm.settings[1], **{"software.quietgnn": "0123456789ab"})
+    with pytest.raises(ValueError, match=r'different settings \(software.quietgnn: rank 0 '
+                                         r'"[0-9a-f]{12}", rank 1 "0123456789ab"\): install '
+                                         r'the same quietgnn code, torch and Python'):
+        check_ranks_agree(comm, same)
 
 
 def test_two_hand_started_ranks_with_another_lr_stop_at_set_up(tmp_path):

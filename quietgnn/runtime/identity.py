@@ -78,9 +78,32 @@ _RANKS_SHARE = {"train": ("epochs",), "runtime": ("resume", "checkpoint_every",
                                                    "duplex")}
 
 
+_SOFTWARE: dict[str, str] = {}
+
+
+def software() -> dict[str, str]:
+    """What this process runs, as ``software.*`` settings: quietgnn's own code (a digest of its
+    sources, since two checkouts of one version may differ: a host not updated), torch's
+    version and Python's major.minor. Ranks that differ compute and pickle differently."""
+    if not _SOFTWARE:
+        import hashlib
+        import sys
+
+        import torch
+        pkg = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(pkg.rglob("*.py")):
+            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        _SOFTWARE.update({"software.quietgnn": h.hexdigest()[:12],
+                          "software.torch": torch.__version__,
+                          "software.python": f"{sys.version_info[0]}.{sys.version_info[1]}"})
+    return dict(_SOFTWARE)
+
+
 def rank_settings(cfg: ConfigLike) -> dict[str, Any]:
-    """What :func:`check_ranks_agree` compares: the identity and :data:`_RANKS_SHARE`."""
-    mine = run_identity(cfg)
+    """What :func:`check_ranks_agree` compares: the identity, :data:`_RANKS_SHARE` and the
+    :func:`software`."""
+    mine = {**run_identity(cfg), **software()}
     name = mine.get("dataset.name")
     if isinstance(name, str) and ("/" in name or os.sep in name):
         mine["dataset.name"] = Path(name).name   # a graph file may lie elsewhere on each host
@@ -109,13 +132,17 @@ def check_ranks_agree(comm: Any, cfg: ConfigLike) -> None:
     if len(set(digests)) == 1:
         return
     every = comm.all_gather_object(mine, "config_check", carries="control")
-    keys = sorted({k for e in every for k in e}, key=lambda k: (k != "strategy", k))
+    # other software first: it explains any other difference (a key another version lacks)
+    keys = sorted({k for e in every for k in e},
+                  key=lambda k: (not k.startswith("software."), k != "strategy", k))
     differ = [f"{k}: " + ", ".join(f"rank {r} " + (json_excerpt(e[k], 40) if k in e else
                                                    "(none)") for r, e in enumerate(every))
               for k in keys if len({json.dumps(e.get(k, [])) for e in every}) > 1]
+    fix = "install the same quietgnn code, torch and Python on every host" if any(
+        d.startswith("software.") for d in differ) else \
+        "start every rank with the same command line and recipe"
     raise ValueError(f"the ranks were started with different settings ({'; '.join(differ[:4])}"
-                     f"{'; …' if len(differ) > 4 else ''}): start every rank with the same "
-                     f"command line and recipe")
+                     f"{'; …' if len(differ) > 4 else ''}): {fix}")
 
 
 def _default_identity(strategy: Any) -> dict[str, Any]:
