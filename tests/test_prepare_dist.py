@@ -5,6 +5,7 @@ exchange are counted; a bad slice fails on every rank with the reason; the resul
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -92,6 +93,11 @@ def _ranks(argv, tmp_path, timeout=120):
 def _fork(fn, tmp_path, timeout=120):
     port = _free_port()
     kids = []
+    # a rank's garbage collector must not finalise this process's objects (a pyarrow table a
+    # test read: its finaliser reaches Arrow's thread pool, which the fork left behind, and
+    # the rank segfaulted): collected here, the rest frozen out of the ranks' collections
+    gc.collect()
+    gc.freeze()
     for r in range(P):
         pid = os.fork()
         if pid == 0:        # the rank: fn's result is its exit code, its output in files
@@ -112,6 +118,7 @@ def _fork(fn, tmp_path, timeout=120):
                 sys.stderr.flush()
                 os._exit(code)
         kids.append(pid)
+    gc.unfreeze()
     deadline = time.monotonic() + timeout
     codes = {}
     while len(codes) < P:
