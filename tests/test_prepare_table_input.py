@@ -182,3 +182,16 @@ def test_the_per_host_prepare_refuses_null_endpoints_and_an_untrainable_split(tm
         assert rc == 2 and "has no validation and no test nodes (train/val/test = 60/0/0)" \
             in e, e
     assert not (tmp_path / "d").exists()
+
+
+def test_the_summary_counts_directed_edges_as_stored(tmp_path, capsys):
+    """With --directed the summary said '19.5 undirected edges (39 stored)'; --directed
+    beside a graph that is undirected anyway was ignored without a word."""
+    _write(tmp_path)
+    argv = ["prepare", str(tmp_path / "e.parquet"), "--nodes", str(tmp_path / "n.parquet"),
+            "--parts", "2", "--out", str(tmp_path / "d")]
+    assert main(argv + ["--directed"]) == 0
+    assert ", 39 directed edges (stored as given)," in capsys.readouterr().out
+    assert main(argv[:1] + ["--dataset", "synthetic", "--synthetic.nodes", "300", "--parts",
+                            "2", "--out", str(tmp_path / "s"), "--directed"]) == 2
+    assert "--directed takes an edge table's edges one way only" in capsys.readouterr().err

@@ -27,6 +27,9 @@ def run_prepare(args: argparse.Namespace, cfg: Any, rest: list[str], *,
     if args.x_dtype not in ("float32", "float16"):
         raise ValueError(f"--x-dtype {args.x_dtype!r}; expected float32 or float16 (half the "
                          f"disk and page cache; the workers compute in float32)")
+    if getattr(args, "directed", False) and (args.source is None or args.source == "synthetic"):
+        raise ValueError("--directed takes an edge table's edges one way only; the graphs of "
+                         "--dataset and of prepare synthetic are undirected: leave it out")
     if cfg.dataset.split != "standard" and (under_torchrun or args.source is not None
                                             or args.edges is not None):
         raise ValueError(f"--dataset.split {cfg.dataset.split}: an out-of-core prepare "
@@ -121,8 +124,11 @@ def _prepare_streamed(args: argparse.Namespace, cfg: Any, rest: list[str]) -> in
                               partition_file=cfg.partition.file, **common)
     g, st = book.graph, book.stats
     secs = time.perf_counter() - t0
-    print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, "
-          f"{human(g['num_edges'] / 2)} undirected edges ({human(g['num_edges'])} stored), "
+    # --directed stores each edge once, as given: half of them would be no count at all
+    edges = f"{human(g['num_edges'])} directed edges (stored as given)" if \
+        getattr(args, "directed", False) else \
+        f"{human(g['num_edges'] / 2)} undirected edges ({human(g['num_edges'])} stored)"
+    print(f"prepared {book.path}: {g['name']}, {human(g['num_nodes'])} nodes, {edges}, "
           f"{g['num_features']} features, {g['num_classes']} classes")
     print(f"  {book.num_parts} parts ({book.method}), nodes per part {st['nodes']}, edge cut "
           f"{100 * st['edge_cut_fraction']:.1f}%, halo sizes {st['halo']}")
