@@ -179,6 +179,39 @@ def test_one_graph_file_in_two_places_shares_its_cached_book(tmp_path):
     assert key[0] == key[1] != key[2]         # the same bytes share; other bytes do not
 
 
+def test_books_cached_before_an_upgrade_are_reused_and_another_versions_left_alone(
+        tmp_path, monkeypatch):
+    """After the graph-file rekeying every cached book of a file dataset was partitioned
+    again (Cora's too); a cached book of another format version was deleted, though a host of
+    that version sharing the cache may be training on it."""
+    import json as _json
+    from quietgnn.runtime.books import cached_book_path, partition_key
+    monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "g.npz"
+    _write_npz(f, seed=0)
+    cfg = _cfg(dataset={"name": str(f)}, partition={"method": "random", "parts": 2})
+    made = prepare_book(cfg, log=lambda m: None)
+    earlier = cached_book_path(cfg, partition_key(cfg, earlier=True))
+    assert earlier != made
+    made.rename(earlier)                               # as the earlier version cached it
+    logs = []
+    assert prepare_book(cfg, log=logs.append) == earlier and not logs     # not partitioned
+    assert not made.exists()
+    if (PLANETOID / "Cora").is_dir():  # a named dataset keeps its key (its root is in it)
+        cora = _cfg(dataset={"name": "cora", "root": str(PLANETOID)})
+        assert partition_key(cora) == partition_key(cora, earlier=True)
+    earlier.rename(made)
+    meta = _json.loads((made / "book.json").read_text())
+    (made / "book.json").write_text(_json.dumps(dict(meta, version=3)))
+    (made / "theirs.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"is of format version 3, written by another "
+                                         r"quietgnn \(this one reads 2\); it is left"):
+        prepare_book(cfg, log=lambda m: None)
+    assert (made / "theirs.txt").is_file()
+    (made / "book.json").write_text("{torn")              # damaged: still rebuilt
+    assert PartitionBook.open(prepare_book(cfg, log=lambda m: None)).num_parts == 2
+
+
 def test_npz_replaced_in_place_gets_a_new_book(tmp_path):
     f = tmp_path / "g.npz"
     _write_npz(f, seed=0)

@@ -45,9 +45,11 @@ def dataset_identity_of(cfg: RunConfig) -> dict[str, Any]:
                             split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
 
 
-def partition_key(cfg: RunConfig) -> str:
+def partition_key(cfg: RunConfig, earlier: bool = False) -> str:
     """The cache key of the book the launcher makes for ``cfg``: a hash of everything that
-    determines the assignment, the content of the files read included."""
+    determines the assignment, the content of the files read included. ``earlier``: the key
+    a graph file's book had before it was keyed by the file's name (the path as given), which
+    :func:`resolve_book` still reuses."""
     from ..datasets import dataset_files
     # the standard split is left out of the key: books cached before dataset.split keep theirs
     data = {k: v for k, v in asdict(cfg.dataset).items() if (k, v) != ("split", "standard")}
@@ -61,9 +63,12 @@ def partition_key(cfg: RunConfig) -> str:
     # in place (same path, even the same size and mtime) gets a new book, not the old one.
     # A graph file is keyed by its name and content, not where it lies: the Python API stages
     # an in-memory graph in each run's own directory, and each call made a book of its own.
-    if Path(cfg.dataset.name).is_file():
+    # (A named dataset's files are keyed by their path, as they always were: its root is in the
+    # key anyway, and the books cached before stay theirs.)
+    by_name = Path(cfg.dataset.name).is_file() and not earlier
+    if by_name:
         data["name"] = Path(cfg.dataset.name).name
-    key_src["content"] = [[f.name, _content_sha256(f)]
+    key_src["content"] = [[f.name if by_name else str(f), _content_sha256(f)]
                           for f in dataset_files(cfg.dataset.name, cfg.dataset.root)]
     if cfg.partition.file:
         f = Path(cfg.partition.file)
@@ -96,11 +101,16 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
         return Path(cfg.partition.book), None
     key = partition_key(cfg)
     path = cached_book_path(cfg, key)
+    if not path.is_dir() and Path(cfg.dataset.name).is_file():
+        earlier = cached_book_path(cfg, partition_key(cfg, earlier=True))
+        if _usable(earlier):       # the same graph and assignment, cached before the rekeying
+            return earlier, earlier.name.rsplit("-", 1)[-1]
     if path.is_dir():
         try:
             PartitionBook.open(path)
             return path, key
         except ValueError:
+            _check_other_version(path)
             # a damaged entry of quietgnn's own cache: rebuilt below, from nothing (writing
             # a book never replaces a directory that is not a whole book: it may be a user's)
             shutil.rmtree(path, ignore_errors=True)
@@ -143,6 +153,31 @@ def _in_cache(name: Any) -> bool:
         return False
     path, cache = Path(os.path.abspath(name)), Path(os.path.abspath(cache_dir()))
     return path == cache or cache in path.parents or path in cache.parents
+
+
+def _usable(path: Path) -> bool:
+    from ..partition import PartitionBook
+    try:
+        return path.is_dir() and PartitionBook.open(path) is not None
+    except ValueError:
+        return False
+
+
+def _check_other_version(path: Path) -> None:
+    """Refuse (``ValueError``) to delete a cached book that another quietgnn version wrote
+    (its ``book.json`` whole, naming another format version): a host of that version may
+    share the cache and be training on it; deleted, its workers would lose their part."""
+    from ..partition.book import BOOK_VERSION
+    try:
+        version = loads_json((path / "book.json").read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return                       # damaged: rebuilt
+    if version != BOOK_VERSION and isinstance(version, int):
+        raise ValueError(f"the cached partition book {str(path)!r} is of format version "
+                         f"{version}, written by another quietgnn (this one reads "
+                         f"{BOOK_VERSION}); it is left as it is, since a host of that version may "
+                         f"be using it: give each version its own cache (QUIETGNN_CACHE), or "
+                         f"remove that directory once no such host uses it")
 
 
 def _outside_cache(name: Any) -> bool:
