@@ -180,3 +180,16 @@ def test_predict_needs_no_labels_or_split(tmp_path, capsys):
     with pytest.raises(ValueError, match="missing key 'y'"):
         from quietgnn.datasets import load_dataset
         load_dataset(str(tmp_path / "nolabels.npz"))
+
+
+def test_a_prepared_directory_given_as_a_dataset_is_named_as_such(tmp_path, capsys):
+    """`predict --dataset <prepared dir>` (or `train --dataset` of one) said 'unknown
+    dataset' and listed the built-in names."""
+    run, data = _saved_run(tmp_path)
+    prep = tmp_path / "prep"
+    assert cli_main(["prepare", "--dataset", str(data), "--parts", "2", "--partitioner",
+                     "random", "--out", str(prep)]) == 0
+    capsys.readouterr()
+    assert cli_main(["predict", "--run", str(run), "--dataset", str(prep)]) == 2
+    line = _err(capsys)
+    assert "is a prepared graph (it holds book.json)" in line and f"--data {prep}" in line

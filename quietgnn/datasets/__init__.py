@@ -176,6 +176,10 @@ def _load(name: str | os.PathLike, root: str | os.PathLike | None,
             return load_npz(path, split_seed=split_seed, labels=labels)
         return load_edge_list(path, split_seed=split_seed, labels=labels)
 
+    if (Path(raw_name).expanduser() / "book.json").is_file():
+        raise ValueError(f"{raw_name!r} is a prepared graph (it holds book.json), not a dataset: "
+                         f"train takes it with --data {raw_name}; predict reads a graph whole, "
+                         f"so give it the graph or tables it was prepared from")
     hint = ""
     if "/" in raw_name or os.sep in raw_name or Path(raw_name).suffix:
         hint = (f" (as a file path: supported endings are .npz and "
