@@ -83,6 +83,10 @@ def _config_dict(strategy: str, parts: Optional[int], overrides: dict[str, Any])
 
 def _graph_of(data: Any) -> Optional[Graph]:
     if isinstance(data, Graph):
+        if data.meta.get("labels") == "absent":
+            raise ValueError(f"graph {data.name!r} was loaded without its labels (to predict "
+                             f"on: load_dataset(..., labels=False)); training needs them: load "
+                             f"it with its labels")
         return data
     if type(data).__module__.split(".")[0] == "torch_geometric":
         return Graph.from_pyg(data, name=str(getattr(data, "name", None) or "graph"))
@@ -184,6 +188,11 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
     model = load_model(run_dir)
     if out is not None and Path(out).suffix not in (".npy", ".parquet"):
         raise ValueError(f"--out {str(out)!r}: expected a file ending in .npy or .parquet")
+    exists = ValueError(f"--out {str(out)!r} exists: pass --overwrite (overwrite=True) to "
+                        f"replace it, or choose another file")
+    if out is not None and not overwrite and os.path.exists(out) and \
+            below(run_dir, out) is None:     # (in the run: its links are refused first, below)
+        raise exists                         # before the graph is loaded
     spec = _synthetic_spec(Path(run_dir), dataset, synthetic, model)
     # labels and masks are not read: a graph to predict on may have none
     graph = load_dataset(dataset, root, synthetic=spec, labels=False)
@@ -196,9 +205,8 @@ def predict_to_file(run_dir: str | os.PathLike, dataset: str | os.PathLike,
             raise ValueError(f"--out {str(path)!r} is the run directory itself; expected a file "
                              f"ending in .npy or .parquet")
         check_below(run_dir, inside, fix)     # before the work, and again as it writes
-    if out is not None and not overwrite and os.path.exists(out):
-        raise ValueError(f"--out {str(out)!r} exists: pass --overwrite (overwrite=True) to "
-                         f"replace it, or choose another file")
+        if out is not None and not overwrite and os.path.exists(path):
+            raise exists
     with torch.no_grad():
         arr = (model.embed if embed else model.predict_proba)(graph.x, graph.edge_index())
     arr = arr.numpy()

@@ -364,6 +364,12 @@ class Graph:
         ``edge_index``, ``x``, ``y``, the three masks, ``num_classes``; no pickle). The file's
         stem becomes the graph's name when it is loaded. Returns the path."""
         p = Path(path)
+        if self.meta.get("labels") == "absent":
+            # loaded to predict on (load_dataset(labels=False)): its labels are all 0 and its
+            # split drawn; saved, it would train on them as if they were the graph's
+            raise ValueError(f"Graph {self.name!r} was loaded without its labels (to predict "
+                             f"on: load_dataset(..., labels=False)); it cannot be saved or "
+                             f"trained on: load it with its labels")
         if p.suffix != ".npz":
             raise ValueError(f"Graph.save({str(path)!r}): the file must end in .npz (the format "
                              f"load_dataset reads); e.g. {p.with_suffix('.npz').name!r}")

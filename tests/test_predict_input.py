@@ -176,10 +176,17 @@ def test_predict_needs_no_labels_or_split(tmp_path, capsys):
     assert cli_main(["predict", "--run", str(run), "--dataset", str(tmp_path / "el.txt"),
                      "--out", str(out)]) == 0, capsys.readouterr().err
     np.testing.assert_allclose(np.load(out), np.load(want), rtol=1e-5, atol=1e-6)
-    # training still needs the labels
+    # training still needs the labels, and a graph loaded without them is never trained on
+    import quietgnn
+    from quietgnn.datasets import load_dataset
     with pytest.raises(ValueError, match="missing key 'y'"):
-        from quietgnn.datasets import load_dataset
         load_dataset(str(tmp_path / "nolabels.npz"))
+    blind = load_dataset(str(tmp_path / "minus1.npz"), labels=False)
+    with pytest.raises(ValueError, match="was loaded without its labels .* training needs"):
+        quietgnn.train(blind, parts=1, epochs=1, out=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match="was loaded without its labels .* cannot be saved"):
+        blind.save(tmp_path / "again.npz")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "again.npz").exists()
 
 
 def test_a_prepared_directory_given_as_a_dataset_is_named_as_such(tmp_path, capsys):
