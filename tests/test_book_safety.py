@@ -183,7 +183,7 @@ def test_books_cached_before_an_upgrade_are_reused_and_another_versions_left_alo
         tmp_path, monkeypatch):
     """After the graph-file rekeying every cached book of a file dataset was partitioned
     again (Cora's too); a cached book of another format version was deleted, though a host of
-    that version sharing the cache may be training on it."""
+    that version sharing the cache may be training on it: it is left, this version's beside."""
     import json as _json
     from quietgnn.runtime.books import cached_book_path, partition_key
     monkeypatch.setenv("QUIETGNN_CACHE", str(tmp_path / "cache"))
@@ -197,17 +197,17 @@ def test_books_cached_before_an_upgrade_are_reused_and_another_versions_left_alo
     logs = []
     assert prepare_book(cfg, log=logs.append) == earlier and not logs     # not partitioned
     assert not made.exists()
-    if (PLANETOID / "Cora").is_dir():  # a named dataset keeps its key (its root is in it)
-        cora = _cfg(dataset={"name": "cora", "root": str(PLANETOID)})
-        assert partition_key(cora) == partition_key(cora, earlier=True)
     earlier.rename(made)
     meta = _json.loads((made / "book.json").read_text())
-    (made / "book.json").write_text(_json.dumps(dict(meta, version=3)))
-    (made / "theirs.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"is of format version 3, written by another "
-                                         r"quietgnn \(this one reads 2\); it is left"):
-        prepare_book(cfg, log=lambda m: None)
-    assert (made / "theirs.txt").is_file()
+    for version in (1, 3):       # an older quietgnn's, a newer one's: left, ours beside it
+        (made / "book.json").write_text(_json.dumps(dict(meta, version=version)))
+        (made / "theirs.txt").write_text("x")
+        beside = prepare_book(cfg, log=lambda m: None)
+        assert beside == made.with_name(made.name + "-v2") and PartitionBook.open(beside)
+        assert (made / "theirs.txt").is_file() and \
+            _json.loads((made / "book.json").read_text())["version"] == version
+        assert prepare_book(cfg, log=logs.append) == beside and not logs      # reused
+    (made / "theirs.txt").unlink()
     (made / "book.json").write_text("{torn")              # damaged: still rebuilt
     assert PartitionBook.open(prepare_book(cfg, log=lambda m: None)).num_parts == 2
 
@@ -422,7 +422,7 @@ def test_a_cache_that_cannot_hold_books_is_named(tmp_path, monkeypatch):
     cache = tmp_path / "ro"
     monkeypatch.setenv("QUIETGNN_CACHE", str(cache))
 
-    def refused(cfg, path):          # as root, permission bits cannot make it read-only
+    def refused(cfg, path, *_):      # as root, permission bits cannot make it read-only
         raise PermissionError(13, "Permission denied", str(path.parent))
     monkeypatch.setattr(books, "_build_book", refused)
     with pytest.raises(ValueError, match=r"cannot write the partition book into the cache "
@@ -443,7 +443,7 @@ def test_a_read_only_home_names_quietgnn_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QUIETGNN_CACHE", "")
     failed = [home / ".cache"]
 
-    def read_only(cfg, path):       # what mkdir(parents=True) raises (root ignores modes)
+    def read_only(cfg, path, *_):   # what mkdir(parents=True) raises (root ignores modes)
         raise OSError(errno.EROFS, "Read-only file system", str(failed[0]))
     monkeypatch.setattr(books, "_build_book", read_only)
     for failed[0] in (home / ".cache", home, home / ".cache" / "quietgnn" / "books" / "x"):

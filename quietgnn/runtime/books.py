@@ -105,18 +105,26 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
         earlier = cached_book_path(cfg, partition_key(cfg, earlier=True))
         if _usable(earlier):       # the same graph and assignment, cached before the rekeying
             return earlier, earlier.name.rsplit("-", 1)[-1]
+    from ..partition.book import BOOK_VERSION
+    if path.is_dir() and _other_version(path):
+        # another quietgnn's book (a host of that version sharing the cache may be training
+        # on it): left as it is, and this version's kept beside it
+        path = path.with_name(f"{path.name}-v{BOOK_VERSION}")
     if path.is_dir():
         try:
             PartitionBook.open(path)
             return path, key
         except ValueError:
-            _check_other_version(path)
             # a damaged entry of quietgnn's own cache: rebuilt below, from nothing (writing
             # a book never replaces a directory that is not a whole book: it may be a user's)
             shutil.rmtree(path, ignore_errors=True)
     t0 = time.perf_counter()
+    # loaded outside the write's error handling: a full disk while a dataset downloads is
+    # its root's, not the cache's
+    graph = _load_graph(cfg)
+    name, nodes, edges = graph.name, graph.num_nodes, graph.num_edges
     try:
-        name, nodes, edges = _build_book(cfg, path)
+        _build_book(cfg, path, graph)
     except OSError as exc:
         from ..safefiles import disk_reason, free_space_note
         full = disk_reason(exc)
@@ -135,9 +143,10 @@ def resolve_book(cfg: RunConfig, log: Callable[[str], None] = print,
         raise ValueError(f"cannot write the partition book into the cache {str(path.parent)!r} "
                          f"({exc.strerror}): set QUIETGNN_CACHE to a directory you may write "
                          f"(or pass --book DIR of a prepared graph)") from exc
-    # The graph is gone (it lived in _build_book); hand its pages back to the OS so that the
-    # launcher, which idles while the workers train, does not sit on the heap that loading
-    # and partitioning left behind (hundreds of MiB at 10^7 edges).
+    # Let the graph go and hand its pages back to the OS so that the launcher, which idles
+    # while the workers train, does not sit on the heap that loading and partitioning left
+    # behind (hundreds of MiB at 10^7 edges).
+    del graph
     release_free_memory()
     log(f"partitioned {name} ({nodes} nodes, {edges} edges) with {cfg.partition_method} into "
         f"{cfg.num_parts} in {time.perf_counter() - t0:.1f}s -> {path} (peak memory "
@@ -163,21 +172,15 @@ def _usable(path: Path) -> bool:
         return False
 
 
-def _check_other_version(path: Path) -> None:
-    """Refuse (``ValueError``) to delete a cached book that another quietgnn version wrote
-    (its ``book.json`` whole, naming another format version): a host of that version may
-    share the cache and be training on it; deleted, its workers would lose their part."""
+def _other_version(path: Path) -> bool:
+    """Whether the cached entry ``path`` is whole but of another format version than this
+    quietgnn's (a damaged one is this version's to rebuild)."""
     from ..partition.book import BOOK_VERSION
     try:
         version = loads_json((path / "book.json").read_text()).get("version")
     except (OSError, ValueError, AttributeError):
-        return                       # damaged: rebuilt
-    if version != BOOK_VERSION and isinstance(version, int):
-        raise ValueError(f"the cached partition book {str(path)!r} is of format version "
-                         f"{version}, written by another quietgnn (this one reads "
-                         f"{BOOK_VERSION}); it is left as it is, since a host of that version may "
-                         f"be using it: give each version its own cache (QUIETGNN_CACHE), or "
-                         f"remove that directory once no such host uses it")
+        return False
+    return isinstance(version, int) and version != BOOK_VERSION
 
 
 def _outside_cache(name: Any) -> bool:
@@ -322,11 +325,16 @@ def _identity_diffs(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
+def _load_graph(cfg: RunConfig) -> Any:
     from ..datasets import load_dataset
+    return load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
+                        split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
+
+
+def _build_book(cfg: RunConfig, path: Path, graph: Any = None) -> None:
+    """The book of ``cfg``'s graph (``graph``, or loaded) written at ``path``."""
     from ..partition import PartitionBook, make_book
-    graph = load_dataset(cfg.dataset.name, cfg.dataset.root, synthetic=cfg.synthetic,
-                         split_seed=cfg.dataset.split_seed, split=cfg.dataset.split)
+    graph = _load_graph(cfg) if graph is None else graph
     try:
         # never replacing an entry: another run's workers may be reading it already
         make_book(path, graph, cfg.partition_method, cfg.num_parts, seed=cfg.partition.seed,
@@ -337,9 +345,8 @@ def _build_book(cfg: RunConfig, path: Path) -> tuple[str, int, int]:
         except ValueError:
             pass
         else:
-            return graph.name, graph.num_nodes, graph.num_edges
+            return
         raise
-    return graph.name, graph.num_nodes, graph.num_edges
 
 
 def release_free_memory() -> None:
