@@ -93,9 +93,17 @@ def software() -> dict[str, str]:
         pkg = Path(__file__).resolve().parents[1]
         h = hashlib.sha256()
         for f in sorted(pkg.rglob("*.py")):
-            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+            rel = f.relative_to(pkg)
+            if any(p.startswith(".") for p in rel.parts) or not f.is_file():
+                continue    # an editor's lock file, a notebook's checkpoints: not the code
+            try:
+                data = f.read_bytes()
+            except OSError as exc:     # every rank must reach the gather: folded in, not raised
+                data = f"unreadable: {exc.strerror}".encode()
+            h.update(rel.as_posix().encode() + b"\0" + data + b"\0")
         _SOFTWARE.update({"software.quietgnn": h.hexdigest()[:12],
-                          "software.torch": torch.__version__,
+                          # the release; a local build tag (+cu121 / +cu124) interoperates
+                          "software.torch": torch.__version__.split("+")[0],
                           "software.python": f"{sys.version_info[0]}.{sys.version_info[1]}"})
     return dict(_SOFTWARE)
 
