@@ -97,6 +97,10 @@ def class_ids(arr: Any, where: str) -> tuple[np.ndarray, list[str] | None]:
                              f"train on other labels: give class ids (whole numbers)")
     elif y.dtype.kind not in "iub":
         raise ValueError(f"{where}: labels have dtype {y.dtype}, expected integers or names")
+    if y.dtype.kind == "u" and y.size and int(y.max()) > np.iinfo(np.int64).max:
+        # the cast would wrap it to a negative number and name that instead
+        raise ValueError(f"{where}: label {int(y.max())} is not a class id; expected class ids "
+                         f"in [0, num_classes)")
     return y.astype(np.int64, copy=False), None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -407,7 +408,7 @@ def test_feature_shapes_and_dtypes_from_the_api():
             Graph.from_edge_index(ei, big, y)
 
 
-@pytest.mark.parametrize("case", ["one-hot", "all -1", "y short"])
+@pytest.mark.parametrize("case", ["one-hot", "all -1", "y short", "uint64"])
 def test_label_shapes_and_negative_labels_are_named(case):
     """One-hot y was reported as 'y has shape (120,)'; all -1 labels as 'num_classes = 0'; a y
     two short as 'y has shape (38,)'."""
@@ -420,6 +421,9 @@ def test_label_shapes_and_negative_labels_are_named(case):
                    r"ids"),
         "y short": (y[:38], r"^y of graph 'graph': has 38 labels, expected 40, one per node: "
                             r"the number of nodes comes from x"),
+        # wrapped by the int64 cast, it was named as -9223372036854775807
+        "uint64": (np.full(40, 2**63 + 1, dtype=np.uint64), r"label 9223372036854775809 is "
+                                                            r"not a class id"),
     }[case]
     with pytest.raises(ValueError, match=msg):
         Graph.from_edge_index(torch.tensor([[0], [1]]), x, given)
