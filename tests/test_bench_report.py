@@ -476,3 +476,20 @@ def test_two_variants_of_a_strategy_need_labels():
             "halo", {"name": "halo", "options": {"lean": True}}]})
     assert len(build_matrix({"datasets": "cora", "strategies": [
         "halo", {"name": "halo", "label": "halo-lean", "options": {"lean": True}}]})) == 2
+
+
+def test_two_datasets_run_alike_need_labels():
+    """Two graph files labelled alike: the second was dropped as a duplicate (2 runs of 4);
+    one file under two splits was refused as two *strategy* entries."""
+    for datasets in ([{"name": "a/graph.npz", "label": "graph"},
+                      {"name": "b/graph.npz", "label": "graph"}],
+                     [{"name": "g.csv", "set": {"dataset.split_seed": 1}},
+                      {"name": "g.csv", "set": {"dataset.split_seed": 2}}]):
+        with pytest.raises(ValueError, match=r"^datasets: two entries run as .* give each its "
+                                             r"own label"):
+            build_matrix({"datasets": datasets, "strategies": ["centralized", "halo"]})
+    twice = build_matrix({"datasets": ["cora", "cora"], "strategies": ["halo"]})
+    assert len(twice) == 1                     # the same graph named twice: one run
+    assert len(build_matrix({"datasets": [{"name": "a/graph.npz", "label": "ga"},
+                                          {"name": "b/graph.npz", "label": "gb"}],
+                             "strategies": ["centralized", "halo"]})) == 4
