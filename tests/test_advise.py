@@ -546,3 +546,25 @@ def test_an_exchange_hidden_behind_compute_is_charged_as_the_report_projects_it(
     assert project(curve, slow)[-1].time_s == pytest.approx(full)            # no record
     hidden = Curve.of({"epochs": [row(e) for e in range(3)]})
     assert project(hidden, slow)[-1].time_s == pytest.approx(full - 0.3)     # the window
+
+
+def test_probes_evaluate_exactly_whatever_the_run_default(monkeypatch, tmp_path):
+    """Probes ran at the default train.eval_mode local: their curves, measured on each rank's
+    own graph, stayed below centralized's exact target where cut edges matter, so an exact
+    strategy looked short of it (the advice flipped on a dense graph)."""
+    from quietgnn.analysis import advise as advisor
+    got = []
+
+    class Stop(Exception):
+        pass
+
+    def run_matrix(specs, *a, **k):
+        got.extend(specs)
+        raise Stop
+
+    monkeypatch.setattr("quietgnn.analysis.runner.run_matrix", run_matrix)
+    with pytest.raises(Stop):
+        advisor.probe("synthetic", parts=2, model="gcn", strategies=["halo", "minibatch"],
+                      out=tmp_path, set_={"synthetic.nodes": 300, "train.eval_mode": "local"})
+    assert {s.strategy for s in got} == {"halo", "minibatch", "centralized"}
+    assert all(s.overrides["train.eval_mode"] == "exact" for s in got)
