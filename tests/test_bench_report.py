@@ -493,3 +493,20 @@ def test_two_datasets_run_alike_need_labels():
     assert len(build_matrix({"datasets": [{"name": "a/graph.npz", "label": "ga"},
                                           {"name": "b/graph.npz", "label": "gb"}],
                              "strategies": ["centralized", "halo"]})) == 4
+
+
+def test_rows_whose_runs_evaluated_locally_are_marked_beside_their_time_to_accuracy():
+    """A run at the default train.eval_mode local stores each rank's own-graph accuracy in
+    its curve: halo (exact) read 'not reached' on a graph with a 20 % cut, unmarked."""
+    from quietgnn.comm.network import Tier
+    lan = Tier(name="lan", bandwidth=1e9, latency=5e-4)
+    halo = _fake("halo", 1.0, 6, 0.8)
+    halo["summary"]["selected_by"] = "local"
+    ref = _fake("centralized", 1.0, 6, 0.8)
+    ref["parts"], ref["summary"]["selected_by"] = 1, "local"      # one part: local is exact
+    rep = report.build_report([ref, halo, _fake("grappa", 1.0, 6, 0.8)], {"lan": lan})
+    marked = {r.strategy: r.local_curve for r in rep.groups[0].rows}
+    assert marked == {"centralized": False, "halo": True, "grappa": False}
+    md = tables.markdown(rep, ["lan"], {})
+    assert "| halo ‡ |" in md and "| grappa |" in md and "`train.eval_mode local`" in md
+    assert "‡" not in tables.markdown(rep, [], {})      # no time-to-accuracy column: no mark

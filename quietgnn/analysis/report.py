@@ -104,6 +104,9 @@ class Row:
     peak_gpu_mb: Optional[float] = None
     measured_tta_s: Optional[float] = None
     link_tta_s: Optional[float] = None
+    #: its runs selected on each rank's own graph (``train.eval_mode local``, P > 1): their
+    #: curves' accuracy is not the exact one the target is, so their time to it may be late
+    local_curve: bool = False
 
     def tta_s(self, tier: str) -> Optional[float]:
         t = self.tta.get(tier)
@@ -179,7 +182,8 @@ def _row(label: str, parts: int, runs: list[Result], tiers: dict[str, Tier],
         peak_rss_mb=max(r.summary.peak_rss_mb or 0.0 for r in runs),
         peak_gpu_mb=max((r.summary.peak_gpu_mb for r in runs
                          if r.summary.peak_gpu_mb is not None), default=None),
-        epochs=_mean([r.summary.epochs for r in runs]), epoch_s={}, tta={})
+        epochs=_mean([r.summary.epochs for r in runs]), epoch_s={}, tta={},
+        local_curve=parts > 1 and any(r.summary.selected_by == "local" for r in runs))
     kinds = [c.train_bytes_by_kind for c in curves if c.train_bytes_by_kind]
     for k in sorted({k for d in kinds for k in d}):
         row.bytes_by_kind[k] = sum(d.get(k, 0.0) for d in kinds) / len(kinds)
@@ -388,6 +392,13 @@ def cli_main(argv: Sequence[str]) -> int:
         print(f"quietgnn report: error: {exc}", file=sys.stderr)
         return 1
     print(md)
+    local = sorted({f"{g.dataset}/{g.model} {r.strategy}" for g in rep.groups for r in g.rows
+                    if r.local_curve})
+    if local and table_tiers:
+        print(f"quietgnn report: note: {len(local)} row(s) evaluated locally during training "
+              f"(train.eval_mode local; e.g. {local[0]}): their time to accuracy may be late "
+              f"(‡ in report.md); rerun with --train.eval_mode exact to compare it",
+              file=sys.stderr)
     print(f"quietgnn report: {out / 'report.md'}, {out / 'report.json'}, "
           f"{sum(len(v) for v in plots.values())} plot(s)", file=sys.stderr)
     return 0

@@ -131,7 +131,8 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
             if r.seeds > 1:
                 acc += f" ± {r.test_acc_std:.4f} (n={r.seeds})"
             delta = "—" if r.delta_acc is None else f"{100 * r.delta_acc:+.2f} pp"
-            cells = [r.strategy, str(r.parts), acc, delta,
+            cells = [r.strategy + (" ‡" if r.local_curve and table_tiers else ""),
+                     str(r.parts), acc, delta,
                      human_bytes(r.train_bytes_per_epoch), _fmt_ratio(r.bytes_ratio),
                      human_bytes(r.eval_bytes_per_epoch), _fmt_pct(r.eval_train_ratio)]
             if has_data:
@@ -139,6 +140,12 @@ def markdown(rep: Report, table_tiers: Sequence[str], plots: dict[str, list[str]
             for t in table_tiers:
                 cells += [_fmt_tta(r.tta.get(t)), _fmt_ratio(r.tta_ratio.get(t))]
             lines.append("| " + " | ".join(cells) + " |")
+        if table_tiers and any(r.local_curve for r in g.rows):
+            lines += ["", "‡ its runs evaluated each rank's own nodes during training "
+                      "(`train.eval_mode local`: cut edges left out): its curve's accuracy can "
+                      "stay below the exact one the target is, so its time to accuracy may be "
+                      "late or 'not reached'; rerun with `--train.eval_mode exact` to compare "
+                      "times to accuracy (its test acc is the exact one)."]
         lines += ["", "Projected seconds per epoch (compute + communication):", "",
                   "| strategy | P | compute | " + " | ".join(tiers) + " | peak RSS/rank |",
                   "|" + "---|" * (len(tiers) + 4)]
