@@ -568,3 +568,17 @@ def test_probes_evaluate_exactly_whatever_the_run_default(monkeypatch, tmp_path)
                       out=tmp_path, set_={"synthetic.nodes": 300, "train.eval_mode": "local"})
     assert {s.strategy for s in got} == {"halo", "minibatch", "centralized"}
     assert all(s.overrides["train.eval_mode"] == "exact" for s in got)
+
+
+def test_the_table_says_the_target_and_when_centralized_is_near_chance():
+    """The advice named no accuracy: on a 5-class graph where centralized reached 0.178 it
+    ranked strategies as confidently as anywhere."""
+    from quietgnn.analysis.advise.cli import format_table
+    res = {"tier": {"name": "wan", "bandwidth": 1e8, "latency": 0.02}, "parts": 4,
+           "model": "gcn", "ranking": [], "recommendation": None,
+           "reference_acc": 0.178, "target_acc": 0.98 * 0.178, "graph": {"classes": 5}}
+    text = format_table(res)
+    assert "target: test accuracy 0.1744 (98% of centralized's 0.1780" in text
+    assert "centralized is near chance here (5 classes" in text
+    res.update(reference_acc=0.9, target_acc=0.882)
+    assert "near chance" not in format_table(res) and "0.8820" in format_table(res)

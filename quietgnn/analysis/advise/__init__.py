@@ -279,12 +279,13 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
     ``centralized`` ran."""
     from ..runner import run_matrix
     measured: dict[str, Any] = {}
-    ref_work = ref_compute = target = ref_cost = None
+    ref_work = ref_compute = target = ref_cost = ref_acc = None
     curves = {}
     for spec, res in zip(specs, results):
         if spec is ref_spec:
             if res.ok and res.curve:
-                target = TARGET_FRAC * res.summary.test_acc
+                ref_acc = res.summary.test_acc
+                target = TARGET_FRAC * ref_acc
                 ref_work = _work_to_target(res.curve, target)
                 # the machine's pace at probe time: the same run elsewhere says how much
                 # faster or slower that machine (or its load then) is than this one now
@@ -344,7 +345,8 @@ def _measure(specs, results, ref_spec, info, stats, parts, model, params, layers
                 _near(measured[s], res.curve, target, ref_work)
     return {"graph": info, "partitions": stats, "parts": parts, "model": model,
             "parameters": params, "reference_epochs": ref_work,
-            "reference_compute_s": ref_compute, "strategies": measured}
+            "reference_compute_s": ref_compute, "reference_acc": ref_acc,
+            "target_acc": target, "strategies": measured}
 
 
 # ---------------------------------------------------------------------- 2. the prior
@@ -469,6 +471,8 @@ def rank(measured: dict[str, Any], tier: str | Tier = "wan",
             "prior": {"cells": prior.get("cells"), "source": prior.get("source"),
                       "reference_epochs_to_target": base_work,
                       "measured_here": bool(measured.get("reference_epochs"))},
+            "reference_acc": measured.get("reference_acc"),
+            "target_acc": measured.get("target_acc"),
             "ranking": rows, "recommendation": rec}
 
 

@@ -34,9 +34,28 @@ def format_table(res: dict[str, Any]) -> str:
     for r in res["ranking"]:
         lines.append(f"- {r['strategy']}: {r['reason']}")
     rec = res["recommendation"]
-    lines += ["", f"recommendation: {rec}" if rec else "recommendation: none (every probe "
+    lines += ["", _target_line(res),
+              f"recommendation: {rec}" if rec else "recommendation: none (every probe "
               "failed or no strategy has measured epochs to borrow)"]
     return "\n".join(lines)
+
+
+def _target_line(res: dict[str, Any]) -> str:
+    """The accuracy every prediction is a time to, and whether it says much: a graph that
+    centralized barely learns makes every strategy 'reach' it, and the ranking is of little
+    use (advice was given as confidently on a graph at chance level)."""
+    acc, target = res.get("reference_acc"), res.get("target_acc")
+    if acc is None or target is None:
+        return ("target: 98% of centralized's test accuracy, as the borrowed runs measured it "
+                "(no reference run here)")
+    line = (f"target: test accuracy {target:.4f} (98% of centralized's {acc:.4f}, measured "
+            f"here exactly; check a prediction with quietgnn train --train.eval_mode exact)")
+    classes = (res.get("graph") or {}).get("classes")
+    if isinstance(classes, int) and classes > 1 and acc < 1.5 / classes:
+        line += (f"; note: centralized is near chance here ({classes} classes: 1/{classes} = "
+                 f"{1 / classes:.3f}), so reaching the target says little; the ranking is of "
+                 f"cost, not of accuracy")
+    return line
 
 
 def cli_main(argv: Sequence[str]) -> int:
