@@ -69,7 +69,7 @@ from ..config import override_value
 from ..readyaml import brief
 from .matrix import (_SET, _as_list, _entry, _mapping, build_matrix, check_settings,
                      load_matrix)
-from .runner import run_matrix
+from .runner import check_resume, run_matrix
 
 __all__ = ["cli_main"]
 
@@ -196,6 +196,7 @@ def _main(args: argparse.Namespace) -> int:
         specs = build_matrix({k: v for k, v in m.items()
                               if k not in ("out", "run_timeout_s", "mem_floor_mb")})
         check_settings(specs)
+        check_resume(specs, out, args.retry_failed)    # a run done on another graph: refused
         if floor and any(s.link for s in specs):
             raise ValueError(f"{where} = {floor:g} MiB watches local runs, and this matrix runs "
                              f"on emulated hosts (links): leave the links out, or the floor "

@@ -128,10 +128,15 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
     changed; a failed rerun replaces nothing. So does a later finished run of a cell within one
     input (a second matrix written into the same folder, other settings under the same labels;
     the later by ``finished_at``): two settings of one seed are not two seeds of one setting.
-    Each run so left out is named on stderr."""
+    Each run so left out is named on stderr.
+
+    Results of two graphs under one dataset name (two files ``graph.npz`` from two
+    directories, or one file rewritten between runs) are refused (:func:`_check_graphs`)
+    before any of this: they would share, or replace each other's, cells."""
+    loaded = [(str(raw), _load_path(Path(raw))) for raw in paths]
+    _check_graphs(loaded)
     by_id: dict[str, Result] = {}
-    for raw in paths:
-        new = _load_path(Path(raw))
+    for _, new in loaded:
         cells = {_cell(r) for r in new.values() if r.ok}    # a failed rerun erases nothing
         by_id = {rid: r for rid, r in by_id.items() if rid in new or _cell(r) not in cells}
         by_id.update(new)
@@ -147,6 +152,30 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
               f"strategy, P, model, seed, link) run again later with other settings: "
               f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", file=sys.stderr)
     return [r for rid, r in by_id.items() if rid not in dropped]
+
+
+def _check_graphs(loaded: list[tuple[str, dict[str, Result]]]) -> None:
+    """One line refusing results of one dataset (label) that ran on different graphs (their
+    recorded ``graph_id``), whichever inputs they come from: a report would put them in one
+    cell, or let one replace the other there. A result without a graph (written before they
+    were recorded, a run's summary.json, synthetic) is not compared."""
+    seen: dict[str, dict[str, tuple[str, Result]]] = {}
+    for where, results in loaded:
+        for r in results.values():
+            if not r.graph_id:
+                continue
+            graphs = seen.setdefault(r.dataset, {})
+            graphs.setdefault(r.graph_id, (where, r))
+            if len(graphs) < 2:
+                continue
+            (w1, r1), (w2, r2) = graphs.values()
+            inputs = f"{w1!r} holds" if w1 == w2 else f"{w1!r} and {w2!r} hold"
+            raise ValueError(
+                f"{inputs} runs of dataset {r.dataset!r} on two different graphs "
+                f"({r1.graph_path} as graph {r1.graph_id}, run {r1.id}; {r2.graph_path} as "
+                f"graph {r2.graph_id}, run {r2.id}): one report would mix them in one cell; "
+                f"label them apart (matrix datasets: - {{name: {r.dataset_name or r.dataset}, "
+                f"label: ...}}, then rerun) or report each graph's runs separately")
 
 
 def _load_path(p: Path) -> dict[str, Result]:

@@ -49,6 +49,12 @@ class Result(Record):
     host_cores: Optional[int] = optional()   #: the cores those hosts shared
     #: with ``--mem-floor``: the largest resident MiB one of the run's processes reached
     peak_rss_seen_mb: Optional[float] = optional()
+    #: a short digest of the graph the run read (its files' content, or a prepared graph's
+    #: fingerprint) and the file or folder it was read from, both taken as the run started: a
+    #: resumed study and a report refuse to mix two graphs of one name (None: synthetic, or a
+    #: result written before they were kept)
+    graph_id: Optional[str] = optional()
+    graph_path: Optional[str] = optional()
 
     @property
     def name(self) -> str:

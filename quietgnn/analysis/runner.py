@@ -1,10 +1,12 @@
 """Running a study's cells, each an isolated ``quietgnn train`` subprocess (or ``torchrun``
-on emulated hosts), resumably: a cell whose result file exists is skipped; every result is
-written whole (a temporary file, then moved) as soon as its run ends, and so is
-``results.jsonl``, so a study stopped at any moment keeps what it measured."""
+on emulated hosts), resumably: a cell whose result file exists is skipped (one that ran on
+another graph than its dataset names now is refused); every result is written whole (a
+temporary file, then moved) as soon as its run ends, and so is ``results.jsonl``, so a study
+stopped at any moment keeps what it measured."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from ..safefiles import atomic_write
 from ..serial import loads_json
 from .matrix import UNCAPPED, Result, RunSpec
 
-__all__ = ["run_matrix"]
+__all__ = ["run_matrix", "check_resume", "graph_identity"]
 
 
 def _tail(text: str, lines: int = 30) -> str:
@@ -175,6 +177,9 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
                retry_failed: bool = False, log: Any = print,
                mem_floor_mb: Optional[float] = None) -> list[Result]:
     """Run every spec not already done; returns all results (old and new) in matrix order.
+    Each new result records the graph its run read (:func:`graph_identity`); a ValueError
+    before any run starts refuses to skip runs done before on another graph than their
+    dataset names now (:func:`check_resume`).
     ``mem_floor_mb``: a local run is killed (and recorded as failed, saying so) when the
     machine's available memory falls below it (:func:`_wait`).
     ``results.jsonl`` gains each new result as its run ends, and at the end every result of
@@ -184,27 +189,122 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
     out = Path(out)
     for sub in ("results", "runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
+    kept = check_resume(specs, out, retry_failed)     # before any run
     results = []
     for i, spec in enumerate(specs):
-        path = out / "results" / f"{spec.id}.json"
-        if path.is_file():
-            try:
-                old = loads_json(path.read_text())
-            except json.JSONDecodeError:
-                old = None  # torn by a crash while writing: rerun
-            status = Result.from_json(old).status if isinstance(old, dict) else None
-            if status is not None and (status == "ok" or not retry_failed):
-                log(f"[{i + 1}/{len(specs)}] {spec.id}: done before ({status}), skipped")
-                results.append((spec.id, old))
-                continue
+        old = kept.get(spec.id)
+        if old is not None:
+            log(f"[{i + 1}/{len(specs)}] {spec.id}: done before ({old['status']}), skipped")
+            results.append((spec.id, old))
+            continue
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
+        graph = graph_identity(spec)    # as the run starts (the file may change mid-study)
         res = _run_one(spec, out, timeout_s, log, mem_floor_mb)
+        if graph is not None:
+            res.update(graph_id=graph[0], graph_path=graph[1])
         # atomic: a result file is either whole or absent (and never written through a link)
-        atomic_write(path, json.dumps(res, separators=(",", ":"), default=str).encode())
+        atomic_write(out / "results" / f"{spec.id}.json",
+                     json.dumps(res, separators=(",", ":"), default=str).encode())
         results.append((spec.id, res))
         _write_jsonl(out / "results.jsonl", results)   # a stop keeps it current
     _write_jsonl(out / "results.jsonl", results)
     return [Result.from_json(r) for _, r in results]
+
+
+def check_resume(specs: Sequence[RunSpec], out: str | Path,
+                 retry_failed: bool = False) -> dict[str, dict[str, Any]]:
+    """The results under ``out`` that :func:`run_matrix` skips as done, by run id; a
+    ValueError (one line) when one of them trained on another graph than its dataset names
+    now (:func:`_check_graphs`): skipped, it would sit in one study beside runs on the new
+    graph. Cheap (a ``stat`` per graph file once hashed): a command calls it with its other
+    checks, before any run starts."""
+    out = Path(out)
+    kept = {spec.id: old for spec in specs
+            if (old := _done_before(out / "results" / f"{spec.id}.json", retry_failed))}
+    _check_graphs(specs, kept, out)
+    return kept
+
+
+def _done_before(path: Path, retry_failed: bool) -> Optional[dict[str, Any]]:
+    """The result at ``path`` when its run is skipped as done (ok, or failed without
+    ``retry_failed``); None when it is to be run (absent, torn by a crash while written)."""
+    if not path.is_file():
+        return None
+    try:
+        old = loads_json(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    status = Result.from_json(old).status if isinstance(old, dict) else None
+    return old if status is not None and (status == "ok" or not retry_failed) else None
+
+
+def graph_identity(spec: RunSpec) -> Optional[tuple[str, str]]:
+    """(a 12-hex digest of the graph a run of ``spec`` reads, the file or folder it is read
+    from), known without loading the graph: the sha256 of every file it is read from, taken
+    from the stat-keyed table the partition cache keeps (``<cache>/file-hashes.json``: one
+    ``stat`` per file once hashed, and the run itself hashes them for its book's key anyway),
+    or a prepared directory's recorded fingerprint. The digest leaves the path out: a copy of
+    the graph elsewhere is the same graph. None where nothing is read from files (synthetic:
+    its settings are in the run's id) or the files are not there (the run says so itself)."""
+    from ..datasets import dataset_files
+    from ..runtime.books import _content_sha256
+    prepared = spec.overrides.get("dataset.prepared")
+    try:
+        if prepared is not None:
+            where = Path(str(prepared)).expanduser().resolve()
+            book = loads_json((where / "book.json").read_text())
+            graph = book.get("graph") or {}
+            digests = [str(graph.get("fingerprint") or book["book_id"])]
+        else:
+            files = dataset_files(spec.dataset, spec.root)
+            if not files:
+                return None
+            digests = [_content_sha256(f) for f in files]
+            first = files[0].resolve()
+            # a graph file is itself; a named dataset (cora) is its root's
+            where = first if first.name == Path(spec.dataset).name else \
+                Path(spec.root or first.parent).expanduser().resolve()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return hashlib.sha256(json.dumps(digests).encode()).hexdigest()[:12], str(where)
+
+
+def _check_graphs(specs: Sequence[RunSpec], kept: dict[str, dict[str, Any]], out: Path) -> None:
+    """Refuse, in one line, to skip finished runs that trained on another graph than the one
+    their dataset names now (the file rewritten since, or another file of that name from
+    another directory): skipped, they would sit in one study beside runs on the new graph. A
+    result written before graphs were recorded, or whose graph cannot be read now, is skipped
+    as it always was."""
+    now_of: dict[str, Optional[tuple[str, str]]] = {}
+    stale: dict[tuple[Any, ...], list[str]] = {}
+    failed = False
+    for spec in specs:
+        old = kept.get(spec.id) or {}
+        then = old.get("graph_id")
+        if not isinstance(then, str):
+            continue
+        key = json.dumps([spec.dataset, spec.root, spec.overrides.get("dataset.prepared")],
+                         default=str)
+        if key not in now_of:       # one look per graph, not per run
+            now_of[key] = graph_identity(spec)
+        now = now_of[key]
+        if now is None or now[0] == then:
+            continue
+        stale.setdefault((spec.dataset, old.get("graph_path"), then, *now), []).append(spec.id)
+        failed = failed or old.get("status") != "ok"
+    if not stale:
+        return
+    said = []
+    for (name, then_path, then_id, now_id, now_path), ids in stale.items():
+        what = f"{now_path} changed since they ran" if then_path == now_path else \
+            f"it is {now_path} now, they ran on {then_path}"
+        said.append(f"{len(ids)} run(s) done before ({', '.join(ids[:3])}"
+                    f"{', ...' if len(ids) > 3 else ''}) trained on another graph than "
+                    f"{name!r} is now: {what} (graph {then_id} then, {now_id} now)")
+    raise ValueError(f"{'; '.join(said)}; skipping them as done would mix two graphs in "
+                     f"{str(out)!r}: give another --out, or delete their results/<id>.json "
+                     f"to rerun them on this graph"
+                     f"{' (--retry-failed reruns the failed ones)' if failed else ''}")
 
 
 def _write_jsonl(path: Path, results: list[tuple[str, dict[str, Any]]]) -> None:
