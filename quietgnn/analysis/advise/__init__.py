@@ -244,9 +244,7 @@ def probe(dataset: str = "synthetic", *, root: Optional[str] = None,
         opts = {_PERIODIC[s]: _PROBE_PERIOD} if s in _PERIODIC else {}
         if s in PHASED:
             k, opts = PROBE_PHASE * layers, {PHASED[s]: PROBE_PHASE}
-        # evaluated exactly: the target is centralized's exact accuracy, and a curve measured on
-        # each rank's own graph (eval_mode local) stays below it where cut edges matter (an
-        # exact strategy looked short of the target; the extension then made it look later)
+        # exactly: each rank's own-graph accuracy (eval_mode local) is not the exact target's
         specs.append(RunSpec(dataset=dataset, strategy=s, parts=parts, model=model, seed=0,
                              root=root, options=opts,
                              overrides={**common, "train.epochs": k,
