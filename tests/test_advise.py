@@ -582,3 +582,7 @@ def test_the_table_says_the_target_and_when_centralized_is_near_chance():
     assert "centralized is near chance here (5 classes" in text
     res.update(reference_acc=0.9, target_acc=0.882)
     assert "near chance" not in format_table(res) and "0.8820" in format_table(res)
+    res.update(graph={"classes": 2}, reference_acc=0.72, target_acc=0.7056)
+    assert "near chance" not in format_table(res)       # a binary task well above chance
+    res.update(reference_acc=0.52, target_acc=0.5096)
+    assert "near chance here (2 classes" in format_table(res)

@@ -145,3 +145,17 @@ def test_a_report_refuses_two_graphs_of_one_dataset_name(tmp_path, capsys):
     old = _folder(tmp_path, "old", [_result("halo3", "halo", None, 0.7)])
     got = {r.id: r.summary.test_acc for r in load_results([a, old])}
     assert got == {"cen": 0.9, "halo3": 0.7}          # nothing recorded: nothing compared
+
+
+def test_a_prepared_directory_and_its_files_are_not_compared_and_a_reference_is(tmp_path):
+    """One dataset read from its files by some runs and from a prepared directory by others
+    has two ids of two kinds: not two graphs. A --reference of another graph sets the target
+    of these runs: compared with them like any input."""
+    a = _folder(tmp_path, "a", [_result("cen", "centralized", "aaaaaaaaaaaa", 0.9)])
+    p = _folder(tmp_path, "p", [_result("halo", "halo", "pbbbbbbbbbbb", 0.9)])
+    assert {r.id for r in load_results([a, p])} == {"cen", "halo"}
+    c = _folder(tmp_path, "c", [_result("cen2", "centralized", "cccccccccccc", 0.4)])
+    with pytest.raises(ValueError, match="two different graphs"):
+        load_results([a], check_with=[c])
+    assert report.cli_main([str(a), "--reference", str(c), "--out", str(tmp_path / "r"),
+                            "--no-plots"]) == 2

@@ -488,8 +488,15 @@ def test_two_datasets_run_alike_need_labels():
         with pytest.raises(ValueError, match=r"^datasets: two entries run as .* give each its "
                                              r"own label"):
             build_matrix({"datasets": datasets, "strategies": ["centralized", "halo"]})
+    # a '/' is a '_' in a run id: two names one id
+    with pytest.raises(ValueError, match="two entries run as"):
+        build_matrix({"datasets": ["a/g.npz", "a_g.npz"], "strategies": ["halo"]})
     twice = build_matrix({"datasets": ["cora", "cora"], "strategies": ["halo"]})
     assert len(twice) == 1                     # the same graph named twice: one run
+    # the same settings, one given by the matrix's set and one by the entry's: one graph
+    assert len(build_matrix({"datasets": ["cora", {"name": "cora", "set": {
+        "dataset.split_seed": 1}}], "set": {"dataset.split_seed": 1},
+        "strategies": ["halo"]})) == 1
     assert len(build_matrix({"datasets": [{"name": "a/graph.npz", "label": "ga"},
                                           {"name": "b/graph.npz", "label": "gb"}],
                              "strategies": ["centralized", "halo"]})) == 4

@@ -117,7 +117,8 @@ def _cell(r: Result) -> tuple:
     return (r.dataset, r.strategy, r.parts, r.model, r.seed, r.link)
 
 
-def load_results(paths: Sequence[str | Path]) -> list[Result]:
+def load_results(paths: Sequence[str | Path],
+                 check_with: Sequence[str | Path] = ()) -> list[Result]:
     """Results from files and bench folders; the last result of an id wins; a result whose
     curve was not stored reads it from its run directory's metrics where they are.
 
@@ -134,7 +135,8 @@ def load_results(paths: Sequence[str | Path]) -> list[Result]:
     directories, or one file rewritten between runs) are refused (:func:`_check_graphs`)
     before any of this: they would share, or replace each other's, cells."""
     loaded = [(str(raw), _load_path(Path(raw))) for raw in paths]
-    _check_graphs(loaded)
+    # (``check_with``: the report's --reference, whose centralized sets the target)
+    _check_graphs(loaded + [(str(raw), _load_path(Path(raw))) for raw in check_with])
     by_id: dict[str, Result] = {}
     for _, new in loaded:
         cells = {_cell(r) for r in new.values() if r.ok}    # a failed rerun erases nothing
@@ -164,7 +166,8 @@ def _check_graphs(loaded: list[tuple[str, dict[str, Result]]]) -> None:
         for r in results.values():
             if not r.graph_id:
                 continue
-            graphs = seen.setdefault(r.dataset, {})
+            # a prepared directory's id ("p...") is compared with its own kind only
+            graphs = seen.setdefault(f"{r.dataset}\0{r.graph_id.startswith('p')}", {})
             graphs.setdefault(r.graph_id, (where, r))
             if len(graphs) < 2:
                 continue

@@ -289,7 +289,7 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
                       ("models", models), ("seeds", seeds)):
         if not lst:
             raise ValueError(f"the matrix has no {name}; give --{name} or '{name}:' in the YAML")
-    _check_dataset_labels(datasets, m.get("root"))
+    _check_dataset_labels(datasets, m.get("root"), common)
     specs: list[RunSpec] = []
     seen: set[str] = set()
     cells: dict[tuple, str] = {}
@@ -325,15 +325,17 @@ def build_matrix(m: dict[str, Any]) -> list[RunSpec]:
     return specs
 
 
-def _check_dataset_labels(datasets: list[dict[str, Any]], root: Any) -> None:
+def _check_dataset_labels(datasets: list[dict[str, Any]], root: Any,
+                          common: dict[str, Any]) -> None:
     """Two dataset entries a run's id and a report's cell would name alike (one label, or one
     name without labels) must be one graph: the second was dropped as a duplicate of the
     first (two files labelled 'graph'), or refused as two strategy entries."""
     seen: dict[str, tuple[str, str]] = {}
     for d in datasets:
-        label = d.get("label") or d["name"]
-        what = json.dumps([d["name"], d.get("root", root), d.get("set") or {}], sort_keys=True,
-                          default=str)
+        # as the run id spells it ('/' -> '_'), with the settings the runs get
+        label = (d.get("label") or d["name"]).replace("/", "_")
+        what = json.dumps([d["name"], d.get("root", root), {**common, **(d.get("set") or {})}],
+                          sort_keys=True, default=str)
         first = seen.setdefault(label, (what, d["name"]))
         if first[0] != what:
             raise ValueError(f"datasets: two entries run as {brief(label)} ({brief(first[1])} "

@@ -349,7 +349,8 @@ def cli_main(argv: Sequence[str]) -> int:
                 raise ValueError("--out is needed unless the only input is a run or bench "
                                  "directory (the report then goes to DIR/report)")
             args.out = str(Path(args.results[0]) / "report")
-        results = load_results(args.results)    # a bad input leaves no --out folder made
+        # a bad input leaves no --out folder made; a reference of another graph is refused
+        results = load_results(args.results, check_with=args.reference)
         reference = load_results(args.reference) if args.reference else []
         made = outermost_missing(Path(args.out))
         root, parts = _out_place(args.out, args.results + args.reference)

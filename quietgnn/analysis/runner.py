@@ -200,6 +200,7 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
         log(f"[{i + 1}/{len(specs)}] {spec.id}")
         graph = graph_identity(spec)    # as the run starts (the file may change mid-study)
         res = _run_one(spec, out, timeout_s, log, mem_floor_mb)
+        graph = graph or graph_identity(spec)    # a run that downloaded its dataset first
         if graph is not None:
             res.update(graph_id=graph[0], graph_path=graph[1])
         # atomic: a result file is either whole or absent (and never written through a link)
@@ -254,7 +255,9 @@ def graph_identity(spec: RunSpec) -> Optional[tuple[str, str]]:
             where = Path(str(prepared)).expanduser().resolve()
             book = loads_json((where / "book.json").read_text())
             graph = book.get("graph") or {}
-            digests = [str(graph.get("fingerprint") or book["book_id"])]
+            # its features too (the fingerprint holds structure, labels and split only)
+            digests = [str(graph.get("fingerprint") or book["book_id"]),
+                       str(graph.get("features_digest"))]
         else:
             files = dataset_files(spec.dataset, spec.root)
             if not files:
@@ -266,7 +269,10 @@ def graph_identity(spec: RunSpec) -> Optional[tuple[str, str]]:
                 Path(spec.root or first.parent).expanduser().resolve()
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return hashlib.sha256(json.dumps(digests).encode()).hexdigest()[:12], str(where)
+    digest = hashlib.sha256(json.dumps(digests).encode()).hexdigest()
+    # a prepared directory's id ("p...") and a graph file's are of two kinds: one graph read
+    # both ways has two ids, which a report compares only kind with kind
+    return ("p" + digest[:11] if prepared is not None else digest[:12]), str(where)
 
 
 def _check_graphs(specs: Sequence[RunSpec], kept: dict[str, dict[str, Any]], out: Path) -> None:
