@@ -296,7 +296,8 @@ class Graph:
                         test_mask: Tensor | None = None, undirected: bool = True,
                         name: str = "graph", split_seed: int = 0,
                         meta: dict[str, Any] | None = None,
-                        sources: dict[str, str] | None = None) -> "Graph":
+                        sources: dict[str, str] | None = None,
+                        nodes_from: str = "x") -> "Graph":
         """Build a canonical graph from a PyG-style ``[2, E]`` (source, destination) edge list.
 
         Self-loops and duplicate edges are dropped; ``undirected=True`` adds reverse edges.
@@ -305,12 +306,14 @@ class Graph:
         graph without features. What else is accepted (bool/integer features, whole-number
         float labels, 0/1 masks) is in :mod:`quietgnn.graphinput`. ``sources``: how errors
         name each input (e.g. ``{"x": "g.npz key 'x'"}``); default ``x of graph 'name'``.
+        ``nodes_from``: what fixes the number of nodes where ``x`` and ``y`` disagree
+        (:func:`~quietgnn.graphinput.graph_inputs`; the files' labels: ``"y"``).
         """
         where = {k: f"{k} of graph {name!r}" for k in ("x", "y", "num_classes") + MASKS}
         where = {"graph": f"graph {name!r}", "edge_index": f"graph {name!r}", **where,
                  **(sources or {})}
         g = graph_inputs(edge_index, x, y, (train_mask, val_mask, test_mask), num_classes,
-                         where)
+                         where, nodes_from=nodes_from)
         src, dst = g.edge_index[0], g.edge_index[1]
         if undirected:
             src, dst = torch.cat([src, dst]), torch.cat([dst, src])

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from ..graph import Graph
-from ..graphinput import MASKS, class_ids, degree_features, graph_inputs
+from ..graphinput import MASKS, class_ids, degree_features
 from ..heap import mem_available_mb
 
 __all__ = ["load_npz", "load_edge_list", "degree_features", "csr_features", "csr_edges",
@@ -247,15 +247,11 @@ def _finish(path: Path, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndar
     if label_names is not None:
         meta["label_names"] = label_names   # class k is label_names[k]
     # the labels fix the number of nodes (isolated nodes with high ids are kept), so a
-    # feature table of other length is the one blamed; hence the check here, not only in
-    # from_edge_index (which counts x's rows)
-    g = graph_inputs(edge_index, x, y, tuple(masks), num_classes,
-                     {"graph": str(path), "edge_index": str(path), **where}, nodes_from="y")
-    masks = list(g.masks or (None, None, None))
+    # feature table of other length is the one blamed
     return Graph.from_edge_index(
-        g.edge_index, g.x, g.y, num_classes=g.num_classes, train_mask=masks[0],
-        val_mask=masks[1], test_mask=masks[2], undirected=True, name=path.stem,
-        split_seed=split_seed, meta=meta)
+        edge_index, x, y, num_classes=num_classes, train_mask=masks[0], val_mask=masks[1],
+        test_mask=masks[2], undirected=True, name=path.stem, split_seed=split_seed, meta=meta,
+        sources={"graph": str(path), "edge_index": str(path), **where}, nodes_from="y")
 
 
 def _unlabelled(path: Path, edge_index: np.ndarray, x: np.ndarray | None, rows: int | None,
