@@ -196,7 +196,7 @@ def _main(args: argparse.Namespace) -> int:
         specs = build_matrix({k: v for k, v in m.items()
                               if k not in ("out", "run_timeout_s", "mem_floor_mb")})
         check_settings(specs)
-        check_resume(specs, out, args.retry_failed)    # a run done on another graph: refused
+        kept = check_resume(specs, out, args.retry_failed)  # done on another graph: refused
         if floor and any(s.link for s in specs):
             raise ValueError(f"{where} = {floor:g} MiB watches local runs, and this matrix runs "
                              f"on emulated hosts (links): leave the links out, or the floor "
@@ -222,7 +222,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"quietgnn bench: {len(specs)} run(s) -> {out}", file=sys.stderr)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     results = run_matrix(specs, out, timeout_s=timeout, retry_failed=args.retry_failed, log=log,
-                         mem_floor_mb=floor)
+                         mem_floor_mb=floor, kept=kept)
     failed = [r for r in results if r.status != "ok"]
     print(f"quietgnn bench: {len(results) - len(failed)} ok, {len(failed)} failed; results in "
           f"{out / 'results.jsonl'} (next: quietgnn report {out / 'results.jsonl'} --out "

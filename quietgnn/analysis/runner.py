@@ -175,11 +175,13 @@ def _run_one(spec: RunSpec, out: Path, timeout_s: float, log: Any,
 
 def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 3600.0,
                retry_failed: bool = False, log: Any = print,
-               mem_floor_mb: Optional[float] = None) -> list[Result]:
+               mem_floor_mb: Optional[float] = None,
+               kept: Optional[dict[str, dict[str, Any]]] = None) -> list[Result]:
     """Run every spec not already done; returns all results (old and new) in matrix order.
     Each new result records the graph its run read (:func:`graph_identity`); a ValueError
     before any run starts refuses to skip runs done before on another graph than their
-    dataset names now (:func:`check_resume`).
+    dataset names now (:func:`check_resume`; ``kept``: what a caller's own call of it
+    returned, not read again).
     ``mem_floor_mb``: a local run is killed (and recorded as failed, saying so) when the
     machine's available memory falls below it (:func:`_wait`).
     ``results.jsonl`` gains each new result as its run ends, and at the end every result of
@@ -189,7 +191,8 @@ def run_matrix(specs: Sequence[RunSpec], out: str | Path, *, timeout_s: float = 
     out = Path(out)
     for sub in ("results", "runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    kept = check_resume(specs, out, retry_failed)     # before any run
+    if kept is None:
+        kept = check_resume(specs, out, retry_failed)     # before any run
     results = []
     for i, spec in enumerate(specs):
         old = kept.get(spec.id)
